@@ -1,0 +1,143 @@
+//! Payloads of the workspace callback routes the sandbox redeems its tokens at
+//! (CONTRACT section 3). Field names are snake_case on this wire.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Token lifetimes (CONTRACT section 3), in seconds.
+pub const SETUP_TOKEN_TTL_SECS: u64 = 600;
+pub const RUN_TOKEN_TTL_SECS: u64 = 600;
+pub const UPLOAD_TOKEN_TTL_SECS: u64 = 3600;
+
+/// Turns of history sent to the sandbox (seed 000, 003).
+pub const REPLAY_TURN_LIMIT: usize = 20;
+
+/// `GET {agent_url}/env`.
+///
+/// - `variables`: set in the sandbox before the setup script.
+/// - `setup_script`: bash, run in the working directory before the first model call.
+/// - `allowed_hosts`: what tools may reach through the egress proxy (default none).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct EnvResponse {
+    #[serde(default)]
+    pub variables: BTreeMap<String, String>,
+    #[serde(default)]
+    pub setup_script: Option<String>,
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// `GET {agent_url}/config`.
+///
+/// - `model`: `provider:model`.
+/// - `conversation`: at most the last 20 turns.
+/// - `limits`: each clamped to the runner's own maximum.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ConfigResponse {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<Skill>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServer>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conversation: Vec<ChatTurn>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RunLimits>,
+}
+
+/// A skill bundle: instructions and scripts placed in the sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Skill {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Relative path to text content, for example `SKILL.md`, `scripts/run.sh`.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+}
+
+/// An MCP server: a stdio command started in the sandbox, or a streamable-HTTP URL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum McpServer {
+    Stdio {
+        name: String,
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    Http {
+        name: String,
+        url: String,
+    },
+}
+
+impl McpServer {
+    pub fn name(&self) -> &str {
+        match self {
+            McpServer::Stdio { name, .. } | McpServer::Http { name, .. } => name,
+        }
+    }
+}
+
+/// One turn of replayed history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ChatTurn {
+    pub role: Role,
+    pub content: String,
+    pub ts: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+/// Per-run limits; each is optional and clamped to the runner's maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct RunLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_output_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_duration_ms: Option<u64>,
+}
+
+/// `POST {agent_url}/results`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ResultsRequest {
+    pub files: Vec<ResultFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ResultFile {
+    /// Relative to the sandbox's `out/` folder.
+    pub path: String,
+    pub content_base64: String,
+    #[serde(default)]
+    pub mime_type: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ResultsResponse {
+    pub files: Vec<StoredFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StoredFile {
+    pub path: String,
+    pub id: String,
+}

@@ -1,0 +1,400 @@
+//! The dispatch request, `POST {SANDBOX_URL}/stream` (CONTRACT section 1).
+//!
+//! [`DispatchRequest::parse`] checks the body field by field, so a bad request
+//! is answered with every bad field named at once, not just the first one
+//! serde trips over.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Longest accepted `prompt`, in bytes.
+pub const MAX_PROMPT_BYTES: usize = 1 << 20;
+/// Longest accepted one-time token.
+pub const MAX_TOKEN_BYTES: usize = 512;
+/// Longest `detach_grace_ms`.
+pub const MAX_DETACH_GRACE_MS: u64 = 600_000;
+pub const DEFAULT_DETACH_GRACE_MS: u64 = 30_000;
+
+/// The body of `POST /stream`.
+///
+/// - `agent_url`: http(s) base of this dispatch's callback routes.
+/// - `otp_setup`, `otp_run`, `otp_upload`: the one-time tokens.
+/// - `prompt`: the user's message for this turn, non-empty.
+/// - `protocol`: 1 (default) or 2.
+/// - `session_id`: `^[A-Za-z0-9_-]{1,64}$`, chosen by the runner when absent.
+/// - `filter`, `client_tools`, `detach_grace_ms`: protocol 2 only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchRequest {
+    pub agent_url: String,
+    pub otp_setup: String,
+    pub otp_run: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otp_upload: Option<String>,
+    pub prompt: String,
+    #[serde(default)]
+    pub protocol: Protocol,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Filter>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<ClientTool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detach_grace_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(try_from = "u8", into = "u8")]
+pub enum Protocol {
+    #[default]
+    V1,
+    V2,
+}
+
+impl TryFrom<u8> for Protocol {
+    type Error = String;
+    fn try_from(v: u8) -> Result<Self, String> {
+        match v {
+            1 => Ok(Protocol::V1),
+            2 => Ok(Protocol::V2),
+            other => Err(format!("protocol must be 1 or 2, got {other}")),
+        }
+    }
+}
+
+impl From<Protocol> for u8 {
+    fn from(p: Protocol) -> u8 {
+        match p {
+            Protocol::V1 => 1,
+            Protocol::V2 => 2,
+        }
+    }
+}
+
+/// A protocol 2 line filter. `result`, `error` and `session_ended` always pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Filter {
+    Allow { types: Vec<String> },
+    Block { blocked_types: Vec<String> },
+}
+
+impl Filter {
+    /// Whether a line of `type_name` passes this filter.
+    pub fn passes(&self, type_name: &str) -> bool {
+        if matches!(type_name, "result" | "error" | "session_ended") {
+            return true;
+        }
+        match self {
+            Filter::Allow { types } => types.iter().any(|t| t == type_name),
+            Filter::Block { blocked_types } => !blocked_types.iter().any(|t| t == type_name),
+        }
+    }
+}
+
+/// A tool the client executes (protocol 2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTool {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub parameters: Value,
+}
+
+/// One bad field of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: &str, message: impl Into<String>) -> Self {
+        FieldError {
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Whether `id` matches `^[A-Za-z0-9_-]{1,64}$`.
+pub fn is_valid_session_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+const KNOWN_FIELDS: &[&str] = &[
+    "agent_url",
+    "otp_setup",
+    "otp_run",
+    "otp_upload",
+    "prompt",
+    "protocol",
+    "session_id",
+    "filter",
+    "client_tools",
+    "detach_grace_ms",
+];
+
+impl DispatchRequest {
+    /// Parses and validates a request body, naming every bad field.
+    pub fn parse(body: &[u8]) -> Result<Self, Vec<FieldError>> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| vec![FieldError::new("", format!("body is not valid JSON: {e}"))])?;
+        let Value::Object(map) = value else {
+            return Err(vec![FieldError::new("", "body must be a JSON object")]);
+        };
+        let mut errors = Vec::new();
+        for key in map.keys() {
+            if !KNOWN_FIELDS.contains(&key.as_str()) {
+                errors.push(FieldError::new(key, "unknown field"));
+            }
+        }
+        check_url(&map, &mut errors);
+        for (name, required) in [
+            ("otp_setup", true),
+            ("otp_run", true),
+            ("otp_upload", false),
+        ] {
+            check_token(&map, name, required, &mut errors);
+        }
+        match map.get("prompt") {
+            None => errors.push(FieldError::new("prompt", "required")),
+            Some(Value::String(s)) if s.trim().is_empty() => {
+                errors.push(FieldError::new("prompt", "must not be empty"))
+            }
+            Some(Value::String(s)) if s.len() > MAX_PROMPT_BYTES => errors.push(FieldError::new(
+                "prompt",
+                format!("longer than {MAX_PROMPT_BYTES} bytes"),
+            )),
+            Some(Value::String(_)) => {}
+            Some(_) => errors.push(FieldError::new("prompt", "must be a string")),
+        }
+        let protocol = match map.get("protocol") {
+            None | Some(Value::Null) => Protocol::V1,
+            Some(v) => match v.as_u64().and_then(|n| u8::try_from(n).ok()) {
+                Some(n) => match Protocol::try_from(n) {
+                    Ok(p) => p,
+                    Err(m) => {
+                        errors.push(FieldError::new("protocol", m));
+                        Protocol::V1
+                    }
+                },
+                None => {
+                    errors.push(FieldError::new("protocol", "must be 1 or 2"));
+                    Protocol::V1
+                }
+            },
+        };
+        match map.get("session_id") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if is_valid_session_id(s) => {}
+            Some(_) => errors.push(FieldError::new(
+                "session_id",
+                "must match ^[A-Za-z0-9_-]{1,64}$",
+            )),
+        }
+        let v2_only = ["filter", "client_tools", "detach_grace_ms"];
+        for name in v2_only {
+            if map.get(name).is_some_and(|v| !v.is_null()) && protocol == Protocol::V1 {
+                errors.push(FieldError::new(name, "allowed with protocol 2 only"));
+            }
+        }
+        if let Some(v) = map.get("filter").filter(|v| !v.is_null()) {
+            check_filter(v, &mut errors);
+        }
+        if let Some(v) = map.get("client_tools").filter(|v| !v.is_null()) {
+            check_client_tools(v, &mut errors);
+        }
+        match map.get("detach_grace_ms") {
+            None | Some(Value::Null) => {}
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= MAX_DETACH_GRACE_MS => {}
+                _ => errors.push(FieldError::new(
+                    "detach_grace_ms",
+                    format!("must be an integer from 0 to {MAX_DETACH_GRACE_MS}"),
+                )),
+            },
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        serde_json::from_value(Value::Object(map))
+            .map_err(|e| vec![FieldError::new("", format!("invalid request: {e}"))])
+    }
+
+    pub fn detach_grace_ms(&self) -> u64 {
+        self.detach_grace_ms.unwrap_or(DEFAULT_DETACH_GRACE_MS)
+    }
+}
+
+fn check_url(map: &Map<String, Value>, errors: &mut Vec<FieldError>) {
+    match map.get("agent_url") {
+        None => errors.push(FieldError::new("agent_url", "required")),
+        Some(Value::String(s)) => {
+            let ok = (s.starts_with("http://") || s.starts_with("https://"))
+                && s.len() <= 2048
+                && s.split("://").nth(1).is_some_and(|rest| {
+                    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+                    !host.is_empty() && !host.contains(char::is_whitespace)
+                });
+            if !ok {
+                errors.push(FieldError::new("agent_url", "must be an http(s) URL"));
+            }
+        }
+        Some(_) => errors.push(FieldError::new("agent_url", "must be a string")),
+    }
+}
+
+fn check_token(map: &Map<String, Value>, name: &str, required: bool, errors: &mut Vec<FieldError>) {
+    match map.get(name) {
+        None | Some(Value::Null) if required => errors.push(FieldError::new(name, "required")),
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {
+            errors.push(FieldError::new(name, "must not be empty"))
+        }
+        Some(Value::String(s))
+            if s.len() > MAX_TOKEN_BYTES || !s.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            errors.push(FieldError::new(
+                name,
+                format!("must be at most {MAX_TOKEN_BYTES} printable ASCII characters"),
+            ))
+        }
+        Some(Value::String(_)) => {}
+        Some(_) => errors.push(FieldError::new(name, "must be a string")),
+    }
+}
+
+fn check_filter(v: &Value, errors: &mut Vec<FieldError>) {
+    let Some(obj) = v.as_object() else {
+        errors.push(FieldError::new("filter", "must be an object"));
+        return;
+    };
+    let (key, list) = match (obj.get("types"), obj.get("blocked_types"), obj.len()) {
+        (Some(l), None, 1) => ("types", l),
+        (None, Some(l), 1) => ("blocked_types", l),
+        _ => {
+            errors.push(FieldError::new(
+                "filter",
+                "must be {\"types\": [..]} or {\"blocked_types\": [..]}",
+            ));
+            return;
+        }
+    };
+    let field = format!("filter.{key}");
+    let Some(items) = list.as_array() else {
+        errors.push(FieldError::new(&field, "must be an array of line types"));
+        return;
+    };
+    for item in items {
+        match item.as_str() {
+            Some(t) if crate::line::ALL_TYPES.contains(&t) => {}
+            _ => errors.push(FieldError::new(&field, format!("unknown line type {item}"))),
+        }
+    }
+}
+
+fn check_client_tools(v: &Value, errors: &mut Vec<FieldError>) {
+    let Some(items) = v.as_array() else {
+        errors.push(FieldError::new("client_tools", "must be an array"));
+        return;
+    };
+    for (i, item) in items.iter().enumerate() {
+        let field = format!("client_tools[{i}]");
+        if let Err(e) = serde_json::from_value::<ClientTool>(item.clone()) {
+            errors.push(FieldError::new(&field, e.to_string()));
+            continue;
+        }
+        let name_ok = item["name"].as_str().is_some_and(|n| {
+            (1..=64).contains(&n.len())
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+        if !name_ok {
+            errors.push(FieldError::new(
+                &field,
+                "name must match ^[A-Za-z0-9_-]{1,64}$",
+            ));
+        }
+        if !item["parameters"].is_object() {
+            errors.push(FieldError::new(
+                &field,
+                "parameters must be a JSON Schema object",
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok_body() -> serde_json::Value {
+        serde_json::json!({
+            "agent_url": "http://127.0.0.1:8080/api/assistant/sandbox/s1",
+            "otp_setup": "a", "otp_run": "b", "prompt": "hi"
+        })
+    }
+
+    #[test]
+    fn minimal_request_parses_with_defaults() {
+        let r = DispatchRequest::parse(ok_body().to_string().as_bytes()).unwrap();
+        assert_eq!(r.protocol, Protocol::V1);
+        assert_eq!(r.otp_upload, None);
+        assert_eq!(r.detach_grace_ms(), DEFAULT_DETACH_GRACE_MS);
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let body = serde_json::json!({
+            "agent_url": "ftp://x", "otp_setup": "", "prompt": "  ",
+            "protocol": 3, "session_id": "bad id!", "bogus": 1
+        });
+        let errs = DispatchRequest::parse(body.to_string().as_bytes()).unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        for f in [
+            "agent_url",
+            "otp_setup",
+            "otp_run",
+            "prompt",
+            "protocol",
+            "session_id",
+            "bogus",
+        ] {
+            assert!(fields.contains(&f), "{f} missing from {fields:?}");
+        }
+    }
+
+    #[test]
+    fn protocol_two_fields_need_protocol_two() {
+        let mut body = ok_body();
+        body["filter"] = serde_json::json!({"types": ["step"]});
+        let errs = DispatchRequest::parse(body.to_string().as_bytes()).unwrap_err();
+        assert_eq!(errs[0].field, "filter");
+        body["protocol"] = 2.into();
+        let r = DispatchRequest::parse(body.to_string().as_bytes()).unwrap();
+        assert!(r.filter.unwrap().passes("result"));
+    }
+
+    #[test]
+    fn filter_always_passes_terminal_lines() {
+        let f = Filter::Block {
+            blocked_types: vec!["result".into(), "log".into()],
+        };
+        assert!(f.passes("result"));
+        assert!(!f.passes("log"));
+        assert!(f.passes("step"));
+    }
+
+    #[test]
+    fn not_json_is_a_field_error() {
+        let errs = DispatchRequest::parse(b"{").unwrap_err();
+        assert!(errs[0].message.contains("not valid JSON"));
+    }
+}

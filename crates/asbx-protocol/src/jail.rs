@@ -1,0 +1,95 @@
+//! The policy the runner hands `asbx jail`: everything one sandbox needs,
+//! as a value. The jail reads it, sets the sandbox up in stages, then execs.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where the working directory appears inside every sandbox.
+pub const WORKDIR_IN_JAIL: &str = "/work";
+/// Where the runner's files (gateway socket) appear inside every sandbox.
+pub const RUN_DIR_IN_JAIL: &str = "/run/asbx";
+
+/// One sandbox.
+///
+/// - `workdir`: host folder, fresh per dispatch, mounted read-write at [`WORKDIR_IN_JAIL`].
+/// - `binds`: extra host paths made visible inside (the `asbx` binary, the gateway socket dir).
+/// - `argv`, `env`: what to exec inside, with exactly this environment.
+/// - `host_uid`: first host uid of this sandbox's range (unprivileged, one range per sandbox).
+/// - `limits`: cgroup and rlimit bounds.
+/// - `cgroup`: a unique name for this sandbox's cgroups.
+/// - `profile`: how strict; `strict` unless the operator chose otherwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JailPolicy {
+    pub workdir: String,
+    #[serde(default)]
+    pub binds: Vec<BindMount>,
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    pub host_uid: u32,
+    pub limits: ResourceLimits,
+    pub cgroup: String,
+    #[serde(default)]
+    pub profile: JailProfile,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BindMount {
+    pub source: String,
+    pub target: String,
+    #[serde(default)]
+    pub writable: bool,
+}
+
+/// Per-sandbox resource bounds. `None` leaves a bound unset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ResourceLimits {
+    /// Memory (and memory+swap) in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Most processes and threads at once.
+    pub pids: Option<u64>,
+    /// CPU quota in percent of one core (100 = one full core).
+    pub cpu_percent: Option<u32>,
+    /// Size cap of the writable working directory and of `/tmp`, in bytes.
+    pub disk_bytes: Option<u64>,
+    /// Most open files per process.
+    pub nofile: Option<u64>,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            memory_bytes: Some(512 << 20),
+            pids: Some(256),
+            cpu_percent: Some(100),
+            disk_bytes: Some(256 << 20),
+            nofile: Some(1024),
+        }
+    }
+}
+
+/// How strict a sandbox is. The runner refuses to start if a layer of the
+/// chosen profile is missing on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JailProfile {
+    /// Every layer: namespaces, pivot_root, cgroups, seccomp, Landlock, separate tool uid.
+    #[default]
+    Strict,
+    /// Strict without Landlock and cgroups, for hosts that lack them.
+    Namespaces,
+}
+
+/// What `asbx jail --check` reports: each layer and whether this host has it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LayerReport {
+    pub layers: Vec<Layer>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Layer {
+    pub name: String,
+    pub available: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}

@@ -1,0 +1,325 @@
+//! Zero-copy validation of the lines an agent writes (the runner's hot path).
+//!
+//! The runner treats the agent's stdout as untrusted. Each line is checked
+//! against [`AgentEvent`], a flat borrowed view that allocates nothing for
+//! ordinary lines, and must be one of the types an agent may emit, with exactly
+//! the fields that type allows. Duplicate keys are refused, so a downstream
+//! parser can never see a different line than the one validated. The runner
+//! then stamps `seq`, `ts` and `sessionId` by splicing them in front of the
+//! original bytes instead of re-serializing.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::line::{LogLevel, OutputStream, StepStatus};
+
+/// Longest step or call id an agent may use.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// The line types an agent may write. `session_init`, `heartbeat` and
+/// `session_ended` belong to the runner and are refused from an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKind {
+    Log,
+    Step,
+    Result,
+    Error,
+    Delta,
+    Stdout,
+    ToolCall,
+    ToolResultApplied,
+}
+
+impl AgentKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentKind::Log => "log",
+            AgentKind::Step => "step",
+            AgentKind::Result => "result",
+            AgentKind::Error => "error",
+            AgentKind::Delta => "delta",
+            AgentKind::Stdout => "stdout",
+            AgentKind::ToolCall => "tool_call",
+            AgentKind::ToolResultApplied => "tool_result_applied",
+        }
+    }
+
+    /// Whether protocol 1 carries this type.
+    pub fn in_protocol1(self) -> bool {
+        matches!(
+            self,
+            AgentKind::Log | AgentKind::Step | AgentKind::Result | AgentKind::Error
+        )
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, AgentKind::Result | AgentKind::Error)
+    }
+}
+
+/// A string that borrows from the line unless it holds escapes.
+///
+/// A newtype, because serde does not borrow through `Option<Cow<str>>` directly.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct Text<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A borrowed, flat view of one agent line.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AgentEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    pub kind: Text<'a>,
+    pub level: Option<LogLevel>,
+    #[serde(borrow)]
+    pub message: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub id: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub name: Option<Text<'a>>,
+    pub status: Option<StepStatus>,
+    #[serde(borrow)]
+    pub args: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub result: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub error: Option<Text<'a>>,
+    pub duration_ms: Option<u64>,
+    #[serde(borrow)]
+    pub code: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub text: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub step_id: Option<Text<'a>>,
+    pub stream: Option<OutputStream>,
+    #[serde(borrow)]
+    pub chunk: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub call_id: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub tool_name: Option<Text<'a>>,
+}
+
+/// Why an agent line was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RawError {
+    #[error("line is not a JSON object with known fields: {0}")]
+    Json(String),
+    #[error("line type {0:?} may not come from an agent")]
+    Type(String),
+    #[error("{kind} line is missing `{field}`")]
+    Missing {
+        kind: &'static str,
+        field: &'static str,
+    },
+    #[error("{kind} line may not carry `{field}`")]
+    Extra {
+        kind: &'static str,
+        field: &'static str,
+    },
+    #[error("{0}")]
+    Invalid(&'static str),
+}
+
+const F_LEVEL: u32 = 1 << 0;
+const F_MESSAGE: u32 = 1 << 1;
+const F_ID: u32 = 1 << 2;
+const F_NAME: u32 = 1 << 3;
+const F_STATUS: u32 = 1 << 4;
+const F_ARGS: u32 = 1 << 5;
+const F_RESULT: u32 = 1 << 6;
+const F_ERROR: u32 = 1 << 7;
+const F_DURATION: u32 = 1 << 8;
+const F_CODE: u32 = 1 << 9;
+const F_TEXT: u32 = 1 << 10;
+const F_STEP_ID: u32 = 1 << 11;
+const F_STREAM: u32 = 1 << 12;
+const F_CHUNK: u32 = 1 << 13;
+const F_CALL_ID: u32 = 1 << 14;
+const F_TOOL_NAME: u32 = 1 << 15;
+
+const FIELD_NAMES: [&str; 16] = [
+    "level",
+    "message",
+    "id",
+    "name",
+    "status",
+    "args",
+    "result",
+    "error",
+    "durationMs",
+    "code",
+    "text",
+    "stepId",
+    "stream",
+    "chunk",
+    "callId",
+    "toolName",
+];
+
+impl<'a> AgentEvent<'a> {
+    /// Parses and checks one line (without its trailing newline).
+    pub fn parse(line: &'a [u8]) -> Result<(AgentKind, AgentEvent<'a>), RawError> {
+        let ev: AgentEvent<'a> =
+            serde_json::from_slice(line).map_err(|e| RawError::Json(e.to_string()))?;
+        let kind = ev.check()?;
+        Ok((kind, ev))
+    }
+
+    fn present(&self) -> u32 {
+        let mut m = 0;
+        let mut set = |cond: bool, bit: u32| {
+            if cond {
+                m |= bit
+            }
+        };
+        set(self.level.is_some(), F_LEVEL);
+        set(self.message.is_some(), F_MESSAGE);
+        set(self.id.is_some(), F_ID);
+        set(self.name.is_some(), F_NAME);
+        set(self.status.is_some(), F_STATUS);
+        set(self.args.is_some(), F_ARGS);
+        set(self.result.is_some(), F_RESULT);
+        set(self.error.is_some(), F_ERROR);
+        set(self.duration_ms.is_some(), F_DURATION);
+        set(self.code.is_some(), F_CODE);
+        set(self.text.is_some(), F_TEXT);
+        set(self.step_id.is_some(), F_STEP_ID);
+        set(self.stream.is_some(), F_STREAM);
+        set(self.chunk.is_some(), F_CHUNK);
+        set(self.call_id.is_some(), F_CALL_ID);
+        set(self.tool_name.is_some(), F_TOOL_NAME);
+        m
+    }
+
+    /// Checks the type and that exactly the allowed fields are present.
+    pub fn check(&self) -> Result<AgentKind, RawError> {
+        let (kind, required, optional) = match &*self.kind {
+            "log" => (AgentKind::Log, F_LEVEL | F_MESSAGE, 0),
+            "step" => (
+                AgentKind::Step,
+                F_ID | F_NAME | F_STATUS,
+                F_ARGS | F_RESULT | F_ERROR | F_DURATION,
+            ),
+            "result" => (AgentKind::Result, F_MESSAGE, 0),
+            "error" => (AgentKind::Error, F_CODE | F_MESSAGE, 0),
+            "delta" => (AgentKind::Delta, F_TEXT, 0),
+            "stdout" => (AgentKind::Stdout, F_STEP_ID | F_STREAM | F_CHUNK, 0),
+            "tool_call" => (AgentKind::ToolCall, F_CALL_ID | F_TOOL_NAME | F_ARGS, 0),
+            "tool_result_applied" => (AgentKind::ToolResultApplied, F_CALL_ID, 0),
+            other => return Err(RawError::Type(other.to_owned())),
+        };
+        let present = self.present();
+        let missing = required & !present;
+        if missing != 0 {
+            return Err(RawError::Missing {
+                kind: kind.as_str(),
+                field: FIELD_NAMES[missing.trailing_zeros() as usize],
+            });
+        }
+        let extra = present & !(required | optional);
+        if extra != 0 {
+            return Err(RawError::Extra {
+                kind: kind.as_str(),
+                field: FIELD_NAMES[extra.trailing_zeros() as usize],
+            });
+        }
+        let id_ok = |s: &Option<Text<'_>>| {
+            s.as_deref()
+                .is_none_or(|s| !s.is_empty() && s.len() <= MAX_ID_BYTES)
+        };
+        if !id_ok(&self.id) || !id_ok(&self.step_id) || !id_ok(&self.call_id) {
+            return Err(RawError::Invalid("ids must be 1 to 128 bytes"));
+        }
+        if kind == AgentKind::Step {
+            match self.status {
+                Some(StepStatus::Running) if present & (F_DURATION | F_RESULT | F_ERROR) != 0 => {
+                    return Err(RawError::Invalid(
+                        "a running step carries no result, error or durationMs",
+                    ));
+                }
+                Some(StepStatus::Succeeded | StepStatus::Failed) if self.duration_ms.is_none() => {
+                    return Err(RawError::Invalid("a finished step needs durationMs"));
+                }
+                Some(StepStatus::Failed) if self.error.is_none() => {
+                    return Err(RawError::Invalid("a failed step needs error"));
+                }
+                _ => {}
+            }
+        }
+        if kind == AgentKind::Error {
+            let code_ok = self.code.as_deref().is_some_and(|c| {
+                (1..=64).contains(&c.len())
+                    && c.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            });
+            if !code_ok {
+                return Err(RawError::Invalid("error code must be snake_case"));
+            }
+        }
+        Ok(kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_each_agent_type() {
+        let lines: &[&str] = &[
+            r#"{"type":"log","level":"info","message":"hi"}"#,
+            r#"{"type":"step","id":"s1","name":"shell","status":"running","args":{"command":"ls"}}"#,
+            r#"{"type":"step","id":"s1","name":"shell","status":"succeeded","result":"ok","durationMs":3}"#,
+            r#"{"type":"step","id":"s1","name":"shell","status":"failed","error":"x","durationMs":3}"#,
+            r#"{"type":"result","message":"done \"quoted\""}"#,
+            r#"{"type":"error","code":"model_error","message":"boom"}"#,
+            r#"{"type":"delta","text":"tok"}"#,
+            r#"{"type":"stdout","stepId":"s1","stream":"stderr","chunk":"x"}"#,
+            r#"{"type":"tool_call","callId":"c1","toolName":"pick","args":{}}"#,
+            r#"{"type":"tool_result_applied","callId":"c1"}"#,
+        ];
+        for l in lines {
+            AgentEvent::parse(l.as_bytes()).unwrap_or_else(|e| panic!("{l}: {e}"));
+        }
+    }
+
+    #[test]
+    fn refuses_forgery_and_junk() {
+        let bad: &[&str] = &[
+            r#"{"type":"session_ended","reason":"completed"}"#,
+            r#"{"type":"heartbeat"}"#,
+            r#"{"type":"result","message":"x","seq":1}"#,
+            r#"{"type":"result","message":"x","sessionId":"other"}"#,
+            r#"{"type":"log","level":"info","message":"a","message":"b"}"#,
+            r#"{"type":"log","type":"result","level":"info","message":"a"}"#,
+            r#"{"type":"log","level":"loud","message":"a"}"#,
+            r#"{"type":"step","id":"s","name":"n","status":"succeeded"}"#,
+            r#"{"type":"step","id":"s","name":"n","status":"failed","durationMs":1}"#,
+            r#"{"type":"error","code":"Not Snake","message":"x"}"#,
+            r#"{"type":"result"}"#,
+            r#"[1,2]"#,
+            r#"not json"#,
+            "",
+        ];
+        for l in bad {
+            assert!(AgentEvent::parse(l.as_bytes()).is_err(), "accepted {l}");
+        }
+    }
+
+    #[test]
+    fn borrows_plain_strings() {
+        let l = br#"{"type":"log","level":"info","message":"plain"}"#;
+        let (_, ev) = AgentEvent::parse(l).unwrap();
+        assert!(matches!(ev.message, Some(Text(Cow::Borrowed("plain")))));
+    }
+}

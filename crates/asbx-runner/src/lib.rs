@@ -1,1 +1,86 @@
-//! placeholder
+//! The sandbox runner: `POST /stream` boots a fresh sandbox per dispatch and
+//! streams what the agent in it does as NDJSON.
+//!
+//! - [`Runner::new`] takes a [`RunnerConfig`]; [`Runner::router`] serves it.
+//! - `routes` holds the thin HTTP handlers; `drive` is the per-dispatch task;
+//!   `gateway` is the sandbox's only way out; `sandbox` starts the jail.
+
+pub mod config;
+mod drive;
+pub mod error;
+mod gateway;
+mod routes;
+pub mod sandbox;
+mod session;
+mod stamp;
+mod stderr;
+mod uids;
+
+use std::sync::Arc;
+
+use axum::Router;
+use tokio::sync::Semaphore;
+
+pub use config::{Isolation, ProviderConfig, RunnerConfig};
+pub use error::RunnerError;
+
+use crate::sandbox::{Jailed, Sandbox, Unconfined};
+use crate::session::Sessions;
+use crate::uids::UidPool;
+
+/// A running runner's shared state.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) config: RunnerConfig,
+    pub(crate) sandbox: Box<dyn Sandbox>,
+    pub(crate) sessions: Sessions,
+    pub(crate) capacity: Arc<Semaphore>,
+    pub(crate) uids: Arc<UidPool>,
+    pub(crate) providers: Arc<Vec<ProviderConfig>>,
+    pub(crate) client: reqwest::Client,
+}
+
+impl Runner {
+    pub fn new(config: RunnerConfig) -> Result<Self, RunnerError> {
+        std::fs::create_dir_all(config.state_dir.join("sessions"))
+            .map_err(|e| RunnerError::io(config.state_dir.display(), e))?;
+        let sandbox: Box<dyn Sandbox> = match config.isolation {
+            Isolation::Jail(profile) => Box::new(Jailed {
+                exe: config.asbx_exe.clone(),
+                profile,
+            }),
+            Isolation::Unconfined => Box::new(Unconfined {
+                exe: config.asbx_exe.clone(),
+            }),
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| RunnerError::Spawn(format!("http client: {e}")))?;
+        Ok(Runner {
+            inner: Arc::new(Inner {
+                capacity: Arc::new(Semaphore::new(config.max_sandboxes)),
+                uids: Arc::new(UidPool::new(config.uid_base, config.max_sandboxes)),
+                providers: Arc::new(config.providers.clone()),
+                sessions: Sessions::default(),
+                sandbox,
+                client,
+                config,
+            }),
+        })
+    }
+
+    /// The isolation profile in force.
+    pub fn profile(&self) -> &'static str {
+        self.inner.sandbox.profile()
+    }
+
+    pub fn router(&self) -> Router {
+        routes::router(Arc::clone(&self.inner))
+    }
+}

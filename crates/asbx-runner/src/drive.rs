@@ -1,0 +1,475 @@
+//! One dispatch from spawn to teardown: the task that reads the agent's
+//! stdout, validates and stamps each line, enforces the step rules, the
+//! runtime cap and cancellation, and records how the session ended.
+//!
+//! One task owns all of a session's state, so the line path takes no lock.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::process::ExitStatusExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use asbx_protocol::line::{SessionInit, SessionLimits, Step};
+use asbx_protocol::raw::{AgentEvent, AgentKind};
+use asbx_protocol::session::{EndReason, SessionStats, TerminatedBy, Termination};
+use asbx_protocol::{Event, Filter, LogLevel, Protocol, StepStatus, codes};
+use bytes::{Buf, Bytes, BytesMut};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Child;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::session::{CancelCause, Session};
+use crate::stamp::Stamper;
+use crate::stderr::StderrCapture;
+
+/// Warnings about dropped lines sent per session before they are only counted.
+const MAX_DROP_WARNINGS: u32 = 16;
+/// How long an agent may linger after its terminal line.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+/// How long a supervisor gets between SIGTERM and SIGKILL.
+const KILL_GRACE: Duration = Duration::from_millis(500);
+/// Most distinct step ids one session may open.
+const MAX_STEPS_TRACKED: usize = 100_000;
+
+/// Everything the task needs, handed over by the `/stream` handler.
+pub(crate) struct Drive {
+    pub(crate) session: Arc<Session>,
+    pub(crate) child: Child,
+    pub(crate) stderr: JoinHandle<StderrCapture>,
+    pub(crate) tx: mpsc::Sender<Bytes>,
+    pub(crate) protocol: Protocol,
+    pub(crate) filter: Option<Filter>,
+    pub(crate) deadline: Instant,
+    pub(crate) max_line: usize,
+    pub(crate) session_limits: SessionLimits,
+}
+
+/// How the turn ended, as the runner saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The agent wrote `result`.
+    Result,
+    /// The agent wrote `error`.
+    AgentError,
+    /// The agent's stdout closed without a terminal line.
+    Crashed,
+    Cancelled(CancelCause),
+    Cap,
+}
+
+/// The outcome handed back for teardown.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) termination: Termination,
+    pub(crate) last_seq: u64,
+}
+
+struct State {
+    stamper: Stamper,
+    protocol: Protocol,
+    filter: Option<Filter>,
+    open_steps: HashMap<String, (String, Instant)>,
+    seen_steps: HashSet<String>,
+    dropped: u32,
+    terminal: Option<End>,
+    stats: SessionStats,
+    /// Discarding the rest of an over-long line.
+    skipping: bool,
+    max_line: usize,
+}
+
+impl Drive {
+    pub(crate) async fn run(self) -> Outcome {
+        let Drive {
+            session,
+            mut child,
+            stderr,
+            tx,
+            protocol,
+            filter,
+            deadline,
+            max_line,
+            session_limits,
+        } = self;
+        let started = Instant::now();
+        let mut st = State {
+            stamper: Stamper::new(&session.id),
+            protocol,
+            filter,
+            open_steps: HashMap::new(),
+            seen_steps: HashSet::new(),
+            dropped: 0,
+            terminal: None,
+            stats: SessionStats::default(),
+            skipping: false,
+            max_line,
+        };
+        if protocol == Protocol::V2 {
+            st.emit(Event::SessionInit(SessionInit {
+                protocol_version: 2,
+                limits: session_limits,
+                encryption: None,
+            }));
+        }
+        let mut tx = Some(tx);
+        let end = match child.stdout.take() {
+            Some(stdout) => pump(&mut st, stdout, &mut tx, &session, deadline).await,
+            None => End::Crashed,
+        };
+
+        // Make sure the sandbox is gone, and learn how it ended.
+        let status = match end {
+            End::Result | End::AgentError => {
+                match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+                    Ok(s) => s.ok(),
+                    Err(_) => kill_tree(&mut child).await,
+                }
+            }
+            End::Crashed => {
+                match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+                    Ok(s) => s.ok(),
+                    Err(_) => kill_tree(&mut child).await,
+                }
+            }
+            End::Cancelled(_) | End::Cap => kill_tree(&mut child).await,
+        };
+        let captured = match tokio::time::timeout(Duration::from_secs(1), stderr).await {
+            Ok(Ok(c)) => c,
+            _ => StderrCapture::default(),
+        };
+        let (exit_code, signal) = decode_status(status);
+
+        // Lines the runner owes the client: close open steps, then the terminal line.
+        let message = match end {
+            End::Result | End::AgentError => None,
+            End::Crashed => Some(crash_message(exit_code, signal, captured.last_line())),
+            End::Cancelled(CancelCause::ClientGone) => Some("the client went away".to_owned()),
+            End::Cancelled(CancelCause::Deleted) => Some("the session was cancelled".to_owned()),
+            End::Cap => Some("the sandbox ran past the runtime cap and was killed".to_owned()),
+        };
+        if let Some(msg) = &message {
+            st.close_open_steps("the sandbox ended before the step finished");
+            let code = match end {
+                End::Crashed => codes::SANDBOX_CRASHED,
+                End::Cap => codes::RUNTIME_CAP_EXCEEDED,
+                _ => codes::CANCELLED,
+            };
+            st.emit(Event::error(code, msg.clone()));
+        }
+        st.stats.duration_ms = started.elapsed().as_millis() as u64;
+        let (reason, by) = match end {
+            End::Result => (EndReason::Completed, TerminatedBy::Agent),
+            End::AgentError | End::Crashed => (EndReason::Error, TerminatedBy::Agent),
+            End::Cancelled(_) | End::Cap => (EndReason::Terminated, TerminatedBy::Daemon),
+        };
+        let termination = Termination {
+            reason,
+            terminated_by: by,
+            message,
+            exit_code,
+            signal,
+            stderr: captured.finish(),
+            stats: st.stats.clone(),
+        };
+        if protocol == Protocol::V2 {
+            st.emit(Event::SessionEnded(termination.clone()));
+        }
+        if let Some(tx) = tx.take() {
+            flush(&mut st, &tx).await;
+        }
+        Outcome {
+            termination,
+            last_seq: st.stamper.seq(),
+        }
+    }
+}
+
+/// Reads the agent's stdout until it closes, the turn ends, the client goes
+/// away or the cap passes.
+async fn pump<R: AsyncRead + Unpin>(
+    st: &mut State,
+    mut stdout: R,
+    tx: &mut Option<mpsc::Sender<Bytes>>,
+    session: &Session,
+    deadline: Instant,
+) -> End {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let cap = tokio::time::sleep_until(deadline.into());
+    tokio::pin!(cap);
+    loop {
+        if buf.capacity() - buf.len() < 16 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        tokio::select! {
+            biased;
+            _ = session.cancel.cancelled() => return End::Cancelled(session.cancel_cause()),
+            _ = &mut cap => return End::Cap,
+            read = stdout.read_buf(&mut buf) => {
+                match read {
+                    Ok(0) | Err(_) => {
+                        if !buf.is_empty() && !st.skipping {
+                            // A last line without its newline still counts.
+                            let rest = buf.split().freeze();
+                            st.line(&rest);
+                        }
+                        if let Some(t) = tx.as_ref() {
+                            flush(st, t).await;
+                        }
+                        return st.terminal.unwrap_or(End::Crashed);
+                    }
+                    Ok(_) => st.lines(&mut buf),
+                }
+            }
+        }
+        if let Some(t) = tx.as_ref()
+            && st.stamper.has_output()
+        {
+            let chunk = st.stamper.take();
+            tokio::select! {
+                biased;
+                _ = session.cancel.cancelled() => return End::Cancelled(session.cancel_cause()),
+                sent = t.send(chunk) => {
+                    if sent.is_err() {
+                        session.cancel(CancelCause::ClientGone);
+                        return End::Cancelled(CancelCause::ClientGone);
+                    }
+                }
+            }
+        }
+        if let Some(end) = st.terminal {
+            if st.protocol == Protocol::V1 {
+                // Protocol 1 ends right after `result` or `error`.
+                if let Some(t) = tx.take() {
+                    flush(st, &t).await;
+                }
+            }
+            return end;
+        }
+    }
+}
+
+async fn flush(st: &mut State, tx: &mpsc::Sender<Bytes>) {
+    if st.stamper.has_output() {
+        let _ = tx.send(st.stamper.take()).await;
+    }
+}
+
+impl State {
+    /// Handles every complete line in `buf`, leaving a partial one.
+    fn lines(&mut self, buf: &mut BytesMut) {
+        if self.skipping {
+            match memchr::memchr(b'\n', buf) {
+                Some(i) => {
+                    buf.advance(i + 1);
+                    self.skipping = false;
+                }
+                None => {
+                    buf.clear();
+                    return;
+                }
+            }
+        }
+        let mut start = 0;
+        while self.terminal.is_none() {
+            let Some(i) = memchr::memchr(b'\n', &buf[start..]) else {
+                break;
+            };
+            let end = start + i;
+            // Split borrows: the line is read while the stamper writes elsewhere.
+            let line = &buf[start..end];
+            self.line_inner(line);
+            start = end + 1;
+        }
+        if self.terminal.is_some() {
+            buf.clear();
+            return;
+        }
+        buf.advance(start);
+        if buf.len() > self.max_line {
+            buf.clear();
+            self.skipping = true;
+            self.reject(&format!("a line longer than {} bytes", self.max_line));
+        }
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        if self.terminal.is_none() {
+            self.line_inner(line);
+        }
+    }
+
+    fn line_inner(&mut self, line: &[u8]) {
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            return;
+        }
+        if line.len() > self.max_line {
+            self.reject(&format!("a line longer than {} bytes", self.max_line));
+            return;
+        }
+        if line[0] != b'{' {
+            self.reject("a line that is not a JSON object");
+            return;
+        }
+        let (kind, ev) = match AgentEvent::parse(line) {
+            Ok(v) => v,
+            Err(e) => {
+                self.reject(&e.to_string());
+                return;
+            }
+        };
+        if self.protocol == Protocol::V1 && !kind.in_protocol1() {
+            self.reject(&format!(
+                "a {} line, which protocol 1 does not carry",
+                kind.as_str()
+            ));
+            return;
+        }
+        if kind == AgentKind::Step && !self.step_transition(&ev) {
+            return;
+        }
+        if kind.is_terminal() {
+            self.close_open_steps("the turn ended before the step finished");
+            self.terminal = Some(if kind == AgentKind::Result {
+                End::Result
+            } else {
+                End::AgentError
+            });
+        }
+        if self.filter.as_ref().is_none_or(|f| f.passes(kind.as_str())) {
+            self.stamper.raw(line, asbx_protocol::now_ms());
+        } else {
+            self.stamper.skip();
+        }
+    }
+
+    /// Enforces: an id first `running`, then exactly once `succeeded`/`failed`.
+    fn step_transition(&mut self, ev: &AgentEvent<'_>) -> bool {
+        let (Some(id), Some(name), Some(status)) = (&ev.id, &ev.name, ev.status) else {
+            return false;
+        };
+        match status {
+            StepStatus::Running => {
+                if self.seen_steps.contains(&**id) || self.seen_steps.len() >= MAX_STEPS_TRACKED {
+                    self.reject("a step id that was already used");
+                    return false;
+                }
+                self.seen_steps.insert(id.to_string());
+                self.open_steps
+                    .insert(id.to_string(), (name.to_string(), Instant::now()));
+                self.stats.steps += 1;
+                self.stats.tool_calls += 1;
+                true
+            }
+            StepStatus::Succeeded | StepStatus::Failed => {
+                if self.open_steps.remove(&**id).is_none() {
+                    self.reject("a step that is not running");
+                    return false;
+                }
+                true
+            }
+        }
+    }
+
+    /// Ends every step still running with `failed`.
+    fn close_open_steps(&mut self, why: &str) {
+        let mut open: Vec<(String, (String, Instant))> = self.open_steps.drain().collect();
+        open.sort_by_key(|(_, (_, started))| *started);
+        for (id, (name, started)) in open {
+            self.emit(Event::Step(Step {
+                id,
+                name,
+                status: StepStatus::Failed,
+                args: None,
+                result: None,
+                error: Some(why.to_owned()),
+                duration_ms: Some(started.elapsed().as_millis() as u64),
+            }));
+        }
+    }
+
+    fn reject(&mut self, why: &str) {
+        self.dropped += 1;
+        if self.dropped <= MAX_DROP_WARNINGS {
+            let mut msg = format!("dropped a line from the sandbox: {why}");
+            if self.dropped == MAX_DROP_WARNINGS {
+                msg.push_str(" (further dropped lines are only counted)");
+            }
+            self.emit(Event::log(LogLevel::Warn, msg));
+        }
+    }
+
+    /// Writes a runner-made line, subject to the filter.
+    fn emit(&mut self, event: Event) {
+        if self
+            .filter
+            .as_ref()
+            .is_none_or(|f| f.passes(event.type_name()))
+        {
+            self.stamper.event(event);
+        } else {
+            self.stamper.skip();
+        }
+    }
+}
+
+/// Kills the sandbox: SIGTERM lets `asbx jail` tear the whole pid namespace
+/// down and remove its cgroups; SIGKILL on the process group follows if it
+/// does not finish in time.
+async fn kill_tree(child: &mut Child) -> Option<std::process::ExitStatus> {
+    if let Some(pid) = child.id() {
+        let pid = Pid::from_raw(pid as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        if let Ok(s) = tokio::time::timeout(KILL_GRACE, child.wait()).await {
+            return s.ok();
+        }
+        let _ = killpg(pid, Signal::SIGKILL);
+    }
+    child.wait().await.ok()
+}
+
+fn decode_status(status: Option<std::process::ExitStatus>) -> (Option<i32>, Option<i32>) {
+    match status {
+        None => (None, None),
+        Some(s) => match (s.code(), s.signal()) {
+            // `asbx jail` reports a sandbox killed by signal N as 128 + N.
+            (Some(c), _) if (129..=128 + 64).contains(&c) => (None, Some(c - 128)),
+            (Some(c), _) => (Some(c), None),
+            (None, sig) => (None, sig),
+        },
+    }
+}
+
+fn crash_message(code: Option<i32>, signal: Option<i32>, last: Option<&str>) -> String {
+    let how = match (code, signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        (None, None) => "ended".to_owned(),
+    };
+    match last {
+        Some(l) if !l.is_empty() => {
+            format!("the sandbox {how} before finishing the turn; last stderr line: {l}")
+        }
+        _ => format!("the sandbox {how} before finishing the turn"),
+    }
+}
+
+/// Reads a sandbox's stderr into a head/tail capture until it closes.
+pub(crate) fn capture_stderr<R: AsyncRead + Unpin + Send + 'static>(
+    mut stderr: R,
+) -> JoinHandle<StderrCapture> {
+    tokio::spawn(async move {
+        let mut cap = StderrCapture::default();
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match stderr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => cap.push(&buf[..n]),
+            }
+        }
+        cap
+    })
+}

@@ -1,0 +1,108 @@
+//! The runner's error type and its one mapping to `application/problem+json`.
+
+use asbx_protocol::{FieldError, Problem};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("invalid request")]
+    InvalidRequest(Vec<FieldError>),
+    #[error("runner token missing or wrong")]
+    Unauthorized,
+    #[error("session {0} already exists")]
+    SessionTaken(String),
+    #[error("session {0} not found")]
+    SessionNotFound(String),
+    #[error("request body larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("at capacity: {0} sandboxes running")]
+    AtCapacity(usize),
+    #[error("events after seq {after} are gone; the oldest retained is {oldest}")]
+    EventsGone { after: u64, oldest: u64 },
+    #[error("could not start the sandbox: {0}")]
+    Spawn(String),
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl RunnerError {
+    pub(crate) fn io(path: impl std::fmt::Display, source: std::io::Error) -> Self {
+        RunnerError::Io {
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    fn problem(&self) -> Problem {
+        match self {
+            RunnerError::InvalidRequest(errors) => {
+                let names: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+                Problem::new(
+                    400,
+                    "invalid_request",
+                    "Invalid request",
+                    format!("bad fields: {}", names.join(", ")),
+                )
+                .with_errors(errors.clone())
+            }
+            RunnerError::Unauthorized => {
+                Problem::new(401, "unauthorized", "Unauthorized", self.to_string())
+            }
+            RunnerError::SessionTaken(id) => {
+                Problem::new(409, "session_exists", "Session exists", self.to_string())
+                    .with("sessionId", id.clone())
+            }
+            RunnerError::SessionNotFound(_) => {
+                Problem::new(404, "not_found", "Not found", self.to_string())
+            }
+            RunnerError::TooLarge(_) => Problem::new(
+                413,
+                "body_too_large",
+                "Request body too large",
+                self.to_string(),
+            ),
+            RunnerError::AtCapacity(_) => {
+                Problem::new(503, "at_capacity", "Runner at capacity", self.to_string())
+            }
+            RunnerError::EventsGone { oldest, .. } => Problem::new(
+                410,
+                "events_gone",
+                "Events no longer retained",
+                self.to_string(),
+            )
+            .with("oldestSeq", *oldest),
+            RunnerError::Spawn(_) | RunnerError::Io { .. } => Problem::new(
+                500,
+                "internal",
+                "Internal error",
+                "the runner could not start the sandbox; see the runner's log",
+            ),
+        }
+    }
+}
+
+impl IntoResponse for RunnerError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        if problem.status >= 500 {
+            tracing::error!(error = %self, "request failed");
+        }
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut res = (status, body).into_response();
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(Problem::CONTENT_TYPE),
+        );
+        if let RunnerError::AtCapacity(_) = self {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        res
+    }
+}

@@ -1,0 +1,349 @@
+//! HTTP handlers of the runner: thin, each delegating to `drive` or `session`.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use asbx_protocol::gateway::{AgentBootstrap, ProviderInfo};
+use asbx_protocol::line::SessionLimits;
+use asbx_protocol::session::SessionInfo;
+use asbx_protocol::{DispatchRequest, Protocol};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use futures::Stream;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::Inner;
+use crate::drive::{Drive, capture_stderr};
+use crate::error::RunnerError;
+use crate::sandbox::{SandboxSpec, SessionDirs};
+use crate::session::CancelCause;
+
+/// Largest `POST /stream` body.
+const MAX_BODY: usize = 2 << 20;
+
+pub(crate) fn router(inner: Arc<Inner>) -> Router {
+    Router::new()
+        .route("/stream", post(stream))
+        .route("/healthz", get(healthz))
+        .route("/v1/sessions", get(list_sessions))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .with_state(inner)
+}
+
+fn check_token(inner: &Inner, headers: &HeaderMap) -> Result<(), RunnerError> {
+    let Some(want) = &inner.config.token else {
+        return Ok(());
+    };
+    let got = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match got {
+        Some(g) if constant_time_eq(g.as_bytes(), want.as_bytes()) => Ok(()),
+        _ => Err(RunnerError::Unauthorized),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn healthz(State(inner): State<Arc<Inner>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "status": "ok",
+        "profile": inner.sandbox.profile(),
+        "sessions": inner.sessions.running(),
+        "capacity": inner.config.max_sandboxes,
+    }))
+}
+
+async fn list_sessions(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<SessionInfo>>, RunnerError> {
+    check_token(&inner, &headers)?;
+    Ok(Json(inner.sessions.list()))
+}
+
+async fn get_session(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, RunnerError> {
+    check_token(&inner, &headers)?;
+    let s = inner
+        .sessions
+        .get(&id)
+        .ok_or(RunnerError::SessionNotFound(id))?;
+    Ok(Json(s.info()))
+}
+
+async fn delete_session(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, RunnerError> {
+    check_token(&inner, &headers)?;
+    let s = inner
+        .sessions
+        .get(&id)
+        .ok_or(RunnerError::SessionNotFound(id))?;
+    s.cancel(CancelCause::Deleted);
+    Ok(StatusCode::ACCEPTED)
+}
+
+fn random_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    hex::encode(bytes)
+}
+
+async fn stream(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, RunnerError> {
+    check_token(&inner, &headers)?;
+    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            RunnerError::TooLarge(MAX_BODY)
+        } else {
+            RunnerError::InvalidRequest(vec![asbx_protocol::FieldError::new(
+                "",
+                format!("could not read the body: {e}"),
+            )])
+        }
+    })?;
+    let req = DispatchRequest::parse(&bytes).map_err(RunnerError::InvalidRequest)?;
+    let session_id = req.session_id.clone().unwrap_or_else(random_id);
+    let session = inner.sessions.insert(&session_id, req.protocol)?;
+    match start(&inner, &session, &req).await {
+        Ok(res) => Ok(res),
+        Err(e) => {
+            inner.sessions.remove(&session_id);
+            Err(e)
+        }
+    }
+}
+
+/// Boots the sandbox and returns the streaming response.
+async fn start(
+    inner: &Arc<Inner>,
+    session: &Arc<crate::session::Session>,
+    req: &DispatchRequest,
+) -> Result<Response, RunnerError> {
+    let permit = Arc::clone(&inner.capacity)
+        .try_acquire_owned()
+        .map_err(|_| RunnerError::AtCapacity(inner.config.max_sandboxes))?;
+    let uid = inner
+        .uids
+        .lease()
+        .ok_or(RunnerError::AtCapacity(inner.config.max_sandboxes))?;
+    let dirs = SessionDirs::create(&inner.config.state_dir, &session.id)?;
+    let started = Instant::now();
+
+    let booted = boot(inner, session, req, &dirs, uid.host_uid()).await;
+    let (child, gateway_stop) = match booted {
+        Ok(v) => v,
+        Err(e) => {
+            dirs.remove();
+            return Err(e);
+        }
+    };
+    let mut child = child;
+    let stderr = match child.stderr.take() {
+        Some(e) => capture_stderr(e),
+        None => tokio::spawn(async { crate::stderr::StderrCapture::default() }),
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let limits = inner.config.limits;
+    let drive = Drive {
+        session: Arc::clone(session),
+        child,
+        stderr,
+        tx,
+        protocol: req.protocol,
+        filter: req.filter.clone(),
+        deadline: started + inner.config.max_runtime + inner.config.runtime_grace,
+        max_line: inner.config.max_line_bytes,
+        session_limits: SessionLimits {
+            max_duration_ms: limits.max_duration_ms,
+            max_steps: limits.max_steps,
+            max_tool_calls: limits.max_tool_calls,
+            heartbeat_interval_ms: 5000,
+        },
+    };
+    let task_inner = Arc::clone(inner);
+    let task_session = Arc::clone(session);
+    tokio::spawn(async move {
+        let outcome = drive.run().await;
+        gateway_stop.cancel();
+        let spec = SandboxSpec {
+            session_id: &task_session.id,
+            dirs: &dirs,
+            host_uid: uid.host_uid(),
+            resources: &task_inner.config.resources,
+            env: &[],
+        };
+        task_inner.sandbox.cleanup(&spec);
+        dirs.remove();
+        tracing::info!(
+            session = %task_session.id,
+            reason = ?outcome.termination.reason,
+            exit_code = ?outcome.termination.exit_code,
+            "session ended"
+        );
+        task_session.end(outcome.last_seq, outcome.termination);
+        task_inner.sessions.retire(&task_session.id);
+        drop(uid);
+        drop(permit);
+    });
+
+    let body = Body::from_stream(GuardedStream {
+        rx,
+        _guard: CancelOnDrop(Arc::clone(session)).into_guard(),
+    });
+    let mut res = (StatusCode::OK, body).into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&session.id) {
+        h.insert("asbx-session-id", v);
+    }
+    Ok(res)
+}
+
+/// Creates the gateway and spawns the sandbox with its bootstrap.
+async fn boot(
+    inner: &Arc<Inner>,
+    session: &crate::session::Session,
+    req: &DispatchRequest,
+    dirs: &SessionDirs,
+    host_uid: u32,
+) -> Result<(tokio::process::Child, CancellationToken), RunnerError> {
+    let sock = dirs.gateway_socket();
+    let listener =
+        tokio::net::UnixListener::bind(&sock).map_err(|e| RunnerError::io(sock.display(), e))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
+            .map_err(|e| RunnerError::io(sock.display(), e))?;
+    }
+    let gateway_stop = CancellationToken::new();
+    crate::gateway::spawn(
+        listener,
+        &req.agent_url,
+        Arc::clone(&inner.providers),
+        inner.client.clone(),
+        gateway_stop.clone(),
+    );
+    let spec = SandboxSpec {
+        session_id: &session.id,
+        dirs,
+        host_uid,
+        resources: &inner.config.resources,
+        env: &inner.config.agent_env,
+    };
+    let prepared = match inner.sandbox.prepare(&spec) {
+        Ok(p) => p,
+        Err(e) => {
+            gateway_stop.cancel();
+            return Err(e);
+        }
+    };
+    let bootstrap = AgentBootstrap {
+        session_id: session.id.clone(),
+        protocol: req.protocol,
+        prompt: req.prompt.clone(),
+        otp_setup: req.otp_setup.clone(),
+        otp_run: req.otp_run.clone(),
+        otp_upload: req.otp_upload.clone(),
+        gateway_socket: prepared.gateway_socket,
+        workdir: prepared.workdir,
+        providers: inner
+            .providers
+            .iter()
+            .map(|p| ProviderInfo {
+                name: p.name.clone(),
+                kind: p.kind,
+            })
+            .collect(),
+        max_limits: inner.config.limits,
+        client_tools: req.client_tools.clone(),
+        tool_user: prepared.tool_user,
+    };
+    let mut command = prepared.command;
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            gateway_stop.cancel();
+            return Err(RunnerError::Spawn(format!(
+                "{}: {e}",
+                inner.config.asbx_exe.display()
+            )));
+        }
+    };
+    let json = serde_json::to_vec(&bootstrap).unwrap_or_default();
+    if let Some(mut stdin) = child.stdin.take() {
+        // The pipe holds 64 KiB; a large prompt must not block the handler.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&json).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+    if req.protocol == Protocol::V2 {
+        tracing::debug!(session = %session.id, "protocol 2 session");
+    }
+    Ok((child, gateway_stop))
+}
+
+/// Cancels the session when the response body is dropped (client gone).
+struct CancelOnDrop(Arc<crate::session::Session>);
+
+impl CancelOnDrop {
+    fn into_guard(self) -> SessionGuard {
+        SessionGuard(Some(self.0))
+    }
+}
+
+struct SessionGuard(Option<Arc<crate::session::Session>>);
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.cancel(CancelCause::ClientGone);
+        }
+    }
+}
+
+/// The response body: the drive task's chunks, cancelling on drop.
+struct GuardedStream {
+    rx: mpsc::Receiver<Bytes>,
+    _guard: SessionGuard,
+}
+
+impl Stream for GuardedStream {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|o| o.map(Ok))
+    }
+}

@@ -1,0 +1,220 @@
+//! Starting one sandbox: the [`Sandbox`] trait and its two implementations.
+//!
+//! [`Jailed`] runs `asbx jail --policy <json>`, which builds the namespaces,
+//! cgroups, seccomp and Landlock layers and execs `asbx agent` inside.
+//! [`Unconfined`] runs `asbx agent` as a plain child process: for hosts
+//! without namespaces, chosen by name and reported everywhere.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use asbx_protocol::jail::{
+    BindMount, JailPolicy, JailProfile, RUN_DIR_IN_JAIL, ResourceLimits, TOOL_GID, TOOL_UID,
+    WORKDIR_IN_JAIL,
+};
+use tokio::process::Command;
+
+use crate::error::RunnerError;
+
+/// Where the `asbx` binary appears inside a jail.
+pub const EXE_IN_JAIL: &str = "/opt/asbx/bin/asbx";
+/// The gateway socket's file name, inside the run folder.
+pub const GATEWAY_SOCKET: &str = "gateway.sock";
+
+/// The host folders of one session.
+#[derive(Debug, Clone)]
+pub struct SessionDirs {
+    pub root: PathBuf,
+    /// The working directory (`/work` in a jail).
+    pub work: PathBuf,
+    /// Holds the gateway socket (`/run/asbx` in a jail).
+    pub run: PathBuf,
+}
+
+impl SessionDirs {
+    pub fn create(state_dir: &Path, session_id: &str) -> Result<Self, RunnerError> {
+        let root = state_dir.join("sessions").join(session_id);
+        let dirs = SessionDirs {
+            work: root.join("work"),
+            run: root.join("run"),
+            root,
+        };
+        for d in [&dirs.work, &dirs.run] {
+            std::fs::create_dir_all(d).map_err(|e| RunnerError::io(d.display(), e))?;
+        }
+        Ok(dirs)
+    }
+
+    pub fn gateway_socket(&self) -> PathBuf {
+        self.run.join(GATEWAY_SOCKET)
+    }
+
+    /// Removes everything; errors are logged, not raised (teardown goes on).
+    pub fn remove(&self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.root)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.root.display(), error = %e, "could not remove session folder");
+        }
+    }
+}
+
+/// What a sandbox needs to start.
+#[derive(Debug)]
+pub struct SandboxSpec<'a> {
+    pub session_id: &'a str,
+    pub dirs: &'a SessionDirs,
+    pub host_uid: u32,
+    pub resources: &'a ResourceLimits,
+    pub env: &'a [(String, String)],
+}
+
+/// A ready-to-spawn command and what the agent must be told about its world.
+#[derive(Debug)]
+pub struct Prepared {
+    pub command: Command,
+    /// The gateway socket path as the agent sees it.
+    pub gateway_socket: String,
+    /// The working directory as the agent sees it.
+    pub workdir: String,
+    /// Uid and gid for tools, when the sandbox provides a separate one.
+    pub tool_user: Option<(u32, u32)>,
+}
+
+/// One way of isolating a dispatch.
+pub trait Sandbox: Send + Sync + std::fmt::Debug {
+    /// The profile name reported on start and in `/healthz`.
+    fn profile(&self) -> &'static str;
+    fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError>;
+    /// Removes what a sandbox may leave behind if its supervisor was killed hard.
+    fn cleanup(&self, spec: &SandboxSpec<'_>);
+}
+
+fn base_command(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Every layer, through `asbx jail`.
+#[derive(Debug)]
+pub struct Jailed {
+    pub exe: PathBuf,
+    pub profile: JailProfile,
+}
+
+impl Sandbox for Jailed {
+    fn profile(&self) -> &'static str {
+        match self.profile {
+            JailProfile::Strict => "strict",
+            JailProfile::Namespaces => "namespaces",
+        }
+    }
+
+    fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError> {
+        let policy = JailPolicy {
+            workdir: spec.dirs.work.display().to_string(),
+            binds: vec![
+                BindMount {
+                    source: self.exe.display().to_string(),
+                    target: EXE_IN_JAIL.to_owned(),
+                    writable: false,
+                },
+                BindMount {
+                    source: spec.dirs.run.display().to_string(),
+                    target: RUN_DIR_IN_JAIL.to_owned(),
+                    writable: false,
+                },
+            ],
+            argv: vec![EXE_IN_JAIL.to_owned(), "agent".to_owned()],
+            env: spec.env.to_vec(),
+            host_uid: spec.host_uid,
+            limits: spec.resources.clone(),
+            cgroup: format!("asbx-{}", spec.session_id),
+            profile: self.profile,
+        };
+        let json = serde_json::to_string(&policy)
+            .map_err(|e| RunnerError::Spawn(format!("policy: {e}")))?;
+        let mut command = base_command(&self.exe);
+        command.arg("jail").arg("--policy").arg(json);
+        Ok(Prepared {
+            command,
+            gateway_socket: format!("{RUN_DIR_IN_JAIL}/{GATEWAY_SOCKET}"),
+            workdir: WORKDIR_IN_JAIL.to_owned(),
+            tool_user: Some((TOOL_UID, TOOL_GID)),
+        })
+    }
+
+    fn cleanup(&self, spec: &SandboxSpec<'_>) {
+        remove_leftover_cgroups(&format!("asbx-{}", spec.session_id));
+    }
+}
+
+/// Removes the cgroups of a sandbox whose supervisor died before it could.
+/// Normally `asbx jail` removes them itself; this is the fallback.
+fn remove_leftover_cgroups(name: &str) {
+    let roots = [
+        "memory",
+        "pids",
+        "cpu",
+        "cpu,cpuacct",
+        "freezer",
+        "unified",
+        "",
+    ];
+    for ctrl in roots {
+        let dir = Path::new("/sys/fs/cgroup")
+            .join(ctrl)
+            .join("asbx")
+            .join(name);
+        if !dir.exists() {
+            continue;
+        }
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            if std::fs::remove_dir(&dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+/// No isolation: a plain child process in the working directory.
+#[derive(Debug)]
+pub struct Unconfined {
+    pub exe: PathBuf,
+}
+
+impl Sandbox for Unconfined {
+    fn profile(&self) -> &'static str {
+        "unconfined"
+    }
+
+    fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError> {
+        let mut command = base_command(&self.exe);
+        command
+            .arg("agent")
+            .current_dir(&spec.dirs.work)
+            .envs(spec.env.iter().cloned());
+        Ok(Prepared {
+            command,
+            gateway_socket: spec.dirs.gateway_socket().display().to_string(),
+            workdir: spec.dirs.work.display().to_string(),
+            tool_user: None,
+        })
+    }
+
+    fn cleanup(&self, _spec: &SandboxSpec<'_>) {}
+}

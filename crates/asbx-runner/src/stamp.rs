@@ -1,0 +1,113 @@
+//! Stamping lines with `seq`, `ts` and `sessionId` (the hot path).
+//!
+//! Agent lines are already validated JSON objects, so instead of parsing and
+//! re-serializing them the stamper writes `{"seq":N,"ts":T,"sessionId":"S",`
+//! and then the original bytes after the opening brace. Output accumulates in
+//! one buffer that is handed to the HTTP body a chunk at a time, so there is
+//! no allocation per line.
+
+use asbx_protocol::{Event, Line};
+use bytes::{BufMut, Bytes, BytesMut};
+
+#[derive(Debug)]
+pub(crate) struct Stamper {
+    seq: u64,
+    /// `,"sessionId":"<id>",`, precomputed once per session.
+    session_part: Vec<u8>,
+    session_id: String,
+    out: BytesMut,
+}
+
+impl Stamper {
+    pub(crate) fn new(session_id: &str) -> Self {
+        let mut session_part = Vec::with_capacity(session_id.len() + 16);
+        session_part.extend_from_slice(b",\"sessionId\":\"");
+        // Session ids match ^[A-Za-z0-9_-]{1,64}$: nothing to escape.
+        session_part.extend_from_slice(session_id.as_bytes());
+        session_part.extend_from_slice(b"\",");
+        Stamper {
+            seq: 0,
+            session_part,
+            session_id: session_id.to_owned(),
+            out: BytesMut::with_capacity(64 * 1024),
+        }
+    }
+
+    /// The last `seq` handed out.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Takes the next `seq` without writing (a line a filter holds back).
+    pub(crate) fn skip(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Stamps a validated agent line: `line` must be one JSON object,
+    /// starting with `{` and holding no `seq`, `ts` or `sessionId`.
+    pub(crate) fn raw(&mut self, line: &[u8], ts: u64) -> u64 {
+        debug_assert!(line.first() == Some(&b'{'));
+        self.seq += 1;
+        let mut itoa_buf = itoa::Buffer::new();
+        self.out.reserve(line.len() + self.session_part.len() + 48);
+        self.out.put_slice(b"{\"seq\":");
+        self.out.put_slice(itoa_buf.format(self.seq).as_bytes());
+        self.out.put_slice(b",\"ts\":");
+        self.out.put_slice(itoa_buf.format(ts).as_bytes());
+        self.out.put_slice(&self.session_part);
+        self.out.put_slice(&line[1..]);
+        self.out.put_u8(b'\n');
+        self.seq
+    }
+
+    /// Stamps a line the runner makes itself.
+    pub(crate) fn event(&mut self, event: Event) -> u64 {
+        self.seq += 1;
+        let line = Line {
+            seq: self.seq,
+            ts: asbx_protocol::now_ms(),
+            session_id: self.session_id.clone(),
+            event,
+        };
+        let mut w = (&mut self.out).writer();
+        // Serializing our own types to memory cannot fail.
+        let _ = serde_json::to_writer(&mut w, &line);
+        self.out.put_u8(b'\n');
+        self.seq
+    }
+
+    pub(crate) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Everything stamped since the last take.
+    pub(crate) fn take(&mut self) -> Bytes {
+        self.out.split().freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asbx_protocol::LogLevel;
+
+    #[test]
+    fn raw_and_runner_lines_decode_with_consecutive_seq() {
+        let mut s = Stamper::new("sess_1");
+        s.raw(br#"{"type":"log","level":"info","message":"a"}"#, 7);
+        s.event(Event::log(LogLevel::Warn, "b"));
+        s.raw(br#"{"type":"result","message":"done"}"#, 9);
+        let out = s.take();
+        let mut d = asbx_protocol::LineDecoder::default();
+        let lines: Vec<Line> = d.push(&out).into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            lines.iter().map(|l| l.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        assert!(lines.iter().all(|l| l.session_id == "sess_1"));
+        assert_eq!(lines[0].ts, 7);
+        assert!(matches!(&lines[2].event, Event::Result(r) if r.message == "done"));
+        assert!(!s.has_output());
+    }
+}

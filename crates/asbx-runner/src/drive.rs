@@ -473,3 +473,152 @@ pub(crate) fn capture_stderr<R: AsyncRead + Unpin + Send + 'static>(
         cap
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asbx_protocol::{Line, LineDecoder};
+
+    fn state(protocol: Protocol, filter: Option<Filter>) -> State {
+        State {
+            stamper: Stamper::new("s1"),
+            protocol,
+            filter,
+            open_steps: HashMap::new(),
+            seen_steps: HashSet::new(),
+            dropped: 0,
+            terminal: None,
+            stats: SessionStats::default(),
+            skipping: false,
+            max_line: 256,
+        }
+    }
+
+    fn feed(st: &mut State, chunks: &[&[u8]]) -> Vec<Line> {
+        let mut buf = BytesMut::new();
+        for c in chunks {
+            buf.extend_from_slice(c);
+            st.lines(&mut buf);
+        }
+        let out = st.stamper.take();
+        LineDecoder::default()
+            .push(&out)
+            .into_iter()
+            .map(|l| l.unwrap())
+            .collect()
+    }
+
+    fn warnings(lines: &[Line]) -> usize {
+        lines
+            .iter()
+            .filter(|l| matches!(&l.event, Event::Log(g) if g.level == LogLevel::Warn))
+            .count()
+    }
+
+    #[test]
+    fn junk_is_dropped_with_a_warning_and_the_stream_goes_on() {
+        let mut st = state(Protocol::V1, None);
+        let lines = feed(
+            &mut st,
+            &[
+                b"garbage\n[1,2]\n{\"type\":\"result\",\"message\":\"x\",\"seq\":99}\n",
+                b"{\"type\":\"heartbeat\"}\n\n   \n{\"type\":\"delta\",\"text\":\"p2 only\"}\n",
+                b"{\"type\":\"log\",\"level\":\"info\",\"message\":\"fine\"}\n",
+            ],
+        );
+        assert_eq!(warnings(&lines), 5);
+        assert!(matches!(&lines.last().unwrap().event, Event::Log(l) if l.message == "fine"));
+        assert_eq!(
+            lines.iter().map(|l| l.seq).collect::<Vec<_>>(),
+            (1..=6).collect::<Vec<_>>()
+        );
+        assert!(st.terminal.is_none());
+    }
+
+    #[test]
+    fn lines_split_across_reads_are_joined() {
+        let mut st = state(Protocol::V1, None);
+        let lines = feed(
+            &mut st,
+            &[
+                b"{\"type\":\"log\",\"lev",
+                b"el\":\"info\",\"message\":\"h\xc3",
+                b"\xa9\"}\n",
+            ],
+        );
+        assert_eq!(lines.len(), 1);
+        assert!(matches!(&lines[0].event, Event::Log(l) if l.message == "hé"));
+    }
+
+    #[test]
+    fn an_over_long_line_is_skipped_up_to_its_newline() {
+        let mut st = state(Protocol::V1, None);
+        let long = vec![b'x'; 300];
+        let lines = feed(
+            &mut st,
+            &[
+                &long,
+                &long,
+                b"tail\n{\"type\":\"result\",\"message\":\"ok\"}\n",
+            ],
+        );
+        assert_eq!(warnings(&lines), 1);
+        assert!(matches!(&lines.last().unwrap().event, Event::Result(r) if r.message == "ok"));
+        assert_eq!(st.terminal, Some(End::Result));
+    }
+
+    #[test]
+    fn step_rules_are_enforced_and_open_steps_close_before_the_result() {
+        let mut st = state(Protocol::V1, None);
+        let lines = feed(
+            &mut st,
+            &[
+                b"{\"type\":\"step\",\"id\":\"a\",\"name\":\"shell\",\"status\":\"succeeded\",\"durationMs\":1}\n",
+                b"{\"type\":\"step\",\"id\":\"b\",\"name\":\"shell\",\"status\":\"running\"}\n",
+                b"{\"type\":\"step\",\"id\":\"b\",\"name\":\"shell\",\"status\":\"running\"}\n",
+                b"{\"type\":\"result\",\"message\":\"done\"}\n",
+                b"{\"type\":\"log\",\"level\":\"info\",\"message\":\"after the end\"}\n",
+            ],
+        );
+        // Two rejected step lines, then b running, b failed (closed by the runner), result.
+        assert_eq!(warnings(&lines), 2);
+        let kinds: Vec<String> = lines
+            .iter()
+            .filter(|l| !matches!(l.event, Event::Log(_)))
+            .map(|l| match &l.event {
+                Event::Step(s) => format!("{}:{:?}", s.id, s.status),
+                e => e.type_name().to_owned(),
+            })
+            .collect();
+        assert_eq!(kinds, vec!["b:Running", "b:Failed", "result"]);
+        assert_eq!(st.stats.steps, 1);
+    }
+
+    #[test]
+    fn filtered_lines_keep_their_seq_numbers() {
+        let f = Filter::Block {
+            blocked_types: vec!["log".into()],
+        };
+        let mut st = state(Protocol::V2, Some(f));
+        let lines = feed(
+            &mut st,
+            &[
+                b"{\"type\":\"log\",\"level\":\"info\",\"message\":\"hidden\"}\n",
+                b"{\"type\":\"delta\",\"text\":\"hi\"}\n",
+                b"{\"type\":\"log\",\"level\":\"info\",\"message\":\"hidden\"}\n",
+                b"{\"type\":\"result\",\"message\":\"done\"}\n",
+            ],
+        );
+        assert_eq!(lines.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![2, 4]);
+    }
+
+    #[test]
+    fn exit_statuses_decode_signals_reported_by_the_jail() {
+        use std::os::unix::process::ExitStatusExt;
+        let st = |raw| Some(std::process::ExitStatus::from_raw(raw));
+        assert_eq!(decode_status(st(7 << 8)), (Some(7), None));
+        assert_eq!(decode_status(st((128 + 9) << 8)), (None, Some(9)));
+        assert_eq!(decode_status(st(9)), (None, Some(9)));
+        assert_eq!(decode_status(None), (None, None));
+    }
+}

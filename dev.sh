@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# asbx's two commands:
+#   bash dev.sh up [ARGS]   build and start the whole system (workspace + runner) on loopback
+#   bash dev.sh test        install what the tests need, then run every check and test
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+# Installs Debian packages that are missing (the machine may be fresh).
+ensure_packages() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "dev.sh: installing ${missing[*]}" >&2
+    local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# Starts a throwaway PostgreSQL for the tests; sets ASBX_TEST_PG_URL.
+start_postgres() {
+  local bindir
+  bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$bindir" ] || { echo "dev.sh: PostgreSQL binaries not found" >&2; return 1; }
+  PG_DIR=$(mktemp -d /tmp/asbx-pg.XXXXXX)
+  chown postgres:postgres "$PG_DIR"
+  local port=$(( 20000 + RANDOM % 20000 ))
+  runuser -u postgres -- "$bindir/initdb" -D "$PG_DIR/data" -A trust -U postgres >/dev/null
+  runuser -u postgres -- "$bindir/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
+    -o "-p $port -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
+  export ASBX_TEST_PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+  PG_BIN="$bindir"
+}
+
+stop_postgres() {
+  if [ -n "${PG_DIR:-}" ]; then
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$PG_DIR"
+  fi
+}
+
+case "${1:-}" in
+  up)
+    shift
+    cargo build --release --locked -p asbx
+    exec target/release/asbx up "$@"
+    ;;
+  test)
+    shift
+    ensure_packages postgresql bash coreutils python3
+    if [ "$(id -u)" -eq 0 ]; then
+      start_postgres
+      trap stop_postgres EXIT
+    else
+      echo "dev.sh: not root: PostgreSQL tests and strict-isolation tests will be skipped or fail" >&2
+    fi
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+    cargo test --workspace --locked "$@"
+    ;;
+  *)
+    echo "usage: bash dev.sh up [--listen ADDR] | bash dev.sh test" >&2
+    exit 2
+    ;;
+esac

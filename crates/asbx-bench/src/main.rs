@@ -1,0 +1,278 @@
+//! `asbx-bench`: prints figures for the runner's performance goals.
+//!
+//! - `throughput`: lines per second from a sandbox process through the
+//!   runner's validation and stamping to an HTTP client.
+//! - `first-line`: time from `POST /stream` to the first line of a fully
+//!   jailed dispatch, beside `bwrap ... true` when bubblewrap is installed.
+//! - `idle`: host memory of idle sandboxes and of an idle runner.
+//!
+//! Build with `cargo build --release -p asbx -p asbx-bench`, then run
+//! `target/release/asbx-bench all`. Needs root for the jailed parts.
+
+#![allow(clippy::print_stdout)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use asbx_runner::{Isolation, Runner, RunnerConfig};
+use futures::StreamExt;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let what = args.get(1).map(String::as_str).unwrap_or("all");
+    let n: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(200);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        match what {
+            "throughput" => throughput().await,
+            "first-line" => first_line(n).await,
+            "idle" => idle(n.min(2000)).await,
+            "all" => {
+                throughput().await?;
+                first_line(n).await?;
+                idle(100).await
+            }
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | all"),
+        }
+    })
+}
+
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let p = me.parent().context("exe folder")?.join(name);
+    if !p.exists() {
+        bail!("{} not found; build it with cargo build --release -p asbx -p asbx-bench", p.display());
+    }
+    Ok(p)
+}
+
+async fn serve_runner(config: RunnerConfig) -> anyhow::Result<String> {
+    let runner = Runner::new(config)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let app = runner.router();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(url)
+}
+
+/// A callback server that refuses every token: the agent ends at once.
+async fn refusing_workspace() -> anyhow::Result<String> {
+    let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::UNAUTHORIZED });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(url)
+}
+
+fn body(agent_url: &str, prompt: &str) -> serde_json::Value {
+    serde_json::json!({
+        "agent_url": agent_url, "otp_setup": "s", "otp_run": "r", "prompt": prompt,
+    })
+}
+
+async fn throughput() -> anyhow::Result<()> {
+    let state = tempdir("throughput")?;
+    let mut config = RunnerConfig::new(sibling("asbx-firehose")?, state.clone());
+    config.isolation = Isolation::Unconfined;
+    let lines: u64 = 4_000_000;
+    config.agent_env.push(("ASBX_FIREHOSE_LINES".into(), lines.to_string()));
+    let url = serve_runner(config).await?;
+    let client = reqwest::Client::new();
+    println!("throughput: {lines} log lines (80 bytes each) from a sandbox process to an HTTP client");
+    for round in 1..=3 {
+        let started = Instant::now();
+        let res = client
+            .post(format!("{url}/stream"))
+            .json(&body("http://127.0.0.1:9/none", "x"))
+            .send()
+            .await?;
+        let mut stream = res.bytes_stream();
+        let (mut count, mut bytes) = (0u64, 0u64);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            bytes += chunk.len() as u64;
+            count += memchr::memchr_iter(b'\n', &chunk).count() as u64;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "  round {round}: {count} lines in {secs:.3} s = {:.2} M lines/s, {:.0} MiB/s",
+            count as f64 / secs / 1e6,
+            bytes as f64 / secs / (1 << 20) as f64
+        );
+    }
+    let _ = std::fs::remove_dir_all(&state);
+    Ok(())
+}
+
+fn tempdir(name: &str) -> anyhow::Result<PathBuf> {
+    let p = std::env::temp_dir().join(format!("asbx-bench-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&p)?;
+    Ok(p)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn report(label: &str, mut v: Vec<Duration>) {
+    v.sort();
+    println!(
+        "  {label}: median {:.2} ms, p99 {:.2} ms, min {:.2} ms (n={})",
+        percentile(&v, 0.5).as_secs_f64() * 1e3,
+        percentile(&v, 0.99).as_secs_f64() * 1e3,
+        v[0].as_secs_f64() * 1e3,
+        v.len()
+    );
+}
+
+async fn first_line(n: usize) -> anyhow::Result<()> {
+    let asbx = sibling("asbx")?;
+    let ws = refusing_workspace().await?;
+    let client = reqwest::Client::new();
+    println!("first line: POST /stream to the first NDJSON line, {n} dispatches each");
+    for profile in ["strict", "unconfined"] {
+        let state = tempdir(&format!("first-{profile}"))?;
+        let mut config = RunnerConfig::new(asbx.clone(), state.clone());
+        config.isolation = Isolation::from_name(profile).context("profile")?;
+        let url = serve_runner(config).await?;
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let started = Instant::now();
+            let res = client.post(format!("{url}/stream")).json(&body(&ws, "hi")).send().await?;
+            let mut stream = res.bytes_stream();
+            let first = stream.next().await.context("no line")??;
+            times.push(started.elapsed());
+            if first.is_empty() {
+                bail!("empty first chunk");
+            }
+            while stream.next().await.is_some() {}
+        }
+        report(&format!("asbx {profile}"), times);
+        let _ = std::fs::remove_dir_all(&state);
+    }
+    if let Ok(bwrap) = which("bwrap") {
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let started = Instant::now();
+            let st = tokio::process::Command::new(&bwrap)
+                .args(["--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"])
+                .status()
+                .await?;
+            times.push(started.elapsed());
+            if !st.success() {
+                bail!("bwrap failed: {st}");
+            }
+        }
+        report("bwrap --unshare-all ... true", times);
+    } else {
+        println!("  bwrap: not installed (apt-get install bubblewrap) - no comparison");
+    }
+    Ok(())
+}
+
+fn which(name: &str) -> anyhow::Result<PathBuf> {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    bail!("{name} not found")
+}
+
+/// Host memory: the runner idle, and sandboxes held open idle.
+async fn idle(n: usize) -> anyhow::Result<()> {
+    let asbx = sibling("asbx")?;
+    let data = tempdir("idle")?;
+    let mut child = tokio::process::Command::new(&asbx)
+        .args(["runner", "--listen", "127.0.0.1:0"])
+        .env("ASBX_DATA", &data)
+        .env("ASBX_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("runner pid")?;
+    let mut banner = String::new();
+    {
+        use tokio::io::AsyncBufReadExt;
+        let out = child.stdout.take().context("stdout")?;
+        tokio::io::BufReader::new(out).read_line(&mut banner).await?;
+    }
+    let url = banner.split_whitespace().find(|w| w.starts_with("http://")).context("url")?.to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    println!("idle: runner RSS at rest {:.1} MiB", rss_kib(pid)? as f64 / 1024.0);
+
+    // Hold n sandboxes open: each agent waits on a model that never answers.
+    let stall = stalling_workspace().await?;
+    let client = reqwest::Client::new();
+    let before = mem_used_kib()?;
+    let mut streams = Vec::with_capacity(n);
+    for _ in 0..n {
+        let res = client.post(format!("{url}/stream")).json(&body(&stall, "hi")).send().await?;
+        let mut s = res.bytes_stream();
+        let _ = s.next().await;
+        streams.push(s);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = mem_used_kib()?;
+    let per = (after.saturating_sub(before)) as f64 / n as f64;
+    println!(
+        "idle: {n} sandboxes alive: host memory +{:.1} MiB, {:.2} MiB per sandbox; runner RSS {:.1} MiB",
+        (after.saturating_sub(before)) as f64 / 1024.0,
+        per / 1024.0,
+        rss_kib(pid)? as f64 / 1024.0
+    );
+    drop(streams);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = child.kill().await;
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(())
+}
+
+/// A callback server that accepts the tokens and never answers `/config`,
+/// so each agent idles in its bootstrap.
+async fn stalling_workspace() -> anyhow::Result<String> {
+    let app = axum::Router::new()
+        .route(
+            "/env",
+            axum::routing::get(|| async { axum::Json(serde_json::json!({"variables": {}})) }),
+        )
+        .fallback(|| async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            axum::http::StatusCode::GATEWAY_TIMEOUT
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(url)
+}
+
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("VmRSS")
+}
+
+/// Memory in use on the host (MemTotal - MemAvailable), in KiB.
+fn mem_used_kib() -> anyhow::Result<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo")?;
+    let get = |k: &str| -> Option<u64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    Ok(get("MemTotal:").context("MemTotal")? - get("MemAvailable:").context("MemAvailable")?)
+}

@@ -35,6 +35,10 @@ pub struct AgentBootstrap {
     pub otp_upload: Option<String>,
     /// Path of the gateway's Unix socket, as the agent sees it.
     pub gateway_socket: String,
+    /// Path of the egress proxy's Unix socket: the agent relays its tools'
+    /// `HTTP_PROXY`/`HTTPS_PROXY` connections from the sandbox's loopback to it.
+    #[serde(default)]
+    pub proxy_socket: Option<String>,
     /// The working directory tools run in; `out/` under it is written back.
     pub workdir: String,
     /// Providers the gateway knows: name and wire format. No keys.

@@ -23,6 +23,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProviderConfig;
+use crate::egress::AllowList;
 
 /// Largest body the agent may send through the gateway (results uploads).
 const MAX_GATEWAY_BODY: usize = 96 << 20;
@@ -32,7 +33,11 @@ struct GatewayState {
     agent_url: String,
     providers: Arc<Vec<ProviderConfig>>,
     client: reqwest::Client,
+    allow: Arc<AllowList>,
 }
+
+/// Largest `/env` answer the gateway reads to learn `allowed_hosts`.
+const MAX_ENV_BODY: usize = 4 << 20;
 
 /// Serves the gateway on `listener` until `stop` is cancelled.
 pub(crate) fn spawn(
@@ -40,12 +45,14 @@ pub(crate) fn spawn(
     agent_url: &str,
     providers: Arc<Vec<ProviderConfig>>,
     client: reqwest::Client,
+    allow: Arc<AllowList>,
     stop: CancellationToken,
 ) {
     let state = Arc::new(GatewayState {
         agent_url: agent_url.trim_end_matches('/').to_owned(),
         providers,
         client,
+        allow,
     });
     let app = Router::new()
         .route("/callback/env", get(callback_env))
@@ -77,8 +84,28 @@ fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
     res
 }
 
+/// Relays `/env` and keeps its `allowed_hosts` for the egress proxy: the list
+/// comes from the workspace's answer, never from the sandbox.
 async fn callback_env(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
-    forward_callback(&s, "env", req).await
+    let res = forward_callback(&s, "env", req).await;
+    if !res.status().is_success() {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_ENV_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            return problem(
+                StatusCode::BAD_GATEWAY,
+                "upstream_invalid",
+                "/env answer too large",
+            );
+        }
+    };
+    if let Ok(env) = serde_json::from_slice::<asbx_protocol::callback::EnvResponse>(&bytes) {
+        s.allow.set(env.allowed_hosts);
+    }
+    Response::from_parts(parts, Body::from(bytes))
 }
 
 async fn callback_config(State(s): State<Arc<GatewayState>>, req: Request) -> Response {

@@ -7,6 +7,7 @@
 
 pub mod config;
 mod drive;
+mod egress;
 pub mod error;
 mod gateway;
 mod routes;

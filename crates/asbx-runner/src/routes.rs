@@ -239,22 +239,19 @@ async fn boot(
     dirs: &SessionDirs,
     host_uid: u32,
 ) -> Result<(tokio::process::Child, CancellationToken), RunnerError> {
-    let sock = dirs.gateway_socket();
-    let listener =
-        tokio::net::UnixListener::bind(&sock).map_err(|e| RunnerError::io(sock.display(), e))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
-            .map_err(|e| RunnerError::io(sock.display(), e))?;
-    }
+    let listener = bind_socket(&dirs.gateway_socket())?;
+    let proxy_listener = bind_socket(&dirs.proxy_socket())?;
     let gateway_stop = CancellationToken::new();
+    let allow = Arc::new(crate::egress::AllowList::default());
     crate::gateway::spawn(
         listener,
         &req.agent_url,
         Arc::clone(&inner.providers),
         inner.client.clone(),
+        Arc::clone(&allow),
         gateway_stop.clone(),
     );
+    crate::egress::spawn(proxy_listener, allow, gateway_stop.clone());
     let spec = SandboxSpec {
         session_id: &session.id,
         dirs,
@@ -277,6 +274,7 @@ async fn boot(
         otp_run: req.otp_run.clone(),
         otp_upload: req.otp_upload.clone(),
         gateway_socket: prepared.gateway_socket,
+        proxy_socket: Some(prepared.proxy_socket),
         workdir: prepared.workdir,
         providers: inner
             .providers
@@ -313,6 +311,16 @@ async fn boot(
         tracing::debug!(session = %session.id, "protocol 2 session");
     }
     Ok((child, gateway_stop))
+}
+
+/// Binds a Unix socket the sandbox's (unmapped) users may connect to.
+fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, RunnerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let listener =
+        tokio::net::UnixListener::bind(path).map_err(|e| RunnerError::io(path.display(), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| RunnerError::io(path.display(), e))?;
+    Ok(listener)
 }
 
 /// Cancels the session when the response body is dropped (client gone).

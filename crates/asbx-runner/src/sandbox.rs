@@ -20,6 +20,8 @@ use crate::error::RunnerError;
 pub const EXE_IN_JAIL: &str = "/opt/asbx/bin/asbx";
 /// The gateway socket's file name, inside the run folder.
 pub const GATEWAY_SOCKET: &str = "gateway.sock";
+/// The egress proxy socket's file name, inside the run folder.
+pub const PROXY_SOCKET: &str = "proxy.sock";
 
 /// The host folders of one session.
 #[derive(Debug, Clone)]
@@ -49,6 +51,10 @@ impl SessionDirs {
         self.run.join(GATEWAY_SOCKET)
     }
 
+    pub fn proxy_socket(&self) -> PathBuf {
+        self.run.join(PROXY_SOCKET)
+    }
+
     /// Removes everything; errors are logged, not raised (teardown goes on).
     pub fn remove(&self) {
         if let Err(e) = std::fs::remove_dir_all(&self.root)
@@ -75,6 +81,8 @@ pub struct Prepared {
     pub command: Command,
     /// The gateway socket path as the agent sees it.
     pub gateway_socket: String,
+    /// The egress proxy socket path as the agent sees it.
+    pub proxy_socket: String,
     /// The working directory as the agent sees it.
     pub workdir: String,
     /// Uid and gid for tools, when the sandbox provides a separate one.
@@ -145,6 +153,7 @@ impl Sandbox for Jailed {
         Ok(Prepared {
             command,
             gateway_socket: format!("{RUN_DIR_IN_JAIL}/{GATEWAY_SOCKET}"),
+            proxy_socket: format!("{RUN_DIR_IN_JAIL}/{PROXY_SOCKET}"),
             workdir: WORKDIR_IN_JAIL.to_owned(),
             tool_user: Some((TOOL_UID, TOOL_GID)),
         })
@@ -211,6 +220,7 @@ impl Sandbox for Unconfined {
         Ok(Prepared {
             command,
             gateway_socket: spec.dirs.gateway_socket().display().to_string(),
+            proxy_socket: spec.dirs.proxy_socket().display().to_string(),
             workdir: spec.dirs.work.display().to_string(),
             tool_user: None,
         })

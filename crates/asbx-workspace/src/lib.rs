@@ -1,1 +1,83 @@
-//! placeholder
+//! The asbx control plane: one-time tokens, the sandbox callback routes,
+//! dispatch to the runner, the file store, and chats.
+//!
+//! Entry points: [`Workspace::open`] connects the store (SQLite by default,
+//! PostgreSQL by URL) and runs the migrations; [`Workspace::router`] is the
+//! HTTP surface the `asbx` binary serves.
+//!
+//! Architecture invariant: plaintext tokens are never stored; a token is
+//! redeemed at most once, atomically (see [`store::tokens::redeem`]).
+
+mod api;
+pub mod blobs;
+pub mod callbacks;
+pub mod config;
+pub mod dispatch;
+pub mod error;
+pub mod paths;
+pub mod relay;
+pub mod run_request;
+pub mod runs_view;
+pub mod state;
+pub mod store;
+pub mod token;
+pub mod wire;
+pub mod writeback;
+
+use std::sync::Arc;
+
+pub use config::{Clock, ManualClock, SystemClock, WorkspaceConfig};
+pub use error::WorkspaceError;
+
+use crate::blobs::BlobStore;
+use crate::dispatch::Dispatcher;
+use crate::state::AppState;
+use crate::store::Store;
+
+/// The workspace every request without other credentials belongs to.
+pub const DEFAULT_WORKSPACE: &str = "default";
+
+/// An opened workspace: its store, blob folder and configuration.
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    state: Arc<AppState>,
+}
+
+impl Workspace {
+    /// Creates the data folder, connects the database, runs the migrations.
+    pub async fn open(config: WorkspaceConfig) -> Result<Workspace, WorkspaceError> {
+        if !matches!(config.public_url.scheme(), "http" | "https") {
+            return Err(WorkspaceError::Config(
+                "public_url must be an http(s) URL".to_owned(),
+            ));
+        }
+        tokio::fs::create_dir_all(&config.data_dir)
+            .await
+            .map_err(|e| WorkspaceError::io(&config.data_dir, e))?;
+        let store = Store::open(config.database_url.as_deref(), &config.data_dir).await?;
+        let blobs = BlobStore::open(config.data_dir.join("blobs")).await?;
+        if config.sandbox_url.is_none() {
+            tracing::warn!(
+                "no SANDBOX_URL configured: runs must name their sandboxUrl, chat turns will fail"
+            );
+        }
+        let state = AppState {
+            dispatcher: Dispatcher::new()?,
+            config,
+            store,
+            blobs,
+        };
+        Ok(Workspace {
+            state: Arc::new(state),
+        })
+    }
+
+    /// The HTTP routes.
+    pub fn router(&self) -> axum::Router {
+        api::router(Arc::clone(&self.state))
+    }
+
+    pub fn config(&self) -> &WorkspaceConfig {
+        &self.state.config
+    }
+}

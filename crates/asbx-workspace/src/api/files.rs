@@ -1,0 +1,50 @@
+//! `GET /api/files/{id}`: download a stored file.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use tokio_util::io::ReaderStream;
+
+use crate::DEFAULT_WORKSPACE;
+use crate::error::WorkspaceError;
+use crate::paths::ascii_file_name;
+use crate::state::AppState;
+use crate::store::files;
+
+pub(super) async fn download(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, WorkspaceError> {
+    let file = files::get(state.store.pool(), &id)
+        .await?
+        .filter(|f| f.workspace_id == DEFAULT_WORKSPACE)
+        .ok_or_else(|| WorkspaceError::NotFound(format!("file {id}")))?;
+    let blob = state.blobs.open_blob(&file.sha256).await?;
+    let mut response = Response::new(Body::from_stream(ReaderStream::new(blob)));
+    let h = response.headers_mut();
+    let content_type = HeaderValue::from_str(&file.mime_type)
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    h.insert(header::CONTENT_TYPE, content_type);
+    h.insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(file.size.max(0) as u64),
+    );
+    // Files come from sandboxes: never let a browser render one as a page of
+    // this origin.
+    let disposition = format!("attachment; filename=\"{}\"", ascii_file_name(&file.path));
+    if let Ok(v) = HeaderValue::from_str(&disposition) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
+    Ok(response)
+}

@@ -1,0 +1,68 @@
+//! `POST /api/runs` (dispatch and relay NDJSON) and `GET /api/runs/{id}`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use crate::dispatch::{self, Started};
+use crate::error::WorkspaceError;
+use crate::state::AppState;
+use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
+use crate::{DEFAULT_WORKSPACE, relay, run_request, runs_view};
+
+pub(super) async fn create(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, WorkspaceError> {
+    let request: CreateRunRequest = super::parse_json(body)?;
+    let spec = run_request::to_spec(
+        request,
+        DEFAULT_WORKSPACE,
+        &state.config.default_model,
+        state.config.sandbox_url.as_ref(),
+    )?;
+    let started = dispatch::start(&state, &spec).await?;
+    let run_id =
+        HeaderValue::from_str(&spec.id).map_err(|_| WorkspaceError::Corrupt("run id".into()))?;
+    let mut response = match started {
+        Started::Streaming { response } => {
+            let body = relay::ndjson_body(Arc::clone(&state), spec.id.clone(), response);
+            let mut r = Response::new(body);
+            let h = r.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-ndjson"),
+            );
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            r
+        }
+        Started::Rejected {
+            status,
+            content_type,
+            body,
+        } => {
+            let mut r = (status, Body::from(body)).into_response();
+            if let Some(ct) = content_type {
+                r.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            r
+        }
+    };
+    response.headers_mut().insert(RUN_ID_HEADER, run_id);
+    Ok(response)
+}
+
+pub(super) async fn get(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<RunRecord>), WorkspaceError> {
+    let record = runs_view::load(&state, DEFAULT_WORKSPACE, &id).await?;
+    Ok((StatusCode::OK, Json(record)))
+}

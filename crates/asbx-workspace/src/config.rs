@@ -1,0 +1,121 @@
+//! Workspace configuration and the clock every expiry is measured with.
+//!
+//! The clock is injectable so tests can expire tokens and leases without
+//! sleeping: a [`ManualClock`] is advanced by hand.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use url::Url;
+
+/// Everything [`crate::Workspace::open`] needs.
+///
+/// Build it with [`WorkspaceConfig::new`] and set the optional fields; new
+/// fields get defaults there, so callers keep compiling.
+///
+/// - `data_dir`: holds the SQLite database (by default) and `blobs/`.
+/// - `database_url`: `sqlite://...` or `postgres://...`; default
+///   `sqlite://{data_dir}/asbx.db`, created if missing.
+/// - `sandbox_url`: the server-level `SANDBOX_URL` (the runner's base URL).
+/// - `public_url`: the base the sandbox calls back at; a dispatch's
+///   `agent_url` is `{public_url}/api/assistant/sandbox/{sessionId}`.
+/// - `default_model`: `provider:model` used when a request names none.
+/// - `clock`: the time source for token and lease expiry.
+/// - `detach_grace`: how long a chat turn outlives its dropped SSE client
+///   before it is cancelled (zero: cancel on close).
+/// - `lease_ttl`: how long a chat's single-flight lease lasts without renewal.
+#[derive(Clone)]
+pub struct WorkspaceConfig {
+    pub data_dir: PathBuf,
+    pub database_url: Option<String>,
+    pub sandbox_url: Option<Url>,
+    pub public_url: Url,
+    pub default_model: String,
+    pub clock: Arc<dyn Clock>,
+    pub detach_grace: Duration,
+    pub lease_ttl: Duration,
+}
+
+impl WorkspaceConfig {
+    /// A configuration with defaults for every optional field.
+    pub fn new(data_dir: impl Into<PathBuf>, public_url: Url) -> Self {
+        WorkspaceConfig {
+            data_dir: data_dir.into(),
+            database_url: None,
+            sandbox_url: None,
+            public_url,
+            default_model: "scripted:demo".to_owned(),
+            clock: Arc::new(SystemClock),
+            detach_grace: Duration::from_secs(30),
+            lease_ttl: Duration::from_secs(120),
+        }
+    }
+}
+
+impl fmt::Debug for WorkspaceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The database URL may carry a password; show only its scheme.
+        let db = self
+            .database_url
+            .as_deref()
+            .map(|u| u.split(':').next().unwrap_or(""));
+        f.debug_struct("WorkspaceConfig")
+            .field("data_dir", &self.data_dir)
+            .field("database", &db)
+            .field("sandbox_url", &self.sandbox_url.as_ref().map(Url::as_str))
+            .field("public_url", &self.public_url.as_str())
+            .field("default_model", &self.default_model)
+            .field("detach_grace", &self.detach_grace)
+            .field("lease_ttl", &self.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A source of the current time in Unix epoch milliseconds.
+pub trait Clock: Send + Sync + 'static {
+    fn now_ms(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        i64::try_from(asbx_protocol::now_ms()).unwrap_or(i64::MAX)
+    }
+}
+
+/// A clock that starts at the system time and moves only when told to.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: AtomicI64,
+}
+
+impl ManualClock {
+    pub fn new() -> Self {
+        ManualClock {
+            now: AtomicI64::new(SystemClock.now_ms()),
+        }
+    }
+
+    pub fn advance(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.now.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.now.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,229 @@
+//! Dispatch: mint the three tokens, record the run, `POST {SANDBOX_URL}/stream`.
+//!
+//! The runner's response is returned unread when it is a stream (`200`), so
+//! the caller relays it; anything else is read (bounded) and handed back for
+//! pass-through. A run that never streamed is settled here as failed and its
+//! tokens are revoked.
+
+use std::time::Duration;
+
+use asbx_protocol::callback::{ConfigResponse, EnvResponse};
+use asbx_protocol::{DispatchRequest, Problem, Protocol};
+use axum::http::{HeaderValue, StatusCode};
+use bytes::{Bytes, BytesMut};
+use url::Url;
+
+use crate::error::WorkspaceError;
+use crate::state::AppState;
+use crate::store::runs::{self, NewRun, Outcome, RunKind};
+use crate::store::tokens;
+use crate::token::{self, OTP_PREFIX, TokenKind};
+
+/// Most bytes of a non-200 runner answer kept for pass-through.
+const MAX_REJECTION_BYTES: usize = 64 * 1024;
+
+/// The HTTP client that talks to runners.
+#[derive(Debug, Clone)]
+pub struct Dispatcher {
+    client: reqwest::Client,
+}
+
+impl Dispatcher {
+    pub fn new() -> Result<Dispatcher, WorkspaceError> {
+        // No overall timeout: a turn may legitimately stream for hours (the
+        // runner enforces the cap). Proxies from the environment are ignored:
+        // runners are addressed directly.
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| WorkspaceError::Config(format!("http client: {e}")))?;
+        Ok(Dispatcher { client })
+    }
+}
+
+/// An http(s) URL with a host.
+pub fn parse_sandbox_url(raw: &str) -> Result<Url, String> {
+    let url = Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("must be an http(s) URL".to_owned());
+    }
+    Ok(url)
+}
+
+/// Everything one dispatch needs.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// The session id, `^[A-Za-z0-9_-]{1,64}$`.
+    pub id: String,
+    pub workspace_id: String,
+    pub kind: RunKind,
+    pub chat_id: Option<String>,
+    pub prompt: String,
+    pub env: EnvResponse,
+    pub config: ConfigResponse,
+    pub sandbox_url: Url,
+}
+
+/// What the runner answered.
+#[derive(Debug)]
+pub enum Started {
+    /// `200`: the NDJSON stream, unread.
+    Streaming { response: reqwest::Response },
+    /// Anything else, for pass-through; the run is already settled as failed.
+    Rejected {
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+        body: Bytes,
+    },
+}
+
+/// Records the run, mints its tokens and posts the dispatch.
+pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, WorkspaceError> {
+    let now = state.now_ms();
+    let env_json = serde_json::to_string(&spec.env)
+        .map_err(|e| WorkspaceError::Corrupt(format!("env: {e}")))?;
+    let config_json = serde_json::to_string(&spec.config)
+        .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
+    let minted = TokenKind::ALL.map(|kind| (kind, token::mint(OTP_PREFIX)));
+    let mut tx = state.store.pool().begin().await?;
+    runs::insert(
+        &mut *tx,
+        &NewRun {
+            id: &spec.id,
+            workspace_id: &spec.workspace_id,
+            kind: spec.kind,
+            chat_id: spec.chat_id.as_deref(),
+            prompt: &spec.prompt,
+            model: &spec.config.model,
+            env_json: &env_json,
+            config_json: &config_json,
+            now_ms: now,
+        },
+    )
+    .await?;
+    for (kind, m) in &minted {
+        tokens::insert(&mut *tx, m, *kind, &spec.id, now).await?;
+    }
+    tx.commit().await?;
+
+    let [(_, setup), (_, run), (_, upload)] = minted;
+    let request = DispatchRequest {
+        agent_url: agent_url(&state.config.public_url, &spec.id),
+        otp_setup: setup.plaintext,
+        otp_run: run.plaintext,
+        otp_upload: Some(upload.plaintext),
+        prompt: spec.prompt.clone(),
+        protocol: Protocol::V1,
+        session_id: Some(spec.id.clone()),
+        filter: None,
+        client_tools: Vec::new(),
+        detach_grace_ms: None,
+    };
+    let endpoint = stream_endpoint(&spec.sandbox_url);
+    let sent = state
+        .dispatcher
+        .client
+        .post(endpoint)
+        .header(http::header::ACCEPT, "application/x-ndjson")
+        .json(&request)
+        .send()
+        .await;
+    drop(request);
+    let response = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            let message = format!("runner unreachable: {e}");
+            settle(
+                state,
+                &spec.id,
+                &Outcome::Failed {
+                    code: crate::error::codes::UPSTREAM_FAILED.to_owned(),
+                    message: message.clone(),
+                },
+            )
+            .await;
+            return Err(WorkspaceError::Upstream(crate::error::error_chain(&e)));
+        }
+    };
+    if response.status() == reqwest::StatusCode::OK {
+        return Ok(Started::Streaming { response });
+    }
+    let status =
+        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+    let body = read_bounded(response, MAX_REJECTION_BYTES).await;
+    let (code, message) = match serde_json::from_slice::<Problem>(&body) {
+        Ok(p) => (p.code, p.detail),
+        Err(_) => (
+            crate::error::codes::UPSTREAM_FAILED.to_owned(),
+            format!("runner answered {status}"),
+        ),
+    };
+    settle(state, &spec.id, &Outcome::Failed { code, message }).await;
+    Ok(Started::Rejected {
+        status,
+        content_type,
+        body,
+    })
+}
+
+/// Records the outcome of a run and revokes its unused tokens: once the
+/// stream is over, the sandbox is gone and nothing may call back any more.
+/// Failures are logged, not returned: the client's stream is already over.
+pub async fn settle(state: &AppState, run_id: &str, outcome: &Outcome) {
+    let now = state.now_ms();
+    if let Err(e) = runs::finish(state.store.pool(), run_id, outcome, now).await {
+        tracing::error!(run = run_id, error = %crate::error::error_chain(&e), "recording run outcome failed");
+    }
+    if let Err(e) = tokens::revoke_session(state.store.pool(), run_id, now).await {
+        tracing::error!(run = run_id, error = %crate::error::error_chain(&e), "revoking run tokens failed");
+    }
+}
+
+/// `{public_url}/api/assistant/sandbox/{session_id}`.
+pub fn agent_url(public_url: &Url, session_id: &str) -> String {
+    format!(
+        "{}/api/assistant/sandbox/{session_id}",
+        public_url.as_str().trim_end_matches('/')
+    )
+}
+
+fn stream_endpoint(sandbox_url: &Url) -> String {
+    format!("{}/stream", sandbox_url.as_str().trim_end_matches('/'))
+}
+
+async fn read_bounded(mut response: reqwest::Response, max: usize) -> Bytes {
+    let mut out = BytesMut::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        let room = max.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= max {
+            break;
+        }
+    }
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_joined_without_double_slashes() {
+        let base = Url::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!(
+            agent_url(&base, "abc"),
+            "http://127.0.0.1:8080/api/assistant/sandbox/abc"
+        );
+        let base = Url::parse("http://h/prefix/").unwrap();
+        assert_eq!(
+            agent_url(&base, "s"),
+            "http://h/prefix/api/assistant/sandbox/s"
+        );
+        assert_eq!(stream_endpoint(&base), "http://h/prefix/stream");
+    }
+}

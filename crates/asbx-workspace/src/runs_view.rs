@@ -1,0 +1,52 @@
+//! The public view of a run: its row and the files it wrote back.
+
+use crate::error::WorkspaceError;
+use crate::state::AppState;
+use crate::store::files::{self, FileRow};
+use crate::store::runs;
+use crate::wire::{FileInfo, RunError, RunRecord};
+
+/// Loads a run of `workspace_id`; another workspace's run is not found.
+pub async fn load(
+    state: &AppState,
+    workspace_id: &str,
+    id: &str,
+) -> Result<RunRecord, WorkspaceError> {
+    let not_found = || WorkspaceError::NotFound(format!("run {id}"));
+    let run = runs::get(state.store.pool(), id)
+        .await?
+        .filter(|r| r.workspace_id == workspace_id)
+        .ok_or_else(not_found)?;
+    let files = files::list_for_run(state.store.pool(), id).await?;
+    let error = match (run.error_code, run.error_message) {
+        (Some(code), message) => Some(RunError {
+            code,
+            message: message.unwrap_or_default(),
+        }),
+        (None, _) => None,
+    };
+    Ok(RunRecord {
+        id: run.id,
+        kind: run.kind,
+        chat_id: run.chat_id,
+        status: run.status.as_str().to_owned(),
+        prompt: run.prompt,
+        model: run.model,
+        result: run.result,
+        error,
+        files: files.iter().map(file_info).collect(),
+        created_at: run.created_at,
+        ended_at: run.ended_at,
+    })
+}
+
+pub fn file_info(f: &FileRow) -> FileInfo {
+    FileInfo {
+        id: f.id.clone(),
+        path: f.path.clone(),
+        mime_type: f.mime_type.clone(),
+        size: f.size,
+        created_at: f.created_at,
+        url: format!("/api/files/{}", f.id),
+    }
+}

@@ -1,0 +1,110 @@
+//! File rows: metadata of written-back and uploaded files (bytes are blobs).
+
+use sqlx::any::AnyRow;
+use sqlx::{Any, Executor, Row as _};
+
+use crate::error::WorkspaceError;
+
+/// Where a file came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOrigin {
+    /// Written back by a run through `/results`.
+    Writeback,
+    /// Uploaded by a user to a chat's bag.
+    Upload,
+}
+
+impl FileOrigin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileOrigin::Writeback => "writeback",
+            FileOrigin::Upload => "upload",
+        }
+    }
+}
+
+/// A stored file.
+#[derive(Debug, Clone)]
+pub struct FileRow {
+    pub id: String,
+    pub workspace_id: String,
+    pub run_id: Option<String>,
+    pub chat_id: Option<String>,
+    pub origin: String,
+    pub path: String,
+    pub mime_type: String,
+    pub size: i64,
+    pub sha256: String,
+    pub created_at: i64,
+    pub deleted_at: Option<i64>,
+}
+
+const COLUMNS: &str = "id, workspace_id, run_id, chat_id, origin, path, mime_type, size, sha256, created_at, deleted_at";
+
+pub async fn insert<'c, E>(db: E, f: &FileRow) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query(
+        "INSERT INTO files (id, workspace_id, run_id, chat_id, origin, path, mime_type, size, \
+         sha256, created_at, deleted_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL)",
+    )
+    .bind(&f.id)
+    .bind(&f.workspace_id)
+    .bind(f.run_id.as_deref())
+    .bind(f.chat_id.as_deref())
+    .bind(&f.origin)
+    .bind(&f.path)
+    .bind(&f.mime_type)
+    .bind(f.size)
+    .bind(&f.sha256)
+    .bind(f.created_at)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// A file that is not deleted.
+pub async fn get<'c, E>(db: E, id: &str) -> Result<Option<FileRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM files WHERE id = $1 AND deleted_at IS NULL"
+    ))
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| from_row(&r)).transpose()
+}
+
+/// Files a run wrote back, oldest first.
+pub async fn list_for_run<'c, E>(db: E, run_id: &str) -> Result<Vec<FileRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM files WHERE run_id = $1 AND deleted_at IS NULL \
+         ORDER BY created_at, path"
+    ))
+    .bind(run_id)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+pub(crate) fn from_row(r: &AnyRow) -> Result<FileRow, WorkspaceError> {
+    Ok(FileRow {
+        id: r.try_get("id")?,
+        workspace_id: r.try_get("workspace_id")?,
+        run_id: r.try_get("run_id")?,
+        chat_id: r.try_get("chat_id")?,
+        origin: r.try_get("origin")?,
+        path: r.try_get("path")?,
+        mime_type: r.try_get("mime_type")?,
+        size: r.try_get("size")?,
+        sha256: r.try_get("sha256")?,
+        created_at: r.try_get("created_at")?,
+        deleted_at: r.try_get("deleted_at")?,
+    })
+}

@@ -1,0 +1,102 @@
+//! Storage: one [`Store`] over SQLite (default) or PostgreSQL.
+//!
+//! Why `sqlx::Any` and one migration folder: the schema uses only `TEXT` and
+//! `BIGINT` columns (times are epoch milliseconds, JSON is text, no booleans,
+//! no autoincrement), and every query is a runtime `sqlx::query` with `$N`
+//! placeholders, which both SQLite and PostgreSQL accept. So one set of
+//! migrations and one set of queries serve both databases, and the tests run
+//! the very same code on each. If a dialect ever needs its own DDL, split
+//! `migrations/` into `migrations/sqlite` and `migrations/postgres` and pick
+//! the migrator by [`Backend`].
+//!
+//! Atomicity rules: everything that must happen at most once (token
+//! redemption, lease acquisition) is a single conditional `UPDATE`/`INSERT`
+//! whose `rows_affected` decides, never a read followed by a write.
+
+pub mod files;
+pub mod runs;
+pub mod tokens;
+
+use std::path::Path;
+use std::str::FromStr;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::migrate::Migrator;
+use sqlx::{AnyPool, ConnectOptions as _};
+
+use crate::error::WorkspaceError;
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// Which database a [`Store`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A connection pool with the schema migrated.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl Store {
+    /// Connects to `database_url` (default: `sqlite://{data_dir}/asbx.db`,
+    /// created if missing) and runs the migrations.
+    pub async fn open(
+        database_url: Option<&str>,
+        data_dir: &Path,
+    ) -> Result<Store, WorkspaceError> {
+        sqlx::any::install_default_drivers();
+        let url = match database_url {
+            Some(url) => url.to_owned(),
+            None => format!("sqlite://{}", data_dir.join("asbx.db").display()),
+        };
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(WorkspaceError::Config(
+                "database URL must start with sqlite: or postgres:".to_owned(),
+            ));
+        };
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}mode=rwc")
+            }
+            Backend::Sqlite | Backend::Postgres => url,
+        };
+        let options = AnyConnectOptions::from_str(&url)
+            .map_err(|e| WorkspaceError::Config(format!("bad database URL: {e}")))?
+            .disable_statement_logging();
+        let max = match backend {
+            // SQLite has one writer at a time; a few connections are plenty.
+            Backend::Sqlite => 4,
+            Backend::Postgres => 16,
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(max)
+            .connect_with(options)
+            .await?;
+        if backend == Backend::Sqlite {
+            // WAL lets readers run beside the writer; it persists in the file.
+            sqlx::query("PRAGMA journal_mode = WAL")
+                .execute(&pool)
+                .await?;
+        }
+        MIGRATOR.run(&pool).await?;
+        Ok(Store { pool, backend })
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+}

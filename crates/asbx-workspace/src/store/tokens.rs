@@ -1,0 +1,107 @@
+//! One-time tokens: insert hashed, redeem atomically, revoke.
+
+use sqlx::{Any, Executor};
+
+use crate::error::WorkspaceError;
+use crate::token::{Minted, TokenKind};
+
+/// Stores the hash of a freshly minted token bound to `session_id`.
+pub async fn insert<'c, E>(
+    db: E,
+    minted: &Minted,
+    kind: TokenKind,
+    session_id: &str,
+    now_ms: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query(
+        "INSERT INTO tokens (hash, kind, session_id, expires_at, used_at, created_at) \
+         VALUES ($1, $2, $3, $4, NULL, $5)",
+    )
+    .bind(&minted.hash)
+    .bind(kind.as_str())
+    .bind(session_id)
+    .bind(now_ms.saturating_add(kind.ttl_ms()))
+    .bind(now_ms)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Whether the token could be redeemed now, without redeeming it.
+///
+/// Used to refuse a bad token before parsing a large body; the redemption
+/// itself is [`redeem`], which decides alone.
+pub async fn is_redeemable<'c, E>(
+    db: E,
+    hash: &str,
+    kind: TokenKind,
+    session_id: &str,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(
+        "SELECT hash FROM tokens WHERE hash = $1 AND kind = $2 AND session_id = $3 \
+         AND used_at IS NULL AND expires_at > $4",
+    )
+    .bind(hash)
+    .bind(kind.as_str())
+    .bind(session_id)
+    .bind(now_ms)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.is_some())
+}
+
+/// Redeems a token: one conditional `UPDATE`, so of two concurrent
+/// redemptions exactly one wins. Anything else (unknown, used, expired, other
+/// session, other kind) is [`WorkspaceError::OtpRejected`] and changes nothing.
+pub async fn redeem<'c, E>(
+    db: E,
+    hash: &str,
+    kind: TokenKind,
+    session_id: &str,
+    now_ms: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE tokens SET used_at = $1 WHERE hash = $2 AND kind = $3 AND session_id = $4 \
+         AND used_at IS NULL AND expires_at > $1",
+    )
+    .bind(now_ms)
+    .bind(hash)
+    .bind(kind.as_str())
+    .bind(session_id)
+    .execute(db)
+    .await?;
+    if done.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(WorkspaceError::OtpRejected)
+    }
+}
+
+/// Marks every unused token of a session used: once its stream has ended, the
+/// sandbox is gone and nothing may redeem them any more.
+pub async fn revoke_session<'c, E>(
+    db: E,
+    session_id: &str,
+    now_ms: i64,
+) -> Result<u64, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done =
+        sqlx::query("UPDATE tokens SET used_at = $1 WHERE session_id = $2 AND used_at IS NULL")
+            .bind(now_ms)
+            .bind(session_id)
+            .execute(db)
+            .await?;
+    Ok(done.rows_affected())
+}

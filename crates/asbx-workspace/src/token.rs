@@ -1,0 +1,137 @@
+//! One-time tokens and other secrets: minting, hashing, bearer parsing.
+//!
+//! A token is 32 random bytes, base64url without padding, behind a prefix
+//! that names what it is (`asbx_otp_`, `asbx_key_`, ...). Only its SHA-256
+//! (hex) is ever stored; the plaintext exists in memory while it is minted
+//! and sent, and nowhere else.
+
+use asbx_protocol::callback::{RUN_TOKEN_TTL_SECS, SETUP_TOKEN_TTL_SECS, UPLOAD_TOKEN_TTL_SECS};
+use axum::http::{HeaderMap, header};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use rand::RngCore as _;
+use sha2::{Digest, Sha256};
+
+/// Prefix of one-time callback tokens.
+pub const OTP_PREFIX: &str = "asbx_otp_";
+
+/// What a one-time token may be redeemed for (CONTRACT section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// `GET {agent_url}/env`.
+    Setup,
+    /// `GET {agent_url}/config`.
+    Run,
+    /// `POST {agent_url}/results`.
+    Upload,
+}
+
+impl TokenKind {
+    pub const ALL: [TokenKind; 3] = [TokenKind::Setup, TokenKind::Run, TokenKind::Upload];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Setup => "setup",
+            TokenKind::Run => "run",
+            TokenKind::Upload => "upload",
+        }
+    }
+
+    /// The token's lifetime in milliseconds.
+    pub fn ttl_ms(self) -> i64 {
+        let secs = match self {
+            TokenKind::Setup => SETUP_TOKEN_TTL_SECS,
+            TokenKind::Run => RUN_TOKEN_TTL_SECS,
+            TokenKind::Upload => UPLOAD_TOKEN_TTL_SECS,
+        };
+        i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX)
+    }
+}
+
+/// A freshly minted secret: the plaintext to hand out and the hash to store.
+#[derive(Clone)]
+pub struct Minted {
+    pub plaintext: String,
+    pub hash: String,
+}
+
+impl std::fmt::Debug for Minted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Minted")
+            .field("hash", &self.hash)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Mints a secret with the given prefix.
+pub fn mint(prefix: &str) -> Minted {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let plaintext = format!("{prefix}{}", URL_SAFE_NO_PAD.encode(bytes));
+    let hash = hash(&plaintext);
+    Minted { plaintext, hash }
+}
+
+/// The stored form of a secret: lowercase hex SHA-256 of the plaintext.
+pub fn hash(plaintext: &str) -> String {
+    hex::encode(Sha256::digest(plaintext.as_bytes()))
+}
+
+/// A random id of 128 bits as 32 lowercase hex characters; matches
+/// `^[A-Za-z0-9_-]{1,64}$`, so it is also a valid session id.
+pub fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// The token of an `Authorization: Bearer <token>` header, if well formed.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    let ok = scheme.eq_ignore_ascii_case("bearer")
+        && !token.is_empty()
+        && token.len() <= asbx_protocol::dispatch::MAX_TOKEN_BYTES
+        && token.bytes().all(|b| b.is_ascii_graphic());
+    ok.then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_tokens_are_unique_and_hash_matches() {
+        let a = mint(OTP_PREFIX);
+        let b = mint(OTP_PREFIX);
+        assert_ne!(a.plaintext, b.plaintext);
+        assert!(a.plaintext.starts_with(OTP_PREFIX));
+        // 32 bytes -> 43 base64url characters.
+        assert_eq!(a.plaintext.len(), OTP_PREFIX.len() + 43);
+        assert_eq!(a.hash, hash(&a.plaintext));
+        assert_eq!(a.hash.len(), 64);
+        assert!(!format!("{a:?}").contains(&a.plaintext));
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, "bearer  abc ".parse().unwrap());
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, "Bearer ".parse().unwrap());
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn ttls_follow_the_contract() {
+        assert_eq!(TokenKind::Setup.ttl_ms(), 600_000);
+        assert_eq!(TokenKind::Run.ttl_ms(), 600_000);
+        assert_eq!(TokenKind::Upload.ttl_ms(), 3_600_000);
+    }
+}

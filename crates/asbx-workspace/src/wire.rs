@@ -1,0 +1,95 @@
+//! JSON bodies of the workspace's own API (camelCase on this wire).
+//!
+//! The sandbox callback payloads are not here: they are
+//! `asbx_protocol::callback` types, shared with the agent.
+
+use std::collections::BTreeMap;
+
+use asbx_protocol::callback::{McpServer, RunLimits, Skill};
+use serde::{Deserialize, Serialize};
+
+/// `POST /api/runs`.
+///
+/// - `prompt`: the user's message, non-empty.
+/// - `model`: `provider:model`; default: the server's default model.
+/// - `systemPrompt`: sent to the sandbox in `/config`.
+/// - `setupScript`, `variables`, `allowedHosts`: sent in `/env`.
+/// - `sandboxUrl`: the runner to use; default: the server's `SANDBOX_URL`.
+/// - `limits`: `{max_steps, max_tool_calls, tool_timeout_ms, tool_output_bytes,
+///   max_duration_ms}` (snake_case, as on the callback wire), each optional.
+/// - `skills`, `mcpServers`: sent in `/config`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateRunRequest {
+    pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_script: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub variables: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RunLimits>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<Skill>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServer>,
+}
+
+/// `GET /api/runs/{id}`.
+///
+/// - `id`: the run id, which is also the sandbox session id.
+/// - `status`: `running`, `succeeded` or `failed`.
+/// - `result`: the `result` line's message, on success.
+/// - `error`: the `error` line's code and message (or the workspace's, for
+///   example `cancelled` when the client went away), on failure.
+/// - `files`: what the run wrote back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    pub id: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<String>,
+    pub status: String,
+    pub prompt: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+    pub files: Vec<FileInfo>,
+    pub created_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<i64>,
+}
+
+/// Why a run failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    pub code: String,
+    pub message: String,
+}
+
+/// A stored file.
+///
+/// - `url`: where to download it (`/api/files/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileInfo {
+    pub id: String,
+    pub path: String,
+    pub mime_type: String,
+    pub size: i64,
+    pub created_at: i64,
+    pub url: String,
+}
+
+/// The HTTP header carrying the run id on a `POST /api/runs` stream.
+pub const RUN_ID_HEADER: &str = "x-asbx-run-id";

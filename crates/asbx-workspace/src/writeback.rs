@@ -1,0 +1,201 @@
+//! Writeback: validating and storing the files a run sends to `/results`.
+//!
+//! The upload token is checked before the body is parsed, and redeemed only
+//! after the body has been validated in full, so a malformed body is answered
+//! with 400 and leaves the token usable for a corrected retry.
+
+use std::collections::BTreeSet;
+
+use asbx_protocol::FieldError;
+use asbx_protocol::callback::{ResultsRequest, ResultsResponse, StoredFile};
+use base64::Engine as _;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+
+use crate::error::WorkspaceError;
+use crate::paths;
+use crate::state::AppState;
+use crate::store::files::{self, FileOrigin, FileRow};
+use crate::store::{runs, tokens};
+use crate::token::{self, TokenKind};
+
+/// Largest `/results` body.
+pub const MAX_RESULTS_BODY: usize = 64 * 1024 * 1024;
+/// Most files in one `/results` call.
+pub const MAX_RESULT_FILES: usize = 1000;
+
+/// Standard base64, padding optional.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+struct Decoded {
+    path: String,
+    mime_type: String,
+    bytes: Vec<u8>,
+}
+
+/// Handles one `/results` call end to end.
+pub async fn store_results(
+    state: &AppState,
+    session_id: &str,
+    bearer: &str,
+    body: &[u8],
+) -> Result<ResultsResponse, WorkspaceError> {
+    let hash = token::hash(bearer);
+    if !asbx_protocol::dispatch::is_valid_session_id(session_id)
+        || !tokens::is_redeemable(
+            state.store.pool(),
+            &hash,
+            TokenKind::Upload,
+            session_id,
+            state.now_ms(),
+        )
+        .await?
+    {
+        return Err(WorkspaceError::OtpRejected);
+    }
+    let decoded = parse(body)?;
+    tokens::redeem(
+        state.store.pool(),
+        &hash,
+        TokenKind::Upload,
+        session_id,
+        state.now_ms(),
+    )
+    .await?;
+    let run = runs::get(state.store.pool(), session_id)
+        .await?
+        .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
+    let mut stored = Vec::with_capacity(decoded.len());
+    for file in decoded {
+        let sha = state.blobs.put(&file.bytes).await?;
+        let id = token::random_id();
+        files::insert(
+            state.store.pool(),
+            &FileRow {
+                id: id.clone(),
+                workspace_id: run.workspace_id.clone(),
+                run_id: Some(run.id.clone()),
+                chat_id: run.chat_id.clone(),
+                origin: FileOrigin::Writeback.as_str().to_owned(),
+                path: file.path.clone(),
+                mime_type: file.mime_type,
+                size: i64::try_from(file.bytes.len()).unwrap_or(i64::MAX),
+                sha256: sha,
+                created_at: state.now_ms(),
+                deleted_at: None,
+            },
+        )
+        .await?;
+        stored.push(StoredFile {
+            path: file.path,
+            id,
+        });
+    }
+    Ok(ResultsResponse { files: stored })
+}
+
+/// Parses and validates a body, naming every bad field.
+fn parse(body: &[u8]) -> Result<Vec<Decoded>, WorkspaceError> {
+    let request: ResultsRequest = serde_json::from_slice(body).map_err(|e| {
+        WorkspaceError::invalid(format!("body is not a valid results request: {e}"))
+    })?;
+    if request.files.len() > MAX_RESULT_FILES {
+        return Err(WorkspaceError::invalid_fields(vec![FieldError::new(
+            "files",
+            format!("more than {MAX_RESULT_FILES} files"),
+        )]));
+    }
+    let mut errors = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(request.files.len());
+    for (i, file) in request.files.into_iter().enumerate() {
+        let mut ok = true;
+        if let Err(m) = paths::check_relative_path(&file.path) {
+            errors.push(FieldError::new(&format!("files[{i}].path"), m));
+            ok = false;
+        } else if !seen.insert(file.path.clone()) {
+            errors.push(FieldError::new(
+                &format!("files[{i}].path"),
+                "appears more than once",
+            ));
+            ok = false;
+        }
+        let mime_type = match file.mime_type {
+            Some(m) => {
+                if let Err(msg) = paths::check_mime_type(&m) {
+                    errors.push(FieldError::new(&format!("files[{i}].mime_type"), msg));
+                    ok = false;
+                }
+                m
+            }
+            None => mime_guess::from_path(&file.path)
+                .first_or_octet_stream()
+                .essence_str()
+                .to_owned(),
+        };
+        let bytes = match BASE64.decode(file.content_base64.as_bytes()) {
+            Ok(b) => b,
+            Err(e) => {
+                errors.push(FieldError::new(
+                    &format!("files[{i}].content_base64"),
+                    format!("not valid base64: {e}"),
+                ));
+                ok = false;
+                Vec::new()
+            }
+        };
+        if ok {
+            out.push(Decoded {
+                path: file.path,
+                mime_type,
+                bytes,
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(WorkspaceError::invalid_fields(errors))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_file_is_named() {
+        let body = serde_json::json!({"files": [
+            {"path": "ok.txt", "content_base64": "aGk="},
+            {"path": "../x", "content_base64": "aGk="},
+            {"path": "b.txt", "content_base64": "!!", "mime_type": "nope"},
+            {"path": "ok.txt", "content_base64": "aGk"},
+        ]});
+        let Err(WorkspaceError::InvalidRequest { errors, .. }) = parse(body.to_string().as_bytes())
+        else {
+            panic!("expected invalid request");
+        };
+        let fields: Vec<_> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "files[1].path",
+                "files[2].mime_type",
+                "files[2].content_base64",
+                "files[3].path"
+            ]
+        );
+    }
+
+    #[test]
+    fn mime_type_is_guessed_and_padding_optional() {
+        let body = serde_json::json!({"files": [
+            {"path": "a/report.json", "content_base64": "aGk"},
+        ]});
+        let files = parse(body.to_string().as_bytes()).unwrap();
+        assert_eq!(files[0].mime_type, "application/json");
+        assert_eq!(files[0].bytes, b"hi");
+    }
+}

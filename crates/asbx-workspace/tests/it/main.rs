@@ -1,0 +1,9 @@
+//! Integration tests of asbx-workspace over real HTTP on loopback.
+
+// Test helpers outside #[test] functions unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod callbacks;
+mod runs;
+mod support;
+mod tokens;

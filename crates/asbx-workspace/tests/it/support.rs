@@ -1,0 +1,372 @@
+//! Test harness: a workspace on 127.0.0.1:0 with a manual clock, and a fake
+//! runner that plays the sandbox (calls back /env, /config, /results with the
+//! tokens it was given, then streams NDJSON lines).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use asbx_protocol::DispatchRequest;
+use asbx_workspace::{ManualClock, Workspace, WorkspaceConfig};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+use url::Url;
+
+/// Binds 127.0.0.1 on a free port (never 2024, which tests must not touch).
+pub(crate) async fn bind_loopback() -> TcpListener {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        if l.local_addr().unwrap().port() != 2024 {
+            return l;
+        }
+    }
+}
+
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// Serves `router` on `listener` until the returned handle is dropped.
+pub(crate) fn serve(listener: TcpListener, router: Router) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    }))
+}
+
+pub(crate) struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A running workspace. The temp dir is removed on drop.
+pub(crate) struct TestWorkspace {
+    pub(crate) base: String,
+    pub(crate) clock: Arc<ManualClock>,
+    pub(crate) database_url: String,
+    pub(crate) data_dir: tempfile::TempDir,
+    _server: AbortOnDrop,
+}
+
+impl TestWorkspace {
+    pub(crate) async fn start(sandbox_url: Option<Url>) -> TestWorkspace {
+        Self::start_with(sandbox_url, |_| {}).await
+    }
+
+    pub(crate) async fn start_with(
+        sandbox_url: Option<Url>,
+        tweak: impl FnOnce(&mut WorkspaceConfig),
+    ) -> TestWorkspace {
+        let data_dir = tempfile::tempdir().unwrap();
+        let listener = bind_loopback().await;
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let base = format!("http://{addr}");
+        let clock = Arc::new(ManualClock::new());
+        let mut config = WorkspaceConfig::new(data_dir.path(), Url::parse(&base).unwrap());
+        config.sandbox_url = sandbox_url;
+        config.clock = clock.clone();
+        tweak(&mut config);
+        let database_url = config
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", data_dir.path().join("asbx.db").display()));
+        let workspace = Workspace::open(config).await.unwrap();
+        let server = serve(listener, workspace.router());
+        TestWorkspace {
+            base,
+            clock,
+            database_url,
+            data_dir,
+            _server: server,
+        }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A direct connection to the workspace's database.
+    pub(crate) async fn db(&self) -> sqlx::AnyPool {
+        sqlx::any::install_default_drivers();
+        sqlx::AnyPool::connect(&self.database_url).await.unwrap()
+    }
+}
+
+/// What the fake runner does on `POST /stream`.
+#[derive(Clone)]
+pub(crate) enum Mode {
+    /// Call back /env, /config, /results (with `files`), then stream a step,
+    /// a log line and a result.
+    Full { files: Vec<Value> },
+    /// Stream one `step running` line, then wait for `release` (or the
+    /// client to go away), then a result.
+    Hold,
+    /// Answer with this status and problem body.
+    Reject(u16, Value),
+}
+
+/// One callback the fake runner made: `(route, status, body)`.
+pub(crate) type Callback = (String, u16, Value);
+
+pub(crate) struct FakeRunner {
+    pub(crate) url: Url,
+    pub(crate) shared: Arc<Shared>,
+    _server: AbortOnDrop,
+}
+
+pub(crate) struct Shared {
+    pub(crate) mode: Mutex<Mode>,
+    pub(crate) dispatches: Mutex<Vec<DispatchRequest>>,
+    pub(crate) callbacks: Mutex<Vec<Callback>>,
+    /// Every byte the runner wrote to its response bodies.
+    pub(crate) sent: Mutex<Vec<u8>>,
+    pub(crate) release: Notify,
+    pub(crate) dropped: Notify,
+    pub(crate) dispatched: Notify,
+}
+
+impl FakeRunner {
+    pub(crate) async fn start(mode: Mode) -> FakeRunner {
+        let shared = Arc::new(Shared {
+            mode: Mutex::new(mode),
+            dispatches: Mutex::new(Vec::new()),
+            callbacks: Mutex::new(Vec::new()),
+            sent: Mutex::new(Vec::new()),
+            release: Notify::new(),
+            dropped: Notify::new(),
+            dispatched: Notify::new(),
+        });
+        let listener = bind_loopback().await;
+        let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let router = Router::new()
+            .route("/stream", post(stream))
+            .with_state(shared.clone());
+        FakeRunner {
+            url,
+            shared,
+            _server: serve(listener, router),
+        }
+    }
+
+    pub(crate) fn dispatches(&self) -> Vec<DispatchRequest> {
+        self.shared.dispatches.lock().unwrap().clone()
+    }
+
+    pub(crate) fn callbacks(&self) -> Vec<Callback> {
+        self.shared.callbacks.lock().unwrap().clone()
+    }
+
+    pub(crate) fn sent(&self) -> Vec<u8> {
+        self.shared.sent.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until a dispatch has arrived and returns it.
+    pub(crate) async fn next_dispatch(&self, n: usize) -> DispatchRequest {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let notified = self.shared.dispatched.notified();
+                if let Some(d) = self.dispatches().get(n) {
+                    return d.clone();
+                }
+                notified.await;
+            }
+        })
+        .await
+        .expect("dispatch arrived")
+    }
+}
+
+/// Calls a callback route and records the answer.
+async fn call_back(
+    shared: &Shared,
+    d: &DispatchRequest,
+    route: &str,
+    token: &str,
+    body: Option<Value>,
+) {
+    let url = format!("{}/{route}", d.agent_url);
+    let c = client();
+    let req = match &body {
+        Some(b) => c.post(&url).json(b),
+        None => c.get(&url),
+    };
+    let resp = req.bearer_auth(token).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let value: Value = resp.json().await.unwrap_or(Value::Null);
+    shared
+        .callbacks
+        .lock()
+        .unwrap()
+        .push((route.to_owned(), status, value));
+}
+
+/// A stamped NDJSON line.
+pub(crate) fn line(seq: u64, session: &str, event: Value) -> String {
+    let mut v = event;
+    v["seq"] = seq.into();
+    v["ts"] = (1_700_000_000_000u64 + seq).into();
+    v["sessionId"] = session.into();
+    format!("{v}\n")
+}
+
+struct DropSignal(Arc<Shared>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        self.0.dropped.notify_one();
+    }
+}
+
+async fn stream(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let d = match DispatchRequest::parse(&body) {
+        Ok(d) => d,
+        Err(errors) => {
+            return (StatusCode::BAD_REQUEST, format!("{errors:?}")).into_response();
+        }
+    };
+    shared.dispatches.lock().unwrap().push(d.clone());
+    shared.dispatched.notify_waiters();
+    let mode = shared.mode.lock().unwrap().clone();
+    let session = d.session_id.clone().unwrap_or_default();
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    match mode {
+        Mode::Reject(status, problem) => {
+            return Response::builder()
+                .status(status)
+                .header("content-type", "application/problem+json")
+                .body(Body::from(problem.to_string()))
+                .unwrap();
+        }
+        Mode::Full { files } => {
+            call_back(&shared, &d, "env", &d.otp_setup, None).await;
+            call_back(&shared, &d, "config", &d.otp_run, None).await;
+            if !files.is_empty() {
+                let upload = d.otp_upload.clone().unwrap_or_default();
+                call_back(
+                    &shared,
+                    &d,
+                    "results",
+                    &upload,
+                    Some(json!({"files": files})),
+                )
+                .await;
+            }
+            let lines = [
+                line(
+                    1,
+                    &session,
+                    json!({"type":"step","id":"s1","name":"shell","status":"running","args":{"command":"ls"}}),
+                ),
+                line(
+                    2,
+                    &session,
+                    json!({"type":"log","level":"info","message":"hello"}),
+                ),
+                line(
+                    3,
+                    &session,
+                    json!({"type":"step","id":"s1","name":"shell","status":"succeeded","result":{"exitCode":0},"durationMs":5}),
+                ),
+                line(
+                    4,
+                    &session,
+                    json!({"type":"result","message":format!("done: {}", d.prompt)}),
+                ),
+            ];
+            let shared2 = shared.clone();
+            tokio::spawn(async move {
+                for l in lines {
+                    // Split each line in two chunks to exercise reassembly.
+                    let (a, b) = l.as_bytes().split_at(l.len() / 2);
+                    for part in [a, b] {
+                        shared2.sent.lock().unwrap().extend_from_slice(part);
+                        if tx.send(Ok(Bytes::copy_from_slice(part))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        Mode::Hold => {
+            let shared2 = shared.clone();
+            tokio::spawn(async move {
+                let first = line(
+                    1,
+                    &session,
+                    json!({"type":"step","id":"s1","name":"shell","status":"running"}),
+                );
+                shared2
+                    .sent
+                    .lock()
+                    .unwrap()
+                    .extend_from_slice(first.as_bytes());
+                if tx.send(Ok(Bytes::from(first))).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    _ = shared2.release.notified() => {}
+                    _ = tx.closed() => return,
+                }
+                let last = line(2, &session, json!({"type":"result","message":"released"}));
+                shared2
+                    .sent
+                    .lock()
+                    .unwrap()
+                    .extend_from_slice(last.as_bytes());
+                let _ = tx.send(Ok(Bytes::from(last))).await;
+            });
+        }
+    }
+    let signal = DropSignal(shared.clone());
+    let body = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let body = futures::StreamExt::map(body, move |item| {
+        let _keep = &signal;
+        item
+    });
+    Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .body(Body::from_stream(body))
+        .unwrap()
+}
+
+/// Parses a problem+json response, asserting status and content type.
+pub(crate) async fn problem(resp: reqwest::Response, status: u16) -> Value {
+    assert_eq!(resp.status().as_u16(), status);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
+    resp.json().await.unwrap()
+}
+
+/// Polls `GET /api/runs/{id}` until it is no longer running (bounded wait).
+pub(crate) async fn settled_run(ws: &TestWorkspace, id: &str) -> Value {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let v: Value = client()
+                .get(ws.url(&format!("/api/runs/{id}")))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if v["status"] != "running" {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("run settled")
+}

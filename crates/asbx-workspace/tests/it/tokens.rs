@@ -1,0 +1,244 @@
+//! One-time tokens: single use, bound to session and kind, expiry, hashing.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{FakeRunner, Mode, TestWorkspace, client, problem};
+
+/// Starts a held run and returns its dispatch (with the plaintext tokens).
+async fn held_run(
+    ws: &TestWorkspace,
+    runner: &FakeRunner,
+    n: usize,
+) -> (asbx_protocol::DispatchRequest, reqwest::Response) {
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({"prompt": "hi", "variables": {"A": "1"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    (runner.next_dispatch(n).await, resp)
+}
+
+async fn get_with(url: &str, token: &str) -> reqwest::Response {
+    client().get(url).bearer_auth(token).send().await.unwrap()
+}
+
+#[tokio::test]
+async fn tokens_are_single_use_and_bound_to_session_and_kind() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let (a, _sa) = held_run(&ws, &runner, 0).await;
+    let (b, _sb) = held_run(&ws, &runner, 1).await;
+
+    // Wrong kind: the run token at /env is refused and redeems nothing.
+    let p = problem(
+        get_with(&format!("{}/env", a.agent_url), &a.otp_run).await,
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "otp_rejected");
+    // Another dispatch's token is refused and redeems nothing.
+    let p = problem(
+        get_with(&format!("{}/env", a.agent_url), &b.otp_setup).await,
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "otp_rejected");
+
+    // First redemption works, with the run's payload.
+    let r = get_with(&format!("{}/env", a.agent_url), &a.otp_setup).await;
+    assert_eq!(r.status(), 200);
+    let env: Value = r.json().await.unwrap();
+    assert_eq!(env["variables"], json!({"A": "1"}));
+    // Second redemption is refused.
+    let p = problem(
+        get_with(&format!("{}/env", a.agent_url), &a.otp_setup).await,
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "otp_rejected");
+
+    // The tokens refused above are still good where they belong.
+    assert_eq!(
+        get_with(&format!("{}/config", a.agent_url), &a.otp_run)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        get_with(&format!("{}/env", b.agent_url), &b.otp_setup)
+            .await
+            .status(),
+        200
+    );
+
+    // No or malformed credentials.
+    let p = problem(
+        client()
+            .get(format!("{}/config", b.agent_url))
+            .send()
+            .await
+            .unwrap(),
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "unauthorized");
+    let p = problem(
+        get_with(&format!("{}/config", b.agent_url), "nonsense").await,
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "otp_rejected");
+}
+
+#[tokio::test]
+async fn expired_tokens_are_refused() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let (d, _s) = held_run(&ws, &runner, 0).await;
+    ws.clock.advance(Duration::from_secs(9 * 60));
+    assert_eq!(
+        get_with(&format!("{}/env", d.agent_url), &d.otp_setup)
+            .await
+            .status(),
+        200
+    );
+    ws.clock.advance(Duration::from_secs(2 * 60));
+    // 11 minutes: the run token (10 min) has expired.
+    let p = problem(
+        get_with(&format!("{}/config", d.agent_url), &d.otp_run).await,
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "otp_rejected");
+    // The upload token (60 min) has not.
+    let upload = d.otp_upload.clone().unwrap();
+    let body = json!({"files": [{"path": "a.txt", "content_base64": "aGk="}]});
+    let r = client()
+        .post(format!("{}/results", d.agent_url))
+        .bearer_auth(&upload)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn upload_token_expires_after_an_hour() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let (d, _s) = held_run(&ws, &runner, 0).await;
+    ws.clock.advance(Duration::from_secs(61 * 60));
+    let body = json!({"files": [{"path": "a.txt", "content_base64": "aGk="}]});
+    let r = client()
+        .post(format!("{}/results", d.agent_url))
+        .bearer_auth(d.otp_upload.clone().unwrap())
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem(r, 401).await["code"], "otp_rejected");
+}
+
+#[tokio::test]
+async fn concurrent_redemptions_have_exactly_one_winner() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let (d, _s) = held_run(&ws, &runner, 0).await;
+    let url = format!("{}/env", d.agent_url);
+    let attempts = (0..16).map(|_| {
+        let url = url.clone();
+        let token = d.otp_setup.clone();
+        tokio::spawn(async move { get_with(&url, &token).await.status().as_u16() })
+    });
+    let mut statuses = Vec::new();
+    for a in attempts {
+        statuses.push(a.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        15,
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test]
+async fn only_token_hashes_are_stored() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let (d, _s) = held_run(&ws, &runner, 0).await;
+    let plaintexts = [
+        d.otp_setup.clone(),
+        d.otp_run.clone(),
+        d.otp_upload.clone().unwrap(),
+    ];
+    let session = d.session_id.clone().unwrap();
+
+    let db = ws.db().await;
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT hash, kind FROM tokens WHERE session_id = $1")
+            .bind(&session)
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 3);
+    for p in &plaintexts {
+        assert!(p.starts_with("asbx_otp_"));
+        let h = asbx_workspace::token::hash(p);
+        assert!(
+            rows.iter().any(|(hash, _)| *hash == h),
+            "hash of a token is stored"
+        );
+        assert!(rows.iter().all(|(hash, _)| hash != p));
+    }
+    db.close().await;
+    // No file under the data dir (database, WAL, blobs) holds a plaintext token.
+    for entry in walk(ws.data_dir.path()) {
+        let bytes = std::fs::read(&entry).unwrap();
+        for p in &plaintexts {
+            assert!(
+                !bytes.windows(p.len()).any(|w| w == p.as_bytes()),
+                "plaintext token found in {}",
+                entry.display()
+            );
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn tokens_are_revoked_when_the_stream_ends() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let (d, resp) = held_run(&ws, &runner, 0).await;
+    runner.shared.release.notify_one();
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("released"));
+    let p = problem(
+        get_with(&format!("{}/env", d.agent_url), &d.otp_setup).await,
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "otp_rejected");
+}

@@ -1,1 +1,21 @@
-//! placeholder
+//! Shared test helpers.
+//!
+//! - [`mock_provider`]: a mock model provider (axum on 127.0.0.1:0) that
+//!   speaks the OpenAI chat-completions and the Anthropic Messages streaming
+//!   formats, driven by scripted [`Tape`]s, with fault injection, recording
+//!   every request it gets.
+//! - [`fake_gateway`]: a stand-in for the runner's per-sandbox gateway on a
+//!   Unix socket: the `/callback/*` routes with single-use tokens, and
+//!   `/model/{provider}/...` proxied to a provider with a key added.
+
+pub mod fake_gateway;
+pub mod mock_provider;
+
+pub use fake_gateway::{FakeGateway, GatewayConfig, GatewayProvider};
+pub use mock_provider::{MockProvider, MockToolCall, RecordedRequest, Tape};
+
+/// Locks a mutex, ignoring poisoning (a panicking test thread must not hide
+/// the recorded data from the others).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,148 @@
+//! The NDJSON writer for the agent's stdout.
+//!
+//! Every [`Event`] is serialized by serde from the typed enum, written as one
+//! line and flushed at once, so the runner sees each line as it is produced.
+//! The writer sits behind an async mutex: tools streaming `stdout` events and
+//! the loop share one [`Emitter`], and lines never interleave.
+
+use std::sync::Arc;
+
+use asbx_protocol::line::{Delta, OutputStream, Stdout, Step, StepStatus};
+use asbx_protocol::{Event, LogLevel, Protocol};
+use serde_json::Value;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::Mutex;
+
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// A cloneable handle on the agent's NDJSON output.
+#[derive(Clone)]
+pub struct Emitter {
+    out: Arc<Mutex<Writer>>,
+    protocol: Protocol,
+}
+
+impl std::fmt::Debug for Emitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emitter")
+            .field("protocol", &self.protocol)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Emitter {
+    pub fn new(out: impl AsyncWrite + Send + Unpin + 'static, protocol: Protocol) -> Self {
+        Emitter {
+            out: Arc::new(Mutex::new(Box::new(out))),
+            protocol,
+        }
+    }
+
+    /// Whether protocol 2 lines (`delta`, `stdout`) may be written.
+    pub fn is_v2(&self) -> bool {
+        self.protocol == Protocol::V2
+    }
+
+    /// Writes one line and flushes it.
+    pub async fn emit(&self, event: &Event) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(event).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let mut out = self.out.lock().await;
+        out.write_all(&line).await?;
+        out.flush().await
+    }
+
+    pub async fn log(&self, level: LogLevel, message: impl Into<String>) -> std::io::Result<()> {
+        self.emit(&Event::log(level, message)).await
+    }
+
+    pub async fn step_running(&self, id: &str, name: &str, args: Value) -> std::io::Result<()> {
+        self.emit(&Event::Step(Step {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            status: StepStatus::Running,
+            args: Some(args),
+            result: None,
+            error: None,
+            duration_ms: None,
+        }))
+        .await
+    }
+
+    pub async fn step_finished(
+        &self,
+        id: &str,
+        name: &str,
+        outcome: Result<Value, String>,
+        duration_ms: u64,
+    ) -> std::io::Result<()> {
+        let (status, result, error) = match outcome {
+            Ok(v) => (StepStatus::Succeeded, Some(v), None),
+            Err(e) => (StepStatus::Failed, None, Some(e)),
+        };
+        self.emit(&Event::Step(Step {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            status,
+            args: None,
+            result,
+            error,
+            duration_ms: Some(duration_ms),
+        }))
+        .await
+    }
+
+    /// A `delta` line; dropped in protocol 1.
+    pub async fn delta(&self, text: &str) -> std::io::Result<()> {
+        if !self.is_v2() || text.is_empty() {
+            return Ok(());
+        }
+        self.emit(&Event::Delta(Delta {
+            text: text.to_owned(),
+        }))
+        .await
+    }
+
+    /// A `stdout` line for a running tool; dropped in protocol 1.
+    pub async fn tool_output(
+        &self,
+        step_id: &str,
+        stream: OutputStream,
+        chunk: &str,
+    ) -> std::io::Result<()> {
+        if !self.is_v2() || chunk.is_empty() {
+            return Ok(());
+        }
+        self.emit(&Event::Stdout(Stdout {
+            step_id: step_id.to_owned(),
+            stream,
+            chunk: chunk.to_owned(),
+        }))
+        .await
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a char boundary, appending an explicit
+/// `…[truncated N bytes]` marker when anything was cut.
+pub fn truncate_with_marker(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[truncated {} bytes]", &s[..end], s.len() - end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_char_boundaries() {
+        assert_eq!(truncate_with_marker("abc", 5), "abc");
+        assert_eq!(truncate_with_marker("abcdef", 3), "abc…[truncated 3 bytes]");
+        assert_eq!(truncate_with_marker("é", 1), "…[truncated 2 bytes]");
+    }
+}

@@ -1,0 +1,261 @@
+//! Model providers behind one trait.
+//!
+//! The loop speaks a provider-neutral conversation ([`Message`]) and gets
+//! back one complete [`ModelTurn`] per call. A provider only returns a turn
+//! once its response is complete, so a stream cut in the middle is retried
+//! from scratch and never half-applied; `delta` lines already written for a
+//! cut attempt stay on the wire (protocol 2 only), which consumers must
+//! tolerate.
+//!
+//! The model string is `provider:model`. `scripted` is built in and needs no
+//! gateway; any other name is looked up in the bootstrap's provider list.
+
+pub mod anthropic;
+pub mod openai;
+pub mod retry;
+pub mod scripted;
+pub mod sse;
+
+use std::time::Duration;
+
+use asbx_protocol::codes;
+use asbx_protocol::gateway::{ProviderInfo, ProviderKind};
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::emit::Emitter;
+use crate::gateway_client::GatewayClient;
+
+pub use retry::RetryPolicy;
+
+/// One tool the model may call.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// A tool call the model asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallRequest {
+    /// The provider's call id (echoed back with the result).
+    pub id: String,
+    pub name: String,
+    /// The parsed arguments; a string holding the raw text when it was not JSON.
+    pub args: Value,
+}
+
+/// One message of the provider-neutral conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    User(String),
+    Assistant {
+        text: String,
+        tool_calls: Vec<ToolCallRequest>,
+    },
+    ToolResult {
+        call_id: String,
+        name: String,
+        content: String,
+        is_error: bool,
+    },
+}
+
+/// What the loop sends for one model call.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    /// The model name without the `provider:` prefix.
+    pub model: String,
+    pub system: Option<String>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+}
+
+/// Token counts of one call (estimated by the scripted model).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// One complete model answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelTurn {
+    pub text: String,
+    pub tool_calls: Vec<ToolCallRequest>,
+    pub usage: Usage,
+}
+
+/// Why a model call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model provider error ({status}): {message}")]
+    Status {
+        status: u16,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    #[error("cannot reach the model provider: {0}")]
+    Connect(String),
+    #[error("model stream ended before the answer was complete: {0}")]
+    StreamCut(String),
+    #[error("model stream stalled for more than {} ms", .0.as_millis())]
+    Stalled(Duration),
+    #[error("model provider error: {0}")]
+    Provider(String),
+    #[error("invalid model response: {0}")]
+    Protocol(String),
+    #[error("unknown model provider {0:?}")]
+    UnknownProvider(String),
+    #[error("model must be `provider:model`, got {0:?}")]
+    BadModel(String),
+}
+
+impl ModelError {
+    /// The `error` line code for this failure.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ModelError::Stalled(_) => codes::MODEL_TIMEOUT,
+            ModelError::Status { .. }
+            | ModelError::Connect(_)
+            | ModelError::StreamCut(_)
+            | ModelError::Provider(_)
+            | ModelError::Protocol(_)
+            | ModelError::UnknownProvider(_)
+            | ModelError::BadModel(_) => codes::MODEL_ERROR,
+        }
+    }
+
+    /// Whether trying the same request again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ModelError::Status { status, .. } => *status == 429 || *status >= 500,
+            ModelError::Connect(_) | ModelError::StreamCut(_) => true,
+            // A stall already waited the whole stall timeout; report it.
+            ModelError::Stalled(_)
+            | ModelError::Provider(_)
+            | ModelError::Protocol(_)
+            | ModelError::UnknownProvider(_)
+            | ModelError::BadModel(_) => false,
+        }
+    }
+}
+
+/// Where streamed assistant text goes (`delta` lines, protocol 2 only).
+#[derive(Debug, Clone)]
+pub struct DeltaSink {
+    emitter: Option<Emitter>,
+}
+
+impl DeltaSink {
+    pub fn new(emitter: &Emitter) -> Self {
+        DeltaSink {
+            emitter: emitter.is_v2().then(|| emitter.clone()),
+        }
+    }
+
+    /// A sink that drops everything.
+    pub fn none() -> Self {
+        DeltaSink { emitter: None }
+    }
+
+    pub async fn delta(&self, text: &str) {
+        if let Some(e) = &self.emitter
+            && let Err(err) = e.delta(text).await
+        {
+            tracing::debug!("cannot write delta: {err}");
+        }
+    }
+}
+
+/// A model provider: one call, one complete turn.
+pub trait Provider: Send + Sync {
+    fn turn<'a>(
+        &'a self,
+        req: &'a ModelRequest,
+        sink: &'a DeltaSink,
+    ) -> BoxFuture<'a, Result<ModelTurn, ModelError>>;
+}
+
+/// Settings of the HTTP providers.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// How long a response may stay silent (headers or between chunks).
+    pub stall_timeout: Duration,
+    pub retry: RetryPolicy,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            stall_timeout: Duration::from_secs(60),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// Splits `provider:model`, the model part may itself contain colons.
+pub fn split_model(model: &str) -> Result<(&str, &str), ModelError> {
+    match model.split_once(':') {
+        Some((p, m)) if !p.is_empty() => Ok((p, m)),
+        _ => Err(ModelError::BadModel(model.to_owned())),
+    }
+}
+
+/// Builds the provider for `provider:model`.
+pub fn build(
+    model: &str,
+    providers: &[ProviderInfo],
+    gateway: &GatewayClient,
+    prompt: &str,
+    settings: &HttpSettings,
+) -> Result<(Box<dyn Provider>, String), ModelError> {
+    let (name, model_name) = split_model(model)?;
+    if name == scripted::NAME {
+        return Ok((
+            Box::new(scripted::Scripted::new(prompt)),
+            model_name.to_owned(),
+        ));
+    }
+    let info = providers
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| ModelError::UnknownProvider(name.to_owned()))?;
+    let provider: Box<dyn Provider> = match info.kind {
+        ProviderKind::Openai => Box::new(openai::OpenAi::new(
+            gateway.clone(),
+            name.to_owned(),
+            settings.clone(),
+        )),
+        ProviderKind::Anthropic => Box::new(anthropic::Anthropic::new(
+            gateway.clone(),
+            name.to_owned(),
+            settings.clone(),
+        )),
+    };
+    Ok((provider, model_name.to_owned()))
+}
+
+/// Extracts a human message from a provider's error body
+/// (`{"error":{"message":..}}` for both OpenAI and Anthropic).
+pub fn error_message(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Inner {
+        message: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Outer {
+        error: Option<Inner>,
+        message: Option<String>,
+    }
+    if let Ok(o) = serde_json::from_slice::<Outer>(body)
+        && let Some(m) = o.error.and_then(|e| e.message).or(o.message)
+    {
+        return m;
+    }
+    let text = String::from_utf8_lossy(body);
+    crate::emit::truncate_with_marker(text.trim(), 1024)
+}

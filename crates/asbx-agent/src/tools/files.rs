@@ -1,0 +1,274 @@
+//! `read_file`, `write_file`, `list_files`, confined to the working directory.
+//!
+//! Path rules: a path is taken relative to the working directory; an
+//! absolute path is accepted only if it lies lexically inside it. `.` is
+//! dropped and `..` pops a component; popping past the root is refused.
+//!
+//! Symlinks: the tools never follow one. The path is walked one component at
+//! a time from a descriptor of the working directory with `openat(...,
+//! O_NOFOLLOW)` (directories with `O_DIRECTORY|O_NOFOLLOW`), so a symlink at
+//! any position, even one pointing inside the working directory, is refused.
+//! Walking by descriptor (rather than canonicalize-then-check) leaves no
+//! window for a tool process to swap a directory for a symlink between the
+//! check and the use, and needs no `openat2` support from the kernel. Use
+//! `shell` to work with symlinks.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::dir::{Dir, Type};
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{Mode, fstat, mkdirat};
+use serde_json::json;
+
+use super::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
+
+/// Most entries `list_files` returns.
+pub const MAX_LIST_ENTRIES: usize = 1000;
+
+/// Turns a tool path into components below the working directory.
+pub fn components(workdir: &Path, input: &str) -> Result<Vec<OsString>, String> {
+    if input.contains('\0') {
+        return Err("path contains a NUL byte".into());
+    }
+    let p = Path::new(input);
+    let rel: PathBuf = if p.is_absolute() {
+        let normal = normalize(p)?;
+        let root = normalize(workdir)?;
+        let mut abs = PathBuf::from("/");
+        abs.extend(&normal);
+        let mut root_abs = PathBuf::from("/");
+        root_abs.extend(&root);
+        match abs.strip_prefix(&root_abs) {
+            Ok(r) => r.to_path_buf(),
+            Err(_) => return Err(format!("{input}: path is outside the working directory")),
+        }
+    } else {
+        p.to_path_buf()
+    };
+    normalize(&rel).map_err(|_| format!("{input}: path escapes the working directory"))
+}
+
+fn normalize(p: &Path) -> Result<Vec<OsString>, String> {
+    let mut out = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::Prefix(_) | Component::RootDir | Component::CurDir => {}
+            Component::ParentDir => {
+                if out.pop().is_none() {
+                    return Err("path escapes the working directory".into());
+                }
+            }
+            Component::Normal(s) => out.push(s.to_os_string()),
+        }
+    }
+    Ok(out)
+}
+
+fn errno_msg(path: &str, e: Errno) -> String {
+    match e {
+        Errno::ELOOP => format!("{path}: refusing to follow a symlink"),
+        Errno::ENOTDIR => format!("{path}: a path component is not a directory (or is a symlink)"),
+        Errno::ENOENT => format!("{path}: no such file or directory"),
+        Errno::EISDIR => format!("{path}: is a directory"),
+        Errno::EACCES | Errno::EPERM => format!("{path}: permission denied"),
+        other => format!("{path}: {}", other.desc()),
+    }
+}
+
+fn open_root(workdir: &Path) -> Result<OwnedFd, String> {
+    nix::fcntl::open(
+        workdir,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open the working directory: {}", e.desc()))
+}
+
+/// Opens the directory at `comps` without following symlinks, creating
+/// missing directories when `create` is set.
+fn open_dir(
+    root: OwnedFd,
+    comps: &[OsString],
+    create: bool,
+    path: &str,
+) -> Result<OwnedFd, String> {
+    let mut cur = root;
+    for c in comps {
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        let next = match openat(cur.as_fd(), c.as_os_str(), flags, Mode::empty()) {
+            Err(Errno::ENOENT) if create => {
+                match mkdirat(cur.as_fd(), c.as_os_str(), Mode::from_bits_truncate(0o755)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(errno_msg(path, e)),
+                }
+                openat(cur.as_fd(), c.as_os_str(), flags, Mode::empty())
+            }
+            other => other,
+        };
+        cur = next.map_err(|e| errno_msg(path, e))?;
+    }
+    Ok(cur)
+}
+
+fn read_blocking(workdir: PathBuf, path: String, cap: usize) -> Result<(Vec<u8>, usize), String> {
+    let comps = components(&workdir, &path)?;
+    let Some((name, dirs)) = comps.split_last() else {
+        return Err(format!("{path}: is a directory"));
+    };
+    let dir = open_dir(open_root(&workdir)?, dirs, false, &path)?;
+    let fd = openat(
+        dir.as_fd(),
+        name.as_os_str(),
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| errno_msg(&path, e))?;
+    let st = fstat(fd.as_fd()).map_err(|e| errno_msg(&path, e))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{path}: not a regular file"));
+    }
+    let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
+    let mut data = Vec::with_capacity(cap.min(size));
+    std::fs::File::from(fd)
+        .take(cap as u64)
+        .read_to_end(&mut data)
+        .map_err(|e| format!("{path}: {e}"))?;
+    Ok((data, size))
+}
+
+/// `read_file {path}`.
+pub async fn read_file(ctx: &ToolContext, path: &str) -> ToolOutput {
+    let (workdir, p, cap) = (ctx.workdir.clone(), path.to_owned(), ctx.output_bytes);
+    match tokio::task::spawn_blocking(move || read_blocking(workdir, p, cap)).await {
+        Ok(Ok((data, size))) => ToolOutput {
+            model_text: cut(&data, size, cap),
+            display: Ok(json!(cut(&data, size, DISPLAY_BYTES))),
+        },
+        Ok(Err(e)) => ToolOutput::failed(e),
+        Err(e) => ToolOutput::failed(format!("read_file crashed: {e}")),
+    }
+}
+
+fn write_blocking(
+    workdir: PathBuf,
+    path: String,
+    content: String,
+    owner: Option<(u32, u32)>,
+) -> Result<usize, String> {
+    let comps = components(&workdir, &path)?;
+    let Some((name, dirs)) = comps.split_last() else {
+        return Err(format!("{path}: is a directory"));
+    };
+    let dir = open_dir(open_root(&workdir)?, dirs, true, &path)?;
+    let fd = openat(
+        dir.as_fd(),
+        name.as_os_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|e| errno_msg(&path, e))?;
+    let st = fstat(fd.as_fd()).map_err(|e| errno_msg(&path, e))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{path}: not a regular file"));
+    }
+    if let Some((uid, gid)) = owner {
+        // Let the tool user keep working on the file; best effort.
+        let _ = nix::unistd::fchown(
+            fd.as_fd(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        );
+    }
+    let mut f = std::fs::File::from(fd);
+    f.write_all(content.as_bytes())
+        .map_err(|e| format!("{path}: {e}"))?;
+    Ok(content.len())
+}
+
+/// `write_file {path, content}`.
+pub async fn write_file(ctx: &ToolContext, path: &str, content: &str) -> ToolOutput {
+    let (workdir, p, c, owner) = (
+        ctx.workdir.clone(),
+        path.to_owned(),
+        content.to_owned(),
+        ctx.tool_user,
+    );
+    match tokio::task::spawn_blocking(move || write_blocking(workdir, p, c, owner)).await {
+        Ok(Ok(n)) => ToolOutput {
+            model_text: format!("wrote {n} bytes to {path}"),
+            display: Ok(json!({"path": path, "bytes": n})),
+        },
+        Ok(Err(e)) => ToolOutput::failed(e),
+        Err(e) => ToolOutput::failed(format!("write_file crashed: {e}")),
+    }
+}
+
+fn list_blocking(workdir: PathBuf, path: String) -> Result<(Vec<String>, usize), String> {
+    let comps = components(&workdir, &path)?;
+    let dir = open_dir(open_root(&workdir)?, &comps, false, &path)?;
+    let mut d = Dir::from_fd(dir).map_err(|e| errno_msg(&path, e))?;
+    let mut entries = Vec::new();
+    let mut total = 0;
+    for e in d.iter() {
+        let e = e.map_err(|e| errno_msg(&path, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        total += 1;
+        if entries.len() >= MAX_LIST_ENTRIES {
+            continue;
+        }
+        let suffix = match e.file_type() {
+            Some(Type::Directory) => "/",
+            Some(Type::Symlink) => "@",
+            Some(_) | None => "",
+        };
+        entries.push(format!("{name}{suffix}"));
+    }
+    entries.sort();
+    Ok((entries, total))
+}
+
+/// `list_files {path}`: names, `/` after directories, `@` after symlinks.
+pub async fn list_files(ctx: &ToolContext, path: &str) -> ToolOutput {
+    let (workdir, p) = (ctx.workdir.clone(), path.to_owned());
+    match tokio::task::spawn_blocking(move || list_blocking(workdir, p)).await {
+        Ok(Ok((entries, total))) => {
+            let mut text = entries.join("\n");
+            if total > entries.len() {
+                text.push_str(&format!("\n…[{} more entries]", total - entries.len()));
+            }
+            ToolOutput {
+                model_text: cut(text.as_bytes(), text.len(), ctx.output_bytes),
+                display: Ok(json!(cut(text.as_bytes(), text.len(), DISPLAY_BYTES))),
+            }
+        }
+        Ok(Err(e)) => ToolOutput::failed(e),
+        Err(e) => ToolOutput::failed(format!("list_files crashed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_rules() {
+        let w = Path::new("/work/dir");
+        let ok = |p: &str| components(w, p).unwrap();
+        assert_eq!(ok("a/b"), vec![OsString::from("a"), OsString::from("b")]);
+        assert_eq!(ok("./a/../b"), vec![OsString::from("b")]);
+        assert_eq!(ok("/work/dir/x"), vec![OsString::from("x")]);
+        assert!(ok(".").is_empty());
+        assert!(components(w, "../x").is_err());
+        assert!(components(w, "a/../../x").is_err());
+        assert!(components(w, "/etc/passwd").is_err());
+        assert!(components(w, "/work/dirx/y").is_err());
+        assert!(components(w, "/work/dir/../x").is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! Integration tests of the agent: the real loop, in process, against a fake
+//! gateway on a Unix socket and the mock provider on 127.0.0.1; no jail.
+
+mod harness;
+
+mod anthropic;
+mod bootstrap;
+mod faults;
+mod files;
+mod limits;
+mod openai;
+mod protocol;
+mod scripted;

@@ -1,0 +1,253 @@
+//! A stand-in for the runner's per-sandbox gateway, for the agent's own tests.
+//!
+//! Serves HTTP on a Unix socket:
+//!
+//! - `GET /callback/env`, `GET /callback/config`: answer the configured
+//!   payloads to `Authorization: Bearer <token>` with the right token, once
+//!   each (a second redemption or a wrong token gets `401`).
+//! - `POST /callback/results`: the upload token, once; the body is recorded.
+//! - `POST /model/{provider}/{path...}`: proxied to that provider's base URL
+//!   with its key added (`Authorization: Bearer` for OpenAI,
+//!   `x-api-key` for Anthropic); the response is streamed back untouched.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use asbx_protocol::callback::{
+    ConfigResponse, EnvResponse, ResultsRequest, ResultsResponse, StoredFile,
+};
+use asbx_protocol::gateway::ProviderKind;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::lock;
+
+/// A provider behind the gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayProvider {
+    pub name: String,
+    pub kind: ProviderKind,
+    /// Base URL, e.g. a [`crate::MockProvider`]'s `base_url`.
+    pub base_url: String,
+    pub key: String,
+}
+
+/// What the gateway answers.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayConfig {
+    pub otp_setup: String,
+    pub otp_run: String,
+    pub otp_upload: Option<String>,
+    pub env: EnvResponse,
+    pub config: ConfigResponse,
+    pub providers: Vec<GatewayProvider>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    env_ok: u32,
+    config_ok: u32,
+    rejected: u32,
+    model_calls: u32,
+    setup_used: bool,
+    run_used: bool,
+    upload_used: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    cfg: GatewayConfig,
+    counters: Mutex<Counters>,
+    results: Mutex<Vec<ResultsRequest>>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// The running fake gateway; stops when dropped.
+#[derive(Debug)]
+pub struct FakeGateway {
+    pub socket: PathBuf,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeGateway {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl FakeGateway {
+    /// Starts the gateway on `dir/gateway.sock`.
+    pub async fn start(dir: &Path, cfg: GatewayConfig) -> FakeGateway {
+        let socket = dir.join("gateway.sock");
+        let _ = std::fs::remove_file(&socket);
+        let listener = tokio::net::UnixListener::bind(&socket)
+            .unwrap_or_else(|e| panic!("fake gateway: cannot bind {}: {e}", socket.display()));
+        let shared = Arc::new(Shared {
+            cfg,
+            counters: Mutex::default(),
+            results: Mutex::default(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        });
+        let app = Router::new()
+            .route("/callback/env", get(env))
+            .route("/callback/config", get(config))
+            .route("/callback/results", post(results))
+            .route("/model/{provider}/{*rest}", post(model))
+            .with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeGateway {
+            socket,
+            shared,
+            task,
+        }
+    }
+
+    /// Bodies posted to `/callback/results`.
+    pub fn results(&self) -> Vec<ResultsRequest> {
+        lock(&self.shared.results).clone()
+    }
+
+    /// Successful `/callback/env` redemptions.
+    pub fn env_redemptions(&self) -> u32 {
+        lock(&self.shared.counters).env_ok
+    }
+
+    /// Successful `/callback/config` redemptions.
+    pub fn config_redemptions(&self) -> u32 {
+        lock(&self.shared.counters).config_ok
+    }
+
+    /// Requests answered `401`.
+    pub fn rejections(&self) -> u32 {
+        lock(&self.shared.counters).rejected
+    }
+
+    /// Requests to `/model/...`.
+    pub fn model_calls(&self) -> u32 {
+        lock(&self.shared.counters).model_calls
+    }
+}
+
+fn bearer(h: &HeaderMap) -> Option<&str> {
+    h.get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+/// Checks a single-use token; `used` selects the flag of that token.
+fn redeem(
+    s: &Shared,
+    h: &HeaderMap,
+    token: Option<&str>,
+    used: fn(&mut Counters) -> &mut bool,
+) -> bool {
+    let mut c = lock(&s.counters);
+    let ok = matches!((bearer(h), token), (Some(got), Some(want)) if got == want) && !*used(&mut c);
+    if ok {
+        *used(&mut c) = true;
+    } else {
+        c.rejected += 1;
+    }
+    ok
+}
+
+fn unauthorized() -> Response {
+    (StatusCode::UNAUTHORIZED, "token rejected").into_response()
+}
+
+async fn env(State(s): State<Arc<Shared>>, h: HeaderMap) -> Response {
+    if !redeem(&s, &h, Some(&s.cfg.otp_setup), |c| &mut c.setup_used) {
+        return unauthorized();
+    }
+    lock(&s.counters).env_ok += 1;
+    axum::Json(s.cfg.env.clone()).into_response()
+}
+
+async fn config(State(s): State<Arc<Shared>>, h: HeaderMap) -> Response {
+    if !redeem(&s, &h, Some(&s.cfg.otp_run), |c| &mut c.run_used) {
+        return unauthorized();
+    }
+    lock(&s.counters).config_ok += 1;
+    axum::Json(s.cfg.config.clone()).into_response()
+}
+
+async fn results(State(s): State<Arc<Shared>>, h: HeaderMap, body: Bytes) -> Response {
+    if !redeem(&s, &h, s.cfg.otp_upload.as_deref(), |c| &mut c.upload_used) {
+        return unauthorized();
+    }
+    let req: ResultsRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    let stored = ResultsResponse {
+        files: req
+            .files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| StoredFile {
+                path: f.path.clone(),
+                id: format!("file_{i}"),
+            })
+            .collect(),
+    };
+    lock(&s.results).push(req);
+    axum::Json(stored).into_response()
+}
+
+async fn model(
+    State(s): State<Arc<Shared>>,
+    UrlPath((provider, rest)): UrlPath<(String, String)>,
+    req: Request,
+) -> Response {
+    lock(&s.counters).model_calls += 1;
+    let Some(p) = s.cfg.providers.iter().find(|p| p.name == provider) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("unknown provider {provider}"),
+        )
+            .into_response();
+    };
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, 64 * 1024 * 1024).await else {
+        return (StatusCode::BAD_REQUEST, "body too large").into_response();
+    };
+    let url = format!("{}/{}", p.base_url.trim_end_matches('/'), rest);
+    let mut out = http::Request::builder().method(http::Method::POST).uri(url);
+    for name in [
+        header::CONTENT_TYPE.as_str(),
+        header::ACCEPT.as_str(),
+        "anthropic-version",
+    ] {
+        if let Some(v) = parts.headers.get(name) {
+            out = out.header(name, v);
+        }
+    }
+    out = match p.kind {
+        ProviderKind::Openai => out.header(header::AUTHORIZATION, format!("Bearer {}", p.key)),
+        ProviderKind::Anthropic => out.header("x-api-key", p.key.as_str()),
+    };
+    let Ok(out) = out.body(Full::new(body)) else {
+        return (StatusCode::BAD_GATEWAY, "cannot build upstream request").into_response();
+    };
+    match s.client.request(out).await {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) => (StatusCode::BAD_GATEWAY, format!("upstream: {e}")).into_response(),
+    }
+}

@@ -4,12 +4,12 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
-use crate::support::{FakeRunner, Mode, TestWorkspace, client, problem, settled_run};
+use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem, settled_run};
 
-#[tokio::test]
-async fn env_and_config_return_what_the_run_configured() {
+on_both!(env_and_config_return_what_the_run_configured);
+async fn env_and_config_return_what_the_run_configured(db: Db) {
     let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let body = json!({
         "prompt": "build it",
         "model": "openai:gpt-4.1-mini",
@@ -58,10 +58,10 @@ async fn env_and_config_return_what_the_run_configured() {
     );
 }
 
-#[tokio::test]
-async fn defaults_apply_when_the_run_names_little() {
+on_both!(defaults_apply_when_the_run_names_little);
+async fn defaults_apply_when_the_run_names_little(db: Db) {
     let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let resp = client()
         .post(ws.url("/api/runs"))
         .json(&json!({"prompt": "x"}))
@@ -77,8 +77,8 @@ async fn defaults_apply_when_the_run_names_little() {
     assert_eq!(callbacks[1].2, json!({"model": "scripted:demo"}));
 }
 
-#[tokio::test]
-async fn results_are_stored_and_download_byte_identical() {
+on_both!(results_are_stored_and_download_byte_identical);
+async fn results_are_stored_and_download_byte_identical(db: Db) {
     let binary: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     let files = vec![
         json!({"path": "report.md", "content_base64": STANDARD.encode("# hi\n"), "mime_type": "text/markdown"}),
@@ -86,7 +86,7 @@ async fn results_are_stored_and_download_byte_identical() {
         json!({"path": "page.html", "content_base64": STANDARD.encode("<script>x</script>")}),
     ];
     let runner = FakeRunner::start(Mode::Full { files }).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let resp = client()
         .post(ws.url("/api/runs"))
         .json(&json!({"prompt": "x"}))
@@ -144,10 +144,10 @@ async fn results_are_stored_and_download_byte_identical() {
     assert_eq!(problem(r, 404).await["code"], "not_found");
 }
 
-#[tokio::test]
-async fn bad_results_bodies_are_400_and_leave_the_token_usable() {
+on_both!(bad_results_bodies_are_400_and_leave_the_token_usable);
+async fn bad_results_bodies_are_400_and_leave_the_token_usable(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let _resp = client()
         .post(ws.url("/api/runs"))
         .json(&json!({"prompt": "x"}))

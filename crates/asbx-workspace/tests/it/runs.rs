@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{FakeRunner, Mode, TestWorkspace, client, problem, settled_run};
+use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem, settled_run};
 
-#[tokio::test]
-async fn lines_are_relayed_intact_and_the_outcome_recorded() {
+on_both!(lines_are_relayed_intact_and_the_outcome_recorded);
+async fn lines_are_relayed_intact_and_the_outcome_recorded(db: Db) {
     let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let resp = client()
         .post(ws.url("/api/runs"))
         .json(&json!({"prompt": "hello"}))

@@ -49,24 +49,134 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A running workspace. The temp dir is removed on drop.
+/// Which database a test runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Db {
+    Sqlite,
+    /// The server URL from `ASBX_TEST_PG_URL`; each test gets its own database.
+    Postgres(String),
+}
+
+impl Db {
+    /// PostgreSQL when `ASBX_TEST_PG_URL` is set.
+    pub(crate) fn postgres() -> Option<Db> {
+        std::env::var("ASBX_TEST_PG_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .map(Db::Postgres)
+    }
+}
+
+/// Runs an `async fn(Db)` test on SQLite and, when `ASBX_TEST_PG_URL` is set,
+/// on PostgreSQL: `on_both!(name);` makes `name::sqlite` and `name::postgres`.
+macro_rules! on_both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name(crate::support::Db::Sqlite).await
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                match crate::support::Db::postgres() {
+                    Some(db) => super::$name(db).await,
+                    None => eprintln!("skipped: set ASBX_TEST_PG_URL to run on PostgreSQL"),
+                }
+            }
+        }
+    };
+}
+pub(crate) use on_both;
+
+/// A PostgreSQL database made for one test, dropped with it.
+struct PgDatabase {
+    server_url: String,
+    name: String,
+}
+
+impl PgDatabase {
+    async fn create(server_url: &str) -> (PgDatabase, String) {
+        sqlx::any::install_default_drivers();
+        let name = format!("asbx_test_{}", asbx_workspace::token::random_id());
+        let admin = sqlx::AnyPool::connect(server_url).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let mut url = Url::parse(server_url).unwrap();
+        url.set_path(&format!("/{name}"));
+        (
+            PgDatabase {
+                server_url: server_url.to_owned(),
+                name,
+            },
+            url.to_string(),
+        )
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let (server_url, name) = (self.server_url.clone(), self.name.clone());
+        // Drop runs inside the test's runtime: use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(admin) = sqlx::AnyPool::connect(&server_url).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&admin)
+                        .await;
+                    admin.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A running workspace. The temp dir (and a PostgreSQL test database) is
+/// removed on drop.
 pub(crate) struct TestWorkspace {
     pub(crate) base: String,
     pub(crate) clock: Arc<ManualClock>,
     pub(crate) database_url: String,
     pub(crate) data_dir: tempfile::TempDir,
+    #[allow(dead_code)]
+    pub(crate) workspace: Workspace,
     _server: AbortOnDrop,
+    _pg: Option<PgDatabase>,
 }
 
 impl TestWorkspace {
     pub(crate) async fn start(sandbox_url: Option<Url>) -> TestWorkspace {
-        Self::start_with(sandbox_url, |_| {}).await
+        Self::start_on(Db::Sqlite, sandbox_url, |_| {}).await
     }
 
+    #[allow(dead_code)]
     pub(crate) async fn start_with(
         sandbox_url: Option<Url>,
         tweak: impl FnOnce(&mut WorkspaceConfig),
     ) -> TestWorkspace {
+        Self::start_on(Db::Sqlite, sandbox_url, tweak).await
+    }
+
+    pub(crate) async fn start_on(
+        db: Db,
+        sandbox_url: Option<Url>,
+        tweak: impl FnOnce(&mut WorkspaceConfig),
+    ) -> TestWorkspace {
+        let (pg, pg_url) = match &db {
+            Db::Sqlite => (None, None),
+            Db::Postgres(server) => {
+                let (pg, url) = PgDatabase::create(server).await;
+                (Some(pg), Some(url))
+            }
+        };
         let data_dir = tempfile::tempdir().unwrap();
         let listener = bind_loopback().await;
         let addr: SocketAddr = listener.local_addr().unwrap();
@@ -75,6 +185,7 @@ impl TestWorkspace {
         let mut config = WorkspaceConfig::new(data_dir.path(), Url::parse(&base).unwrap());
         config.sandbox_url = sandbox_url;
         config.clock = clock.clone();
+        config.database_url = pg_url;
         tweak(&mut config);
         let database_url = config
             .database_url
@@ -87,7 +198,9 @@ impl TestWorkspace {
             clock,
             database_url,
             data_dir,
+            workspace,
             _server: server,
+            _pg: pg,
         }
     }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{FakeRunner, Mode, TestWorkspace, client, problem};
+use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem};
 
 /// Starts a held run and returns its dispatch (with the plaintext tokens).
 async fn held_run(
@@ -26,10 +26,10 @@ async fn get_with(url: &str, token: &str) -> reqwest::Response {
     client().get(url).bearer_auth(token).send().await.unwrap()
 }
 
-#[tokio::test]
-async fn tokens_are_single_use_and_bound_to_session_and_kind() {
+on_both!(tokens_are_single_use_and_bound_to_session_and_kind);
+async fn tokens_are_single_use_and_bound_to_session_and_kind(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let (a, _sa) = held_run(&ws, &runner, 0).await;
     let (b, _sb) = held_run(&ws, &runner, 1).await;
 
@@ -94,10 +94,10 @@ async fn tokens_are_single_use_and_bound_to_session_and_kind() {
     assert_eq!(p["code"], "otp_rejected");
 }
 
-#[tokio::test]
-async fn expired_tokens_are_refused() {
+on_both!(expired_tokens_are_refused);
+async fn expired_tokens_are_refused(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let (d, _s) = held_run(&ws, &runner, 0).await;
     ws.clock.advance(Duration::from_secs(9 * 60));
     assert_eq!(
@@ -127,10 +127,10 @@ async fn expired_tokens_are_refused() {
     assert_eq!(r.status(), 200);
 }
 
-#[tokio::test]
-async fn upload_token_expires_after_an_hour() {
+on_both!(upload_token_expires_after_an_hour);
+async fn upload_token_expires_after_an_hour(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let (d, _s) = held_run(&ws, &runner, 0).await;
     ws.clock.advance(Duration::from_secs(61 * 60));
     let body = json!({"files": [{"path": "a.txt", "content_base64": "aGk="}]});
@@ -144,10 +144,10 @@ async fn upload_token_expires_after_an_hour() {
     assert_eq!(problem(r, 401).await["code"], "otp_rejected");
 }
 
-#[tokio::test]
-async fn concurrent_redemptions_have_exactly_one_winner() {
+on_both!(concurrent_redemptions_have_exactly_one_winner);
+async fn concurrent_redemptions_have_exactly_one_winner(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let (d, _s) = held_run(&ws, &runner, 0).await;
     let url = format!("{}/env", d.agent_url);
     let attempts = (0..16).map(|_| {
@@ -171,10 +171,10 @@ async fn concurrent_redemptions_have_exactly_one_winner() {
     );
 }
 
-#[tokio::test]
-async fn only_token_hashes_are_stored() {
+on_both!(only_token_hashes_are_stored);
+async fn only_token_hashes_are_stored(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let (d, _s) = held_run(&ws, &runner, 0).await;
     let plaintexts = [
         d.otp_setup.clone(),
@@ -227,10 +227,10 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-#[tokio::test]
-async fn tokens_are_revoked_when_the_stream_ends() {
+on_both!(tokens_are_revoked_when_the_stream_ends);
+async fn tokens_are_revoked_when_the_stream_ends(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let (d, resp) = held_run(&ws, &runner, 0).await;
     runner.shared.release.notify_one();
     let body = resp.text().await.unwrap();

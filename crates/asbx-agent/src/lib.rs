@@ -10,12 +10,16 @@
 //! `/callback/config` (run token), the loop (bounded by the run's duration
 //! limit), writeback of `out/` (upload token), `result`.
 //!
+//! The run's `max_duration` counts from the start of [`run`], bootstrap and
+//! setup included; writeback happens after the loop and is not counted.
+//!
 //! Environment read by [`run_agent`] (and only there, before any thread):
 //! - `ASBX_MODEL_STALL_TIMEOUT_MS`: how long a model response may stay
 //!   silent before the call fails with `model_timeout` (default 60000).
 
 pub mod agent_loop;
 pub mod bootstrap;
+pub mod egress_relay;
 pub mod emit;
 pub mod error;
 pub mod gateway_client;
@@ -157,9 +161,30 @@ async fn turn(
     let gw = GatewayClient::new(&b.gateway_socket);
     let env = bootstrap::redeem_env(&gw, &b.otp_setup).await?;
     let workdir = PathBuf::from(&b.workdir);
+    let mut variables = env.variables.clone();
+    // Held until the turn ends; dropping it stops the relay.
+    let _relay = match &b.proxy_socket {
+        Some(sock) => match egress_relay::EgressRelay::start(sock).await {
+            Ok(relay) => {
+                variables.extend(relay.env());
+                Some(relay)
+            }
+            Err(e) => {
+                emitter
+                    .log(
+                        LogLevel::Warn,
+                        format!("no network for tools: cannot start the egress relay: {e}"),
+                    )
+                    .await
+                    .map_err(AgentError::Output)?;
+                None
+            }
+        },
+        None => None,
+    };
     let mut ctx = ToolContext {
         workdir: workdir.clone(),
-        variables: env.variables.clone(),
+        variables,
         tool_user: b.tool_user,
         timeout: Duration::from_millis(b.max_limits.tool_timeout_ms),
         output_bytes: usize::try_from(b.max_limits.tool_output_bytes).unwrap_or(usize::MAX),

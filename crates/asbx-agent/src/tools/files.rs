@@ -167,7 +167,13 @@ fn write_blocking(
     let fd = openat(
         dir.as_fd(),
         name.as_os_str(),
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_WRONLY
+            | OFlag::O_CREAT
+            | OFlag::O_TRUNC
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC
+            // A FIFO without a reader fails with ENXIO instead of blocking.
+            | OFlag::O_NONBLOCK,
         Mode::from_bits_truncate(0o644),
     )
     .map_err(|e| errno_msg(&path, e))?;

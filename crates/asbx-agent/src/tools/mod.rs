@@ -112,8 +112,21 @@ pub fn specs() -> Vec<ToolSpec> {
     ]
 }
 
-/// Runs one tool call by name.
+/// Runs one tool call by name, bounded by the tool timeout.
 pub async fn run(ctx: &ToolContext, step_id: &str, name: &str, args: &Value) -> ToolOutput {
+    // `shell` enforces the timeout itself (and kills its process group);
+    // this bound is for the file tools, whose blocking I/O cannot be killed.
+    let grace = std::time::Duration::from_secs(1);
+    match tokio::time::timeout(ctx.timeout + grace, dispatch(ctx, step_id, name, args)).await {
+        Ok(out) => out,
+        Err(_) => ToolOutput::failed(format!(
+            "{name} timed out after {} ms",
+            ctx.timeout.as_millis()
+        )),
+    }
+}
+
+async fn dispatch(ctx: &ToolContext, step_id: &str, name: &str, args: &Value) -> ToolOutput {
     let str_arg = |key: &str| args.get(key).and_then(Value::as_str);
     match name {
         "shell" => match str_arg("command") {

@@ -69,3 +69,18 @@ async fn inside_paths_work_including_absolute_ones() {
         "one"
     );
 }
+
+#[tokio::test]
+async fn write_to_a_fifo_fails_instead_of_blocking() {
+    let h = Harness::scripted(&script(json!([
+        {"tool": "shell", "args": {"command": "mkfifo pipe"}},
+        {"tool": "write_file", "args": {"path": "pipe", "content": "x"}},
+        {"tool": "read_file", "args": {"path": "pipe"}},
+        {"say": "done"}
+    ])));
+    let o = h.run().await;
+    assert_eq!(o.result(), "done");
+    let steps = o.finished_steps();
+    assert_eq!(steps[1].status, StepStatus::Failed, "{:?}", steps[1]);
+    assert_eq!(steps[2].status, StepStatus::Failed, "{:?}", steps[2]);
+}

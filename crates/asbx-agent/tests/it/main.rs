@@ -5,6 +5,7 @@ mod harness;
 
 mod anthropic;
 mod bootstrap;
+mod egress;
 mod faults;
 mod files;
 mod limits;

@@ -1,1 +1,173 @@
-//! placeholder
+//! One sandbox: namespaces, a pivoted minimal root, cgroups, rlimits,
+//! capabilities, Landlock and seccomp, then `exec`. Synchronous; no tokio,
+//! no HTTP (architecture invariant).
+//!
+//! [`run_jail`] is called in a fresh single-threaded process (`asbx jail
+//! --policy <json>`). The process layout of a running sandbox:
+//!
+//! ```text
+//! asbx jail (supervisor, host root)          ── cleanup guard (host, see supervisor)
+//!   └─ init (pid 1 of the sandbox, uid 1000, no exec)
+//!        └─ main process: policy.argv (uid 1000, CAP_SETUID+CAP_SETGID only)
+//!             └─ tools (uid 1001, no capabilities)
+//! ```
+//!
+//! Modules, in the order a run uses them: [`supervisor`] (host side),
+//! [`cgroup`], [`init`] (sandbox side), [`rootfs`], [`ids`], [`fsrules`]
+//! (Landlock), [`seccomp`], [`sys`] (raw system calls), [`check`].
+//!
+//! What the runner must do: see the README section of [`run_jail`].
+
+// The jail is the one crate that must talk to the kernel directly: clone with
+// namespace flags, capability sets, ioctls. Each unsafe block is in `sys`
+// with a SAFETY note; the rest of the crate is safe code.
+#![allow(unsafe_code)]
+
+mod cgroup;
+mod check;
+mod fsrules;
+mod ids;
+mod init;
+mod rootfs;
+mod seccomp;
+mod supervisor;
+mod sys;
+
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use asbx_protocol::jail::{JailPolicy, JailProfile, LayerReport};
+
+pub use asbx_protocol::jail::{AGENT_GID, AGENT_UID, TOOL_GID, TOOL_UID};
+pub use cgroup::remove_leftover_cgroups;
+
+/// Everything that can go wrong building or running a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    #[error("invalid policy: {0}")]
+    Policy(String),
+    #[error("the jail must run as root")]
+    NotRoot,
+    #[error("host: {0}")]
+    Host(String),
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+    #[error("landlock: {0}")]
+    Landlock(String),
+    #[error("sandbox set-up: {0}")]
+    Setup(String),
+}
+
+/// Build the sandbox `policy` describes, run `policy.argv` in it with exactly
+/// `policy.env` and the inherited stdin/stdout/stderr, wait, tear down.
+///
+/// Returns the code the supervisor should exit with: the main process's exit
+/// code, or 128 + signal if it was killed (also when the supervisor killed
+/// the sandbox because it got `SIGTERM`/`SIGINT`/`SIGHUP`: 128 + that
+/// signal). Set-up failures are `Err`, and nothing was `exec`ed.
+///
+/// The runner must:
+/// - run this as root, in a fresh single-threaded process;
+/// - give each live sandbox its own `host_uid` range of two ids
+///   (`host_uid`, `host_uid + 1`, both ≥ 10000 and used by nothing else),
+///   and a unique `cgroup` name (`[A-Za-z0-9_.-]`);
+/// - put input files in `policy.workdir` before starting: they are copied
+///   into the sandbox's `/work` (a tmpfs of `limits.disk_bytes`); nothing is
+///   copied back;
+/// - make the gateway socket connectable by host uid `host_uid` (or mode 0666);
+/// - bind targets that do not exist must be outside the read-only system
+///   folders (`/run/...`, `/opt/...`), e.g. the `asbx` binary at
+///   `/run/asbx/bin/asbx` inside the bound run folder, or on its own path;
+/// - call [`seal_agent`] first thing in `asbx agent`;
+/// - after a supervisor was SIGKILLed, its cleanup guard removes the
+///   cgroups; [`remove_leftover_cgroups`] is there if the guard was killed too.
+pub fn run_jail(policy: &JailPolicy) -> Result<i32, JailError> {
+    supervisor::run(policy)
+}
+
+/// Probe each layer `profile` needs on this host. The runner refuses to
+/// start when [`LayerReport::missing`] is not empty.
+pub fn check(profile: JailProfile) -> LayerReport {
+    check::check(profile)
+}
+
+/// For the agent, first thing after start: drop the ambient and inheritable
+/// capability sets, so `CAP_SETUID`/`CAP_SETGID` stay with the agent process
+/// but nothing it `exec`s (its tools) inherits them. Harmless outside a jail.
+pub fn seal_agent() -> Result<(), JailError> {
+    let err = |e: std::io::Error| JailError::Host(format!("capabilities: {e}"));
+    sys::ambient_clear().map_err(err)?;
+    let (effective, permitted, _) = sys::capget().map_err(err)?;
+    sys::capset(effective, permitted, 0).map_err(err)
+}
+
+/// What the sandbox side needs, computed by the supervisor before `clone`.
+pub(crate) struct Plan {
+    root: rootfs::RootPlan,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    filters: seccomp::Filters,
+    landlock: bool,
+    writable: Vec<PathBuf>,
+    cgroup_procs: Vec<PathBuf>,
+    nofile: Option<u64>,
+}
+
+/// The lowest host uid a sandbox may be mapped to.
+pub const MIN_HOST_UID: u32 = 10_000;
+
+fn cstring(s: &str, what: &str) -> Result<CString, JailError> {
+    CString::new(s).map_err(|_| JailError::Policy(format!("{what} contains a NUL byte")))
+}
+
+impl Plan {
+    fn new(policy: &JailPolicy) -> Result<Plan, JailError> {
+        if policy.argv.is_empty() {
+            return Err(JailError::Policy("argv is empty".into()));
+        }
+        if policy.host_uid < MIN_HOST_UID
+            || policy.host_uid >= u32::MAX - 2
+            || policy.host_uid == 65534
+        {
+            return Err(JailError::Policy(format!(
+                "host_uid {} must be at least {MIN_HOST_UID}",
+                policy.host_uid
+            )));
+        }
+        if !cgroup::valid_name(&policy.cgroup) {
+            return Err(JailError::Policy(format!(
+                "invalid cgroup name {:?}",
+                policy.cgroup
+            )));
+        }
+        let argv = policy
+            .argv
+            .iter()
+            .map(|a| cstring(a, "argv"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let env = policy
+            .env
+            .iter()
+            .map(|(k, v)| {
+                if k.is_empty() || k.contains('=') {
+                    return Err(JailError::Policy(format!("invalid environment name {k:?}")));
+                }
+                cstring(&format!("{k}={v}"), "env")
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let root = rootfs::RootPlan::new(policy)?;
+        let writable = rootfs::writable_roots(&root);
+        Ok(Plan {
+            root,
+            argv,
+            env,
+            filters: seccomp::build()?,
+            landlock: matches!(policy.profile, JailProfile::Strict),
+            writable,
+            cgroup_procs: Vec::new(),
+            nofile: policy.limits.nofile,
+        })
+    }
+}

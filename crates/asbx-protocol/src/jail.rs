@@ -9,6 +9,19 @@ pub const WORKDIR_IN_JAIL: &str = "/work";
 /// Where the runner's files (gateway socket) appear inside every sandbox.
 pub const RUN_DIR_IN_JAIL: &str = "/run/asbx";
 
+/// Uid the sandbox's main process (the agent) runs as inside the sandbox.
+/// Maps to host uid `JailPolicy::host_uid`.
+pub const AGENT_UID: u32 = 1000;
+/// Gid of the agent and of its tools inside the sandbox (host gid `host_uid`).
+pub const AGENT_GID: u32 = 1000;
+/// Uid tools spawned by the agent run as (host uid `host_uid + 1`). The agent
+/// keeps `CAP_SETUID`/`CAP_SETGID` (and nothing else) to switch to it.
+pub const TOOL_UID: u32 = 1001;
+/// Gid tools run as; shared with the agent so both can write the working directory.
+pub const TOOL_GID: u32 = 1000;
+/// Host uids (and gids) one sandbox uses: `host_uid .. host_uid + HOST_IDS_PER_SANDBOX`.
+pub const HOST_IDS_PER_SANDBOX: u32 = 2;
+
 /// One sandbox.
 ///
 /// - `workdir`: host folder, fresh per dispatch, mounted read-write at [`WORKDIR_IN_JAIL`].
@@ -86,10 +99,23 @@ pub struct LayerReport {
     pub layers: Vec<Layer>,
 }
 
+impl LayerReport {
+    /// The required layers this host lacks; empty means the profile can run.
+    pub fn missing(&self) -> Vec<&Layer> {
+        self.layers
+            .iter()
+            .filter(|l| l.required && !l.available)
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Layer {
     pub name: String,
     pub available: bool,
+    /// Whether the profile that was checked needs this layer.
+    #[serde(default)]
+    pub required: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }

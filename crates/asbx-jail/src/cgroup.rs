@@ -1,0 +1,370 @@
+//! Per-sandbox cgroups: memory, pids and cpu bounds, and the kill switch
+//! used at teardown.
+//!
+//! - cgroup v1 (one hierarchy per controller): `<root>/{memory,pids,cpu}/asbx/<name>`,
+//!   with `memory.limit_in_bytes` (+ `memory.memsw.limit_in_bytes` when swap
+//!   accounting exists), `pids.max`, `cpu.cfs_period_us`/`cpu.cfs_quota_us`.
+//! - cgroup v2 (when `<root>` is a cgroup2 mount with memory, pids and cpu
+//!   available): `<root>/asbx/<name>` with `memory.max`, `memory.swap.max`,
+//!   `pids.max`, `cpu.max`; teardown writes `cgroup.kill`.
+//!
+//! The supervisor creates the directories and writes the limits before
+//! `clone`; the sandbox's init joins them by writing `0` (itself) to each
+//! `cgroup.procs` before anything else runs. The shared parent `asbx`
+//! directory is left in place; the per-sandbox directory is removed.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use asbx_protocol::jail::ResourceLimits;
+
+use crate::JailError;
+
+/// The default mount point of the cgroup file systems.
+pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// The parent folder of every sandbox cgroup, under each hierarchy.
+pub(crate) const PARENT: &str = "asbx";
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Which cgroup layout this host has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// One hierarchy per controller: the memory, pids and cpu mount points.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: PathBuf,
+    },
+    /// The unified hierarchy.
+    V2 { root: PathBuf },
+}
+
+impl Layout {
+    /// Find a usable layout under `root`, or say why there is none.
+    pub(crate) fn detect(root: &Path) -> Result<Layout, String> {
+        if is_cgroup2(root) {
+            let controllers = fs::read_to_string(root.join("cgroup.controllers"))
+                .map_err(|e| format!("{}: {e}", root.display()))?;
+            let have: Vec<&str> = controllers.split_whitespace().collect();
+            let missing: Vec<&str> = ["memory", "pids", "cpu"]
+                .into_iter()
+                .filter(|c| !have.contains(c))
+                .collect();
+            if missing.is_empty() {
+                return Ok(Layout::V2 {
+                    root: root.to_path_buf(),
+                });
+            }
+            return Err(format!("cgroup2 lacks controllers: {}", missing.join(", ")));
+        }
+        let memory = root.join("memory");
+        let pids = root.join("pids");
+        let cpu = root.join("cpu");
+        let needs = [
+            memory.join("memory.limit_in_bytes"),
+            pids.join("cgroup.procs"),
+            cpu.join("cpu.cfs_quota_us"),
+        ];
+        let missing: Vec<String> = needs
+            .iter()
+            .filter(|p| !p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        if missing.is_empty() {
+            Ok(Layout::V1 { memory, pids, cpu })
+        } else {
+            Err(format!(
+                "no cgroup v1 controllers: missing {}",
+                missing.join(", ")
+            ))
+        }
+    }
+
+    /// The per-sandbox directories for `name`, one per hierarchy.
+    pub(crate) fn dirs(&self, name: &str) -> Vec<PathBuf> {
+        match self {
+            Layout::V1 { memory, pids, cpu } => [memory, pids, cpu]
+                .iter()
+                .map(|h| h.join(PARENT).join(name))
+                .collect(),
+            Layout::V2 { root } => vec![root.join(PARENT).join(name)],
+        }
+    }
+}
+
+// The statfs type is a c_long whose width varies by platform.
+#[allow(clippy::unnecessary_cast)]
+fn is_cgroup2(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .map(|s| s.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC)
+        .unwrap_or(false)
+}
+
+/// Check a cgroup name: a single path component of safe characters.
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// The cgroups of one sandbox. Dropping it kills what is left and removes them.
+#[derive(Debug)]
+pub(crate) struct Cgroups {
+    layout: Layout,
+    dirs: Vec<PathBuf>,
+}
+
+fn write(path: &Path, value: &str) -> Result<(), JailError> {
+    fs::write(path, value).map_err(|e| JailError::Cgroup(format!("{}: {e}", path.display())))
+}
+
+fn mkdir(path: &Path) -> Result<bool, JailError> {
+    match fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(JailError::Cgroup(format!("{}: {e}", path.display()))),
+    }
+}
+
+impl Cgroups {
+    /// Create the sandbox's cgroups and write its limits.
+    pub(crate) fn create(
+        layout: Layout,
+        name: &str,
+        limits: &ResourceLimits,
+    ) -> Result<Cgroups, JailError> {
+        if !valid_name(name) {
+            return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
+        }
+        let mut me = Cgroups {
+            layout,
+            dirs: Vec::new(),
+        };
+        match me.layout.clone() {
+            Layout::V1 { memory, pids, cpu } => {
+                for h in [&memory, &pids, &cpu] {
+                    mkdir(&h.join(PARENT))?;
+                    let dir = h.join(PARENT).join(name);
+                    if !mkdir(&dir)? {
+                        return Err(JailError::Cgroup(format!(
+                            "{} already exists (a leftover of a killed supervisor?)",
+                            dir.display()
+                        )));
+                    }
+                    me.dirs.push(dir);
+                }
+                let [m, p, c] = [&me.dirs[0], &me.dirs[1], &me.dirs[2]];
+                if let Some(bytes) = limits.memory_bytes {
+                    write(&m.join("memory.limit_in_bytes"), &bytes.to_string())?;
+                    let memsw = m.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        write(&memsw, &bytes.to_string())?;
+                    }
+                }
+                if let Some(n) = limits.pids {
+                    write(&p.join("pids.max"), &n.to_string())?;
+                }
+                if let Some(pct) = limits.cpu_percent {
+                    write(&c.join("cpu.cfs_period_us"), "100000")?;
+                    let quota = u64::from(pct.max(1)) * 1000;
+                    write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                }
+            }
+            Layout::V2 { root } => {
+                let parent = root.join(PARENT);
+                write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                mkdir(&parent)?;
+                write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                let dir = parent.join(name);
+                if !mkdir(&dir)? {
+                    return Err(JailError::Cgroup(format!(
+                        "{} already exists",
+                        dir.display()
+                    )));
+                }
+                me.dirs.push(dir.clone());
+                if let Some(bytes) = limits.memory_bytes {
+                    write(&dir.join("memory.max"), &bytes.to_string())?;
+                    let swap = dir.join("memory.swap.max");
+                    if swap.exists() {
+                        write(&swap, "0")?;
+                    }
+                }
+                if let Some(n) = limits.pids {
+                    write(&dir.join("pids.max"), &n.to_string())?;
+                }
+                if let Some(pct) = limits.cpu_percent {
+                    let quota = u64::from(pct.max(1)) * 1000;
+                    write(&dir.join("cpu.max"), &format!("{quota} 100000"))?;
+                }
+            }
+        }
+        Ok(me)
+    }
+
+    /// The `cgroup.procs` files the sandbox's init writes itself into.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// The layout the cgroups were created in.
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The per-sandbox directories.
+    pub(crate) fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Kill every process left in the cgroups and remove them.
+    pub(crate) fn destroy(&mut self) -> Result<(), JailError> {
+        if self.dirs.is_empty() {
+            return Ok(());
+        }
+        destroy_dirs(&self.layout, &self.dirs)?;
+        self.dirs.clear();
+        Ok(())
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}
+
+fn kill_members(dir: &Path) -> bool {
+    let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
+        return false;
+    };
+    let mut any = false;
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        any = true;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    any
+}
+
+/// Kill what is left in `dirs` and remove them. Missing directories are fine.
+pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), JailError> {
+    let mut last_err = None;
+    for dir in dirs {
+        if !dir.exists() {
+            continue;
+        }
+        if matches!(layout, Layout::V2 { .. }) {
+            let _ = fs::write(dir.join("cgroup.kill"), "1");
+        }
+        // Normally empty: the sandbox's processes died with its pid namespace
+        // before the supervisor reaped init. A removal can still race with the
+        // kernel releasing the last task, so retry briefly.
+        let mut removed = false;
+        for attempt in 0..200u32 {
+            kill_members(dir);
+            match fs::remove_dir(dir) {
+                Ok(()) => {
+                    removed = true;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    removed = true;
+                    break;
+                }
+                Err(e) => {
+                    last_err = Some(format!("{}: {e}", dir.display()));
+                    if attempt < 10 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+        if removed {
+            continue;
+        }
+    }
+    match dirs.iter().any(|d| d.exists()) {
+        true => Err(JailError::Cgroup(
+            last_err.unwrap_or_else(|| "cgroup not removed".into()),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// Remove the cgroups of sandbox `name`, killing what is left in them. For
+/// the runner to call after a supervisor was SIGKILLed (it could not clean up).
+pub fn remove_leftover_cgroups(name: &str) -> Result<(), JailError> {
+    if !valid_name(name) {
+        return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
+    }
+    let layout = Layout::detect(Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
+    let dirs = layout.dirs(name);
+    destroy_dirs(&layout, &dirs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(valid_name("sbx-1_a.b"));
+        assert!(!valid_name(""));
+        assert!(!valid_name(".."));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name("a b"));
+    }
+
+    #[test]
+    fn v1_layout_and_limits_on_a_fake_tree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for (c, f) in [
+            ("memory", "memory.limit_in_bytes"),
+            ("pids", "cgroup.procs"),
+            ("cpu", "cpu.cfs_quota_us"),
+        ] {
+            fs::create_dir_all(root.join(c)).unwrap();
+            fs::write(root.join(c).join(f), "").unwrap();
+        }
+        let layout = Layout::detect(root).unwrap();
+        assert!(matches!(layout, Layout::V1 { .. }));
+        let limits = ResourceLimits::default();
+        let mut cg = Cgroups::create(layout, "t1", &limits).unwrap();
+        let mem = root.join("memory/asbx/t1/memory.limit_in_bytes");
+        assert_eq!(fs::read_to_string(mem).unwrap(), (512u64 << 20).to_string());
+        assert_eq!(
+            fs::read_to_string(root.join("cpu/asbx/t1/cpu.cfs_quota_us")).unwrap(),
+            "100000"
+        );
+        assert_eq!(
+            fs::read_to_string(root.join("pids/asbx/t1/pids.max")).unwrap(),
+            "256"
+        );
+        // A plain directory with files is not removable like a cgroup; clear it.
+        for d in cg.dirs().to_vec() {
+            for e in fs::read_dir(&d).unwrap() {
+                fs::remove_file(e.unwrap().path()).unwrap();
+            }
+        }
+        cg.destroy().unwrap();
+        assert!(!root.join("memory/asbx/t1").exists());
+    }
+
+    #[test]
+    fn missing_controllers_are_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(Layout::detect(tmp.path()).is_err());
+    }
+}

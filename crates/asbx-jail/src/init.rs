@@ -1,0 +1,175 @@
+//! The sandbox side: what the child of the supervisor's `clone` does.
+//!
+//! It starts as host root in fresh mount, pid, net, ipc and uts namespaces
+//! (pid 1 of its pid namespace) and, in order: joins the sandbox cgroups,
+//! unshares the cgroup namespace, sets rlimits, builds the root file system,
+//! sets the hostname, brings up loopback, unshares the user namespace and
+//! waits for the supervisor to write its id maps, becomes the agent user,
+//! arms `PDEATHSIG`, sets `no_new_privs`, Landlock and seccomp, then forks the
+//! main process, which `exec`s `policy.argv`. It stays as the namespace's
+//! init: it reaps orphans and, when the main process ends, exits with its
+//! status (128 + signal if killed), which makes the kernel kill everything
+//! else in the namespace.
+//!
+//! Any failure is written to the supervisor as `E<message>` and ends the
+//! process before anything is `exec`ed.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::stat::{Mode, umask};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+
+use crate::sys::{self, Forked};
+use crate::{JailError, Plan, fsrules, ids, rootfs, seccomp};
+
+/// The init's exit code when set-up failed (the supervisor reports the message instead).
+const SETUP_FAILED: i32 = 125;
+
+/// Run the sandbox side. Never returns.
+pub(crate) fn run(plan: &Plan, up: File, down: File) -> ! {
+    let mut up = up;
+    match catch_unwind(AssertUnwindSafe(|| prepare(plan, &mut up, &down))) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => fail(&mut up, &e.to_string(), SETUP_FAILED),
+        Err(_) => fail(&mut up, "panic during sandbox set-up", SETUP_FAILED),
+    }
+    match sys::clone_fork(0) {
+        Err(e) => fail(&mut up, &format!("fork: {e}"), SETUP_FAILED),
+        Ok(Forked::Child) => {
+            let e = match catch_unwind(AssertUnwindSafe(|| exec_main(plan))) {
+                Ok(e) => e.to_string(),
+                Err(_) => "panic before exec".to_string(),
+            };
+            fail(&mut up, &e, 127)
+        }
+        Ok(Forked::Parent(main)) => {
+            drop(up);
+            drop(down);
+            reap(main)
+        }
+    }
+}
+
+fn fail(up: &mut File, msg: &str, code: i32) -> ! {
+    let _ = up.write_all(format!("E{msg}").as_bytes());
+    sys::exit_now(code)
+}
+
+fn setup(what: &str, e: impl std::fmt::Display) -> JailError {
+    JailError::Setup(format!("{what}: {e}"))
+}
+
+fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<(), JailError> {
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(|e| setup("sigprocmask", e))?;
+    umask(Mode::empty());
+    for procs in &plan.cgroup_procs {
+        std::fs::write(procs, "0").map_err(|e| setup(&procs.display().to_string(), e))?;
+    }
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| setup("unshare cgroup", e))?;
+    if let Some(n) = plan.nofile {
+        setrlimit(Resource::RLIMIT_NOFILE, n, n).map_err(|e| setup("rlimit nofile", e))?;
+    }
+    setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| setup("rlimit core", e))?;
+
+    rootfs::build(&plan.root)?;
+    nix::unistd::sethostname("sandbox").map_err(|e| setup("sethostname", e))?;
+    sys::loopback_up().map_err(|e| setup("loopback", e))?;
+
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| setup("unshare user", e))?;
+    up.write_all(b"M").map_err(|e| setup("sync", e))?;
+    let mut go = [0u8; 1];
+    let mut down_r = down;
+    match down_r.read(&mut go) {
+        Ok(1) if go[0] == b'G' => {}
+        _ => return Err(JailError::Setup("supervisor went away".into())),
+    }
+    ids::become_agent()?;
+    // Credential changes clear the parent-death signal, so arm it only now,
+    // then make sure the supervisor did not die before it was armed.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| setup("pdeathsig", e))?;
+    fcntl(down, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(|e| setup("fcntl", e))?;
+    match down_r.read(&mut go) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        _ => return Err(JailError::Setup("supervisor went away".into())),
+    }
+    nix::sys::prctl::set_dumpable(false).map_err(|e| setup("dumpable", e))?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| setup("no_new_privs", e))?;
+    if plan.landlock {
+        fsrules::restrict(&plan.writable, true)?;
+    }
+    seccomp::install(&plan.filters)?;
+    Ok(())
+}
+
+/// In the main process: last per-process settings, then `execve`. Returns only on failure.
+fn exec_main(plan: &Plan) -> JailError {
+    sys::reset_signal_dispositions();
+    umask(Mode::from_bits_truncate(0o002));
+    let program = match resolve(plan) {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    if let Err(e) = sys::cloexec_from(3) {
+        return setup("close_range", e);
+    }
+    match nix::unistd::execve(&program, &plan.argv, &plan.env) {
+        Err(e) => setup(&format!("exec {}", program.to_string_lossy()), e),
+        Ok(never) => match never {},
+    }
+}
+
+/// Find `argv[0]` like `execvp` does, in the `PATH` of the policy's environment.
+fn resolve(plan: &Plan) -> Result<CString, JailError> {
+    let Some(first) = plan.argv.first() else {
+        return Err(JailError::Policy("empty argv".into()));
+    };
+    if first.as_bytes().contains(&b'/') {
+        return Ok(first.clone());
+    }
+    let path = plan
+        .env
+        .iter()
+        .find_map(|kv| kv.as_bytes().strip_prefix(b"PATH="))
+        .unwrap_or(b"/usr/local/bin:/usr/bin:/bin");
+    for dir in path.split(|b| *b == b':').filter(|d| !d.is_empty()) {
+        let candidate = Path::new(std::ffi::OsStr::from_bytes(dir))
+            .join(std::ffi::OsStr::from_bytes(first.as_bytes()));
+        if nix::unistd::access(&candidate, nix::unistd::AccessFlags::X_OK).is_ok()
+            && candidate.is_file()
+        {
+            return path_cstring(candidate);
+        }
+    }
+    Err(JailError::Setup(format!(
+        "{} not found in PATH",
+        first.to_string_lossy()
+    )))
+}
+
+fn path_cstring(p: PathBuf) -> Result<CString, JailError> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|e| JailError::Policy(e.to_string()))
+}
+
+/// Reap every child; when `main` ends, exit with its status.
+fn reap(main: libc::pid_t) -> ! {
+    let main = nix::unistd::Pid::from_raw(main);
+    loop {
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == main => sys::exit_now(code),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == main => sys::exit_now(128 + sig as i32),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => sys::exit_now(SETUP_FAILED),
+        }
+    }
+}

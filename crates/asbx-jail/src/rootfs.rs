@@ -1,0 +1,544 @@
+//! The sandbox's file system: a fresh tmpfs root holding read-only binds of
+//! the host's system folders, a curated `/etc`, size-capped `/work` and
+//! `/tmp`, a minimal `/dev` and a fresh `/proc` with sensitive entries hidden.
+//!
+//! Built by the sandbox's init, still host root but already in its own mount
+//! namespace (all mounts are private, nothing propagates to the host, and
+//! everything vanishes with the namespace):
+//!
+//! 1. a tmpfs is mounted on the host path `/tmp` (inside the new namespace
+//!    only) and `pivot_root`ed into, the host tree moving to `/.oldroot`;
+//! 2. the sandbox tree is built in that tmpfs from `/.oldroot/...` sources;
+//! 3. `/.oldroot` is detached and the root remounted read-only.
+//!
+//! **The working directory.** `/work` is a tmpfs of `disk_bytes` owned by the
+//! tool uid and the shared group (mode 2775). The host `policy.workdir` is
+//! copied into it at start (regular files, folders, symlinks; the runner puts
+//! attachments there before starting the jail). Nothing is written back to
+//! the host folder: the agent returns files over the gateway and the runner
+//! deletes the host folder afterwards. The tmpfs pages are charged to the
+//! sandbox's memory cgroup and are freed with its mount namespace.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, lchown, symlink};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+
+use asbx_protocol::jail::{AGENT_GID, AGENT_UID, JailPolicy, TOOL_UID, WORKDIR_IN_JAIL};
+
+use crate::JailError;
+
+/// Where the host tree sits while the sandbox root is being built.
+const OLD: &str = "/.oldroot";
+/// The host folder the new root tmpfs is mounted on (in the private namespace only).
+const BASE: &str = "/tmp";
+
+/// Host system folders made visible read-only (or recreated as symlinks).
+const SYSTEM: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32"];
+
+/// `/etc` entries taken from the host: files are copied, folders bound
+/// read-only, symlinks recreated. Nothing else of the host's `/etc` is visible.
+const ETC: [&str; 30] = [
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "bash.bashrc",
+    "profile",
+    "profile.d",
+    "inputrc",
+    "environment",
+    "mime.types",
+    "protocols",
+    "services",
+    "networks",
+    "rpc",
+    "host.conf",
+    "gai.conf",
+    "os-release",
+    "debian_version",
+    "shells",
+    "magic",
+    "magic.mime",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "alternatives",
+    "python3",
+    "python3.11",
+    "gitconfig",
+];
+
+/// `/proc` entries remounted read-only.
+const PROC_READ_ONLY: [&str; 5] = ["sys", "sysrq-trigger", "irq", "bus", "fs"];
+/// `/proc` files hidden behind `/dev/null`.
+const PROC_MASKED: [&str; 6] = [
+    "kcore",
+    "keys",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+    "kallsyms",
+];
+
+/// What to bind: a canonical host path and where it appears.
+#[derive(Debug, Clone)]
+pub(crate) struct Bind {
+    pub(crate) source: PathBuf,
+    pub(crate) target: PathBuf,
+    pub(crate) writable: bool,
+    pub(crate) is_dir: bool,
+}
+
+/// How one host system folder appears in the sandbox.
+#[derive(Debug, Clone)]
+enum System {
+    Symlink(String, PathBuf),
+    Dir(String),
+}
+
+/// Everything the init needs to build the root, computed by the supervisor.
+#[derive(Debug, Clone)]
+pub(crate) struct RootPlan {
+    system: Vec<System>,
+    workdir: PathBuf,
+    binds: Vec<Bind>,
+    disk_bytes: Option<u64>,
+    /// Host uid owning `/work` (the tool uid's host id).
+    work_uid: u32,
+    /// Host gid of the shared group.
+    work_gid: u32,
+}
+
+fn policy_err(msg: String) -> JailError {
+    JailError::Policy(msg)
+}
+
+impl RootPlan {
+    /// Check the policy's paths on the host and plan the tree.
+    pub(crate) fn new(policy: &JailPolicy) -> Result<RootPlan, JailError> {
+        let workdir = fs::canonicalize(&policy.workdir)
+            .map_err(|e| policy_err(format!("workdir {}: {e}", policy.workdir)))?;
+        if !workdir.is_dir() {
+            return Err(policy_err(format!(
+                "workdir {} is not a folder",
+                policy.workdir
+            )));
+        }
+        let mut system = Vec::new();
+        for name in SYSTEM {
+            let host = Path::new("/").join(name);
+            match fs::symlink_metadata(&host) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    let to = fs::read_link(&host).map_err(|e| JailError::Host(e.to_string()))?;
+                    system.push(System::Symlink(name.to_string(), to));
+                }
+                Ok(m) if m.is_dir() => system.push(System::Dir(name.to_string())),
+                _ => {}
+            }
+        }
+        let mut binds = Vec::new();
+        for b in &policy.binds {
+            let target = PathBuf::from(&b.target);
+            if !target.is_absolute()
+                || target.components().any(|c| {
+                    !matches!(
+                        c,
+                        std::path::Component::Normal(_) | std::path::Component::RootDir
+                    )
+                })
+                || target == Path::new("/")
+            {
+                return Err(policy_err(format!(
+                    "bind target {} must be a normalized absolute path",
+                    b.target
+                )));
+            }
+            for reserved in ["/proc", "/dev", WORKDIR_IN_JAIL, "/tmp"] {
+                if target.starts_with(reserved) {
+                    return Err(policy_err(format!(
+                        "bind target {} is inside {reserved}",
+                        b.target
+                    )));
+                }
+            }
+            let source = fs::canonicalize(&b.source)
+                .map_err(|e| policy_err(format!("bind source {}: {e}", b.source)))?;
+            let is_dir = source.is_dir();
+            binds.push(Bind {
+                source,
+                target,
+                writable: b.writable,
+                is_dir,
+            });
+        }
+        // Parents before children.
+        binds.sort_by_key(|b| b.target.components().count());
+        Ok(RootPlan {
+            system,
+            workdir,
+            binds,
+            disk_bytes: policy.limits.disk_bytes,
+            work_uid: policy.host_uid + 1,
+            work_gid: policy.host_uid,
+        })
+    }
+
+    /// The in-sandbox targets of the binds, with whether they are writable.
+    pub(crate) fn bind_targets(&self) -> impl Iterator<Item = (&Path, bool)> {
+        self.binds.iter().map(|b| (b.target.as_path(), b.writable))
+    }
+}
+
+fn sys(what: &str, path: impl AsRef<Path>, e: impl std::fmt::Display) -> JailError {
+    JailError::Setup(format!("{what} {}: {e}", path.as_ref().display()))
+}
+
+fn old(host: &Path) -> PathBuf {
+    Path::new(OLD).join(host.strip_prefix("/").unwrap_or(host))
+}
+
+fn mnt(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), JailError> {
+    mount(source, target, fstype, flags, data).map_err(|e| sys("mount", target, e))
+}
+
+fn tmpfs(target: &Path, flags: MsFlags, data: &str) -> Result<(), JailError> {
+    mnt(
+        Some(Path::new("tmpfs")),
+        target,
+        Some("tmpfs"),
+        flags,
+        Some(data),
+    )
+}
+
+/// Bind `source` on `target` (not recursively: host submounts stay hidden)
+/// and remount it with `flags` (read-only unless writable).
+fn bind(source: &Path, target: &Path, writable: bool) -> Result<(), JailError> {
+    mnt(Some(source), target, None, MsFlags::MS_BIND, None)?;
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if !writable {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    mnt(None, target, None, flags, None)
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<(), JailError> {
+    match fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(sys("mkdir", path, e)),
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| sys("chmod", path, e))
+}
+
+fn write_file(path: &Path, content: &str) -> Result<(), JailError> {
+    fs::write(path, content).map_err(|e| sys("write", path, e))
+}
+
+/// Build the sandbox root and enter it. Ends with the cwd at `/work`, the
+/// host tree detached and `/` read-only.
+pub(crate) fn build(plan: &RootPlan) -> Result<(), JailError> {
+    let root = Path::new("/");
+    mnt(
+        None,
+        root,
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+    )?;
+    let base = Path::new(BASE);
+    tmpfs(
+        base,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        "size=4m,nr_inodes=4096,mode=0755",
+    )?;
+    let base_old = base.join(OLD.trim_start_matches('/'));
+    mkdir(&base_old, 0o700)?;
+    nix::unistd::pivot_root(base, &base_old).map_err(|e| sys("pivot_root", base, e))?;
+    nix::unistd::chdir(root).map_err(|e| sys("chdir", root, e))?;
+
+    for s in &plan.system {
+        match s {
+            System::Symlink(name, to) => {
+                symlink(to, root.join(name)).map_err(|e| sys("symlink", name, e))?;
+            }
+            System::Dir(name) => {
+                let target = root.join(name);
+                mkdir(&target, 0o755)?;
+                bind(&old(&target), &target, false)?;
+            }
+        }
+    }
+    build_etc()?;
+
+    let size = |default: &str| match plan.disk_bytes {
+        Some(n) => format!("size={n}"),
+        None => default.to_string(),
+    };
+    let work = Path::new(WORKDIR_IN_JAIL);
+    mkdir(work, 0o755)?;
+    tmpfs(
+        work,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!(
+            "{},mode=2775,uid={},gid={}",
+            size("size=50%"),
+            plan.work_uid,
+            plan.work_gid
+        ),
+    )?;
+    copy_tree(&old(&plan.workdir), work, plan.work_uid, plan.work_gid, 0)?;
+
+    let tmp = Path::new("/tmp");
+    mkdir(tmp, 0o755)?;
+    tmpfs(
+        tmp,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("{},mode=1777", size("size=50%")),
+    )?;
+
+    build_dev(plan)?;
+    build_proc()?;
+
+    mkdir(Path::new("/run"), 0o755)?;
+    mkdir(Path::new("/home"), 0o755)?;
+    let root_dev = fs::metadata(root).map_err(|e| sys("stat", root, e))?.dev();
+    for b in &plan.binds {
+        make_mount_point(&b.target, b.is_dir, root_dev)?;
+        bind(&old(&b.source), &b.target, b.writable)?;
+    }
+
+    umount2(OLD, MntFlags::MNT_DETACH).map_err(|e| sys("umount", OLD, e))?;
+    fs::remove_dir(OLD).map_err(|e| sys("rmdir", OLD, e))?;
+    mnt(
+        None,
+        root,
+        None,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )?;
+    nix::unistd::chdir(work).map_err(|e| sys("chdir", work, e))?;
+    Ok(())
+}
+
+/// Create a mount point for a bind, refusing to create anything outside the
+/// sandbox's own root tmpfs (e.g. inside a read-only host bind).
+fn make_mount_point(target: &Path, is_dir: bool, root_dev: u64) -> Result<(), JailError> {
+    if fs::symlink_metadata(target).is_ok() {
+        return Ok(());
+    }
+    let mut existing = target.parent();
+    while let Some(p) = existing {
+        if p.exists() {
+            break;
+        }
+        existing = p.parent();
+    }
+    let anchor = existing.unwrap_or(Path::new("/"));
+    let dev = fs::metadata(anchor)
+        .map_err(|e| sys("stat", anchor, e))?
+        .dev();
+    if dev != root_dev {
+        return Err(JailError::Setup(format!(
+            "bind target {} does not exist and {} is not on the sandbox root; \
+             pick a target outside the system folders",
+            target.display(),
+            anchor.display()
+        )));
+    }
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent).map_err(|e| sys("mkdir", parent, e))?;
+    }
+    if is_dir {
+        mkdir(target, 0o755)
+    } else {
+        fs::File::create(target)
+            .map(drop)
+            .map_err(|e| sys("create", target, e))
+    }
+}
+
+fn build_etc() -> Result<(), JailError> {
+    let etc = Path::new("/etc");
+    mkdir(etc, 0o755)?;
+    write_file(
+        &etc.join("passwd"),
+        &format!(
+            "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+             agent:x:{AGENT_UID}:{AGENT_GID}:asbx agent:{WORKDIR_IN_JAIL}:/bin/bash\n\
+             tool:x:{TOOL_UID}:{AGENT_GID}:asbx tool:{WORKDIR_IN_JAIL}:/bin/bash\n\
+             nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+    )?;
+    write_file(
+        &etc.join("group"),
+        &format!("root:x:0:\nagent:x:{AGENT_GID}:tool\nnogroup:x:65534:\n"),
+    )?;
+    write_file(
+        &etc.join("hosts"),
+        "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    )?;
+    write_file(&etc.join("hostname"), "sandbox\n")?;
+    for name in ETC {
+        let host = Path::new(OLD).join("etc").join(name);
+        let dst = etc.join(name);
+        let Ok(meta) = fs::symlink_metadata(&host) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            let to = fs::read_link(&host).map_err(|e| sys("readlink", &host, e))?;
+            symlink(to, &dst).map_err(|e| sys("symlink", &dst, e))?;
+        } else if meta.is_dir() {
+            mkdir(&dst, 0o755)?;
+            bind(&host, &dst, false)?;
+        } else if meta.is_file() {
+            fs::copy(&host, &dst).map_err(|e| sys("copy", &host, e))?;
+        }
+    }
+    Ok(())
+}
+
+fn build_dev(plan: &RootPlan) -> Result<(), JailError> {
+    let dev = Path::new("/dev");
+    mkdir(dev, 0o755)?;
+    tmpfs(
+        dev,
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        "size=64k,nr_inodes=64,mode=0755",
+    )?;
+    let rw = Mode::from_bits_truncate(0o666);
+    for (name, major, minor) in [
+        ("null", 1, 3),
+        ("zero", 1, 5),
+        ("full", 1, 7),
+        ("random", 1, 8),
+        ("urandom", 1, 9),
+        ("tty", 5, 0),
+    ] {
+        let p = dev.join(name);
+        mknod(&p, SFlag::S_IFCHR, rw, makedev(major, minor)).map_err(|e| sys("mknod", &p, e))?;
+    }
+    for (name, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+        ("core", "/proc/kcore"),
+    ] {
+        symlink(to, dev.join(name)).map_err(|e| sys("symlink", name, e))?;
+    }
+    let pts = dev.join("pts");
+    mkdir(&pts, 0o755)?;
+    mnt(
+        Some(Path::new("devpts")),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )?;
+    let shm = dev.join("shm");
+    mkdir(&shm, 0o1777)?;
+    let shm_size = plan.disk_bytes.unwrap_or(64 << 20).min(64 << 20);
+    tmpfs(
+        &shm,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        &format!("size={shm_size},mode=1777"),
+    )?;
+    mnt(
+        None,
+        dev,
+        None,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        None,
+    )
+}
+
+fn build_proc() -> Result<(), JailError> {
+    let proc_ = Path::new("/proc");
+    mkdir(proc_, 0o555)?;
+    mnt(
+        Some(Path::new("proc")),
+        proc_,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None,
+    )?;
+    for name in PROC_READ_ONLY {
+        let p = proc_.join(name);
+        if p.exists() {
+            bind(&p, &p, false)?;
+        }
+    }
+    let null = Path::new("/dev/null");
+    for name in PROC_MASKED {
+        let p = proc_.join(name);
+        if p.exists() {
+            mnt(Some(null), &p, None, MsFlags::MS_BIND, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copy the host working directory into `/work`: folders, regular files and
+/// symlinks (as links, never followed), owned by the sandbox's ids.
+fn copy_tree(src: &Path, dst: &Path, uid: u32, gid: u32, depth: u32) -> Result<(), JailError> {
+    if depth > 64 {
+        return Err(JailError::Setup(format!(
+            "{} is nested too deep",
+            src.display()
+        )));
+    }
+    let entries = fs::read_dir(src).map_err(|e| sys("read", src, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| sys("read", src, e))?;
+        let name: &OsStr = &entry.file_name();
+        let from = src.join(name);
+        let to = dst.join(name);
+        let ft = entry.file_type().map_err(|e| sys("stat", &from, e))?;
+        if ft.is_symlink() {
+            let link = fs::read_link(&from).map_err(|e| sys("readlink", &from, e))?;
+            symlink(link, &to).map_err(|e| sys("symlink", &to, e))?;
+        } else if ft.is_dir() {
+            mkdir(&to, 0o2775)?;
+            copy_tree(&from, &to, uid, gid, depth + 1)?;
+        } else if ft.is_file() {
+            fs::copy(&from, &to).map_err(|e| sys("copy", &from, e))?;
+            let mode = fs::metadata(&to).map_err(|e| sys("stat", &to, e))?.mode();
+            fs::set_permissions(&to, fs::Permissions::from_mode((mode & 0o777) | 0o660))
+                .map_err(|e| sys("chmod", &to, e))?;
+        } else {
+            continue;
+        }
+        lchown(&to, Some(uid), Some(gid)).map_err(|e| sys("chown", &to, e))?;
+    }
+    Ok(())
+}
+
+/// Paths the sandbox may write (for the Landlock rules): `/work`, `/tmp`,
+/// `/dev/shm`, and the writable binds. The run folder is listed for reading.
+pub(crate) fn writable_roots(plan: &RootPlan) -> Vec<PathBuf> {
+    let mut v = vec![
+        PathBuf::from(WORKDIR_IN_JAIL),
+        PathBuf::from("/tmp"),
+        PathBuf::from("/dev/shm"),
+    ];
+    v.extend(
+        plan.bind_targets()
+            .filter(|(_, w)| *w)
+            .map(|(p, _)| p.to_path_buf()),
+    );
+    v
+}

@@ -1,0 +1,259 @@
+//! The host side: what `run_jail` does in the `asbx jail` process.
+//!
+//! 1. plan everything that can be computed up front (paths, seccomp
+//!    programs, C strings), so the sandbox side does as little as possible;
+//! 2. create the cgroups and write their limits;
+//! 3. start a tiny cleanup guard process (see below);
+//! 4. block `SIGTERM`/`SIGINT`/`SIGHUP`/`SIGCHLD` and `clone` the sandbox's
+//!    init with new mount, pid, net, ipc and uts namespaces;
+//! 5. write the init's uid/gid maps when it asks (one pipe round trip), then
+//!    read its set-up channel until end-of-file: silence means the main
+//!    process `exec`ed, `E<message>` means set-up failed;
+//! 6. wait for init to exit, or for a signal, which kills init (and with it
+//!    the whole pid namespace) at once;
+//! 7. remove the cgroups, stop the guard, return the exit code.
+//!
+//! The cleanup guard is a plain fork of the supervisor, outside every
+//! namespace, holding the read end of a pipe. If the supervisor is
+//! SIGKILLed the pipe reaches end-of-file, the sandbox dies of its
+//! parent-death signal and the guard removes the cgroups the supervisor
+//! could not. In the normal path the supervisor tells it to just exit.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+
+use nix::fcntl::OFlag;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, pipe2};
+
+use asbx_protocol::jail::{JailPolicy, JailProfile};
+
+use crate::cgroup::{CGROUP_ROOT, Cgroups, Layout, destroy_dirs};
+use crate::sys::{self, Forked};
+use crate::{JailError, Plan, ids, init};
+
+const NAMESPACES: libc::c_int = libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+fn pipe() -> Result<(File, File), JailError> {
+    let (r, w): (OwnedFd, OwnedFd) =
+        pipe2(OFlag::O_CLOEXEC).map_err(|e| JailError::Host(format!("pipe: {e}")))?;
+    Ok((File::from(r), File::from(w)))
+}
+
+/// Restores the signal mask when dropped.
+struct MaskGuard(SigSet);
+
+impl Drop for MaskGuard {
+    fn drop(&mut self) {
+        let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&self.0), None);
+    }
+}
+
+/// The cleanup guard process; see the module docs.
+struct Guard {
+    pid: libc::pid_t,
+    pipe: Option<File>,
+}
+
+impl Guard {
+    fn start(cgroups: &Cgroups) -> Result<Guard, JailError> {
+        let (r, w) = pipe()?;
+        let dirs = cgroups.dirs().to_vec();
+        let layout = cgroups.layout().clone();
+        match sys::clone_fork(0).map_err(|e| JailError::Host(format!("fork: {e}")))? {
+            Forked::Child => {
+                drop(w);
+                // Hold none of the runner's pipes open.
+                if let Ok(null) = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open("/dev/null")
+                {
+                    let _ = nix::unistd::dup2_stdin(&null);
+                    let _ = nix::unistd::dup2_stdout(&null);
+                    let _ = nix::unistd::dup2_stderr(&null);
+                }
+                let mut r = r;
+                let mut b = [0u8; 1];
+                let clean = matches!(r.read(&mut b), Ok(1) if b[0] == b'D');
+                if !clean {
+                    let _ = destroy_dirs(&layout, &dirs);
+                }
+                sys::exit_now(0)
+            }
+            Forked::Parent(pid) => {
+                drop(r);
+                Ok(Guard { pid, pipe: Some(w) })
+            }
+        }
+    }
+
+    /// Nothing left to clean: tell the guard to exit, and reap it.
+    fn dismiss(&mut self) {
+        if let Some(mut w) = self.pipe.take() {
+            let _ = w.write_all(b"D");
+            drop(w);
+            let _ = waitpid(Pid::from_raw(self.pid), None);
+        }
+    }
+
+    /// Cleanup failed here: let the guard retry on its own (it sees end-of-file).
+    fn hand_over(&mut self) {
+        self.pipe = None;
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.dismiss();
+    }
+}
+
+/// See [`crate::run_jail`].
+pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
+    let mut plan = Plan::new(policy)?;
+    if !nix::unistd::geteuid().is_root() {
+        return Err(JailError::NotRoot);
+    }
+    let mut cgroups = match policy.profile {
+        JailProfile::Strict => {
+            let layout =
+                Layout::detect(std::path::Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
+            Some(Cgroups::create(layout, &policy.cgroup, &policy.limits)?)
+        }
+        JailProfile::Namespaces => None,
+    };
+    plan.cgroup_procs = cgroups
+        .as_ref()
+        .map(Cgroups::procs_files)
+        .unwrap_or_default();
+
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGCHLD,
+    ] {
+        set.add(s);
+    }
+    let mut old = SigSet::empty();
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut old))
+        .map_err(|e| JailError::Host(format!("sigprocmask: {e}")))?;
+    let _mask = MaskGuard(old);
+    // A SIGCHLD inherited as "ignore" would make the kernel reap init behind our back.
+    sys::default_sigchld().map_err(|e| JailError::Host(format!("signal: {e}")))?;
+
+    let mut guard = match &cgroups {
+        Some(cg) => Some(Guard::start(cg)?),
+        None => None,
+    };
+    let (up_r, up_w) = pipe()?;
+    let (down_r, down_w) = pipe()?;
+    let pid =
+        match sys::clone_fork(NAMESPACES).map_err(|e| JailError::Host(format!("clone: {e}")))? {
+            Forked::Child => {
+                drop(up_r);
+                drop(down_w);
+                init::run(&plan, up_w, down_r)
+            }
+            Forked::Parent(pid) => pid,
+        };
+    drop(up_w);
+    drop(down_r);
+    let init = Pid::from_raw(pid);
+
+    if let Err(e) = handshake(pid, policy.host_uid, up_r, &down_w) {
+        let _ = kill(init, Signal::SIGKILL);
+        let _ = waitpid(init, None);
+        drop(down_w);
+        if let Some(cg) = cgroups.as_mut() {
+            let _ = cg.destroy();
+        }
+        if let Some(g) = guard.as_mut() {
+            g.dismiss();
+        }
+        return Err(e);
+    }
+
+    let code = wait(init, &set);
+    drop(down_w);
+    let cleaned = match cgroups.as_mut().map(Cgroups::destroy) {
+        Some(Err(e)) => {
+            // The run itself is over: report, and let the guard try again.
+            eprintln!("asbx jail: {e}");
+            false
+        }
+        Some(Ok(())) | None => true,
+    };
+    if let Some(g) = guard.as_mut() {
+        if cleaned { g.dismiss() } else { g.hand_over() }
+    }
+    Ok(code)
+}
+
+/// Answer the init's map request, then wait until the main process `exec`ed.
+fn handshake(pid: libc::pid_t, host_uid: u32, up: File, down: &File) -> Result<(), JailError> {
+    let mut up = up;
+    let mut first = [0u8; 1];
+    let n = up
+        .read(&mut first)
+        .map_err(|e| JailError::Host(format!("sync: {e}")))?;
+    if n == 1 && first[0] == b'M' {
+        ids::write_maps(pid, host_uid)?;
+        let mut down = down;
+        down.write_all(b"G")
+            .map_err(|e| JailError::Host(format!("sync: {e}")))?;
+        let mut rest = Vec::new();
+        let _ = up.read_to_end(&mut rest);
+        if rest.is_empty() {
+            return Ok(());
+        }
+        return Err(child_error(&rest));
+    }
+    let mut rest = first[..n].to_vec();
+    let _ = up.read_to_end(&mut rest);
+    if rest.is_empty() {
+        return Err(JailError::Setup("sandbox init died during set-up".into()));
+    }
+    Err(child_error(&rest))
+}
+
+fn child_error(bytes: &[u8]) -> JailError {
+    let text = String::from_utf8_lossy(bytes);
+    JailError::Setup(text.strip_prefix('E').unwrap_or(&text).to_string())
+}
+
+/// Wait for init to end; a termination signal kills it (and the whole pid
+/// namespace) first. Returns init's code, or 128 + the signal received.
+fn wait(init: Pid, set: &SigSet) -> i32 {
+    let mut received: Option<Signal> = None;
+    loop {
+        match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => {
+                return received.map_or(code, |s| 128 + s as i32);
+            }
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                return 128 + received.unwrap_or(sig) as i32;
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return 128 + received.map_or(libc::SIGKILL, |s| s as i32),
+        }
+        match set.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            Ok(sig) => {
+                if received.is_none() {
+                    received = Some(sig);
+                }
+                let _ = kill(init, Signal::SIGKILL);
+            }
+        }
+    }
+}

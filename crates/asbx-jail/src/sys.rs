@@ -1,0 +1,266 @@
+//! Thin wrappers over the few system calls nix does not cover: `clone` with
+//! namespace flags and fork semantics, capability sets, `close_range`,
+//! bringing up the loopback interface, and `_exit`.
+//!
+//! Every `unsafe` block of the crate lives here, each with a SAFETY note.
+
+use std::io;
+
+/// Capability numbers (linux/capability.h) the jail deals with by name.
+pub(crate) const CAP_SETGID: u32 = 6;
+pub(crate) const CAP_SETUID: u32 = 7;
+pub(crate) const CAP_SETPCAP: u32 = 8;
+
+/// What a `clone` returned: which side of it we are on.
+pub(crate) enum Forked {
+    Parent(libc::pid_t),
+    Child,
+}
+
+/// `clone(flags | SIGCHLD)` without a new stack: fork semantics plus
+/// namespace flags, in one system call.
+///
+/// The caller must be single-threaded (the child gets a copy of this thread
+/// only) and the child must end with [`exit_now`] or `execve`, never by
+/// returning into code that assumes it is the original process.
+pub(crate) fn clone_fork(ns_flags: libc::c_int) -> io::Result<Forked> {
+    let flags = (ns_flags | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: raw clone with a NULL stack behaves like fork(2): the child runs
+    // on a copy of the caller's stack. No CLONE_VM/CLONE_SETTLS/CLONE_*TID, so
+    // the remaining pointer arguments are unused. The jail calls this from a
+    // single-threaded process, so no lock can be held by a vanished thread.
+    let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid as libc::pid_t)),
+    }
+}
+
+/// End the calling process now, without running atexit handlers or
+/// destructors (the child of [`clone_fork`] shares them with its parent).
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Set the calling thread's effective, permitted and inheritable sets
+/// (bit masks over capability numbers).
+pub(crate) fn capset(effective: u64, permitted: u64, inheritable: u64) -> io::Result<()> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [
+        CapData {
+            effective: effective as u32,
+            permitted: permitted as u32,
+            inheritable: inheritable as u32,
+        },
+        CapData {
+            effective: (effective >> 32) as u32,
+            permitted: (permitted >> 32) as u32,
+            inheritable: (inheritable >> 32) as u32,
+        },
+    ];
+    // SAFETY: header and data are valid, correctly laid out (v3 takes two
+    // data elements) and live for the duration of the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Read the calling thread's (effective, permitted, inheritable) sets.
+pub(crate) fn capget() -> io::Result<(u64, u64, u64)> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: header and a two-element data array, valid for writes.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok((
+        join(data[0].effective, data[1].effective),
+        join(data[0].permitted, data[1].permitted),
+        join(data[0].inheritable, data[1].inheritable),
+    ))
+}
+
+fn prctl5(option: libc::c_int, a: libc::c_ulong, b: libc::c_ulong) -> io::Result<libc::c_int> {
+    // SAFETY: the prctl options used here (capability bounding and ambient
+    // sets) take integer arguments only; no pointer is passed.
+    let ret = unsafe { libc::prctl(option, a, b, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Highest capability number this kernel knows.
+pub(crate) fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
+/// Drop every capability from the bounding set except those in `keep`.
+/// Needs `CAP_SETPCAP`, which is dropped last.
+pub(crate) fn drop_bounding_except(keep: u64, last: u32) -> io::Result<()> {
+    for cap in (0..=last).filter(|c| *c != CAP_SETPCAP) {
+        if keep & (1 << cap) == 0 {
+            prctl5(libc::PR_CAPBSET_DROP, cap.into(), 0)?;
+        }
+    }
+    if keep & (1 << CAP_SETPCAP) == 0 {
+        prctl5(libc::PR_CAPBSET_DROP, CAP_SETPCAP.into(), 0)?;
+    }
+    Ok(())
+}
+
+/// Raise one capability in the ambient set (it must be permitted and inheritable).
+pub(crate) fn ambient_raise(cap: u32) -> io::Result<()> {
+    prctl5(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+        cap.into(),
+    )
+    .map(drop)
+}
+
+/// Empty the ambient set.
+pub(crate) fn ambient_clear() -> io::Result<()> {
+    prctl5(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+        0,
+    )
+    .map(drop)
+}
+
+/// Mark every descriptor from `first` up close-on-exec.
+pub(crate) fn cloexec_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on
+    // descriptors; it takes integers and closes nothing.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Set `IFF_UP` on the loopback interface of the current network namespace.
+pub(crate) fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket creation; the descriptor is owned right below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes ifru_flags inside `req`,
+    // which is valid for reads and writes.
+    if unsafe { libc::ioctl(raw, libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the union member ifru_flags was just written by the kernel.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: as above, `req` is valid and names the interface.
+    if unsafe { libc::ioctl(raw, libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reset every catchable signal to its default action (exec keeps
+/// "ignored", and Rust ignores `SIGPIPE`, which shells must not inherit).
+pub(crate) fn reset_signal_dispositions() {
+    for sig in 1..=31 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL installs no Rust code as a handler.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+}
+
+/// The Landlock ABI version of the running kernel, or 0 without Landlock.
+pub(crate) fn landlock_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_ulong = 1;
+    // SAFETY: with a NULL attr, size 0 and the VERSION flag the call only
+    // returns a number.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if ret < 0 { 0 } else { ret }
+}
+
+/// Set `SIGCHLD` to its default action.
+pub(crate) fn default_sigchld() -> io::Result<()> {
+    // SAFETY: SIG_DFL installs no handler code.
+    let prev = unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+    if prev == libc::SIG_ERR {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

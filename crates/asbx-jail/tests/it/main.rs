@@ -1,0 +1,37 @@
+//! Integration tests of the jail: real programs in real sandboxes, through
+//! this very binary acting as `asbx jail` (`it __jail <policy-json>`).
+//!
+//! - `cargo test -p asbx-jail --test it` runs every case (root needed;
+//!   cases skip with a message when the host lacks a feature);
+//! - `... -- NAME` runs the cases whose name contains NAME;
+//! - `... -- --bench-startup N` prints start-up and memory figures instead.
+
+// A harness = false test binary: clippy does not know it is test code.
+#![allow(
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub
+)]
+
+mod bench;
+mod harness;
+mod suite;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("__jail") {
+        harness::jail_main(&args);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--bench-startup") {
+        let n = args.get(i + 1).and_then(|s| s.parse().ok()).unwrap_or(200);
+        bench::run(n);
+        return;
+    }
+    let filters: Vec<&str> = args[1..]
+        .iter()
+        .filter(|a| !a.starts_with('-'))
+        .map(String::as_str)
+        .collect();
+    std::process::exit(harness::run_all(suite::cases(), &filters));
+}

@@ -1,0 +1,691 @@
+//! The test cases: each one a real program or attack run inside a sandbox.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::time::{Duration, Instant};
+
+use asbx_protocol::jail::{BindMount, JailProfile};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::harness::{Case, Outcome, Sbx, ensure, eventually, finish, marked_pids};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        ("check_reports_every_layer", check_reports_every_layer),
+        ("exit_codes_and_signals", exit_codes_and_signals),
+        (
+            "stdin_and_stdout_are_inherited",
+            stdin_and_stdout_are_inherited,
+        ),
+        ("exact_environment", exact_environment),
+        ("identity_and_hardening", identity_and_hardening),
+        ("host_files_are_invisible", host_files_are_invisible),
+        ("other_sandbox_is_invisible", other_sandbox_is_invisible),
+        (
+            "writes_outside_work_and_tmp_fail",
+            writes_outside_work_and_tmp_fail,
+        ),
+        ("workdir_inputs_are_copied_in", workdir_inputs_are_copied_in),
+        ("proc_shows_only_the_sandbox", proc_shows_only_the_sandbox),
+        ("dangerous_syscalls_fail", dangerous_syscalls_fail),
+        ("setuid_programs_gain_nothing", setuid_programs_gain_nothing),
+        (
+            "vsock_packet_and_raw_sockets_fail",
+            vsock_packet_and_raw_sockets_fail,
+        ),
+        ("host_loopback_is_unreachable", host_loopback_is_unreachable),
+        ("fork_bomb_is_contained", fork_bomb_is_contained),
+        (
+            "memory_bomb_is_oom_killed_inside",
+            memory_bomb_is_oom_killed_inside,
+        ),
+        ("disk_fill_stops_at_the_cap", disk_fill_stops_at_the_cap),
+        ("cpu_spin_is_throttled", cpu_spin_is_throttled),
+        ("tool_cannot_attack_the_agent", tool_cannot_attack_the_agent),
+        (
+            "run_dir_bind_and_gateway_socket",
+            run_dir_bind_and_gateway_socket,
+        ),
+        ("setup_failures_exec_nothing", setup_failures_exec_nothing),
+        (
+            "sigterm_to_supervisor_kills_everything",
+            sigterm_to_supervisor_kills_everything,
+        ),
+        (
+            "sigkill_to_supervisor_kills_everything",
+            sigkill_to_supervisor_kills_everything,
+        ),
+        (
+            "init_exits_with_main_and_kills_the_rest",
+            init_exits_with_main_and_kills_the_rest,
+        ),
+    ]
+}
+
+type R = Result<Outcome, String>;
+
+fn pass() -> R {
+    Ok(Outcome::Pass)
+}
+
+/// What `asbx_jail::seal_agent` does, then start argv as the tool user:
+/// the way the agent starts tools.
+const AS_TOOL: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+pid = os.fork()
+if pid == 0:
+    os.setgid(1000)
+    os.setuid(1001)
+    os.execv(sys.argv[1], sys.argv[1:])
+_, st = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(st))
+"#;
+
+fn with_tool_helper(sbx: &Sbx) {
+    std::fs::write(sbx.dir.path().join("as_tool.py"), AS_TOOL).unwrap();
+}
+
+fn check_reports_every_layer() -> R {
+    let report = asbx_jail::check(JailProfile::Strict);
+    let missing = report.missing();
+    ensure(missing.is_empty(), format!("missing layers: {missing:?}"))?;
+    ensure(report.layers.len() >= 11, format!("{report:?}"))?;
+    pass()
+}
+
+fn exit_codes_and_signals() -> R {
+    let out = Sbx::new("echo hi; echo err >&2; exit 7").run();
+    ensure(
+        out.code == 7 && out.stdout == "hi\n" && out.stderr == "err\n",
+        format!("{out:?}"),
+    )?;
+    let out = Sbx::new("kill -KILL $$").run();
+    ensure(out.code == 137, format!("SIGKILL: {out:?}"))?;
+    let out = Sbx::new("kill -TERM $$").run();
+    ensure(out.code == 143, format!("SIGTERM: {out:?}"))?;
+    Sbx::new("true").run().ok()?;
+    pass()
+}
+
+fn stdin_and_stdout_are_inherited() -> R {
+    let out = Sbx::new("read -r l; echo \"got:$l\"")
+        .run_with(Some(b"{\"bootstrap\":1}\n"), Duration::from_secs(30))
+        .ok()?;
+    ensure(out.stdout == "got:{\"bootstrap\":1}\n", format!("{out:?}"))?;
+    pass()
+}
+
+fn exact_environment() -> R {
+    let sbx = Sbx::argv(&["/usr/bin/env"]);
+    let out = sbx.run().ok()?;
+    let mut got: Vec<&str> = out.stdout.lines().collect();
+    got.sort();
+    let mut want: Vec<String> = sbx
+        .policy
+        .env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    want.sort();
+    ensure(got == want, format!("env {got:?} != {want:?}"))?;
+    // A bare program name is looked up in the policy's PATH.
+    Sbx::argv(&["true"]).run().ok()?;
+    pass()
+}
+
+fn identity_and_hardening() -> R {
+    let out = Sbx::new(
+        "id -u; id -g; id -G; hostname; pwd; umask; \
+         grep -E '^(NoNewPrivs|Seccomp|CapEff|CapBnd|CapAmb):' /proc/self/status",
+    )
+    .run()
+    .ok()?;
+    let want = "1000\n1000\n1000\nsandbox\n/work\n0002\nCapEff:\t00000000000000c0\n\
+                CapBnd:\t00000000000000c0\nCapAmb:\t00000000000000c0\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+    ensure(out.stdout == want, format!("got {:?}", out.stdout))?;
+    pass()
+}
+
+fn host_files_are_invisible() -> R {
+    let secret = tempfile::Builder::new()
+        .prefix(".tmp-asbx-secret")
+        .tempdir()
+        .unwrap();
+    let file = secret.path().join("secret.txt");
+    std::fs::write(&file, "TOPSECRET").unwrap();
+    let script = format!(
+        "cat {f} 2>/dev/null && echo LEAK; ls /.oldroot 2>/dev/null && echo LEAK; \
+         cat /etc/shadow 2>/dev/null && echo LEAK; grep -rs --exclude-dir=proc --exclude-dir=dev TOPSECRET / 2>/dev/null | head -1; \
+         ls / | tr '\\n' ' '",
+        f = file.display()
+    );
+    let out = Sbx::new(&script).run();
+    ensure(
+        !out.stdout.contains("LEAK") && !out.stdout.contains("TOPSECRET"),
+        format!("{out:?}"),
+    )?;
+    let listed: Vec<&str> = out.stdout.split_whitespace().collect();
+    for l in &listed {
+        ensure(
+            [
+                "bin", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "proc", "run",
+                "sbin", "tmp", "usr", "work",
+            ]
+            .contains(l),
+            format!("unexpected /{l} in the sandbox root: {listed:?}"),
+        )?;
+    }
+    pass()
+}
+
+fn other_sandbox_is_invisible() -> R {
+    let b = Sbx::new("echo ready; exec sleep 60");
+    std::fs::write(b.dir.path().join("b-secret"), "BSECRET").unwrap();
+    let mut child = b.spawn(None);
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let script = format!(
+        "ls {d} 2>/dev/null && echo LEAK; grep -rs --exclude-dir=proc --exclude-dir=dev BSECRET / 2>/dev/null | head -1; \
+         ps -e 2>/dev/null | grep -c sleep; true",
+        d = b.dir.path().display()
+    );
+    let out = Sbx::new(&script).run();
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    let b_out = finish(child, Duration::from_secs(30));
+    ensure(line == "ready\n", format!("b: {line:?}"))?;
+    ensure(b_out.code == 143, format!("b: {b_out:?}"))?;
+    ensure(
+        !out.stdout.contains("LEAK") && !out.stdout.contains("BSECRET"),
+        format!("{out:?}"),
+    )?;
+    ensure(
+        out.stdout.trim_end().ends_with('0'),
+        format!("saw b's sleep: {out:?}"),
+    )?;
+    pass()
+}
+
+fn writes_outside_work_and_tmp_fail() -> R {
+    let out = Sbx::new(
+        "for p in /x /usr/x /usr/bin/x /etc/x /etc/passwd /bin/x /run/x /home/x /dev/x /proc/x \
+                  /proc/sys/kernel/hostname /proc/sysrq-trigger; do \
+           (echo x > $p) 2>/dev/null && echo \"WROTE $p\"; done; \
+         echo a > /work/a && echo b > /tmp/b && echo c > /dev/shm/c && echo d > /dev/null && \
+         mkdir -p /work/sub/dir && echo writable-ok",
+    )
+    .run()
+    .ok()?;
+    ensure(!out.stdout.contains("WROTE"), format!("{out:?}"))?;
+    ensure(out.stdout.contains("writable-ok"), format!("{out:?}"))?;
+    pass()
+}
+
+fn workdir_inputs_are_copied_in() -> R {
+    let sbx = Sbx::new(
+        "cat /work/input.txt; cat /work/sub/nested.txt; echo more >> /work/input.txt; \
+         stat -c '%u:%g:%a' /work /work/input.txt; readlink /work/link; ls /work/fifo 2>&1 | grep -c 'No such'",
+    );
+    let d = sbx.dir.path();
+    std::fs::write(d.join("input.txt"), "attachment\n").unwrap();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    std::fs::write(d.join("sub/nested.txt"), "nested\n").unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", d.join("link")).unwrap();
+    nix::unistd::mkfifo(
+        &d.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let out = sbx.run().ok()?;
+    ensure(
+        out.stdout == "attachment\nnested\n1001:1000:2775\n1001:1000:664\n/etc/shadow\n1\n",
+        format!("{out:?}"),
+    )?;
+    let host = std::fs::read_to_string(d.join("input.txt")).unwrap();
+    ensure(host == "attachment\n", "the host workdir was modified")?;
+    pass()
+}
+
+fn proc_shows_only_the_sandbox() -> R {
+    let out = Sbx::new(
+        "ls /proc | grep -cE '^[0-9]+$'; echo $$; tr '\\0' ' ' < /proc/1/cmdline | wc -c; \
+         cat /proc/1/environ 2>/dev/null | wc -c; ls /proc/1/fd 2>/dev/null | wc -l; \
+         (cat /proc/kcore | head -c1) 2>/dev/null | wc -c",
+    )
+    .run()
+    .ok()?;
+    let lines: Vec<i64> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    // init, bash, ls, grep at most; bash is pid 2; init's cmdline is scrubbed,
+    // its environment and descriptors are unreadable; kcore reads nothing.
+    ensure(lines.len() == 6, format!("{out:?}"))?;
+    ensure(lines[0] <= 5 && lines[1] == 2, format!("{out:?}"))?;
+    ensure(
+        lines[2] == 0 && lines[3] == 0 && lines[4] == 0 && lines[5] == 0,
+        format!("{out:?}"),
+    )?;
+    let me = std::process::id();
+    let out = Sbx::new(&format!("ls /proc/{me} 2>/dev/null && echo LEAK; true"))
+        .run()
+        .ok()?;
+    ensure(!out.stdout.contains("LEAK"), format!("{out:?}"))?;
+    pass()
+}
+
+const SYSCALLS: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def t(name, r):
+    if r == 0 and name.startswith("clone"):
+        os._exit(0)
+    print(name, r, ctypes.get_errno())
+    ctypes.set_errno(0)
+t("ptrace_attach", libc.ptrace(16, 1, 0, 0))
+t("ptrace_traceme", libc.ptrace(0, 0, 0, 0))
+t("mount", libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, None))
+t("umount", libc.umount2(b"/proc", 2))
+t("unshare_user", libc.unshare(0x10000000))
+t("unshare_mount", libc.unshare(0x00020000))
+t("unshare_net", libc.unshare(0x40000000))
+t("setns", libc.setns(0, 0))
+t("clone_newuser", libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0))
+t("clone_newpid", libc.syscall(56, 0x20000000 | 17, 0, 0, 0, 0))
+t("bpf", libc.syscall(321, 0, 0, 0))
+t("perf_event_open", libc.syscall(298, 0, 0, -1, -1, 0))
+t("io_uring_setup", libc.syscall(425, 1, 0))
+t("userfaultfd", libc.syscall(323, 0))
+t("keyctl", libc.syscall(250, 0, 0, 0, 0))
+t("add_key", libc.syscall(248, b"user", b"x", b"y", 1, -3))
+t("process_vm_readv", libc.syscall(310, 1, 0, 0, 0, 0, 0))
+t("open_by_handle_at", libc.syscall(304, 0, 0, 0))
+t("personality", libc.personality(0x0040000))
+t("chroot", libc.chroot(b"/tmp"))
+t("init_module", libc.syscall(175, 0, 0, 0))
+t("kexec_load", libc.syscall(246, 0, 0, 0, 0))
+t("reboot", libc.syscall(169, 0, 0, 0, 0))
+t("settimeofday", libc.syscall(164, 0, 0))
+t("iopl", libc.syscall(172, 3))
+t("acct", libc.syscall(163, 0))
+t("swapoff", libc.syscall(168, b"/x"))
+t("fsopen", libc.syscall(430, b"tmpfs", 0))
+t("open_tree", libc.syscall(428, -100, b"/", 0))
+t("x32_getpid", libc.syscall(0x40000000 + 39))
+"#;
+
+fn dangerous_syscalls_fail() -> R {
+    let sbx = Sbx::argv(&["/usr/bin/python3", "/work/t.py"]);
+    std::fs::write(sbx.dir.path().join("t.py"), SYSCALLS).unwrap();
+    let out = sbx.run().ok()?;
+    let mut n = 0;
+    for line in out.stdout.lines() {
+        n += 1;
+        ensure(line.ends_with(" -1 1"), format!("not EPERM: {line}"))?;
+    }
+    ensure(n == 30, format!("{out:?}"))?;
+    // clone3 must say ENOSYS so glibc falls back to clone; personality queries still work.
+    let out = Sbx::argv(&[
+        "/usr/bin/python3",
+        "-c",
+        "import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+         print(l.syscall(435, 0, 0), ctypes.get_errno(), l.personality(0xffffffff))",
+    ])
+    .run()
+    .ok()?;
+    ensure(out.stdout == "-1 38 0\n", format!("clone3: {out:?}"))?;
+    // Threads and subprocesses still work through the glibc fallback.
+    let out = Sbx::argv(&[
+        "/usr/bin/python3",
+        "-c",
+        "import threading, subprocess; t = threading.Thread(target=print, args=('thread',)); \
+         t.start(); t.join(); print(subprocess.run(['/bin/echo', 'child'], capture_output=True).stdout.decode().strip())",
+    ])
+    .run()
+    .ok()?;
+    ensure(out.stdout == "thread\nchild\n", format!("{out:?}"))?;
+    pass()
+}
+
+fn setuid_programs_gain_nothing() -> R {
+    let sbx = Sbx::new(
+        "for p in /usr/bin/su /usr/bin/passwd /usr/bin/mount /usr/bin/newgrp /usr/bin/chsh /usr/bin/sudo; do \
+           [ -x $p ] || continue; \
+           out=$($p </dev/null 2>&1; id -u); echo \"$p -> $(echo \"$out\" | tail -1)\"; done; \
+         mount -t tmpfs x /tmp 2>/dev/null && echo MOUNTED; \
+         python3 /work/as_tool.py /bin/grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status",
+    );
+    with_tool_helper(&sbx);
+    let out = sbx.run().ok()?;
+    ensure(!out.stdout.contains("MOUNTED"), format!("{out:?}"))?;
+    for l in out.stdout.lines().filter(|l| l.contains("->")) {
+        ensure(
+            l.ends_with("-> 1000"),
+            format!("setuid program changed ids: {l}"),
+        )?;
+    }
+    let want = "Uid:\t1001\t1001\t1001\t1001\nGid:\t1000\t1000\t1000\t1000\n\
+                CapInh:\t00000000000000c0\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
+                CapBnd:\t00000000000000c0\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n";
+    ensure(
+        out.stdout.ends_with(want),
+        format!("tool status: {:?}", out.stdout),
+    )?;
+    pass()
+}
+
+fn vsock_packet_and_raw_sockets_fail() -> R {
+    let out = Sbx::argv(&[
+        "/usr/bin/python3",
+        "-c",
+        "import socket\n\
+         for name, fam, typ, proto in [('vsock', 40, 1, 0), ('vsock_dgram', 40, 2, 0), ('packet', 17, 3, 0), \
+           ('packet_dgram', 17, 2, 0), ('raw4', 2, 3, 1), ('raw6', 10, 3, 58), ('raw_unix', 1, 3, 0)]:\n\
+         \ttry:\n\t\tsocket.socket(fam, typ, proto); print(name, 'OPEN')\n\
+         \texcept OSError as e:\n\t\tprint(name, e.errno)\n\
+         print(open('/proc/net/dev').read().count(':'))",
+    ])
+    .run()
+    .ok()?;
+    let want = "vsock 1\nvsock_dgram 1\npacket 1\npacket_dgram 1\nraw4 1\nraw6 1\nraw_unix 1\n1\n";
+    ensure(out.stdout == want, format!("{out:?}"))?;
+    pass()
+}
+
+fn host_loopback_is_unreachable() -> R {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sbx = Sbx::new(&format!(
+        "(echo x > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo CONNECTED; \
+         python3 -c \"\nimport socket, threading\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n\
+c = socket.create_connection(s.getsockname()); a, _ = s.accept(); c.sendall(b'lo-ok'); print(a.recv(5).decode())\""
+    ));
+    let out = sbx.run().ok()?;
+    ensure(!out.stdout.contains("CONNECTED"), format!("{out:?}"))?;
+    ensure(
+        out.stdout.contains("lo-ok"),
+        format!("loopback inside: {out:?}"),
+    )?;
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => pass(),
+        other => Err(format!("host listener got a connection: {other:?}")),
+    }
+}
+
+fn fork_bomb_is_contained() -> R {
+    let mut sbx = Sbx::argv(&[
+        "/usr/bin/python3",
+        "-c",
+        "import os, time\nn = 0\ntry:\n\twhile True:\n\t\tif os.fork() == 0:\n\t\t\ttime.sleep(60); os._exit(0)\n\t\tn += 1\n\
+         except OSError as e:\n\tprint(n, e.errno)",
+    ]);
+    sbx.policy.limits.pids = Some(32);
+    let out = sbx.run_with(None, Duration::from_secs(60)).ok()?;
+    let parts: Vec<i64> = out
+        .stdout
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    ensure(
+        parts.len() == 2 && parts[0] < 32 && parts[1] == 11,
+        format!("{out:?}"),
+    )?;
+    ensure(
+        eventually(Duration::from_secs(10), || {
+            marked_pids(&sbx.marker).is_empty()
+        }),
+        "sleepers survived",
+    )?;
+    // A classic shell bomb, while the host keeps working.
+    let mut bomb = Sbx::new("b() { b | b & }; b 2>/dev/null; sleep 2; echo survived");
+    bomb.policy.limits.pids = Some(64);
+    let t = Instant::now();
+    let out = bomb.run_with(None, Duration::from_secs(60));
+    ensure(out.stdout.contains("survived"), format!("{out:?}"))?;
+    ensure(t.elapsed() < Duration::from_secs(50), "bomb took too long")?;
+    ensure(
+        std::process::Command::new("/bin/true").status().is_ok(),
+        "host cannot fork",
+    )?;
+    ensure(
+        eventually(Duration::from_secs(10), || {
+            marked_pids(&bomb.marker).is_empty()
+        }),
+        "bomb survived",
+    )?;
+    pass()
+}
+
+fn memory_bomb_is_oom_killed_inside() -> R {
+    let mut sbx =
+        Sbx::new("python3 -c 'b = bytearray(512 << 20); print(\"ALLOCATED\")'; echo rc=$?");
+    sbx.policy.limits.memory_bytes = Some(64 << 20);
+    let out = sbx.run().ok()?;
+    ensure(out.stdout == "rc=137\n", format!("{out:?}"))?;
+    pass()
+}
+
+fn disk_fill_stops_at_the_cap() -> R {
+    let mut sbx = Sbx::new(
+        "for d in /work /tmp; do dd if=/dev/zero of=$d/fill bs=1M count=64 2>/dev/null && echo \"$d UNCAPPED\"; \
+           echo \"$d $(du -k $d/fill | cut -f1)\"; done",
+    );
+    sbx.policy.limits.disk_bytes = Some(8 << 20);
+    let out = sbx.run().ok()?;
+    ensure(!out.stdout.contains("UNCAPPED"), format!("{out:?}"))?;
+    for l in out.stdout.lines() {
+        let kb: u64 = l
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(u64::MAX);
+        ensure(kb <= 8192, format!("over the cap: {l}"))?;
+    }
+    pass()
+}
+
+fn cpu_spin_is_throttled() -> R {
+    let mut spin = Sbx::new("echo spinning; timeout 4 bash -c 'while :; do :; done'; echo done");
+    spin.policy.limits.cpu_percent = Some(20);
+    let mut child = spin.spawn(None);
+    let mut line = String::new();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    reader.read_line(&mut line).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let stat = std::fs::read_to_string(spin.cgroup_dirs()[2].join("cpu.stat")).unwrap_or_default();
+    // Another sandbox still gets its work done meanwhile.
+    let other = Sbx::new("echo other-ok").run_with(None, Duration::from_secs(30));
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    let _ = child.wait();
+    let throttled: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    ensure(throttled > 0, format!("cpu.stat: {stat}"))?;
+    ensure(other.stdout == "other-ok\n", format!("{other:?}"))?;
+    ensure(rest == "done\n", format!("{rest:?}"))?;
+    pass()
+}
+
+fn tool_cannot_attack_the_agent() -> R {
+    let sbx =
+        Sbx::new("python3 /work/as_tool.py /usr/bin/python3 /work/attack.py $$; echo agent-alive");
+    with_tool_helper(&sbx);
+    std::fs::write(
+        sbx.dir.path().join("attack.py"),
+        r#"
+import os, signal, sys
+pid = int(sys.argv[1])
+def attempt(name, f):
+    try:
+        f(); print(name, "ALLOWED")
+    except OSError as e:
+        print(name, "denied")
+attempt("fd1", lambda: open(f"/proc/{pid}/fd/1", "w").write("INJECTED\n"))
+attempt("fd_list", lambda: os.listdir(f"/proc/{pid}/fd"))
+attempt("environ", lambda: open(f"/proc/{pid}/environ").read())
+attempt("mem", lambda: open(f"/proc/{pid}/mem", "rb").read(1))
+attempt("kill", lambda: os.kill(pid, signal.SIGTERM))
+attempt("kill_init", lambda: os.kill(1, signal.SIGKILL))
+attempt("setuid", lambda: os.setuid(1000))
+attempt("setgroups", lambda: os.setgroups([0]))
+"#,
+    )
+    .unwrap();
+    let out = sbx.run().ok()?;
+    ensure(
+        !out.stdout.contains("ALLOWED") && !out.stdout.contains("INJECTED"),
+        format!("{out:?}"),
+    )?;
+    ensure(
+        out.stdout.matches("denied").count() == 8,
+        format!("{out:?}"),
+    )?;
+    ensure(out.stdout.ends_with("agent-alive\n"), format!("{out:?}"))?;
+    pass()
+}
+
+fn run_dir_bind_and_gateway_socket() -> R {
+    use std::os::unix::fs::PermissionsExt;
+    let run = tempfile::Builder::new()
+        .prefix(".tmp-asbx-run")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(run.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = run.path().join("gateway.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::create_dir(run.path().join("bin")).unwrap();
+    std::fs::write(
+        run.path().join("bin/hello"),
+        "#!/bin/sh\necho hello-from-bind\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        run.path().join("bin/hello"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(b"pong").unwrap();
+    });
+    let mut sbx = Sbx::new(
+        "/run/asbx/bin/hello; touch /run/asbx/x 2>/dev/null && echo WROTE; \
+         python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/asbx/gateway.sock'); \
+s.sendall(b'ping'); print(s.recv(4).decode())\"",
+    );
+    sbx.policy.binds.push(BindMount {
+        source: run.path().to_string_lossy().into_owned(),
+        target: "/run/asbx".into(),
+        writable: false,
+    });
+    let out = sbx.run().ok()?;
+    server.join().map_err(|_| "socket server failed")?;
+    ensure(out.stdout == "hello-from-bind\npong\n", format!("{out:?}"))?;
+    pass()
+}
+
+fn setup_failures_exec_nothing() -> R {
+    let out = Sbx::argv(&["/nonexistent/prog"]).run();
+    ensure(
+        out.code == 125 && out.stderr.contains("exec /nonexistent/prog"),
+        format!("{out:?}"),
+    )?;
+    let mut sbx = Sbx::new("echo EXECUTED");
+    sbx.policy.binds.push(BindMount {
+        source: "/etc/hostname".into(),
+        target: "/usr/asbx-does-not-exist".into(),
+        writable: false,
+    });
+    let out = sbx.run();
+    ensure(
+        out.code == 125 && !out.stdout.contains("EXECUTED"),
+        format!("{out:?}"),
+    )?;
+    ensure(
+        sbx.cgroup_dirs().iter().all(|d| !d.exists()),
+        "cgroup left after failure",
+    )?;
+    let mut sbx = Sbx::new("echo EXECUTED");
+    sbx.policy.cgroup = "../escape".into();
+    let out = sbx.run();
+    ensure(
+        out.code == 125 && !out.stdout.contains("EXECUTED"),
+        format!("{out:?}"),
+    )?;
+    let mut sbx = Sbx::new("echo EXECUTED");
+    sbx.policy.host_uid = 0;
+    let out = sbx.run();
+    ensure(
+        out.code == 125 && !out.stdout.contains("EXECUTED"),
+        format!("{out:?}"),
+    )?;
+    pass()
+}
+
+fn kill_supervisor(sig: Signal, want: i32) -> R {
+    let sbx = Sbx::new("sleep 300 & sleep 301 & echo ready; wait");
+    let mut child = sbx.spawn(None);
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let seen = marked_pids(&sbx.marker).len();
+    let created = sbx.cgroup_dirs().iter().all(|d| d.exists());
+    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+    let out = finish(child, Duration::from_secs(30));
+    ensure(line == "ready\n", format!("{line:?}"))?;
+    ensure(seen >= 3, "sandbox processes not found on the host")?;
+    ensure(created, "cgroups not created")?;
+    ensure(out.code == want, format!("{out:?}"))?;
+    ensure(
+        eventually(Duration::from_secs(10), || {
+            marked_pids(&sbx.marker).is_empty()
+        }),
+        format!("processes left: {:?}", marked_pids(&sbx.marker)),
+    )?;
+    ensure(
+        eventually(Duration::from_secs(10), || {
+            sbx.cgroup_dirs().iter().all(|d| !d.exists())
+        }),
+        "cgroups left",
+    )?;
+    pass()
+}
+
+fn sigterm_to_supervisor_kills_everything() -> R {
+    kill_supervisor(Signal::SIGTERM, 143)?;
+    kill_supervisor(Signal::SIGINT, 130)
+}
+
+fn sigkill_to_supervisor_kills_everything() -> R {
+    kill_supervisor(Signal::SIGKILL, 137)
+}
+
+fn init_exits_with_main_and_kills_the_rest() -> R {
+    let sbx = Sbx::new("(trap '' TERM HUP; exec sleep 300) & setsid sleep 301 & exit 3");
+    let t = Instant::now();
+    let out = sbx.run();
+    ensure(out.code == 3, format!("{out:?}"))?;
+    ensure(
+        t.elapsed() < Duration::from_secs(30),
+        "waited for background processes",
+    )?;
+    ensure(
+        eventually(Duration::from_secs(5), || {
+            marked_pids(&sbx.marker).is_empty()
+        }),
+        "background processes survived",
+    )?;
+    pass()
+}

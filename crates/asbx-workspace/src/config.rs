@@ -27,6 +27,8 @@ use url::Url;
 /// - `detach_grace`: how long a chat turn outlives its dropped SSE client
 ///   before it is cancelled (zero: cancel on close).
 /// - `lease_ttl`: how long a chat's single-flight lease lasts without renewal.
+/// - `require_auth`: refuse requests without an API key or session cookie
+///   (otherwise they act in the default workspace).
 #[derive(Clone)]
 pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
@@ -37,6 +39,7 @@ pub struct WorkspaceConfig {
     pub clock: Arc<dyn Clock>,
     pub detach_grace: Duration,
     pub lease_ttl: Duration,
+    pub require_auth: bool,
 }
 
 impl WorkspaceConfig {
@@ -51,6 +54,7 @@ impl WorkspaceConfig {
             clock: Arc::new(SystemClock),
             detach_grace: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(120),
+            require_auth: false,
         }
     }
 }
@@ -70,6 +74,7 @@ impl fmt::Debug for WorkspaceConfig {
             .field("default_model", &self.default_model)
             .field("detach_grace", &self.detach_grace)
             .field("lease_ttl", &self.lease_ttl)
+            .field("require_auth", &self.require_auth)
             .finish_non_exhaustive()
     }
 }

@@ -9,11 +9,15 @@
 //! redeemed at most once, atomically (see [`store::tokens::redeem`]).
 
 mod api;
+pub mod auth;
 pub mod blobs;
 pub mod callbacks;
+pub mod chat;
+pub mod chat_view;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod messages;
 pub mod paths;
 pub mod relay;
 pub mod run_request;
@@ -21,6 +25,7 @@ pub mod runs_view;
 pub mod state;
 pub mod store;
 pub mod token;
+pub mod turns;
 pub mod wire;
 pub mod writeback;
 
@@ -66,6 +71,7 @@ impl Workspace {
             config,
             store,
             blobs,
+            turns: Default::default(),
         };
         Ok(Workspace {
             state: Arc::new(state),
@@ -79,5 +85,32 @@ impl Workspace {
 
     pub fn config(&self) -> &WorkspaceConfig {
         &self.state.config
+    }
+
+    /// Creates a workspace; returns its id.
+    pub async fn create_workspace(&self, name: &str) -> Result<String, WorkspaceError> {
+        let id = token::random_id();
+        store::keys::create_workspace(self.state.store.pool(), &id, name, self.state.now_ms())
+            .await?;
+        Ok(id)
+    }
+
+    /// Mints an API key for a workspace; returns the plaintext, shown once
+    /// (only its hash is stored).
+    pub async fn create_api_key(
+        &self,
+        workspace_id: &str,
+        name: &str,
+    ) -> Result<String, WorkspaceError> {
+        let key = token::mint(auth::KEY_PREFIX);
+        store::keys::insert_key(
+            self.state.store.pool(),
+            &key.hash,
+            workspace_id,
+            name,
+            self.state.now_ms(),
+        )
+        .await?;
+        Ok(key.plaintext)
     }
 }

@@ -6,6 +6,7 @@ use crate::blobs::BlobStore;
 use crate::config::{Clock, WorkspaceConfig};
 use crate::dispatch::Dispatcher;
 use crate::store::Store;
+use crate::turns::TurnHub;
 
 #[derive(Debug)]
 pub struct AppState {
@@ -13,6 +14,7 @@ pub struct AppState {
     pub store: Store,
     pub blobs: BlobStore,
     pub dispatcher: Dispatcher,
+    pub turns: TurnHub,
 }
 
 impl AppState {

@@ -93,3 +93,7 @@ pub struct FileInfo {
 
 /// The HTTP header carrying the run id on a `POST /api/runs` stream.
 pub const RUN_ID_HEADER: &str = "x-asbx-run-id";
+/// The HTTP header naming the chat of a turn stream.
+pub const CHAT_ID_HEADER: &str = "x-asbx-chat-id";
+/// The HTTP header naming the turn of a turn stream.
+pub const TURN_ID_HEADER: &str = "x-asbx-turn-id";

@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use tokio_util::io::ReaderStream;
 
-use crate::DEFAULT_WORKSPACE;
+use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::paths::ascii_file_name;
 use crate::state::AppState;
@@ -16,11 +16,11 @@ use crate::store::files;
 
 pub(super) async fn download(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, WorkspaceError> {
-    let file = files::get(state.store.pool(), &id)
+    let file = files::get_in(state.store.pool(), &id, &caller.workspace_id)
         .await?
-        .filter(|f| f.workspace_id == DEFAULT_WORKSPACE)
         .ok_or_else(|| WorkspaceError::NotFound(format!("file {id}")))?;
     let blob = state.blobs.open_blob(&file.sha256).await?;
     let mut response = Response::new(Body::from_stream(ReaderStream::new(blob)));

@@ -4,9 +4,11 @@
 //! answer. Every error is a [`WorkspaceError`].
 
 mod callback;
+mod chats;
 mod files;
 mod pages;
 mod runs;
+mod session;
 
 use std::sync::Arc;
 
@@ -30,7 +32,28 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(pages::healthz))
         .route("/api/runs", post(runs::create))
         .route("/api/runs/{id}", get(runs::get))
-        .route("/api/files/{id}", get(files::download))
+        .route(
+            "/api/files/{id}",
+            get(files::download).delete(chats::delete_file),
+        )
+        .route(
+            "/api/session",
+            get(session::current)
+                .post(session::sign_in)
+                .delete(session::sign_out),
+        )
+        .route("/api/assistant/chat/stream", post(chats::turn))
+        .route("/api/assistant/chats", get(chats::list))
+        .route(
+            "/api/assistant/chats/{id}",
+            get(chats::detail).delete(chats::delete),
+        )
+        .route("/api/assistant/chats/{id}/stream", get(chats::resume))
+        .route("/api/assistant/chats/{id}/cancel", post(chats::cancel))
+        .route(
+            "/api/assistant/files",
+            post(chats::upload).layer(DefaultBodyLimit::max(crate::chat_view::MAX_UPLOAD_BYTES)),
+        )
         .route(
             "/api/assistant/sandbox/{session_id}/env",
             get(callback::env),

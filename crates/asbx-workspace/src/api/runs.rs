@@ -10,20 +10,22 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
+use crate::auth::Caller;
 use crate::dispatch::{self, Started};
 use crate::error::WorkspaceError;
 use crate::state::AppState;
 use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
-use crate::{DEFAULT_WORKSPACE, relay, run_request, runs_view};
+use crate::{relay, run_request, runs_view};
 
 pub(super) async fn create(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, WorkspaceError> {
     let request: CreateRunRequest = super::parse_json(body)?;
     let spec = run_request::to_spec(
         request,
-        DEFAULT_WORKSPACE,
+        &caller.workspace_id,
         &state.config.default_model,
         state.config.sandbox_url.as_ref(),
     )?;
@@ -61,8 +63,9 @@ pub(super) async fn create(
 
 pub(super) async fn get(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<RunRecord>), WorkspaceError> {
-    let record = runs_view::load(&state, DEFAULT_WORKSPACE, &id).await?;
+    let record = runs_view::load(&state, &caller.workspace_id, &id).await?;
     Ok((StatusCode::OK, Json(record)))
 }

@@ -108,3 +108,85 @@ pub(crate) fn from_row(r: &AnyRow) -> Result<FileRow, WorkspaceError> {
         deleted_at: r.try_get("deleted_at")?,
     })
 }
+
+/// A live file of `workspace_id`.
+pub async fn get_in<'c, E>(
+    db: E,
+    id: &str,
+    workspace_id: &str,
+) -> Result<Option<FileRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM files WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL"
+    ))
+    .bind(id)
+    .bind(workspace_id)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| from_row(&r)).transpose()
+}
+
+/// A chat's bag: uploads and files its turns wrote back, oldest first.
+pub async fn list_for_chat<'c, E>(
+    db: E,
+    chat_id: &str,
+    workspace_id: &str,
+) -> Result<Vec<FileRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM files WHERE chat_id = $1 AND workspace_id = $2 \
+         AND deleted_at IS NULL ORDER BY created_at, id"
+    ))
+    .bind(chat_id)
+    .bind(workspace_id)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Puts an unattached upload into a chat's bag (a no-op if it is there).
+pub async fn claim_for_chat<'c, E>(
+    db: E,
+    id: &str,
+    workspace_id: &str,
+    chat_id: &str,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE files SET chat_id = $1 WHERE id = $2 AND workspace_id = $3 \
+         AND deleted_at IS NULL AND (chat_id IS NULL OR chat_id = $1)",
+    )
+    .bind(chat_id)
+    .bind(id)
+    .bind(workspace_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Soft-deletes one file of a workspace.
+pub async fn soft_delete<'c, E>(
+    db: E,
+    id: &str,
+    workspace_id: &str,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE files SET deleted_at = $1 WHERE id = $2 AND workspace_id = $3 AND deleted_at IS NULL",
+    )
+    .bind(now_ms)
+    .bind(id)
+    .bind(workspace_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

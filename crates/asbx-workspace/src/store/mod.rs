@@ -13,7 +13,9 @@
 //! redemption, lease acquisition) is a single conditional `UPDATE`/`INSERT`
 //! whose `rows_affected` decides, never a read followed by a write.
 
+pub mod chats;
 pub mod files;
+pub mod keys;
 pub mod runs;
 pub mod tokens;
 

@@ -413,30 +413,50 @@ async fn stream(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         Mode::Hold => {
             let shared2 = shared.clone();
             tokio::spawn(async move {
-                let first = line(
-                    1,
-                    &session,
-                    json!({"type":"step","id":"s1","name":"shell","status":"running"}),
-                );
-                shared2
-                    .sent
-                    .lock()
-                    .unwrap()
-                    .extend_from_slice(first.as_bytes());
-                if tx.send(Ok(Bytes::from(first))).await.is_err() {
-                    return;
+                let before = [
+                    line(
+                        1,
+                        &session,
+                        json!({"type":"step","id":"s1","name":"shell","status":"running"}),
+                    ),
+                    line(
+                        2,
+                        &session,
+                        json!({"type":"log","level":"info","message":"working"}),
+                    ),
+                    line(
+                        3,
+                        &session,
+                        json!({"type":"step","id":"s1","name":"shell","status":"succeeded","durationMs":1}),
+                    ),
+                    line(
+                        4,
+                        &session,
+                        json!({"type":"step","id":"s2","name":"shell","status":"running"}),
+                    ),
+                ];
+                for l in before {
+                    shared2.sent.lock().unwrap().extend_from_slice(l.as_bytes());
+                    if tx.send(Ok(Bytes::from(l))).await.is_err() {
+                        return;
+                    }
                 }
                 tokio::select! {
                     _ = shared2.release.notified() => {}
                     _ = tx.closed() => return,
                 }
-                let last = line(2, &session, json!({"type":"result","message":"released"}));
-                shared2
-                    .sent
-                    .lock()
-                    .unwrap()
-                    .extend_from_slice(last.as_bytes());
-                let _ = tx.send(Ok(Bytes::from(last))).await;
+                let after = [
+                    line(
+                        5,
+                        &session,
+                        json!({"type":"step","id":"s2","name":"shell","status":"succeeded","durationMs":1}),
+                    ),
+                    line(6, &session, json!({"type":"result","message":"released"})),
+                ];
+                for l in after {
+                    shared2.sent.lock().unwrap().extend_from_slice(l.as_bytes());
+                    let _ = tx.send(Ok(Bytes::from(l))).await;
+                }
             });
         }
     }
@@ -482,4 +502,83 @@ pub(crate) async fn settled_run(ws: &TestWorkspace, id: &str) -> Value {
     })
     .await
     .expect("run settled")
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SseEvent {
+    pub(crate) id: Option<String>,
+    pub(crate) event: String,
+    pub(crate) data: Value,
+}
+
+/// Reads server-sent events from a response.
+pub(crate) struct SseReader {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl SseReader {
+    pub(crate) fn new(resp: reqwest::Response) -> Self {
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        SseReader {
+            resp,
+            buf: String::new(),
+        }
+    }
+
+    /// The next event (comments skipped), or None at the end (bounded wait).
+    pub(crate) async fn next(&mut self) -> Option<SseEvent> {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                if let Some(i) = self.buf.find("\n\n") {
+                    let block: String = self.buf.drain(..i + 2).collect();
+                    let (mut id, mut event, mut data) = (None, "message".to_owned(), String::new());
+                    for l in block.lines() {
+                        if let Some(v) = l.strip_prefix("id:") {
+                            id = Some(v.trim().to_owned());
+                        } else if let Some(v) = l.strip_prefix("event:") {
+                            event = v.trim().to_owned();
+                        } else if let Some(v) = l.strip_prefix("data:") {
+                            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                        }
+                    }
+                    if data.is_empty() && id.is_none() && event == "message" {
+                        continue; // a comment (keep-alive)
+                    }
+                    let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
+                    return Some(SseEvent { id, event, data });
+                }
+                match self.resp.chunk().await.unwrap() {
+                    Some(c) => self.buf.push_str(&String::from_utf8_lossy(&c)),
+                    None => return None,
+                }
+            }
+        })
+        .await
+        .expect("next SSE event in time")
+    }
+
+    /// Every event up to and including `done`.
+    pub(crate) async fn until_done(&mut self) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        while let Some(e) = self.next().await {
+            let done = e.event == "done";
+            out.push(e);
+            if done {
+                break;
+            }
+        }
+        out
+    }
+}
+
+/// Starts a chat turn.
+pub(crate) async fn post_turn(ws: &TestWorkspace, body: Value) -> reqwest::Response {
+    client()
+        .post(ws.url("/api/assistant/chat/stream"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
 }

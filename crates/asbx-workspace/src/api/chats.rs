@@ -1,0 +1,200 @@
+//! Chat routes: the turn (`POST /api/assistant/chat/stream`, SSE), resume,
+//! cancel, list, thread, soft delete, bag uploads.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use crate::auth::Caller;
+use crate::chat::{self, TurnRequest, TurnStart};
+use crate::chat_view::{self, ChatDetail, ChatSummary, MAX_UPLOAD_BYTES};
+use crate::error::WorkspaceError;
+use crate::state::AppState;
+use crate::store::{chats, files};
+use crate::turns::{self, KEEP_ALIVE, LiveTurn};
+use crate::wire::{CHAT_ID_HEADER, FileInfo, TURN_ID_HEADER};
+
+pub(super) async fn turn(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, WorkspaceError> {
+    let request: TurnRequest = super::parse_json(body)?;
+    match chat::start_turn(&state, &caller.workspace_id, request).await? {
+        TurnStart::Live(turn) => Ok(sse_response(turn, 0)),
+        TurnStart::Rejected {
+            chat_id,
+            turn_id,
+            status,
+            content_type,
+            body,
+        } => {
+            let mut r = (status, Body::from(body)).into_response();
+            let h = r.headers_mut();
+            if let Some(ct) = content_type {
+                h.insert(header::CONTENT_TYPE, ct);
+            }
+            insert_ids(h, &chat_id, &turn_id);
+            Ok(r)
+        }
+    }
+}
+
+/// `GET /api/assistant/chats/{id}/stream`: re-attach to the turn in flight,
+/// after `Last-Event-ID` (or `?after=N`).
+pub(super) async fn resume(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(chat_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, WorkspaceError> {
+    let cursor = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .or(query.get("after").map(String::as_str))
+        .map(|v| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| WorkspaceError::invalid("Last-Event-ID must be a line seq"))
+        })
+        .transpose()?
+        .unwrap_or(0);
+    let turn = state
+        .turns
+        .for_chat(&chat_id, &caller.workspace_id)
+        .ok_or_else(|| WorkspaceError::NotFound(format!("turn in flight in chat {chat_id}")))?;
+    Ok(sse_response(turn, cursor))
+}
+
+pub(super) async fn cancel(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(chat_id): Path<String>,
+) -> Result<(StatusCode, Json<serde_json::Value>), WorkspaceError> {
+    let turn = state
+        .turns
+        .for_chat(&chat_id, &caller.workspace_id)
+        .filter(|t| !t.is_done())
+        .ok_or_else(|| WorkspaceError::NotFound(format!("turn in flight in chat {chat_id}")))?;
+    turn.cancel();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({"chatId": chat_id, "turnId": turn.id})),
+    ))
+}
+
+pub(super) async fn list(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+) -> Result<Json<Vec<ChatSummary>>, WorkspaceError> {
+    Ok(Json(chat_view::list(&state, &caller.workspace_id).await?))
+}
+
+pub(super) async fn detail(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(chat_id): Path<String>,
+) -> Result<Json<ChatDetail>, WorkspaceError> {
+    Ok(Json(
+        chat_view::detail(&state, &caller.workspace_id, &chat_id).await?,
+    ))
+}
+
+/// Soft delete: the chat and its bag disappear; a turn in flight is cancelled.
+pub(super) async fn delete(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(chat_id): Path<String>,
+) -> Result<StatusCode, WorkspaceError> {
+    if !chats::soft_delete(
+        state.store.pool(),
+        &chat_id,
+        &caller.workspace_id,
+        state.now_ms(),
+    )
+    .await?
+    {
+        return Err(WorkspaceError::NotFound(format!("chat {chat_id}")));
+    }
+    if let Some(turn) = state.turns.for_chat(&chat_id, &caller.workspace_id) {
+        turn.cancel();
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /api/assistant/files?name=report.pdf[&chatId=...]`, the raw bytes as
+/// the body and their type as `Content-Type`.
+pub(super) async fn upload(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<FileInfo>), WorkspaceError> {
+    let bytes = super::body_bytes(body, MAX_UPLOAD_BYTES)?;
+    let name = query
+        .get("name")
+        .ok_or_else(|| WorkspaceError::invalid("the name query parameter is required"))?;
+    let mime = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let info = chat_view::upload(
+        &state,
+        &caller.workspace_id,
+        name,
+        query.get("chatId").map(String::as_str),
+        mime,
+        &bytes,
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+pub(super) async fn delete_file(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, WorkspaceError> {
+    if files::soft_delete(
+        state.store.pool(),
+        &id,
+        &caller.workspace_id,
+        state.now_ms(),
+    )
+    .await?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(WorkspaceError::NotFound(format!("file {id}")))
+    }
+}
+
+fn sse_response(turn: Arc<LiveTurn>, cursor: u64) -> Response {
+    let (chat_id, turn_id) = (turn.chat_id.clone(), turn.id.clone());
+    let stream = turns::subscribe(turn, cursor);
+    let mut r = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+        .into_response();
+    let h = r.headers_mut();
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    insert_ids(h, &chat_id, &turn_id);
+    r
+}
+
+fn insert_ids(h: &mut HeaderMap, chat_id: &str, turn_id: &str) {
+    if let Ok(v) = HeaderValue::from_str(chat_id) {
+        h.insert(CHAT_ID_HEADER, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(turn_id) {
+        h.insert(TURN_ID_HEADER, v);
+    }
+}

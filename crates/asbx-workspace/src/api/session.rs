@@ -1,0 +1,78 @@
+//! Browser sign-in: trade an API key for an HttpOnly session cookie.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{self, Caller};
+use crate::error::WorkspaceError;
+use crate::state::AppState;
+use crate::store::keys;
+use crate::token;
+
+/// `POST /api/session`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct SignIn {
+    api_key: String,
+}
+
+/// `GET /api/session`, and the answer to a sign-in.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct SessionInfo {
+    workspace_id: String,
+    workspace_name: String,
+}
+
+pub(super) async fn sign_in(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, WorkspaceError> {
+    let request: SignIn = super::parse_json(body)?;
+    let (session, workspace_id) = auth::sign_in(&state, &request.api_key).await?;
+    let info = info(&state, workspace_id).await?;
+    let secure = state.config.public_url.scheme() == "https";
+    let mut r = (StatusCode::OK, Json(info)).into_response();
+    let cookie = HeaderValue::from_str(&auth::cookie_header(&session, secure))
+        .map_err(|_| WorkspaceError::Corrupt("session cookie".into()))?;
+    r.headers_mut().insert(header::SET_COOKIE, cookie);
+    Ok(r)
+}
+
+pub(super) async fn sign_out(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Response, WorkspaceError> {
+    if let Some(session) = auth::session_cookie(&headers) {
+        keys::delete_session(state.store.pool(), &token::hash(session)).await?;
+    }
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    if let Ok(v) = HeaderValue::from_str(&auth::cookie_header("", false)) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(r)
+}
+
+pub(super) async fn current(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+) -> Result<Json<SessionInfo>, WorkspaceError> {
+    Ok(Json(info(&state, caller.workspace_id).await?))
+}
+
+async fn info(state: &AppState, workspace_id: String) -> Result<SessionInfo, WorkspaceError> {
+    let workspace_name = keys::workspace_name(state.store.pool(), &workspace_id)
+        .await?
+        .unwrap_or_default();
+    Ok(SessionInfo {
+        workspace_id,
+        workspace_name,
+    })
+}

@@ -1,0 +1,122 @@
+//! Who is calling: a workspace API key (`Authorization: Bearer asbx_key_...`),
+//! a browser session cookie made by signing in with a key, or nobody.
+//!
+//! Anonymous callers act in the default workspace unless the workspace is
+//! configured with `require_auth`. Every workspace-scoped query filters by
+//! the caller's workspace id, so another workspace's chats, files and runs
+//! are simply not found.
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+
+use crate::error::WorkspaceError;
+use crate::state::AppState;
+use crate::store::keys;
+use crate::token;
+
+/// Prefix of workspace API keys.
+pub const KEY_PREFIX: &str = "asbx_key_";
+/// Prefix of browser session ids (the cookie value).
+pub const SESSION_PREFIX: &str = "asbx_ses_";
+/// The browser session cookie.
+pub const SESSION_COOKIE: &str = "asbx_session";
+/// How long a browser session lasts, in milliseconds (7 days).
+pub const SESSION_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// The workspace a request acts in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub workspace_id: String,
+}
+
+impl FromRequestParts<Arc<AppState>> for Caller {
+    type Rejection = WorkspaceError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        if parts.headers.contains_key(header::AUTHORIZATION) {
+            let key = token::bearer(&parts.headers).ok_or(WorkspaceError::Unauthorized)?;
+            let workspace_id = keys::key_workspace(state.store.pool(), &token::hash(key))
+                .await?
+                .ok_or(WorkspaceError::Unauthorized)?;
+            return Ok(Caller { workspace_id });
+        }
+        if let Some(session) = session_cookie(&parts.headers)
+            && let Some(workspace_id) =
+                keys::session_workspace(state.store.pool(), &token::hash(session), state.now_ms())
+                    .await?
+        {
+            return Ok(Caller { workspace_id });
+        }
+        if state.config.require_auth {
+            return Err(WorkspaceError::Unauthorized);
+        }
+        Ok(Caller {
+            workspace_id: crate::DEFAULT_WORKSPACE.to_owned(),
+        })
+    }
+}
+
+/// The value of the session cookie, if any.
+pub fn session_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value)
+}
+
+/// Signs in with an API key: returns the session id to put in the cookie.
+pub async fn sign_in(state: &AppState, api_key: &str) -> Result<(String, String), WorkspaceError> {
+    let workspace_id = keys::key_workspace(state.store.pool(), &token::hash(api_key))
+        .await?
+        .ok_or(WorkspaceError::Unauthorized)?;
+    let session = token::mint(SESSION_PREFIX);
+    let now = state.now_ms();
+    keys::insert_session(
+        state.store.pool(),
+        &session.hash,
+        &workspace_id,
+        now,
+        now.saturating_add(SESSION_TTL_MS),
+    )
+    .await?;
+    Ok((session.plaintext, workspace_id))
+}
+
+/// The `Set-Cookie` value for a session (empty value: sign out).
+pub fn cookie_header(value: &str, secure: bool) -> String {
+    let max_age = if value.is_empty() {
+        0
+    } else {
+        SESSION_TTL_MS / 1000
+    };
+    let secure = if secure { "; Secure" } else { "" };
+    format!(
+        "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_is_found_among_others() {
+        let mut h = axum::http::HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            "a=1; asbx_session=xyz; b=2".parse().unwrap(),
+        );
+        assert_eq!(session_cookie(&h), Some("xyz"));
+        assert!(cookie_header("v", true).contains("HttpOnly; SameSite=Strict"));
+    }
+}

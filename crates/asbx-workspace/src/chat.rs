@@ -1,0 +1,377 @@
+//! Starting a chat turn (CONTRACT section 6, seed 003): take the chat's
+//! lease (creating the chat on the first turn), persist the user message,
+//! replay the last 20 messages, put attachments in the sandbox, dispatch.
+
+use std::sync::Arc;
+
+use asbx_protocol::FieldError;
+use asbx_protocol::callback::{ConfigResponse, EnvResponse, REPLAY_TURN_LIMIT, Role};
+use axum::http::{HeaderValue, StatusCode};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::dispatch::{self, RunSpec, Started};
+use crate::error::WorkspaceError;
+use crate::messages::{ContentBlock, FileAttachment, PersistedMessage};
+use crate::paths::ascii_file_name;
+use crate::run_request::check_prompt;
+use crate::state::AppState;
+use crate::store::chats;
+use crate::store::files::{self, FileRow};
+use crate::store::runs::RunKind;
+use crate::token;
+use crate::turns::{self, LeaseGuard, LiveTurn, TurnContext};
+
+/// Most attachments on one message.
+pub const MAX_ATTACHMENTS: usize = 20;
+/// Most attachment bytes placed in one sandbox.
+pub const MAX_ATTACHMENT_BYTES: i64 = 16 * 1024 * 1024;
+/// Folder (in the sandbox's working directory) attachments are written to.
+pub const ATTACHMENT_DIR: &str = "attachments";
+
+/// `POST /api/assistant/chat/stream`.
+///
+/// - `chatId`: the chat to continue; absent: the turn creates a chat.
+/// - `message`: the user's message, non-empty.
+/// - `attachmentIds`: bag files (`POST /api/assistant/files`) to attach.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TurnRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<String>,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachment_ids: Vec<String>,
+}
+
+/// A started turn.
+#[derive(Debug)]
+pub enum TurnStart {
+    /// The runner streams; subscribe to the live turn.
+    Live(Arc<LiveTurn>),
+    /// The runner refused before streaming; pass its answer through. The
+    /// failure is already persisted and the lease released.
+    Rejected {
+        chat_id: String,
+        turn_id: String,
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+        body: Bytes,
+    },
+}
+
+pub async fn start_turn(
+    state: &Arc<AppState>,
+    workspace_id: &str,
+    request: TurnRequest,
+) -> Result<TurnStart, WorkspaceError> {
+    let mut errors = Vec::new();
+    check_prompt(&request.message, "message", &mut errors);
+    if request.attachment_ids.len() > MAX_ATTACHMENTS {
+        errors.push(FieldError::new(
+            "attachmentIds",
+            format!("more than {MAX_ATTACHMENTS} attachments"),
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(WorkspaceError::invalid_fields(errors));
+    }
+    let sandbox_url = state
+        .config
+        .sandbox_url
+        .clone()
+        .ok_or(WorkspaceError::SandboxUrlMissing)?;
+    let attachments = resolve_attachments(
+        state,
+        workspace_id,
+        request.chat_id.as_deref(),
+        &request.attachment_ids,
+    )
+    .await?;
+
+    let turn_id = token::random_id();
+    let now = state.now_ms();
+    let lease_until = now.saturating_add(turns::ms(state.config.lease_ttl));
+    let chat_id = match &request.chat_id {
+        Some(chat_id) => {
+            let taken = chats::try_lease(
+                state.store.pool(),
+                chat_id,
+                workspace_id,
+                &turn_id,
+                lease_until,
+                now,
+            )
+            .await?;
+            if !taken {
+                let chat = chats::get(state.store.pool(), chat_id, workspace_id)
+                    .await?
+                    .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
+                return Err(WorkspaceError::TurnInFlight {
+                    chat_id: chat_id.clone(),
+                    turn_id: chat.lease_turn_id.unwrap_or_default(),
+                });
+            }
+            chat_id.clone()
+        }
+        None => {
+            let chat_id = token::random_id();
+            chats::create_leased(
+                state.store.pool(),
+                &chat_id,
+                workspace_id,
+                &title_of(&request.message),
+                &turn_id,
+                lease_until,
+                now,
+            )
+            .await?;
+            chat_id
+        }
+    };
+    let lease = LeaseGuard::new(Arc::clone(state), chat_id.clone(), turn_id.clone());
+
+    for file in &attachments {
+        files::claim_for_chat(state.store.pool(), &file.id, workspace_id, &chat_id).await?;
+    }
+    let history =
+        chats::recent_messages(state.store.pool(), &chat_id, REPLAY_TURN_LIMIT as i64).await?;
+    let user_message = PersistedMessage {
+        id: token::random_id(),
+        role: Role::User,
+        content: vec![ContentBlock::Text {
+            text: request.message.clone(),
+        }],
+        file_attachments: attachments
+            .iter()
+            .map(|f| FileAttachment {
+                id: f.id.clone(),
+                name: f.path.clone(),
+                mime_type: f.mime_type.clone(),
+                size: f.size,
+            })
+            .collect(),
+        created_at: now,
+        turn_id: Some(turn_id.clone()),
+    };
+    chats::append_message(state.store.pool(), &chat_id, &user_message).await?;
+    chats::set_conversation_id(state.store.pool(), &chat_id, &user_message.id).await?;
+
+    let (setup_script, placed) = attachment_script(state, &attachments).await?;
+    let spec = RunSpec {
+        id: turn_id.clone(),
+        workspace_id: workspace_id.to_owned(),
+        kind: RunKind::Chat,
+        chat_id: Some(chat_id.clone()),
+        prompt: prompt_with_attachments(&request.message, &placed),
+        env: EnvResponse {
+            variables: Default::default(),
+            setup_script,
+            allowed_hosts: Vec::new(),
+        },
+        config: ConfigResponse {
+            system_prompt: None,
+            model: state.config.default_model.clone(),
+            skills: Vec::new(),
+            mcp_servers: Vec::new(),
+            conversation: history.iter().map(PersistedMessage::to_chat_turn).collect(),
+            limits: None,
+        },
+        sandbox_url,
+    };
+    let live = LiveTurn::new(
+        turn_id.clone(),
+        chat_id.clone(),
+        workspace_id.to_owned(),
+        user_message.id.clone(),
+        now,
+        state.config.detach_grace,
+    );
+    match dispatch::start(state, &spec).await {
+        Ok(Started::Streaming { response }) => {
+            turns::spawn(
+                TurnContext {
+                    state: Arc::clone(state),
+                    turn: Arc::clone(&live),
+                    lease,
+                },
+                response,
+            );
+            Ok(TurnStart::Live(live))
+        }
+        Ok(Started::Rejected {
+            status,
+            content_type,
+            body,
+        }) => {
+            let (code, message) = match serde_json::from_slice::<asbx_protocol::Problem>(&body) {
+                Ok(p) => (p.code, p.detail),
+                Err(_) => (
+                    crate::error::codes::UPSTREAM_FAILED.to_owned(),
+                    format!("the sandbox runner answered {status}"),
+                ),
+            };
+            persist_failure(state, &chat_id, &turn_id, &code, &message).await?;
+            lease.release().await;
+            Ok(TurnStart::Rejected {
+                chat_id,
+                turn_id,
+                status,
+                content_type,
+                body,
+            })
+        }
+        Err(e) => {
+            persist_failure(
+                state,
+                &chat_id,
+                &turn_id,
+                crate::error::codes::UPSTREAM_FAILED,
+                "the sandbox runner could not be reached",
+            )
+            .await?;
+            lease.release().await;
+            Err(e)
+        }
+    }
+}
+
+async fn persist_failure(
+    state: &AppState,
+    chat_id: &str,
+    turn_id: &str,
+    code: &str,
+    message: &str,
+) -> Result<(), WorkspaceError> {
+    let failed = PersistedMessage {
+        id: token::random_id(),
+        role: Role::Assistant,
+        content: vec![ContentBlock::Error {
+            code: code.to_owned(),
+            message: message.to_owned(),
+        }],
+        file_attachments: Vec::new(),
+        created_at: state.now_ms(),
+        turn_id: Some(turn_id.to_owned()),
+    };
+    chats::append_message(state.store.pool(), chat_id, &failed).await
+}
+
+/// Checks every attachment id: a live file of this workspace, not in another
+/// chat's bag.
+async fn resolve_attachments(
+    state: &AppState,
+    workspace_id: &str,
+    chat_id: Option<&str>,
+    ids: &[String],
+) -> Result<Vec<FileRow>, WorkspaceError> {
+    let mut out: Vec<FileRow> = Vec::with_capacity(ids.len());
+    let mut errors = Vec::new();
+    let mut total = 0i64;
+    for (i, id) in ids.iter().enumerate() {
+        let file = files::get_in(state.store.pool(), id, workspace_id)
+            .await?
+            .filter(|f| f.chat_id.is_none() || f.chat_id.as_deref() == chat_id);
+        match file {
+            Some(f) if out.iter().any(|o| o.id == f.id) => {}
+            Some(f) => {
+                total = total.saturating_add(f.size);
+                out.push(f);
+            }
+            None => errors.push(FieldError::new(
+                &format!("attachmentIds[{i}]"),
+                "no such file in this chat's bag",
+            )),
+        }
+    }
+    if total > MAX_ATTACHMENT_BYTES {
+        errors.push(FieldError::new(
+            "attachmentIds",
+            format!("attachments total more than {MAX_ATTACHMENT_BYTES} bytes"),
+        ));
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(WorkspaceError::invalid_fields(errors))
+    }
+}
+
+/// A setup script writing each attachment under `attachments/` in the
+/// sandbox's working directory (the contract's way into the sandbox), and
+/// the relative paths it writes.
+async fn attachment_script<'a>(
+    state: &AppState,
+    attachments: &'a [FileRow],
+) -> Result<(Option<String>, Vec<(String, &'a FileRow)>), WorkspaceError> {
+    if attachments.is_empty() {
+        return Ok((None, Vec::new()));
+    }
+    let mut script = format!("set -e\nmkdir -p {ATTACHMENT_DIR}\n");
+    let mut placed: Vec<(String, &'a FileRow)> = Vec::new();
+    for file in attachments {
+        let mut name = ascii_file_name(&file.path);
+        let mut n = 1;
+        while placed
+            .iter()
+            .any(|(p, _)| *p == format!("{ATTACHMENT_DIR}/{name}"))
+        {
+            n += 1;
+            name = format!("{n}-{}", ascii_file_name(&file.path));
+        }
+        let path = format!("{ATTACHMENT_DIR}/{name}");
+        let bytes = state.blobs.read(&file.sha256).await?;
+        let encoded = STANDARD.encode(&bytes);
+        // The file name is sanitized to [A-Za-z0-9._-], so quoting is safe;
+        // the heredoc delimiter cannot occur in base64.
+        script.push_str(&format!("base64 -d > '{path}' <<'ASBX_ATTACHMENT_EOF'\n"));
+        for chunk in encoded.as_bytes().chunks(76) {
+            script.push_str(&String::from_utf8_lossy(chunk));
+            script.push('\n');
+        }
+        script.push_str("ASBX_ATTACHMENT_EOF\n");
+        placed.push((path, file));
+    }
+    Ok((Some(script), placed))
+}
+
+fn prompt_with_attachments(message: &str, placed: &[(String, &FileRow)]) -> String {
+    if placed.is_empty() {
+        return message.to_owned();
+    }
+    let list: Vec<String> = placed
+        .iter()
+        .map(|(path, f)| format!("- {path} ({}, {} bytes)", f.mime_type, f.size))
+        .collect();
+    format!(
+        "{message}\n\nAttached files, in the working directory:\n{}",
+        list.join("\n")
+    )
+}
+
+/// A chat title: the first line of the first message, at most 80 characters.
+fn title_of(message: &str) -> String {
+    let first = message.trim().lines().next().unwrap_or("").trim();
+    let mut title: String = first.chars().take(80).collect();
+    if first.chars().count() > 80 {
+        title.push('…');
+    }
+    if title.is_empty() {
+        "New chat".to_owned()
+    } else {
+        title
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles() {
+        assert_eq!(title_of("  hello\nworld"), "hello");
+        assert_eq!(title_of(&"x".repeat(100)).chars().count(), 81);
+    }
+}

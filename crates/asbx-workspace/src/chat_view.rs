@@ -1,0 +1,131 @@
+//! Read side of chats: the list, one chat with its thread and bag, uploads.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::WorkspaceError;
+use crate::messages::PersistedMessage;
+use crate::paths;
+use crate::runs_view::file_info;
+use crate::state::AppState;
+use crate::store::chats::{self, ChatRow};
+use crate::store::files::{self, FileOrigin, FileRow};
+use crate::token;
+use crate::wire::FileInfo;
+
+/// Largest upload to a bag.
+pub const MAX_UPLOAD_BYTES: usize = 32 * 1024 * 1024;
+
+/// A chat in the list.
+///
+/// - `activeTurnId`: the turn holding the chat's lease, if one is in flight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatSummary {
+    pub id: String,
+    pub title: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_turn_id: Option<String>,
+}
+
+/// One chat: its thread and its bag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatDetail {
+    #[serde(flatten)]
+    pub chat: ChatSummary,
+    pub messages: Vec<PersistedMessage>,
+    pub files: Vec<FileInfo>,
+}
+
+fn summary(c: &ChatRow, now_ms: i64) -> ChatSummary {
+    ChatSummary {
+        id: c.id.clone(),
+        title: c.title.clone(),
+        created_at: c.created_at,
+        updated_at: c.updated_at,
+        active_turn_id: c.active_turn(now_ms).map(str::to_owned),
+    }
+}
+
+pub async fn list(
+    state: &AppState,
+    workspace_id: &str,
+) -> Result<Vec<ChatSummary>, WorkspaceError> {
+    let now = state.now_ms();
+    Ok(chats::list(state.store.pool(), workspace_id)
+        .await?
+        .iter()
+        .map(|c| summary(c, now))
+        .collect())
+}
+
+pub async fn detail(
+    state: &AppState,
+    workspace_id: &str,
+    chat_id: &str,
+) -> Result<ChatDetail, WorkspaceError> {
+    let chat = chats::get(state.store.pool(), chat_id, workspace_id)
+        .await?
+        .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
+    let messages = chats::all_messages(state.store.pool(), chat_id).await?;
+    let files = files::list_for_chat(state.store.pool(), chat_id, workspace_id).await?;
+    Ok(ChatDetail {
+        chat: summary(&chat, state.now_ms()),
+        messages,
+        files: files.iter().map(file_info).collect(),
+    })
+}
+
+/// Stores an upload in the workspace's bag (in a chat's bag with `chat_id`).
+pub async fn upload(
+    state: &AppState,
+    workspace_id: &str,
+    name: &str,
+    chat_id: Option<&str>,
+    mime_type: Option<&str>,
+    bytes: &[u8],
+) -> Result<FileInfo, WorkspaceError> {
+    let mut errors = Vec::new();
+    if let Err(m) = paths::check_relative_path(name) {
+        errors.push(asbx_protocol::FieldError::new("name", m));
+    }
+    let mime = match mime_type.map(|m| m.trim()).filter(|m| !m.is_empty()) {
+        Some(m) => match paths::check_mime_type(m) {
+            Ok(()) => m.to_owned(),
+            Err(msg) => {
+                errors.push(asbx_protocol::FieldError::new("content-type", msg));
+                String::new()
+            }
+        },
+        None => mime_guess::from_path(name)
+            .first_or_octet_stream()
+            .essence_str()
+            .to_owned(),
+    };
+    if !errors.is_empty() {
+        return Err(WorkspaceError::invalid_fields(errors));
+    }
+    if let Some(chat_id) = chat_id {
+        chats::get(state.store.pool(), chat_id, workspace_id)
+            .await?
+            .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
+    }
+    let sha = state.blobs.put(bytes).await?;
+    let row = FileRow {
+        id: token::random_id(),
+        workspace_id: workspace_id.to_owned(),
+        run_id: None,
+        chat_id: chat_id.map(str::to_owned),
+        origin: FileOrigin::Upload.as_str().to_owned(),
+        path: name.to_owned(),
+        mime_type: mime,
+        size: i64::try_from(bytes.len()).unwrap_or(i64::MAX),
+        sha256: sha,
+        created_at: state.now_ms(),
+        deleted_at: None,
+    };
+    files::insert(state.store.pool(), &row).await?;
+    Ok(file_info(&row))
+}

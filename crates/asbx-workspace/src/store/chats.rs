@@ -1,0 +1,335 @@
+//! Chats, their messages, and the per-chat single-flight lease.
+//!
+//! The lease is two columns on the chat row. Taking it is one conditional
+//! `UPDATE` (free, or expired); the holder renews it while the turn runs and
+//! clears it when the turn settles. A process that dies hard stops renewing,
+//! so its lease expires and the next turn takes it over.
+
+use sqlx::any::AnyRow;
+use sqlx::{Any, Executor, Row as _};
+
+use crate::error::WorkspaceError;
+use crate::messages::PersistedMessage;
+
+/// A stored chat.
+#[derive(Debug, Clone)]
+pub struct ChatRow {
+    pub id: String,
+    pub workspace_id: String,
+    pub title: String,
+    pub conversation_id: Option<String>,
+    pub lease_turn_id: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub deleted_at: Option<i64>,
+}
+
+impl ChatRow {
+    /// The turn holding an unexpired lease at `now_ms`.
+    pub fn active_turn(&self, now_ms: i64) -> Option<&str> {
+        match (&self.lease_turn_id, self.lease_expires_at) {
+            (Some(turn), Some(exp)) if exp > now_ms => Some(turn),
+            _ => None,
+        }
+    }
+}
+
+const COLUMNS: &str = "id, workspace_id, title, conversation_id, lease_turn_id, \
+    lease_expires_at, created_at, updated_at, deleted_at";
+
+/// Creates a chat whose lease is already held by `turn_id`.
+pub async fn create_leased<'c, E>(
+    db: E,
+    id: &str,
+    workspace_id: &str,
+    title: &str,
+    turn_id: &str,
+    lease_until: i64,
+    now_ms: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query(
+        "INSERT INTO chats (id, workspace_id, title, conversation_id, lease_turn_id, \
+         lease_expires_at, created_at, updated_at, deleted_at) \
+         VALUES ($1, $2, $3, NULL, $4, $5, $6, $6, NULL)",
+    )
+    .bind(id)
+    .bind(workspace_id)
+    .bind(title)
+    .bind(turn_id)
+    .bind(lease_until)
+    .bind(now_ms)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Takes the lease of a live chat of `workspace_id` if it is free or expired.
+pub async fn try_lease<'c, E>(
+    db: E,
+    chat_id: &str,
+    workspace_id: &str,
+    turn_id: &str,
+    lease_until: i64,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE chats SET lease_turn_id = $1, lease_expires_at = $2, updated_at = $3 \
+         WHERE id = $4 AND workspace_id = $5 AND deleted_at IS NULL \
+         AND (lease_turn_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $3)",
+    )
+    .bind(turn_id)
+    .bind(lease_until)
+    .bind(now_ms)
+    .bind(chat_id)
+    .bind(workspace_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Extends the lease while `turn_id` still holds it; false if it lost it.
+pub async fn renew_lease<'c, E>(
+    db: E,
+    chat_id: &str,
+    turn_id: &str,
+    lease_until: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done =
+        sqlx::query("UPDATE chats SET lease_expires_at = $1 WHERE id = $2 AND lease_turn_id = $3")
+            .bind(lease_until)
+            .bind(chat_id)
+            .bind(turn_id)
+            .execute(db)
+            .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Clears the lease if `turn_id` holds it.
+pub async fn release_lease<'c, E>(
+    db: E,
+    chat_id: &str,
+    turn_id: &str,
+    now_ms: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query(
+        "UPDATE chats SET lease_turn_id = NULL, lease_expires_at = NULL, updated_at = $1 \
+         WHERE id = $2 AND lease_turn_id = $3",
+    )
+    .bind(now_ms)
+    .bind(chat_id)
+    .bind(turn_id)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// A live (not deleted) chat of `workspace_id`.
+pub async fn get<'c, E>(
+    db: E,
+    id: &str,
+    workspace_id: &str,
+) -> Result<Option<ChatRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM chats WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL"
+    ))
+    .bind(id)
+    .bind(workspace_id)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| from_row(&r)).transpose()
+}
+
+/// Live chats of a workspace, most recently updated first.
+pub async fn list<'c, E>(db: E, workspace_id: &str) -> Result<Vec<ChatRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM chats WHERE workspace_id = $1 AND deleted_at IS NULL \
+         ORDER BY updated_at DESC, id LIMIT 500"
+    ))
+    .bind(workspace_id)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Soft-deletes a chat and its bag files.
+pub async fn soft_delete(
+    pool: &sqlx::AnyPool,
+    id: &str,
+    workspace_id: &str,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError> {
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE chats SET deleted_at = $1, lease_turn_id = NULL, lease_expires_at = NULL \
+         WHERE id = $2 AND workspace_id = $3 AND deleted_at IS NULL",
+    )
+    .bind(now_ms)
+    .bind(id)
+    .bind(workspace_id)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() == 1 {
+        sqlx::query(
+            "UPDATE files SET deleted_at = $1 WHERE chat_id = $2 AND workspace_id = $3 \
+             AND deleted_at IS NULL",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .bind(workspace_id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Appends a message at the end of a chat.
+///
+/// Only the lease holder appends, so the position computed from the current
+/// maximum cannot race; the `UNIQUE (chat_id, position)` constraint would
+/// refuse it if it ever did.
+pub async fn append_message<'c, E>(
+    db: E,
+    chat_id: &str,
+    message: &PersistedMessage,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let role = match message.role {
+        asbx_protocol::callback::Role::User => "user",
+        asbx_protocol::callback::Role::Assistant => "assistant",
+    };
+    let content = serde_json::to_string(&message.content)
+        .map_err(|e| WorkspaceError::Corrupt(format!("message content: {e}")))?;
+    let attachments = serde_json::to_string(&message.file_attachments)
+        .map_err(|e| WorkspaceError::Corrupt(format!("message attachments: {e}")))?;
+    sqlx::query(
+        "INSERT INTO messages (id, chat_id, position, role, content, attachments, turn_id, \
+         created_at) SELECT $1, $2, COALESCE(MAX(position), 0) + 1, $3, $4, $5, $6, $7 \
+         FROM messages WHERE chat_id = $2",
+    )
+    .bind(&message.id)
+    .bind(chat_id)
+    .bind(role)
+    .bind(content)
+    .bind(attachments)
+    .bind(message.turn_id.as_deref())
+    .bind(message.created_at)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Sets the chat's conversation id (the first user message id) if unset.
+pub async fn set_conversation_id<'c, E>(
+    db: E,
+    chat_id: &str,
+    message_id: &str,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query("UPDATE chats SET conversation_id = $1 WHERE id = $2 AND conversation_id IS NULL")
+        .bind(message_id)
+        .bind(chat_id)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// The last `limit` messages of a chat, oldest first.
+pub async fn recent_messages<'c, E>(
+    db: E,
+    chat_id: &str,
+    limit: i64,
+) -> Result<Vec<PersistedMessage>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(
+        "SELECT id, role, content, attachments, turn_id, created_at FROM messages \
+         WHERE chat_id = $1 ORDER BY position DESC LIMIT $2",
+    )
+    .bind(chat_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    let mut out = rows
+        .iter()
+        .map(message_from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    out.reverse();
+    Ok(out)
+}
+
+/// Every message of a chat, oldest first.
+pub async fn all_messages<'c, E>(
+    db: E,
+    chat_id: &str,
+) -> Result<Vec<PersistedMessage>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(
+        "SELECT id, role, content, attachments, turn_id, created_at FROM messages \
+         WHERE chat_id = $1 ORDER BY position",
+    )
+    .bind(chat_id)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(message_from_row).collect()
+}
+
+fn message_from_row(r: &AnyRow) -> Result<PersistedMessage, WorkspaceError> {
+    let role = match r.try_get::<String, _>("role")?.as_str() {
+        "user" => asbx_protocol::callback::Role::User,
+        "assistant" => asbx_protocol::callback::Role::Assistant,
+        other => return Err(WorkspaceError::Corrupt(format!("message role {other:?}"))),
+    };
+    let content: String = r.try_get("content")?;
+    let attachments: String = r.try_get("attachments")?;
+    Ok(PersistedMessage {
+        id: r.try_get("id")?,
+        role,
+        content: serde_json::from_str(&content)
+            .map_err(|e| WorkspaceError::Corrupt(format!("message content: {e}")))?,
+        file_attachments: serde_json::from_str(&attachments)
+            .map_err(|e| WorkspaceError::Corrupt(format!("message attachments: {e}")))?,
+        created_at: r.try_get("created_at")?,
+        turn_id: r.try_get("turn_id")?,
+    })
+}
+
+fn from_row(r: &AnyRow) -> Result<ChatRow, WorkspaceError> {
+    Ok(ChatRow {
+        id: r.try_get("id")?,
+        workspace_id: r.try_get("workspace_id")?,
+        title: r.try_get("title")?,
+        conversation_id: r.try_get("conversation_id")?,
+        lease_turn_id: r.try_get("lease_turn_id")?,
+        lease_expires_at: r.try_get("lease_expires_at")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        deleted_at: r.try_get("deleted_at")?,
+    })
+}

@@ -1,0 +1,122 @@
+//! Workspaces, their API keys and browser sessions (hashes only).
+
+use sqlx::{Any, Executor, Row as _};
+
+use crate::error::WorkspaceError;
+
+pub async fn create_workspace<'c, E>(
+    db: E,
+    id: &str,
+    name: &str,
+    now_ms: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query("INSERT INTO workspaces (id, name, created_at) VALUES ($1, $2, $3)")
+        .bind(id)
+        .bind(name)
+        .bind(now_ms)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+pub async fn workspace_name<'c, E>(db: E, id: &str) -> Result<Option<String>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query("SELECT name FROM workspaces WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|r| r.try_get("name")).transpose()?)
+}
+
+pub async fn insert_key<'c, E>(
+    db: E,
+    hash: &str,
+    workspace_id: &str,
+    name: &str,
+    now_ms: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query(
+        "INSERT INTO api_keys (hash, workspace_id, name, created_at, revoked_at) \
+         VALUES ($1, $2, $3, $4, NULL)",
+    )
+    .bind(hash)
+    .bind(workspace_id)
+    .bind(name)
+    .bind(now_ms)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// The workspace of an unrevoked key.
+pub async fn key_workspace<'c, E>(db: E, hash: &str) -> Result<Option<String>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row =
+        sqlx::query("SELECT workspace_id FROM api_keys WHERE hash = $1 AND revoked_at IS NULL")
+            .bind(hash)
+            .fetch_optional(db)
+            .await?;
+    Ok(row.map(|r| r.try_get("workspace_id")).transpose()?)
+}
+
+pub async fn insert_session<'c, E>(
+    db: E,
+    hash: &str,
+    workspace_id: &str,
+    now_ms: i64,
+    expires_at: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query(
+        "INSERT INTO web_sessions (hash, workspace_id, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4)",
+    )
+    .bind(hash)
+    .bind(workspace_id)
+    .bind(now_ms)
+    .bind(expires_at)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// The workspace of an unexpired browser session.
+pub async fn session_workspace<'c, E>(
+    db: E,
+    hash: &str,
+    now_ms: i64,
+) -> Result<Option<String>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row =
+        sqlx::query("SELECT workspace_id FROM web_sessions WHERE hash = $1 AND expires_at > $2")
+            .bind(hash)
+            .bind(now_ms)
+            .fetch_optional(db)
+            .await?;
+    Ok(row.map(|r| r.try_get("workspace_id")).transpose()?)
+}
+
+pub async fn delete_session<'c, E>(db: E, hash: &str) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query("DELETE FROM web_sessions WHERE hash = $1")
+        .bind(hash)
+        .execute(db)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,453 @@
+//! Live chat turns: the task that drives one turn, and the SSE subscribers.
+//!
+//! A turn runs in its own task, independent of any HTTP connection: it reads
+//! the runner's NDJSON, folds the lines into the step trace, buffers the SSE
+//! frames (so a reconnecting client with `Last-Event-ID` misses nothing),
+//! renews the chat's lease, and when the stream ends (or is cancelled)
+//! persists the assistant message, settles the run and releases the lease.
+//! Clients are subscribers: when the last one goes away, the turn is
+//! cancelled after the configured grace period (zero: at once).
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use asbx_protocol::callback::Role;
+use asbx_protocol::{Event, Line};
+use axum::response::sse;
+use futures::{Stream, StreamExt as _};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch;
+use crate::messages::{PersistedMessage, TraceBuilder};
+use crate::relay::OutcomeTap;
+use crate::state::AppState;
+use crate::store::chats;
+use crate::store::runs::Outcome;
+use crate::token;
+
+/// Most bytes of SSE frames kept per turn for resumption; older frames are
+/// dropped first.
+const MAX_BUFFERED_BYTES: usize = 32 * 1024 * 1024;
+/// How long a settled turn stays attachable, so a late reconnect still gets
+/// its last frames and the `done` event.
+const LINGER: Duration = Duration::from_secs(60);
+/// Keep-alive comment interval on SSE streams.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The turns in flight (and recently settled) in this process.
+#[derive(Debug, Default)]
+pub struct TurnHub {
+    turns: Mutex<HashMap<String, Arc<LiveTurn>>>,
+}
+
+impl TurnHub {
+    fn insert(&self, turn: Arc<LiveTurn>) {
+        if let Ok(mut map) = self.turns.lock() {
+            map.insert(turn.id.clone(), turn);
+        }
+    }
+
+    fn remove(&self, turn_id: &str) {
+        if let Ok(mut map) = self.turns.lock() {
+            map.remove(turn_id);
+        }
+    }
+
+    /// The newest turn of a chat in `workspace_id`, if one is attachable.
+    pub fn for_chat(&self, chat_id: &str, workspace_id: &str) -> Option<Arc<LiveTurn>> {
+        let map = self.turns.lock().ok()?;
+        map.values()
+            .filter(|t| t.chat_id == chat_id && t.workspace_id == workspace_id)
+            .max_by_key(|t| t.started_at)
+            .cloned()
+    }
+}
+
+/// One buffered SSE frame: a runner line (`id` = its seq).
+#[derive(Debug, Clone)]
+struct Frame {
+    seq: u64,
+    kind: &'static str,
+    data: Arc<str>,
+}
+
+/// The `done` event's payload.
+///
+/// - `status`: `succeeded`, `failed` or `cancelled`.
+/// - `messageId`: the persisted assistant message.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Done {
+    pub chat_id: String,
+    pub turn_id: String,
+    pub status: &'static str,
+    pub message_id: String,
+}
+
+/// The `turn` event's payload, first on every stream.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInfo {
+    pub chat_id: String,
+    pub turn_id: String,
+    pub user_message_id: String,
+}
+
+#[derive(Debug, Default)]
+struct Frames {
+    events: VecDeque<Frame>,
+    bytes: usize,
+    done: Option<Done>,
+}
+
+/// A turn other requests can attach to.
+#[derive(Debug)]
+pub struct LiveTurn {
+    pub id: String,
+    pub chat_id: String,
+    pub workspace_id: String,
+    pub user_message_id: String,
+    started_at: i64,
+    frames: Mutex<Frames>,
+    version: watch::Sender<u64>,
+    cancel: CancellationToken,
+    subscribers: AtomicUsize,
+    grace: Duration,
+}
+
+impl LiveTurn {
+    pub fn new(
+        id: String,
+        chat_id: String,
+        workspace_id: String,
+        user_message_id: String,
+        started_at: i64,
+        grace: Duration,
+    ) -> Arc<LiveTurn> {
+        Arc::new(LiveTurn {
+            id,
+            chat_id,
+            workspace_id,
+            user_message_id,
+            started_at,
+            frames: Mutex::new(Frames::default()),
+            version: watch::Sender::new(0),
+            cancel: CancellationToken::new(),
+            subscribers: AtomicUsize::new(0),
+            grace,
+        })
+    }
+
+    /// Asks the turn to stop; the driver cancels the sandbox and settles.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.frames.lock().map(|f| f.done.is_some()).unwrap_or(true)
+    }
+
+    fn push(&self, frame: Frame) {
+        if let Ok(mut f) = self.frames.lock() {
+            f.bytes += frame.data.len();
+            f.events.push_back(frame);
+            while f.bytes > MAX_BUFFERED_BYTES {
+                match f.events.pop_front() {
+                    Some(old) => f.bytes -= old.data.len(),
+                    None => break,
+                }
+            }
+        }
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    fn finish(&self, done: Done) {
+        if let Ok(mut f) = self.frames.lock() {
+            f.done = Some(done);
+        }
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Frames after `cursor`, and the `done` payload once every frame is out.
+    fn after(&self, cursor: u64) -> (Vec<Frame>, Option<Done>) {
+        let Ok(f) = self.frames.lock() else {
+            return (Vec::new(), None);
+        };
+        let start = f.events.partition_point(|e| e.seq <= cursor);
+        let frames: Vec<Frame> = f.events.iter().skip(start).cloned().collect();
+        (frames, f.done.clone())
+    }
+
+    fn info(&self) -> TurnInfo {
+        TurnInfo {
+            chat_id: self.chat_id.clone(),
+            turn_id: self.id.clone(),
+            user_message_id: self.user_message_id.clone(),
+        }
+    }
+}
+
+/// Counts a subscriber; the last one leaving starts the grace period.
+struct Subscription {
+    turn: Arc<LiveTurn>,
+}
+
+impl Subscription {
+    fn new(turn: Arc<LiveTurn>) -> Self {
+        turn.subscribers.fetch_add(1, Ordering::SeqCst);
+        Subscription { turn }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if self.turn.subscribers.fetch_sub(1, Ordering::SeqCst) != 1 || self.turn.is_done() {
+            return;
+        }
+        let turn = Arc::clone(&self.turn);
+        if turn.grace.is_zero() {
+            turn.cancel();
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                tokio::time::sleep(turn.grace).await;
+                if turn.subscribers.load(Ordering::SeqCst) == 0 && !turn.is_done() {
+                    tracing::info!(turn = %turn.id, "client gone past the grace period; cancelling");
+                    turn.cancel();
+                }
+            });
+        }
+    }
+}
+
+/// The SSE events of a turn after `cursor` (a `Last-Event-ID`): a `turn`
+/// event, every runner line but `log` with `id: <seq>`, then `done`.
+pub fn subscribe(
+    turn: Arc<LiveTurn>,
+    cursor: u64,
+) -> impl Stream<Item = Result<sse::Event, Infallible>> + Send + 'static {
+    let first = sse::Event::default()
+        .event("turn")
+        .json_data(turn.info())
+        .unwrap_or_default();
+    let rx = turn.version.subscribe();
+    let sub = Subscription::new(Arc::clone(&turn));
+    let state = (sub, rx, cursor, VecDeque::<sse::Event>::new(), false);
+    let rest = futures::stream::unfold(
+        state,
+        |(sub, mut rx, mut cursor, mut pending, ended)| async move {
+            loop {
+                if let Some(ev) = pending.pop_front() {
+                    return Some((Ok(ev), (sub, rx, cursor, pending, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                rx.borrow_and_update();
+                let (frames, done) = sub.turn.after(cursor);
+                if !frames.is_empty() {
+                    for f in frames {
+                        cursor = f.seq;
+                        pending.push_back(
+                            sse::Event::default()
+                                .id(f.seq.to_string())
+                                .event(f.kind)
+                                .data(&*f.data),
+                        );
+                    }
+                    continue;
+                }
+                if let Some(done) = done {
+                    let ev = sse::Event::default()
+                        .event("done")
+                        .json_data(&done)
+                        .unwrap_or_default();
+                    return Some((Ok(ev), (sub, rx, cursor, pending, true)));
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        },
+    );
+    futures::stream::once(async move { Ok(first) }).chain(rest)
+}
+
+/// What the driver needs besides the upstream response.
+#[derive(Debug)]
+pub struct TurnContext {
+    pub state: Arc<AppState>,
+    pub turn: Arc<LiveTurn>,
+    pub lease: LeaseGuard,
+}
+
+/// Registers the turn and spawns its driver.
+pub fn spawn(ctx: TurnContext, response: reqwest::Response) {
+    ctx.state.turns.insert(Arc::clone(&ctx.turn));
+    tokio::spawn(drive(ctx, response));
+}
+
+async fn drive(ctx: TurnContext, response: reqwest::Response) {
+    let TurnContext { state, turn, lease } = ctx;
+    let mut upstream = response.bytes_stream().boxed();
+    let mut tap = OutcomeTap::default();
+    let mut trace = TraceBuilder::default();
+    let mut last_seq = 0u64;
+    let session_id = turn.id.clone();
+    let renew_every = (state.config.lease_ttl / 3).max(Duration::from_millis(50));
+    let mut renew = tokio::time::interval(renew_every);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    renew.tick().await;
+
+    let handle = |lines: Vec<Line>, trace: &mut TraceBuilder, last_seq: &mut u64| {
+        for line in lines {
+            *last_seq = (*last_seq).max(line.seq);
+            trace.push(&line);
+            if matches!(line.event, Event::Log(_)) {
+                continue;
+            }
+            if let Ok(data) = serde_json::to_string(&line) {
+                turn.push(Frame {
+                    seq: line.seq,
+                    kind: line.event.type_name(),
+                    data: data.into(),
+                });
+            }
+        }
+    };
+
+    let mut cancelled = false;
+    let mut broken: Option<String> = None;
+    loop {
+        tokio::select! {
+            biased;
+            _ = turn.cancel.cancelled() => {
+                cancelled = true;
+                break;
+            }
+            _ = renew.tick() => {
+                let until = state.now_ms().saturating_add(ms(state.config.lease_ttl));
+                match chats::renew_lease(state.store.pool(), &turn.chat_id, &turn.id, until).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(turn = %turn.id, "lost the chat lease"),
+                    Err(e) => tracing::warn!(turn = %turn.id, error = %e, "renewing the chat lease failed"),
+                }
+            }
+            chunk = upstream.next() => match chunk {
+                Some(Ok(bytes)) => handle(tap.observe(&bytes), &mut trace, &mut last_seq),
+                Some(Err(e)) => {
+                    broken = Some(crate::error::error_chain(&e));
+                    break;
+                }
+                None => break,
+            },
+        }
+    }
+    // Dropping the upstream request cancels the sandbox if it still runs.
+    drop(upstream);
+    handle(tap.finish_input(), &mut trace, &mut last_seq);
+
+    let (outcome, status) = match (tap.terminal().cloned(), cancelled) {
+        (Some(o @ Outcome::Succeeded { .. }), _) => (o, "succeeded"),
+        (Some(o @ Outcome::Failed { .. }), _) => (o, "failed"),
+        (None, true) => (
+            Outcome::Failed {
+                code: asbx_protocol::codes::CANCELLED.to_owned(),
+                message: "the turn was cancelled".to_owned(),
+            },
+            "cancelled",
+        ),
+        (None, false) => (tap.outcome(broken.as_deref()), "failed"),
+    };
+    if tap.terminal().is_none() {
+        // Tell subscribers how it ended with a line of the same shape as the
+        // runner's, numbered after the last one seen.
+        if let Outcome::Failed { code, message } = &outcome {
+            let line = Line {
+                seq: last_seq + 1,
+                ts: u64::try_from(state.now_ms()).unwrap_or(0),
+                session_id: session_id.clone(),
+                event: Event::error(code.clone(), message.clone()),
+            };
+            handle(vec![line], &mut trace, &mut last_seq);
+        }
+    }
+
+    let message = PersistedMessage {
+        id: token::random_id(),
+        role: Role::Assistant,
+        content: trace.finish(),
+        file_attachments: Vec::new(),
+        created_at: state.now_ms(),
+        turn_id: Some(turn.id.clone()),
+    };
+    if let Err(e) = chats::append_message(state.store.pool(), &turn.chat_id, &message).await {
+        tracing::error!(turn = %turn.id, error = %crate::error::error_chain(&e), "persisting the assistant message failed");
+    }
+    dispatch::settle(&state, &turn.id, &outcome).await;
+    lease.release().await;
+    turn.finish(Done {
+        chat_id: turn.chat_id.clone(),
+        turn_id: turn.id.clone(),
+        status,
+        message_id: message.id,
+    });
+    tokio::time::sleep(LINGER).await;
+    state.turns.remove(&turn.id);
+}
+
+/// Holds a chat's lease for a turn; released explicitly, or on drop.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    state: Arc<AppState>,
+    chat_id: String,
+    turn_id: String,
+    held: bool,
+}
+
+impl LeaseGuard {
+    pub fn new(state: Arc<AppState>, chat_id: String, turn_id: String) -> Self {
+        LeaseGuard {
+            state,
+            chat_id,
+            turn_id,
+            held: true,
+        }
+    }
+
+    pub async fn release(mut self) {
+        self.held = false;
+        release(&self.state, &self.chat_id, &self.turn_id).await;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let state = Arc::clone(&self.state);
+        let (chat_id, turn_id) = (self.chat_id.clone(), self.turn_id.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { release(&state, &chat_id, &turn_id).await });
+        }
+    }
+}
+
+async fn release(state: &AppState, chat_id: &str, turn_id: &str) {
+    if let Err(e) = chats::release_lease(state.store.pool(), chat_id, turn_id, state.now_ms()).await
+    {
+        tracing::error!(chat = chat_id, turn = turn_id, error = %crate::error::error_chain(&e), "releasing the chat lease failed");
+    }
+}
+
+/// A duration in milliseconds, as `i64`.
+pub fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -146,7 +146,6 @@ pub(crate) struct TestWorkspace {
     pub(crate) clock: Arc<ManualClock>,
     pub(crate) database_url: String,
     pub(crate) data_dir: tempfile::TempDir,
-    #[allow(dead_code)]
     pub(crate) workspace: Workspace,
     _server: AbortOnDrop,
     _pg: Option<PgDatabase>,
@@ -157,7 +156,6 @@ impl TestWorkspace {
         Self::start_on(Db::Sqlite, sandbox_url, |_| {}).await
     }
 
-    #[allow(dead_code)]
     pub(crate) async fn start_with(
         sandbox_url: Option<Url>,
         tweak: impl FnOnce(&mut WorkspaceConfig),

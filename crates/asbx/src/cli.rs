@@ -1,0 +1,148 @@
+//! Command-line arguments.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "asbx",
+    version,
+    about = "Run AI agent turns in ephemeral, isolated sandboxes"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Start the workspace and the runner together, on loopback.
+    Up(UpArgs),
+    /// Start the sandbox runner alone.
+    Runner(RunnerArgs),
+    /// Start the workspace (control plane) alone.
+    Workspace(WorkspaceArgs),
+    /// Dispatch one turn through a running `asbx up` and show it live.
+    Run(RunArgs),
+    /// The agent loop; runs inside a sandbox (internal).
+    #[command(hide = true)]
+    Agent,
+    /// Build one sandbox and exec a command in it (internal).
+    #[command(hide = true)]
+    Jail(JailArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunnerOpts {
+    /// Isolation profile: strict, namespaces (weaker), or unconfined (none).
+    #[arg(long, env = "ASBX_PROFILE", default_value = "strict")]
+    pub(crate) profile: String,
+    /// Bearer token required on every runner route.
+    #[arg(long, env = "ASBX_RUNNER_TOKEN")]
+    pub(crate) token: Option<String>,
+    /// Hard runtime cap of one sandbox, in seconds.
+    #[arg(long, env = "ASBX_MAX_RUNTIME_SEC", default_value_t = 28_800)]
+    pub(crate) max_runtime_sec: u64,
+    /// Grace past the runtime cap, in seconds.
+    #[arg(long, env = "ASBX_RUNTIME_GRACE_SEC", default_value_t = 60)]
+    pub(crate) runtime_grace_sec: u64,
+    /// Most sandboxes alive at once.
+    #[arg(long, env = "ASBX_MAX_SANDBOXES", default_value_t = 1024)]
+    pub(crate) max_sandboxes: usize,
+    /// Memory cap of one sandbox, in MiB.
+    #[arg(long, env = "ASBX_SANDBOX_MEMORY_MB", default_value_t = 512)]
+    pub(crate) memory_mb: u64,
+    /// Most processes in one sandbox.
+    #[arg(long, env = "ASBX_SANDBOX_PIDS", default_value_t = 256)]
+    pub(crate) pids: u64,
+    /// CPU quota of one sandbox, in percent of one core.
+    #[arg(long, env = "ASBX_SANDBOX_CPU_PERCENT", default_value_t = 100)]
+    pub(crate) cpu_percent: u32,
+    /// Disk cap of a sandbox's working directory and /tmp, in MiB.
+    #[arg(long, env = "ASBX_SANDBOX_DISK_MB", default_value_t = 256)]
+    pub(crate) disk_mb: u64,
+    /// OpenAI-compatible endpoint (any server speaking chat completions).
+    #[arg(long, env = "OPENAI_BASE_URL")]
+    pub(crate) openai_base_url: Option<String>,
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub(crate) openai_api_key: Option<String>,
+    #[arg(long, env = "ANTHROPIC_BASE_URL")]
+    pub(crate) anthropic_base_url: Option<String>,
+    #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
+    pub(crate) anthropic_api_key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    /// Where the workspace (and its web page) listens.
+    #[arg(long, env = "ASBX_LISTEN", default_value = "127.0.0.1:7878")]
+    pub(crate) listen: SocketAddr,
+    /// Data folder (SQLite database, files, sandbox state).
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    /// Model used when a run names none (`provider:model`).
+    #[arg(long, env = "ASBX_MODEL")]
+    pub(crate) model: Option<String>,
+    #[command(flatten)]
+    pub(crate) runner: RunnerOpts,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunnerArgs {
+    #[arg(long, env = "ASBX_RUNNER_LISTEN", default_value = "127.0.0.1:7879")]
+    pub(crate) listen: SocketAddr,
+    /// Folder for per-session state.
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    #[command(flatten)]
+    pub(crate) runner: RunnerOpts,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkspaceArgs {
+    #[arg(long, env = "ASBX_LISTEN", default_value = "127.0.0.1:7878")]
+    pub(crate) listen: SocketAddr,
+    /// The runner's base URL.
+    #[arg(long, env = "SANDBOX_URL")]
+    pub(crate) sandbox_url: Option<url::Url>,
+    /// The URL sandboxes call back (defaults to http://<listen>).
+    #[arg(long, env = "ASBX_PUBLIC_URL")]
+    pub(crate) public_url: Option<url::Url>,
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    /// Database URL (sqlite:... or postgres://...); SQLite under the data folder by default.
+    #[arg(long, env = "DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
+    #[arg(long, env = "ASBX_MODEL")]
+    pub(crate) model: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// What to ask the agent.
+    pub(crate) prompt: String,
+    /// Model, as `provider:model` (for example `openai:gpt-4.1-mini`).
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// The workspace's URL.
+    #[arg(long, env = "ASBX_URL", default_value = "http://127.0.0.1:7878")]
+    pub(crate) url: url::Url,
+    /// Print the raw NDJSON lines instead of rendering them.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct JailArgs {
+    /// The sandbox policy, as JSON.
+    #[arg(long, conflicts_with = "check")]
+    pub(crate) policy: Option<String>,
+    /// Report which isolation layers this host has, as JSON.
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// The profile to check.
+    #[arg(long, default_value = "strict")]
+    pub(crate) profile: String,
+}

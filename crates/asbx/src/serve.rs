@@ -1,0 +1,265 @@
+//! The long-running subcommands (`up`, `runner`, `workspace`), `run`, and the
+//! `jail` glue.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use asbx_protocol::gateway::ProviderKind;
+use asbx_protocol::jail::{JailPolicy, JailProfile, LayerReport, ResourceLimits};
+use asbx_runner::{Isolation, ProviderConfig, Runner, RunnerConfig};
+use asbx_workspace::{Workspace, WorkspaceConfig};
+use tokio::net::TcpListener;
+
+use crate::cli::{Command, JailArgs, RunnerOpts};
+
+pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Up(args) => {
+            let data = absolute_data_dir(&args.data)?;
+            let runner = start_runner(&args.runner, &data)?;
+            let runner_listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("binding the runner to a loopback port")?;
+            let runner_url = format!("http://{}", runner_listener.local_addr()?);
+            let listener = TcpListener::bind(args.listen).await.with_context(|| {
+                format!("binding {} (set --listen or ASBX_LISTEN)", args.listen)
+            })?;
+            let addr = listener.local_addr()?;
+            let model = default_model(args.model.as_deref(), &args.runner);
+            let mut config =
+                WorkspaceConfig::new(data.join("workspace"), format!("http://{addr}").parse()?);
+            config.sandbox_url = Some(runner_url.parse()?);
+            config.default_model = model.clone();
+            let workspace = Workspace::open(config)
+                .await
+                .context("opening the workspace")?;
+            let profile = runner.profile();
+            let banner = format!(
+                "asbx is up (isolation: {profile}, model: {model})\n  open  http://{addr}\n  try   asbx run \"what is in your sandbox?\"\n  data  {}",
+                data.display()
+            );
+            print_line(&banner);
+            let runner_srv = serve(runner_listener, runner.router());
+            let ws_srv = serve(listener, workspace.router());
+            tokio::try_join!(runner_srv, ws_srv)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runner(args) => {
+            let data = absolute_data_dir(&args.data)?;
+            let runner = start_runner(&args.runner, &data)?;
+            let listener = bind(args.listen).await?;
+            print_line(&format!(
+                "asbx runner listening on http://{} (isolation: {})",
+                listener.local_addr()?,
+                runner.profile()
+            ));
+            serve(listener, runner.router()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Workspace(args) => {
+            let data = absolute_data_dir(&args.data)?;
+            let listener = bind(args.listen).await?;
+            let addr = listener.local_addr()?;
+            let public_url = match args.public_url {
+                Some(u) => u,
+                None => format!("http://{addr}").parse()?,
+            };
+            let model = args.model.unwrap_or_else(|| "scripted:demo".to_owned());
+            let mut config = WorkspaceConfig::new(data.join("workspace"), public_url);
+            config.database_url = args.database_url;
+            config.sandbox_url = args.sandbox_url;
+            config.default_model = model;
+            let workspace = Workspace::open(config)
+                .await
+                .context("opening the workspace")?;
+            print_line(&format!("asbx workspace listening on http://{addr}"));
+            serve(listener, workspace.router()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => crate::render::run(args).await,
+        Command::Agent | Command::Jail(_) => bail!("internal subcommand reached the runtime"),
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn print_line(s: &str) {
+    println!("{s}");
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))
+}
+
+async fn serve(listener: TcpListener, app: axum::Router) -> anyhow::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .context("serving HTTP")
+}
+
+fn absolute_data_dir(data: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(data)
+        .with_context(|| format!("creating the data folder {}", data.display()))?;
+    data.canonicalize()
+        .with_context(|| format!("resolving {}", data.display()))
+}
+
+fn default_model(explicit: Option<&str>, opts: &RunnerOpts) -> String {
+    match explicit {
+        Some(m) => m.to_owned(),
+        None if opts.openai_api_key.is_some() => "openai:gpt-4.1-mini".to_owned(),
+        None if opts.anthropic_api_key.is_some() => "anthropic:claude-sonnet-4-5".to_owned(),
+        None => "scripted:demo".to_owned(),
+    }
+}
+
+fn start_runner(opts: &RunnerOpts, data: &Path) -> anyhow::Result<Runner> {
+    let exe = std::env::current_exe().context("locating the asbx binary")?;
+    let isolation = Isolation::from_name(&opts.profile).with_context(|| {
+        format!(
+            "unknown profile {:?}: use strict, namespaces or unconfined",
+            opts.profile
+        )
+    })?;
+    match isolation {
+        Isolation::Jail(profile) => check_isolation(&exe, profile, &opts.profile)?,
+        Isolation::Unconfined => tracing::warn!(
+            "isolation profile `unconfined`: sandboxes are NOT isolated from this host; use it for development only"
+        ),
+    }
+    if isolation != Isolation::Jail(JailProfile::Strict) {
+        tracing::warn!(
+            profile = isolation.name(),
+            "running with a weaker isolation profile"
+        );
+    }
+    let mut config = RunnerConfig::new(exe, data.join("runner"));
+    config.isolation = isolation;
+    config.token = opts.token.clone();
+    config.max_runtime = Duration::from_secs(opts.max_runtime_sec);
+    config.runtime_grace = Duration::from_secs(opts.runtime_grace_sec);
+    config.max_sandboxes = opts.max_sandboxes.max(1);
+    config.resources = ResourceLimits {
+        memory_bytes: Some(opts.memory_mb << 20),
+        pids: Some(opts.pids),
+        cpu_percent: Some(opts.cpu_percent),
+        disk_bytes: Some(opts.disk_mb << 20),
+        nofile: ResourceLimits::default().nofile,
+    };
+    config.providers = providers(opts);
+    if let Ok(v) = std::env::var("ASBX_MODEL_STALL_TIMEOUT_MS") {
+        config
+            .agent_env
+            .push(("ASBX_MODEL_STALL_TIMEOUT_MS".to_owned(), v));
+    }
+    Runner::new(config).context("starting the runner")
+}
+
+fn providers(opts: &RunnerOpts) -> Vec<ProviderConfig> {
+    let mut out = Vec::new();
+    if opts.openai_api_key.is_some() || opts.openai_base_url.is_some() {
+        out.push(ProviderConfig {
+            name: "openai".to_owned(),
+            kind: ProviderKind::Openai,
+            base_url: opts
+                .openai_base_url
+                .clone()
+                .unwrap_or_else(|| "https://api.openai.com/v1".to_owned()),
+            api_key: opts.openai_api_key.clone(),
+        });
+    }
+    if opts.anthropic_api_key.is_some() || opts.anthropic_base_url.is_some() {
+        out.push(ProviderConfig {
+            name: "anthropic".to_owned(),
+            kind: ProviderKind::Anthropic,
+            base_url: opts
+                .anthropic_base_url
+                .clone()
+                .unwrap_or_else(|| "https://api.anthropic.com/v1".to_owned()),
+            api_key: opts.anthropic_api_key.clone(),
+        });
+    }
+    out
+}
+
+/// Fails closed: every layer the profile needs must be present.
+fn check_isolation(exe: &Path, profile: JailProfile, name: &str) -> anyhow::Result<()> {
+    let out = std::process::Command::new(exe)
+        .args(["jail", "--check", "--profile", name])
+        .output()
+        .context("running `asbx jail --check`")?;
+    let report: LayerReport = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "reading the layer report: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let missing: Vec<String> = report
+        .layers
+        .iter()
+        .filter(|l| !l.available)
+        .map(|l| match &l.detail {
+            Some(d) => format!("{} ({d})", l.name),
+            None => l.name.clone(),
+        })
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "isolation profile `{name}` needs layers this host lacks: {}. Refusing to start. \
+             Pick a weaker profile by name (--profile namespaces, or --profile unconfined) if you accept that.",
+            missing.join(", ")
+        );
+    }
+    tracing::info!(profile = ?profile, "isolation layers checked");
+    Ok(())
+}
+
+/// `asbx jail`: runs before any async runtime exists.
+pub(crate) fn jail(args: JailArgs) -> ExitCode {
+    let profile = match args.profile.as_str() {
+        "strict" => JailProfile::Strict,
+        "namespaces" => JailProfile::Namespaces,
+        other => {
+            eprintln!("asbx jail: unknown profile {other:?}");
+            return ExitCode::from(125);
+        }
+    };
+    if args.check {
+        let report = asbx_jail::check(profile);
+        let ok = report.layers.iter().all(|l| l.available);
+        match serde_json::to_string(&report) {
+            Ok(s) => print_line(&s),
+            Err(e) => eprintln!("asbx jail: {e}"),
+        }
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    }
+    let Some(policy) = args.policy else {
+        eprintln!("asbx jail: --policy or --check is required");
+        return ExitCode::from(125);
+    };
+    let policy: JailPolicy = match serde_json::from_str(&policy) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("asbx jail: invalid policy: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    match asbx_jail::run_jail(&policy) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
+        Err(e) => {
+            eprintln!("asbx jail: {e}");
+            ExitCode::from(125)
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! Starting the real binary, a fake workspace for callbacks, and reading streams.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use asbx_protocol::callback::{ConfigResponse, EnvResponse, ResultsRequest};
+use asbx_protocol::{Event, Line, LineDecoder, StepStatus};
+use axum::Json;
+use axum::extract::{Path as AxPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+
+pub const ASBX: &str = env!("CARGO_BIN_EXE_asbx");
+
+/// The isolation profile the tests run with (`strict` unless overridden).
+pub fn profile() -> String {
+    std::env::var("ASBX_TEST_PROFILE").unwrap_or_else(|_| "strict".to_owned())
+}
+
+/// A runner started from the real binary; killed (by PID) on drop.
+pub struct RunnerProc {
+    child: Child,
+    pub url: String,
+    pub data: tempfile::TempDir,
+}
+
+impl RunnerProc {
+    pub fn start(extra_env: &[(&str, &str)]) -> RunnerProc {
+        Self::start_with(&profile(), extra_env)
+    }
+
+    pub fn start_with(profile: &str, extra_env: &[(&str, &str)]) -> RunnerProc {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut cmd = Command::new(ASBX);
+        cmd.args(["runner", "--listen", "127.0.0.1:0", "--profile", profile])
+            .env("ASBX_DATA", data.path())
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .env_remove("ASBX_RUNNER_TOKEN")
+            .env("ASBX_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn asbx runner");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read banner");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in runner banner {line:?}"))
+            .to_owned();
+        RunnerProc { child, url, data }
+    }
+
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.data
+            .path()
+            .canonicalize()
+            .unwrap()
+            .join("runner/sessions")
+    }
+
+    /// Waits until no session folder is left.
+    pub async fn assert_clean(&self) {
+        let dir = self.sessions_dir();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left: Vec<_> = std::fs::read_dir(&dir)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect())
+                .unwrap_or_default();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "session folders left behind: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let sessions: Vec<serde_json::Value> = reqwest::get(format!("{}/v1/sessions", self.url))
+            .await
+            .expect("list sessions")
+            .json()
+            .await
+            .expect("sessions json");
+        let ids: Vec<String> = sessions
+            .iter()
+            .filter_map(|s| s["id"].as_str().map(str::to_owned))
+            .collect();
+        assert_no_cgroups_left(&ids);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for RunnerProc {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// No cgroup of these sessions is left under any controller.
+pub fn assert_no_cgroups_left(sessions: &[String]) {
+    for ctrl in [
+        "memory",
+        "pids",
+        "cpu",
+        "cpu,cpuacct",
+        "freezer",
+        "unified",
+        "",
+    ] {
+        for id in sessions {
+            let dir = Path::new("/sys/fs/cgroup")
+                .join(ctrl)
+                .join("asbx")
+                .join(format!("asbx-{id}"));
+            assert!(!dir.exists(), "cgroup left behind: {}", dir.display());
+        }
+    }
+}
+
+/// Process ids whose command line contains `needle`.
+pub fn pids_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let mut cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        for b in cmdline.iter_mut().filter(|b| **b == 0) {
+            *b = b' ';
+        }
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// What the fake workspace has seen.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub env_calls: u32,
+    pub config_calls: u32,
+    pub results: Vec<ResultsRequest>,
+    pub rejected: u32,
+}
+
+#[derive(Debug)]
+struct Token {
+    kind: &'static str,
+    session: String,
+    used: bool,
+}
+
+#[derive(Debug)]
+struct FakeState {
+    tokens: Mutex<HashMap<String, Token>>,
+    env: Mutex<EnvResponse>,
+    config: Mutex<ConfigResponse>,
+    seen: Mutex<Seen>,
+}
+
+/// A stand-in for the workspace's callback routes, with real one-time tokens.
+#[derive(Clone)]
+pub struct FakeWorkspace {
+    state: Arc<FakeState>,
+    pub base: String,
+}
+
+/// The three tokens of one dispatch.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    pub session: String,
+    pub setup: String,
+    pub run: String,
+    pub upload: String,
+}
+
+impl FakeWorkspace {
+    pub async fn start(config: ConfigResponse) -> FakeWorkspace {
+        let state = Arc::new(FakeState {
+            tokens: Mutex::new(HashMap::new()),
+            env: Mutex::new(EnvResponse::default()),
+            config: Mutex::new(config),
+            seen: Mutex::new(Seen::default()),
+        });
+        let app = axum::Router::new()
+            .route("/ws/{session}/env", get(env_route))
+            .route("/ws/{session}/config", get(config_route))
+            .route("/ws/{session}/results", post(results_route))
+            .with_state(Arc::clone(&state));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeWorkspace { state, base }
+    }
+
+    pub fn set_env(&self, env: EnvResponse) {
+        *self.state.env.lock().unwrap() = env;
+    }
+
+    pub fn mint(&self, session: &str) -> Tokens {
+        let mut t = self.state.tokens.lock().unwrap();
+        let mk = |kind: &'static str| format!("tok_{kind}_{}", hex::encode(rand_bytes()));
+        let tokens = Tokens {
+            session: session.to_owned(),
+            setup: mk("setup"),
+            run: mk("run"),
+            upload: mk("upload"),
+        };
+        for (tok, kind) in [
+            (&tokens.setup, "setup"),
+            (&tokens.run, "run"),
+            (&tokens.upload, "upload"),
+        ] {
+            t.insert(
+                tok.clone(),
+                Token {
+                    kind,
+                    session: session.to_owned(),
+                    used: false,
+                },
+            );
+        }
+        tokens
+    }
+
+    pub fn seen<R>(&self, f: impl FnOnce(&Seen) -> R) -> R {
+        f(&self.state.seen.lock().unwrap())
+    }
+
+    /// A `/stream` body for these tokens.
+    pub fn body(&self, t: &Tokens, prompt: &str) -> serde_json::Value {
+        serde_json::json!({
+            "agent_url": format!("{}/ws/{}", self.base, t.session),
+            "otp_setup": t.setup,
+            "otp_run": t.run,
+            "otp_upload": t.upload,
+            "prompt": prompt,
+            "session_id": t.session,
+        })
+    }
+}
+
+fn rand_bytes() -> [u8; 12] {
+    rand::random()
+}
+
+fn redeem(state: &FakeState, headers: &HeaderMap, session: &str, kind: &str) -> bool {
+    let Some(tok) = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let mut tokens = state.tokens.lock().unwrap();
+    match tokens.get_mut(tok) {
+        Some(t) if !t.used && t.kind == kind && t.session == session => {
+            t.used = true;
+            true
+        }
+        _ => {
+            state.seen.lock().unwrap().rejected += 1;
+            false
+        }
+    }
+}
+
+async fn env_route(
+    State(s): State<Arc<FakeState>>,
+    AxPath(session): AxPath<String>,
+    headers: HeaderMap,
+) -> Result<Json<EnvResponse>, StatusCode> {
+    if !redeem(&s, &headers, &session, "setup") {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    s.seen.lock().unwrap().env_calls += 1;
+    Ok(Json(s.env.lock().unwrap().clone()))
+}
+
+async fn config_route(
+    State(s): State<Arc<FakeState>>,
+    AxPath(session): AxPath<String>,
+    headers: HeaderMap,
+) -> Result<Json<ConfigResponse>, StatusCode> {
+    if !redeem(&s, &headers, &session, "run") {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    s.seen.lock().unwrap().config_calls += 1;
+    Ok(Json(s.config.lock().unwrap().clone()))
+}
+
+async fn results_route(
+    State(s): State<Arc<FakeState>>,
+    AxPath(session): AxPath<String>,
+    headers: HeaderMap,
+    Json(body): Json<ResultsRequest>,
+) -> Result<Json<serde_json::Value>, StatusCode> {
+    if !redeem(&s, &headers, &session, "upload") {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    let files: Vec<serde_json::Value> = body
+        .files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| serde_json::json!({"path": f.path, "id": format!("file_{i}")}))
+        .collect();
+    s.seen.lock().unwrap().results.push(body);
+    Ok(Json(serde_json::json!({ "files": files })))
+}
+
+pub fn scripted(model: &str) -> ConfigResponse {
+    ConfigResponse {
+        model: model.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// A unique session id for a test.
+pub fn session_id(test: &str) -> String {
+    format!("{test}-{}", hex::encode(rand_bytes()))
+}
+
+/// POSTs `/stream` and reads the whole NDJSON answer.
+pub async fn dispatch(url: &str, body: &serde_json::Value) -> (u16, Vec<Line>, String) {
+    let res = reqwest::Client::new()
+        .post(format!("{url}/stream"))
+        .json(body)
+        .send()
+        .await
+        .expect("POST /stream");
+    let status = res.status().as_u16();
+    let ct = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let bytes = tokio::time::timeout(Duration::from_secs(60), res.bytes())
+        .await
+        .expect("stream finished in time")
+        .expect("body");
+    if status != 200 {
+        return (
+            status,
+            Vec::new(),
+            String::from_utf8_lossy(&bytes).into_owned(),
+        );
+    }
+    assert_eq!(ct, "application/x-ndjson");
+    assert!(bytes.ends_with(b"\n"), "every line ends in a newline");
+    let mut d = LineDecoder::default();
+    let lines = d
+        .push(&bytes)
+        .into_iter()
+        .map(|l| l.expect("well-formed line"))
+        .collect();
+    (status, lines, String::new())
+}
+
+/// Checks the stream invariants of CONTRACT section 2 for protocol 1.
+pub fn assert_well_formed(lines: &[Line]) {
+    assert!(!lines.is_empty(), "no lines");
+    let sid = &lines[0].session_id;
+    let mut open: HashMap<&str, ()> = HashMap::new();
+    let mut done: HashMap<&str, ()> = HashMap::new();
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l.seq, i as u64 + 1, "seq gap at {l:?}");
+        assert_eq!(&l.session_id, sid);
+        assert!(l.ts > 1_600_000_000_000);
+        match &l.event {
+            Event::Step(s) => match s.status {
+                StepStatus::Running => {
+                    assert!(!done.contains_key(s.id.as_str()) && open.insert(&s.id, ()).is_none())
+                }
+                StepStatus::Succeeded | StepStatus::Failed => {
+                    assert!(
+                        open.remove(s.id.as_str()).is_some(),
+                        "finish without running: {s:?}"
+                    );
+                    assert!(s.duration_ms.is_some());
+                    done.insert(&s.id, ());
+                }
+            },
+            Event::Result(_) | Event::Error(_) => {
+                assert_eq!(i, lines.len() - 1, "terminal line is not last");
+            }
+            Event::Log(_) => {}
+            other => panic!("protocol 1 stream carries {other:?}"),
+        }
+    }
+    assert!(open.is_empty(), "steps never finished: {open:?}");
+    assert!(
+        lines.last().unwrap().event.is_terminal(),
+        "no terminal line"
+    );
+}
+
+pub fn steps(lines: &[Line]) -> Vec<(&str, StepStatus)> {
+    lines
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Step(s) => Some((s.name.as_str(), s.status)),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn terminal(lines: &[Line]) -> &Event {
+    &lines.last().expect("a line").event
+}
+
+pub fn script(actions: serde_json::Value) -> String {
+    serde_json::json!({ "script": actions }).to_string()
+}

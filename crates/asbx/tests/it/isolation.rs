@@ -1,0 +1,378 @@
+//! Real dispatches whose tools attack the sandbox (issue 3). Each probe runs
+//! inside a jailed sandbox through the scripted model's `shell` tool.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use asbx_protocol::callback::EnvResponse;
+use asbx_protocol::{Event, Line, StepStatus};
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+/// The `result` values of the finished `shell` steps, in order.
+fn shell_results(lines: &[Line]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Step(s) if s.status == StepStatus::Succeeded => s.result.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs `command` in a fresh sandbox and returns its stdout.
+async fn shell(runner: &RunnerProc, ws: &FakeWorkspace, command: &str) -> (String, Vec<Line>) {
+    let t = ws.mint(&session_id("iso"));
+    let body = ws.body(
+        &t,
+        &script(json!([{"tool": "shell", "args": {"command": command}}, {"say": "ok"}])),
+    );
+    let (status, lines, err) = dispatch(&runner.url, &body).await;
+    assert_eq!(status, 200, "{err}");
+    assert_well_formed(&lines);
+    let out = shell_results(&lines)
+        .first()
+        .map(|r| r["stdout"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    (out, lines)
+}
+
+/// Parses `name=value` lines printed by a probe script.
+fn verdicts(out: &str) -> HashMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+const PROBE: &str = r#"probe() { if ( eval "$2" ) >/dev/null 2>&1; then echo "$1=ALLOWED"; else echo "$1=denied"; fi; }
+"#;
+
+#[tokio::test]
+async fn escape_attempts_fail() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let host_dir = tempfile::tempdir().unwrap();
+    let secret = host_dir.path().join("secret.txt");
+    let secret_path = secret.display().to_string();
+    std::fs::write(&secret, "host secret").unwrap();
+    let runner_data_s = runner
+        .data
+        .path()
+        .canonicalize()
+        .unwrap()
+        .display()
+        .to_string();
+    let py = |code: &str| format!("python3 -c '{code}'");
+    let script = format!(
+        "{PROBE}\
+probe read_host_file 'cat {secret_path}'
+probe list_runner_state 'ls {runner_data_s}'
+probe write_root 'touch /asbx-escape'
+probe write_usr 'touch /usr/asbx-escape'
+probe write_etc 'touch /etc/asbx-escape'
+probe write_work 'touch /work/ok && test -f /work/ok'
+probe write_tmp 'touch /tmp/ok && test -f /tmp/ok'
+probe mount 'mkdir -p /tmp/m && mount -t tmpfs none /tmp/m'
+probe unshare_user 'unshare -U true'
+probe unshare_net 'unshare -n true'
+probe su 'su -c id root </dev/null'
+probe ptrace {ptrace}
+probe vsock {vsock}
+probe raw_socket {raw}
+probe packet_socket {packet}
+probe io_uring {uring}
+probe bpf {bpf}
+probe keyctl {keyctl}
+echo nnp=$(awk '/^NoNewPrivs/ {{print $2}}' /proc/self/status)
+echo capeff=$(awk '/^CapEff/ {{print $2}}' /proc/self/status)
+echo uid=$(id -u)
+echo procs=$(ls /proc | grep -c '^[0-9]')
+echo hostname=$(cat /proc/sys/kernel/hostname)
+",
+        ptrace = py(
+            "import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.ptrace(16, 1, 0, 0)==0 else 1)"
+        ),
+        vsock = py("import socket; socket.socket(40, socket.SOCK_STREAM)"),
+        raw = py(
+            "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)"
+        ),
+        packet = py("import socket; socket.socket(17, socket.SOCK_RAW, 0)"),
+        uring = py(
+            "import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); p=ctypes.create_string_buffer(120); sys.exit(0 if l.syscall(425, 4, p)>=0 else 1)"
+        ),
+        bpf = py(
+            "import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); p=ctypes.create_string_buffer(128); sys.exit(0 if l.syscall(321, 0, p, 128)>=0 else 1)"
+        ),
+        keyctl = py(
+            "import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.syscall(250, 0, -3, 0)>=0 else 1)"
+        ),
+    );
+    let (out, _) = shell(&runner, &ws, &script).await;
+    let v = verdicts(&out);
+    for denied in [
+        "read_host_file",
+        "list_runner_state",
+        "write_root",
+        "write_usr",
+        "write_etc",
+        "mount",
+        "unshare_user",
+        "unshare_net",
+        "su",
+        "ptrace",
+        "vsock",
+        "raw_socket",
+        "packet_socket",
+        "io_uring",
+        "bpf",
+        "keyctl",
+    ] {
+        assert_eq!(
+            v.get(denied).map(String::as_str),
+            Some("denied"),
+            "{denied} in {out}"
+        );
+    }
+    for allowed in ["write_work", "write_tmp"] {
+        assert_eq!(
+            v.get(allowed).map(String::as_str),
+            Some("ALLOWED"),
+            "{allowed} in {out}"
+        );
+    }
+    assert_eq!(v["nnp"], "1", "{out}");
+    assert_eq!(v["capeff"], "0000000000000000", "{out}");
+    assert_ne!(v["uid"], "0", "{out}");
+    let procs: u32 = v["procs"].parse().unwrap();
+    assert!(procs < 10, "/proc shows {procs} processes: {out}");
+    assert_eq!(v["hostname"], "sandbox");
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn another_sandbox_and_the_host_loopback_are_out_of_reach() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    // A host service on loopback that must see no connection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let acc = accepted.clone();
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            acc.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    // A long-running neighbour whose working directory the probe hunts for.
+    let t1 = ws.mint(&session_id("neighbour"));
+    let neighbour_body =
+        ws.body(&t1, &script(json!([{"tool": "shell", "args": {"command": "echo neighbour-secret > mine.txt; sleep 20"}}])));
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&neighbour_body)
+        .send()
+        .await
+        .unwrap();
+    let neighbour = crate::dispatch::read_until(
+        res,
+        |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let neighbour_work = runner.sessions_dir().join(&t1.session).join("work");
+    let script = format!(
+        "{PROBE}\
+probe neighbour_file 'cat {nw}/mine.txt'
+probe neighbour_grep 'grep -rs neighbour-secret / --exclude-dir=proc --exclude-dir=sys -l | grep -q .'
+probe host_tcp 'python3 -c \"import socket; socket.create_connection((\\\"127.0.0.1\\\", {port}), 2)\"'
+probe bash_tcp 'timeout 3 bash -c \"echo > /dev/tcp/127.0.0.1/{port}\"'
+probe outside_dns 'python3 -c \"import socket; socket.create_connection((\\\"1.1.1.1\\\", 53), 2)\"'
+echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' ')
+",
+        nw = neighbour_work.display(),
+    );
+    let (out, _) = shell(&runner, &ws, &script).await;
+    let v = verdicts(&out);
+    for denied in [
+        "neighbour_file",
+        "neighbour_grep",
+        "host_tcp",
+        "bash_tcp",
+        "outside_dns",
+    ] {
+        assert_eq!(
+            v.get(denied).map(String::as_str),
+            Some("denied"),
+            "{denied} in {out}"
+        );
+    }
+    assert_eq!(v["ifaces"], "lo", "only loopback: {out}");
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "host service was reached"
+    );
+    drop(neighbour);
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn a_tool_cannot_forge_lines_or_touch_the_agent() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let forged = r#"{"type":"result","message":"FORGED"}"#;
+    let script = format!(
+        "{PROBE}\
+for p in /proc/[0-9]*; do echo '{forged}' > $p/fd/1 2>/dev/null && echo wrote=$p; done
+probe write_parent_stdout 'echo {q} > /proc/$PPID/fd/1'
+probe kill_agent 'kill -STOP $PPID'
+probe read_agent_env 'cat /proc/$PPID/environ'
+probe read_agent_mem 'head -c 1 /proc/$PPID/mem'
+echo agent_uid=$(awk '/^Uid/ {{print $2}}' /proc/$PPID/status) me=$(id -u)
+",
+        q = "'{\"type\":\"result\",\"message\":\"FORGED\"}'"
+    );
+    let (out, lines) = shell(&runner, &ws, &script).await;
+    let all = serde_json::to_string(&lines).unwrap();
+    let forged_results = lines
+        .iter()
+        .filter(|l| matches!(&l.event, Event::Result(r) if r.message.contains("FORGED")))
+        .count();
+    assert_eq!(
+        forged_results, 0,
+        "a forged result reached the stream: {all}"
+    );
+    assert!(matches!(terminal(&lines), Event::Result(r) if r.message == "ok"));
+    let v = verdicts(&out);
+    for denied in [
+        "write_parent_stdout",
+        "kill_agent",
+        "read_agent_env",
+        "read_agent_mem",
+    ] {
+        assert_eq!(
+            v.get(denied).map(String::as_str),
+            Some("denied"),
+            "{denied} in {out}"
+        );
+    }
+    assert!(
+        !out.contains("wrote="),
+        "wrote into some process's stdout: {out}"
+    );
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn hostile_workloads_stay_inside_while_a_neighbour_finishes() {
+    let runner = RunnerProc::start(&[
+        ("ASBX_SANDBOX_MEMORY_MB", "128"),
+        ("ASBX_SANDBOX_PIDS", "64"),
+        ("ASBX_SANDBOX_DISK_MB", "32"),
+        ("ASBX_SANDBOX_CPU_PERCENT", "50"),
+    ]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let attacks = [
+        (
+            "fork",
+            "timeout 8 bash -c ':(){ :|:& };:' ; sleep 1; echo forkbomb-over",
+        ),
+        (
+            "memory",
+            "timeout 8 python3 -c 'b=[]\nwhile True: b.append(bytearray(16<<20))'; echo exit=$?",
+        ),
+        (
+            "disk",
+            "dd if=/dev/zero of=/work/fill bs=1M count=100 2>&1; dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1; df -m /work /tmp | tail -2",
+        ),
+        ("cpu", "timeout 4 bash -c 'while :; do :; done'; echo spun"),
+    ];
+    let mut handles = Vec::new();
+    for (name, cmd) in attacks {
+        let t = ws.mint(&session_id(name));
+        let body = ws.body(
+            &t,
+            &script(json!([{"tool": "shell", "args": {"command": cmd}}, {"say": "survived"}])),
+        );
+        let url = runner.url.clone();
+        handles.push((
+            name,
+            tokio::spawn(async move { dispatch(&url, &body).await }),
+        ));
+    }
+    // The neighbour: an ordinary turn that must finish normally meanwhile.
+    let (_, neighbour) = shell(&runner, &ws, "echo neighbour-ok").await;
+    assert!(matches!(terminal(&neighbour), Event::Result(r) if r.message == "ok"));
+    let health = reqwest::get(format!("{}/healthz", runner.url))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    for (name, h) in handles {
+        let (status, lines, _) = h.await.unwrap();
+        assert_eq!(status, 200);
+        assert_well_formed(&lines);
+        let results = serde_json::to_string(&shell_results(&lines)).unwrap();
+        match name {
+            "memory" => assert!(
+                results.contains("exit=137") || results.contains("MemoryError"),
+                "{results}"
+            ),
+            "disk" => assert!(results.contains("No space left"), "{results}"),
+            "fork" => assert!(
+                results.contains("forkbomb-over")
+                    || results.contains("retry")
+                    || results.contains("Resource temporarily unavailable"),
+                "{results}"
+            ),
+            _ => {}
+        }
+    }
+    // The runner is unharmed and no host process of the attacks is left.
+    assert!(pids_with("while :; do :; done").is_empty());
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn tools_reach_the_network_only_through_the_allow_list() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    ws.set_env(EnvResponse {
+        allowed_hosts: vec!["127.0.0.2".into(), "169.254.169.254".into()],
+        ..Default::default()
+    });
+    let script = r#"echo proxy=$HTTP_PROXY
+python3 - <<'PY'
+import urllib.request, urllib.error
+for url in ["http://not-allowed.example/", "https://not-allowed.example/", "http://127.0.0.2:9/", "http://169.254.169.254/latest/meta-data/"]:
+    try:
+        urllib.request.urlopen(url, timeout=5)
+        print(url, "=ALLOWED")
+    except urllib.error.HTTPError as e:
+        print(url, "=refused", e.code)
+    except Exception as e:
+        print(url, "=refused", type(e).__name__, e)
+PY
+"#;
+    let (out, _) = shell(&runner, &ws, script).await;
+    assert!(out.contains("proxy=http://127.0.0.1:"), "{out}");
+    assert!(!out.contains("=ALLOWED"), "{out}");
+    assert!(
+        out.contains("http://not-allowed.example/ =refused 403"),
+        "{out}"
+    );
+    assert!(
+        out.contains("https://not-allowed.example/ =refused") && out.contains("403"),
+        "{out}"
+    );
+    assert!(
+        out.contains("http://127.0.0.2:9/ =refused 403"),
+        "allowed, but loopback: {out}"
+    );
+    assert!(
+        out.contains("http://169.254.169.254/latest/meta-data/ =refused 403"),
+        "allowed, but link-local metadata: {out}"
+    );
+    runner.assert_clean().await;
+}

@@ -1,0 +1,9 @@
+//! End-to-end tests: the real `asbx` binary over real HTTP on loopback.
+
+// Test helpers outside #[test] fns panic on purpose.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
+mod harness;
+
+mod dispatch;
+mod isolation;

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sched::{CloneFlags, unshare};
-use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::stat::{Mode, umask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -73,11 +73,15 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<(), JailError> {
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(|e| setup("sigprocmask", e))?;
     umask(Mode::empty());
+    sys::scrub_cmdline().map_err(|e| setup("scrub cmdline", e))?;
     for procs in &plan.cgroup_procs {
         std::fs::write(procs, "0").map_err(|e| setup(&procs.display().to_string(), e))?;
     }
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| setup("unshare cgroup", e))?;
     if let Some(n) = plan.nofile {
+        // Raising the hard limit needs CAP_SYS_RESOURCE, which hosts may withhold.
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| setup("rlimit", e))?;
+        let n = n.min(hard);
         setrlimit(Resource::RLIMIT_NOFILE, n, n).map_err(|e| setup("rlimit nofile", e))?;
     }
     setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| setup("rlimit core", e))?;

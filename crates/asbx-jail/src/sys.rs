@@ -264,3 +264,41 @@ pub(crate) fn default_sigchld() -> io::Result<()> {
         Ok(())
     }
 }
+
+/// Hide the supervisor's command line and environment from the sandbox:
+/// init is a fork of the supervisor, and `/proc/1/cmdline` is world-readable.
+/// Overwrites the argument area with `asbx-init` and zeroes the rest and the
+/// environment strings. The last argument byte is made non-zero, which makes
+/// the kernel read the area like a `setproctitle` title: up to the first NUL.
+pub(crate) fn scrub_cmdline() -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let after_comm = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<usize> = after_comm
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // Fields 48..=51 of /proc/pid/stat; the slice starts at field 3.
+    let (Some(&arg_start), Some(&arg_end), Some(&env_start), Some(&env_end)) = (
+        fields.get(45),
+        fields.get(46),
+        fields.get(47),
+        fields.get(48),
+    ) else {
+        return Err(io::Error::other("short /proc/self/stat"));
+    };
+    const NAME: &[u8] = b"asbx-init\0";
+    if arg_start == 0 || arg_end <= arg_start + NAME.len() || env_end < env_start {
+        return Ok(());
+    }
+    // SAFETY: [arg_start, arg_end) and [env_start, env_end) are this
+    // process's own argument and environment strings on its initial stack,
+    // mapped and writable. This runs in the sandbox's init, a fork of the
+    // supervisor that never reads its arguments or environment again.
+    unsafe {
+        std::ptr::write_bytes(arg_start as *mut u8, 0, arg_end - arg_start);
+        std::ptr::copy_nonoverlapping(NAME.as_ptr(), arg_start as *mut u8, NAME.len());
+        std::ptr::write_bytes(env_start as *mut u8, 0, env_end - env_start);
+        *((arg_end - 1) as *mut u8) = b' ';
+    }
+    Ok(())
+}

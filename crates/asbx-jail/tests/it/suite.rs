@@ -154,16 +154,16 @@ fn host_files_are_invisible() -> R {
         .tempdir()
         .unwrap();
     let file = secret.path().join("secret.txt");
-    std::fs::write(&file, "TOPSECRET").unwrap();
+    std::fs::write(&file, "ASBXHOSTSECRET42").unwrap();
     let script = format!(
         "cat {f} 2>/dev/null && echo LEAK; ls /.oldroot 2>/dev/null && echo LEAK; \
-         cat /etc/shadow 2>/dev/null && echo LEAK; grep -rs --exclude-dir=proc --exclude-dir=dev TOPSECRET / 2>/dev/null | head -1; \
+         cat /etc/shadow 2>/dev/null && echo LEAK; grep -rs --exclude-dir=proc --exclude-dir=dev --exclude-dir=usr ASBXHOSTSECRET42 / 2>/dev/null | head -1; \
          ls / | tr '\\n' ' '",
         f = file.display()
     );
     let out = Sbx::new(&script).run();
     ensure(
-        !out.stdout.contains("LEAK") && !out.stdout.contains("TOPSECRET"),
+        !out.stdout.contains("LEAK") && !out.stdout.contains("ASBXHOSTSECRET42"),
         format!("{out:?}"),
     )?;
     let listed: Vec<&str> = out.stdout.split_whitespace().collect();
@@ -189,7 +189,7 @@ fn other_sandbox_is_invisible() -> R {
         .read_line(&mut line)
         .unwrap();
     let script = format!(
-        "ls {d} 2>/dev/null && echo LEAK; grep -rs --exclude-dir=proc --exclude-dir=dev BSECRET / 2>/dev/null | head -1; \
+        "ls {d} 2>/dev/null && echo LEAK; grep -rs --exclude-dir=proc --exclude-dir=dev --exclude-dir=usr BSECRET / 2>/dev/null | head -1; \
          ps -e 2>/dev/null | grep -c sleep; true",
         d = b.dir.path().display()
     );
@@ -251,7 +251,7 @@ fn workdir_inputs_are_copied_in() -> R {
 
 fn proc_shows_only_the_sandbox() -> R {
     let out = Sbx::new(
-        "ls /proc | grep -cE '^[0-9]+$'; echo $$; tr '\\0' ' ' < /proc/1/cmdline | wc -c; \
+        "ls /proc | grep -cE '^[0-9]+$'; echo $$; tr -cd '{/' < /proc/1/cmdline | wc -c; \
          cat /proc/1/environ 2>/dev/null | wc -c; ls /proc/1/fd 2>/dev/null | wc -l; \
          (cat /proc/kcore | head -c1) 2>/dev/null | wc -c",
     )

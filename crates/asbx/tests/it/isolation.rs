@@ -47,6 +47,7 @@ fn verdicts(out: &str) -> HashMap<String, String> {
 }
 
 const PROBE: &str = r#"probe() { if ( eval "$2" ) >/dev/null 2>&1; then echo "$1=ALLOWED"; else echo "$1=denied"; fi; }
+py_probe() { if python3 -c "$2" >/dev/null 2>&1; then echo "$1=ALLOWED"; else echo "$1=denied"; fi; }
 "#;
 
 #[tokio::test]
@@ -64,7 +65,7 @@ async fn escape_attempts_fail() {
         .unwrap()
         .display()
         .to_string();
-    let py = |code: &str| format!("python3 -c '{code}'");
+    let py = |code: &str| format!("'{code}'");
     let script = format!(
         "{PROBE}\
 probe read_host_file 'cat {secret_path}'
@@ -78,13 +79,15 @@ probe mount 'mkdir -p /tmp/m && mount -t tmpfs none /tmp/m'
 probe unshare_user 'unshare -U true'
 probe unshare_net 'unshare -n true'
 probe su 'su -c id root </dev/null'
-probe ptrace {ptrace}
-probe vsock {vsock}
-probe raw_socket {raw}
-probe packet_socket {packet}
-probe io_uring {uring}
-probe bpf {bpf}
-probe keyctl {keyctl}
+py_probe ptrace {ptrace}
+py_probe vsock {vsock}
+py_probe raw_socket {raw}
+py_probe packet_socket {packet}
+py_probe io_uring {uring}
+py_probe bpf {bpf}
+py_probe keyctl {keyctl}
+py_probe control_inet_socket 'import socket; socket.socket(socket.AF_INET, socket.SOCK_STREAM)'
+py_probe control_ctypes_syscall 'import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.syscall(39)>0 else 1)'
 echo nnp=$(awk '/^NoNewPrivs/ {{print $2}}' /proc/self/status)
 echo capeff=$(awk '/^CapEff/ {{print $2}}' /proc/self/status)
 echo uid=$(id -u)
@@ -135,7 +138,13 @@ echo hostname=$(cat /proc/sys/kernel/hostname)
             "{denied} in {out}"
         );
     }
-    for allowed in ["write_work", "write_tmp"] {
+    // Controls: the probe machinery itself works, so "denied" means denied.
+    for allowed in [
+        "write_work",
+        "write_tmp",
+        "control_inet_socket",
+        "control_ctypes_syscall",
+    ] {
         assert_eq!(
             v.get(allowed).map(String::as_str),
             Some("ALLOWED"),

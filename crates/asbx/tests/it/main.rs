@@ -7,3 +7,4 @@ mod harness;
 
 mod dispatch;
 mod isolation;
+mod models;

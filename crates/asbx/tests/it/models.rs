@@ -1,0 +1,140 @@
+//! Real model wire formats through the runner's gateway (issue 2, 3): the
+//! in-repo mock provider drives tool calls; the runner adds the key, which
+//! never enters the sandbox.
+
+use std::time::Duration;
+
+use asbx_protocol::{Event, LineDecoder, StepStatus};
+use asbx_test_support::{MockProvider, Tape};
+use futures::StreamExt;
+use serde_json::json;
+
+use crate::harness::*;
+
+/// Host processes in a session's cgroup (the sandbox's init, agent, tools).
+fn sandbox_pids(session: &str) -> Vec<i32> {
+    let tag = format!("asbx-{session}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cgroup = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        if cgroup.contains(&tag) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+async fn key_never_enters_the_sandbox(kind: &str) {
+    let key = format!("sk-e2e-{}", hex::encode(rand::random::<[u8; 8]>()));
+    let mock = MockProvider::start().await;
+    let (base_var, key_var, model) = match kind {
+        "openai" => ("OPENAI_BASE_URL", "OPENAI_API_KEY", "openai:test-model"),
+        _ => (
+            "ANTHROPIC_BASE_URL",
+            "ANTHROPIC_API_KEY",
+            "anthropic:test-model",
+        ),
+    };
+    let runner = RunnerProc::start(&[(base_var, mock.base_url.as_str()), (key_var, key.as_str())]);
+    mock.push(Tape::tool_call(
+        "shell",
+        json!({"command": "env; sleep 1.5; echo tool-finished"}),
+    ));
+    mock.push(Tape::text("the model is done"));
+    let ws = FakeWorkspace::start(scripted(model)).await;
+    let t = ws.mint(&session_id(kind));
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&ws.body(&t, "run env please"))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = Box::pin(res.bytes_stream());
+    let mut decoder = LineDecoder::default();
+    let mut lines = Vec::new();
+    let mut scanned = false;
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("stream in time")
+    {
+        for l in decoder.push(&chunk.unwrap()) {
+            let l = l.unwrap();
+            let running = matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running);
+            lines.push(l);
+            if running && !scanned {
+                // While the tool runs: every process of the sandbox, read from the host.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let pids = sandbox_pids(&t.session);
+                assert!(
+                    pids.len() >= 3,
+                    "init, agent and tool are in the cgroup: {pids:?}"
+                );
+                for pid in pids.iter().chain(pids_with(&t.session).iter()) {
+                    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                    let env = String::from_utf8_lossy(&env);
+                    assert!(
+                        !env.contains(&key),
+                        "the key is in the environment of pid {pid}"
+                    );
+                }
+                scanned = true;
+            }
+        }
+    }
+    assert!(scanned, "the tool ran");
+    assert_well_formed(&lines);
+    assert!(matches!(terminal(&lines), Event::Result(r) if r.message == "the model is done"));
+    let all = serde_json::to_string(&lines).unwrap();
+    assert!(all.contains("tool-finished"));
+    assert!(!all.contains(&key), "the key leaked into the stream");
+    // The runner, not the sandbox, added the key.
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 2, "a tool call, then the final answer");
+    for r in &reqs {
+        match kind {
+            "openai" => assert_eq!(
+                r.header("authorization"),
+                Some(format!("Bearer {key}").as_str())
+            ),
+            _ => assert_eq!(r.header("x-api-key"), Some(key.as_str())),
+        }
+    }
+    // The tool's result went back to the model.
+    assert!(reqs[1].body.to_string().contains("tool-finished"));
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn openai_tool_call_through_the_gateway_with_the_key_kept_outside() {
+    key_never_enters_the_sandbox("openai").await;
+}
+
+#[tokio::test]
+async fn anthropic_tool_call_through_the_gateway_with_the_key_kept_outside() {
+    key_never_enters_the_sandbox("anthropic").await;
+}
+
+#[tokio::test]
+async fn a_provider_error_reaches_the_error_line() {
+    let mock = MockProvider::start().await;
+    let runner = RunnerProc::start(&[
+        ("OPENAI_BASE_URL", mock.base_url.as_str()),
+        ("OPENAI_API_KEY", "k"),
+    ]);
+    mock.push(Tape::status(400, "model `nope` does not exist"));
+    let ws = FakeWorkspace::start(scripted("openai:nope")).await;
+    let t = ws.mint(&session_id("moderr"));
+    let (_, lines, _) = dispatch(&runner.url, &ws.body(&t, "hi")).await;
+    assert_well_formed(&lines);
+    match terminal(&lines) {
+        Event::Error(e) => {
+            assert_eq!(e.code, "model_error");
+            assert!(e.message.contains("does not exist"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    runner.assert_clean().await;
+}

@@ -29,6 +29,8 @@ pub(crate) const MAX_JSON_BODY: usize = 8 * 1024 * 1024;
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(pages::index))
+        .route("/assets/app.js", get(pages::app_js))
+        .route("/assets/app.css", get(pages::app_css))
         .route("/healthz", get(pages::healthz))
         .route("/api/runs", post(runs::create))
         .route("/api/runs/{id}", get(runs::get))

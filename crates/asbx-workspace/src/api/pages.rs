@@ -1,14 +1,46 @@
-//! `GET /`, `GET /healthz`, and the 404 fallback.
+//! The web chat page (`/` and its two assets), `GET /healthz`, and the 404
+//! fallback. The page is plain HTML, CSS and JS compiled into the binary.
 
 use axum::Json;
-use axum::response::Html;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 
 use crate::error::WorkspaceError;
 
 const INDEX_HTML: &str = include_str!("../../assets/index.html");
+const APP_JS: &str = include_str!("../../assets/app.js");
+const APP_CSS: &str = include_str!("../../assets/app.css");
 
-pub(super) async fn index() -> Html<&'static str> {
-    Html(INDEX_HTML)
+/// Only this origin's scripts, styles and requests; never framed.
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+    connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'";
+
+pub(super) async fn index() -> Response {
+    asset(INDEX_HTML, "text/html; charset=utf-8")
+}
+
+pub(super) async fn app_js() -> Response {
+    asset(APP_JS, "text/javascript; charset=utf-8")
+}
+
+pub(super) async fn app_css() -> Response {
+    asset(APP_CSS, "text/css; charset=utf-8")
+}
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut r = body.into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
 }
 
 pub(super) async fn healthz() -> Json<serde_json::Value> {

@@ -209,7 +209,27 @@ async fn misc_routes() {
     assert_eq!(v, json!({"status": "ok"}));
     let r = client().get(ws.url("/")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.text().await.unwrap().contains("asbx"));
+    assert!(
+        r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    let page = r.text().await.unwrap();
+    assert!(page.contains("/assets/app.js") && page.contains("/assets/app.css"));
+    for (path, ty) in [
+        ("/assets/app.js", "text/javascript"),
+        ("/assets/app.css", "text/css"),
+    ] {
+        let r = client().get(ws.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(ty)
+        );
+    }
     let p = problem(client().get(ws.url("/nope")).send().await.unwrap(), 404).await;
     assert_eq!(p["code"], "not_found");
     let p = problem(

@@ -4,7 +4,9 @@
 //! - `/callback/{env,config,results}` to this dispatch's `agent_url` and
 //!   nowhere else, passing the agent's `Authorization` header through;
 //! - `POST /model/{provider}/{path}` to that provider's base URL, adding the
-//!   provider's key, so keys never enter the sandbox.
+//!   provider's key, so keys never enter the sandbox;
+//! - `/mcp/{name}` (GET, POST, DELETE) to the streamable-HTTP MCP server of
+//!   that name, learned from the workspace's `/config` answer as it passes.
 //!
 //! Everything else gets 404.
 
@@ -34,10 +36,14 @@ struct GatewayState {
     providers: Arc<Vec<ProviderConfig>>,
     client: reqwest::Client,
     allow: Arc<AllowList>,
+    /// Streamable-HTTP MCP servers by name, from the `/config` answer.
+    mcp: std::sync::OnceLock<std::collections::HashMap<String, String>>,
 }
 
 /// Largest `/env` answer the gateway reads to learn `allowed_hosts`.
 const MAX_ENV_BODY: usize = 4 << 20;
+/// Largest `/config` answer the gateway reads (skills travel in it).
+const MAX_CONFIG_BODY: usize = 32 << 20;
 
 /// Serves the gateway on `listener` until `stop` is cancelled.
 pub(crate) fn spawn(
@@ -53,12 +59,14 @@ pub(crate) fn spawn(
         providers,
         client,
         allow,
+        mcp: std::sync::OnceLock::new(),
     });
     let app = Router::new()
         .route("/callback/env", get(callback_env))
         .route("/callback/config", get(callback_config))
         .route("/callback/results", post(callback_results))
         .route("/model/{provider}/{*path}", post(model))
+        .route("/mcp/{name}", get(mcp).post(mcp).delete(mcp))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not_found", "no such gateway route") })
         .with_state(state);
     tokio::spawn(async move {
@@ -108,8 +116,64 @@ async fn callback_env(State(s): State<Arc<GatewayState>>, req: Request) -> Respo
     Response::from_parts(parts, Body::from(bytes))
 }
 
+/// Relays `/config` and keeps the URLs of its streamable-HTTP MCP servers,
+/// which the sandbox then reaches by name only.
 async fn callback_config(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
-    forward_callback(&s, "config", req).await
+    let res = forward_callback(&s, "config", req).await;
+    if !res.status().is_success() {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_CONFIG_BODY).await else {
+        return problem(
+            StatusCode::BAD_GATEWAY,
+            "upstream_invalid",
+            "/config answer too large",
+        );
+    };
+    if let Ok(cfg) = serde_json::from_slice::<asbx_protocol::callback::ConfigResponse>(&bytes) {
+        let servers = cfg
+            .mcp_servers
+            .into_iter()
+            .filter_map(|m| match m {
+                asbx_protocol::callback::McpServer::Http { name, url } => Some((name, url)),
+                asbx_protocol::callback::McpServer::Stdio { .. } => None,
+            })
+            .collect();
+        let _ = s.mcp.set(servers);
+    }
+    Response::from_parts(parts, Body::from(bytes))
+}
+
+/// Forwards one streamable-HTTP MCP request to the named server.
+async fn mcp(
+    State(s): State<Arc<GatewayState>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Response {
+    let Some(url) = s.mcp.get().and_then(|m| m.get(&name)).cloned() else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "unknown_mcp_server",
+            "no such MCP server",
+        );
+    };
+    let mut headers = HeaderMap::new();
+    for name in [
+        header::CONTENT_TYPE.as_str(),
+        header::ACCEPT.as_str(),
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "last-event-id",
+    ] {
+        if let (Some(v), Ok(n)) = (
+            req.headers().get(name),
+            header::HeaderName::from_bytes(name.as_bytes()),
+        ) {
+            headers.insert(n, v.clone());
+        }
+    }
+    forward(&s, req.method().clone(), url, headers, req.into_body()).await
 }
 
 async fn callback_results(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
@@ -215,8 +279,10 @@ async fn forward(
     if let Some(ct) = upstream.headers().get(header::CONTENT_TYPE) {
         res = res.header(header::CONTENT_TYPE, ct.as_bytes());
     }
-    if let Some(ra) = upstream.headers().get(header::RETRY_AFTER) {
-        res = res.header(header::RETRY_AFTER, ra.as_bytes());
+    for name in [header::RETRY_AFTER.as_str(), "mcp-session-id"] {
+        if let Some(v) = upstream.headers().get(name) {
+            res = res.header(name, v.as_bytes());
+        }
     }
     let body = Body::from_stream(upstream.bytes_stream().map_err(std::io::Error::other));
     res.body(body).unwrap_or_else(|_| {

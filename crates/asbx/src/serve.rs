@@ -202,9 +202,8 @@ fn check_isolation(exe: &Path, profile: JailProfile, name: &str) -> anyhow::Resu
         )
     })?;
     let missing: Vec<String> = report
-        .layers
-        .iter()
-        .filter(|l| !l.available)
+        .missing()
+        .into_iter()
         .map(|l| match &l.detail {
             Some(d) => format!("{} ({d})", l.name),
             None => l.name.clone(),
@@ -233,7 +232,7 @@ pub(crate) fn jail(args: JailArgs) -> ExitCode {
     };
     if args.check {
         let report = asbx_jail::check(profile);
-        let ok = report.layers.iter().all(|l| l.available);
+        let ok = report.missing().is_empty();
         match serde_json::to_string(&report) {
             Ok(s) => print_line(&s),
             Err(e) => eprintln!("asbx jail: {e}"),

@@ -449,3 +449,62 @@ pub fn terminal(lines: &[Line]) -> &Event {
 pub fn script(actions: serde_json::Value) -> String {
     serde_json::json!({ "script": actions }).to_string()
 }
+
+/// `asbx up` (workspace + runner) from the real binary; killed on drop.
+pub struct UpProc {
+    child: Child,
+    pub url: String,
+    pub data: tempfile::TempDir,
+}
+
+impl UpProc {
+    pub fn start(extra_env: &[(&str, &str)]) -> UpProc {
+        let data = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(ASBX);
+        cmd.args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
+            .env("ASBX_DATA", data.path())
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ASBX_MODEL")
+            .env("ASBX_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut url = None;
+        for _ in 0..10 {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            if let Some(u) = line.trim().strip_prefix("open") {
+                url = Some(u.trim().to_owned());
+                break;
+            }
+        }
+        let url = url.expect("`open URL` in the banner of asbx up");
+        UpProc { child, url, data }
+    }
+}
+
+impl Drop for UpProc {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

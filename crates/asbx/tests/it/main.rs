@@ -8,3 +8,4 @@ mod harness;
 mod dispatch;
 mod isolation;
 mod models;
+mod system;

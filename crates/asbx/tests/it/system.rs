@@ -1,0 +1,86 @@
+//! The whole system as a newcomer starts it: `asbx up`, then a run through
+//! the workspace, whose written-back file lands in the workspace's store.
+
+use asbx_protocol::{Event, LineDecoder, StepStatus};
+use serde_json::json;
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn a_run_through_asbx_up_lands_its_file_in_the_workspace() {
+    let up = UpProc::start(&[]);
+    let client = reqwest::Client::new();
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "mkdir -p out && printf 'quarterly numbers' > out/report.txt && echo wrote"}},
+        {"say": "report written"}
+    ]));
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({ "prompt": prompt }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let bytes = res.bytes().await.unwrap();
+    let lines: Vec<_> = LineDecoder::default()
+        .push(&bytes)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect();
+    assert_well_formed(&lines);
+    assert_eq!(
+        steps(&lines),
+        vec![
+            ("shell", StepStatus::Running),
+            ("shell", StepStatus::Succeeded)
+        ]
+    );
+    assert!(matches!(terminal(&lines), Event::Result(r) if r.message == "report written"));
+
+    let run: serde_json::Value = client
+        .get(format!("{}/api/runs/{run_id}", up.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(run["result"], "report written", "{run}");
+    let files = run["files"].as_array().expect("files");
+    assert_eq!(files.len(), 1, "{run}");
+    assert_eq!(files[0]["path"], "report.txt");
+    let id = files[0]["id"].as_str().unwrap();
+    let body = client
+        .get(format!("{}/api/files/{id}", up.url))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&body[..], b"quarterly numbers");
+}
+
+#[tokio::test]
+async fn the_default_scripted_model_says_it_is_not_real() {
+    let up = UpProc::start(&[]);
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({ "prompt": "hello there" }))
+        .send()
+        .await
+        .unwrap();
+    let bytes = res.bytes().await.unwrap();
+    let lines: Vec<_> = LineDecoder::default()
+        .push(&bytes)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect();
+    assert_well_formed(&lines);
+    match terminal(&lines) {
+        Event::Result(r) => assert!(r.message.contains("not a real model"), "{}", r.message),
+        other => panic!("{other:?}"),
+    }
+}

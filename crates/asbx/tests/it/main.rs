@@ -8,4 +8,5 @@ mod harness;
 mod dispatch;
 mod isolation;
 mod models;
+mod startup;
 mod system;

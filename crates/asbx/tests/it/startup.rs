@@ -1,0 +1,83 @@
+//! Fail closed (issue 3): without the layers of its profile the runner
+//! refuses to start; a weaker profile must be named, and is then reported.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use crate::harness::*;
+
+const NOBODY: u32 = 65534;
+
+fn as_nobody(profile: &str, data: &std::path::Path) -> Command {
+    let mut cmd = Command::new(ASBX);
+    cmd.args(["runner", "--listen", "127.0.0.1:0", "--profile", profile])
+        .env_clear()
+        .env("ASBX_DATA", data)
+        .env("ASBX_LOG", "warn")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn nobody_can_run_the_binary() -> bool {
+    Command::new(ASBX)
+        .arg("--version")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn without_its_layers_the_runner_refuses_to_start() {
+    if !nobody_can_run_the_binary() {
+        eprintln!("skipped: the test binary is not reachable by an unprivileged user here");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = as_nobody("strict", data.path()).output().unwrap();
+    assert!(!out.status.success(), "started without its layers");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Refusing to start"), "{err}");
+    assert!(err.contains("--profile"), "names the way out: {err}");
+}
+
+#[tokio::test]
+async fn a_weaker_profile_is_chosen_by_name_and_reported() {
+    if !nobody_can_run_the_binary() {
+        eprintln!("skipped: the test binary is not reachable by an unprivileged user here");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut child = as_nobody("unconfined", data.path()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("isolation: unconfined"), "{line}");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_owned();
+    let health: serde_json::Value = reqwest::get(format!("{url}/healthz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["profile"], "unconfined");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = child.wait();
+}

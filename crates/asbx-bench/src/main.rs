@@ -22,7 +22,9 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map(String::as_str).unwrap_or("all");
     let n: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(200);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         match what {
             "throughput" => throughput().await,
@@ -42,7 +44,10 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let me = std::env::current_exe()?;
     let p = me.parent().context("exe folder")?.join(name);
     if !p.exists() {
-        bail!("{} not found; build it with cargo build --release -p asbx -p asbx-bench", p.display());
+        bail!(
+            "{} not found; build it with cargo build --release -p asbx -p asbx-bench",
+            p.display()
+        );
     }
     Ok(p)
 }
@@ -80,10 +85,14 @@ async fn throughput() -> anyhow::Result<()> {
     let mut config = RunnerConfig::new(sibling("asbx-firehose")?, state.clone());
     config.isolation = Isolation::Unconfined;
     let lines: u64 = 4_000_000;
-    config.agent_env.push(("ASBX_FIREHOSE_LINES".into(), lines.to_string()));
+    config
+        .agent_env
+        .push(("ASBX_FIREHOSE_LINES".into(), lines.to_string()));
     let url = serve_runner(config).await?;
     let client = reqwest::Client::new();
-    println!("throughput: {lines} log lines (80 bytes each) from a sandbox process to an HTTP client");
+    println!(
+        "throughput: {lines} log lines (80 bytes each) from a sandbox process to an HTTP client"
+    );
     for round in 1..=3 {
         let started = Instant::now();
         let res = client
@@ -144,7 +153,11 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         let mut times = Vec::with_capacity(n);
         for _ in 0..n {
             let started = Instant::now();
-            let res = client.post(format!("{url}/stream")).json(&body(&ws, "hi")).send().await?;
+            let res = client
+                .post(format!("{url}/stream"))
+                .json(&body(&ws, "hi"))
+                .send()
+                .await?;
             let mut stream = res.bytes_stream();
             let first = stream.next().await.context("no line")??;
             times.push(started.elapsed());
@@ -161,7 +174,17 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         for _ in 0..n {
             let started = Instant::now();
             let st = tokio::process::Command::new(&bwrap)
-                .args(["--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"])
+                .args([
+                    "--unshare-all",
+                    "--ro-bind",
+                    "/",
+                    "/",
+                    "--dev",
+                    "/dev",
+                    "--proc",
+                    "/proc",
+                    "true",
+                ])
                 .status()
                 .await?;
             times.push(started.elapsed());
@@ -202,11 +225,20 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     {
         use tokio::io::AsyncBufReadExt;
         let out = child.stdout.take().context("stdout")?;
-        tokio::io::BufReader::new(out).read_line(&mut banner).await?;
+        tokio::io::BufReader::new(out)
+            .read_line(&mut banner)
+            .await?;
     }
-    let url = banner.split_whitespace().find(|w| w.starts_with("http://")).context("url")?.to_owned();
+    let url = banner
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .context("url")?
+        .to_owned();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    println!("idle: runner RSS at rest {:.1} MiB", rss_kib(pid)? as f64 / 1024.0);
+    println!(
+        "idle: runner RSS at rest {:.1} MiB",
+        rss_kib(pid)? as f64 / 1024.0
+    );
 
     // Hold n sandboxes open: each agent waits on a model that never answers.
     let stall = stalling_workspace().await?;
@@ -214,7 +246,11 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     let before = mem_used_kib()?;
     let mut streams = Vec::with_capacity(n);
     for _ in 0..n {
-        let res = client.post(format!("{url}/stream")).json(&body(&stall, "hi")).send().await?;
+        let res = client
+            .post(format!("{url}/stream"))
+            .json(&body(&stall, "hi"))
+            .send()
+            .await?;
         let mut s = res.bytes_stream();
         let _ = s.next().await;
         streams.push(s);

@@ -11,7 +11,7 @@ use crate::bootstrap::Limits;
 use crate::emit::Emitter;
 use crate::error::AgentError;
 use crate::providers::{DeltaSink, Message, ModelRequest, Provider, Usage};
-use crate::tools::{self, ToolContext};
+use crate::tools::Toolbox;
 
 /// What a successful loop produced.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub async fn run(
     provider: &dyn Provider,
     mut req: ModelRequest,
     limits: &Limits,
-    ctx: &ToolContext,
+    tools: &Toolbox,
     emitter: &Emitter,
     counters: &mut Counters,
 ) -> Result<String, AgentError> {
@@ -70,16 +70,17 @@ pub async fn run(
             }
             counters.tool_calls += 1;
             let id = step_id(counters.tool_calls);
+            let step_name = tools.step_name(&call.name, &call.args);
             emitter
-                .step_running(&id, &call.name, call.args.clone())
+                .step_running(&id, &step_name, call.args.clone())
                 .await
                 .map_err(io)?;
             let started = Instant::now();
-            let out = tools::run(ctx, &id, &call.name, &call.args).await;
+            let out = tools.run(&id, &call.name, &call.args).await;
             let ms = started.elapsed().as_millis() as u64;
             let is_error = out.is_error();
             emitter
-                .step_finished(&id, &call.name, out.display, ms)
+                .step_finished(&id, &step_name, out.display, ms)
                 .await
                 .map_err(io)?;
             req.messages.push(Message::ToolResult {

@@ -7,8 +7,9 @@
 //! gateway's Unix socket; the agent holds no provider key.
 //!
 //! Order of a turn: `/callback/env` (setup token), the setup script,
-//! `/callback/config` (run token), the loop (bounded by the run's duration
-//! limit), writeback of `out/` (upload token), `result`.
+//! `/callback/config` (run token), skills written into the sandbox and MCP
+//! servers started, the loop (bounded by the run's duration limit), MCP
+//! servers shut down, writeback of `out/` (upload token), `result`.
 //!
 //! The run's `max_duration` counts from the start of [`run`], bootstrap and
 //! setup included; writeback happens after the loop and is not counted.
@@ -23,7 +24,9 @@ pub mod egress_relay;
 pub mod emit;
 pub mod error;
 pub mod gateway_client;
+pub mod mcp;
 pub mod providers;
+pub mod skills;
 pub mod tools;
 pub mod writeback;
 
@@ -44,7 +47,7 @@ pub use providers::{HttpSettings, RetryPolicy};
 use crate::agent_loop::Counters;
 use crate::gateway_client::GatewayClient;
 use crate::providers::{Message, ModelRequest};
-use crate::tools::ToolContext;
+use crate::tools::{ToolContext, Toolbox};
 
 /// The environment variable naming the model stall timeout in ms.
 pub const STALL_TIMEOUT_ENV: &str = "ASBX_MODEL_STALL_TIMEOUT_MS";
@@ -229,18 +232,49 @@ async fn turn(
         })
         .collect();
     messages.push(Message::User(b.prompt.clone()));
+    let skills = skills::Skills::install(&workdir, &config.skills, emitter)
+        .await
+        .map_err(AgentError::Output)?;
+    let deadline = started + limits.max_duration;
+    let mcp = if config.mcp_servers.is_empty() {
+        mcp::McpHub::default()
+    } else {
+        let builtin: std::collections::HashSet<String> = tools::specs()
+            .into_iter()
+            .map(|t| t.name)
+            .chain(skills.spec().map(|t| t.name))
+            .collect();
+        let timeout = mcp::START_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+        mcp::McpHub::start(
+            &config.mcp_servers,
+            &ctx,
+            &b.gateway_socket,
+            timeout,
+            &builtin,
+        )
+        .await
+        .map_err(AgentError::Output)?
+    };
+    let system = match (
+        config.system_prompt.clone().filter(|s| !s.is_empty()),
+        skills.prompt_section(),
+    ) {
+        (Some(p), Some(s)) => Some(format!("{p}\n\n{s}")),
+        (p, s) => p.or(s),
+    };
+    let toolbox = Toolbox { ctx, skills, mcp };
     let req = ModelRequest {
         model,
-        system: config.system_prompt.clone().filter(|s| !s.is_empty()),
+        system,
         messages,
-        tools: tools::specs(),
+        tools: toolbox.specs(),
     };
-    let deadline = started + limits.max_duration;
     let looped = tokio::time::timeout_at(
         deadline.into(),
-        agent_loop::run(provider.as_ref(), req, &limits, &ctx, emitter, counters),
+        agent_loop::run(provider.as_ref(), req, &limits, &toolbox, emitter, counters),
     )
     .await;
+    toolbox.mcp.shutdown().await;
     let text = match looped {
         Ok(r) => r?,
         Err(_) => {

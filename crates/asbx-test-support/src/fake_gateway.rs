@@ -9,12 +9,17 @@
 //! - `POST /model/{provider}/{path...}`: proxied to that provider's base URL
 //!   with its key added (`Authorization: Bearer` for OpenAI,
 //!   `x-api-key` for Anthropic); the response is streamed back untouched.
+//! - `GET|POST|DELETE /mcp/{name}`: forwarded to the URL of the
+//!   streamable-HTTP MCP server `name` of the `/config` answer, like the
+//!   runner's gateway: the request passes `content-type`, `accept`,
+//!   `mcp-session-id`, `mcp-protocol-version` and `last-event-id`; the answer
+//!   keeps its status, `content-type` and `mcp-session-id`, body streamed.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use asbx_protocol::callback::{
-    ConfigResponse, EnvResponse, ResultsRequest, ResultsResponse, StoredFile,
+    ConfigResponse, EnvResponse, McpServer, ResultsRequest, ResultsResponse, StoredFile,
 };
 use asbx_protocol::gateway::ProviderKind;
 use axum::Router;
@@ -58,6 +63,7 @@ struct Counters {
     config_ok: u32,
     rejected: u32,
     model_calls: u32,
+    mcp_calls: u32,
     setup_used: bool,
     run_used: bool,
     upload_used: bool,
@@ -104,6 +110,7 @@ impl FakeGateway {
             .route("/callback/config", get(config))
             .route("/callback/results", post(results))
             .route("/model/{provider}/{*rest}", post(model))
+            .route("/mcp/{name}", get(mcp).post(mcp).delete(mcp))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -133,6 +140,11 @@ impl FakeGateway {
     /// Requests answered `401`.
     pub fn rejections(&self) -> u32 {
         lock(&self.shared.counters).rejected
+    }
+
+    /// Requests to `/mcp/...`.
+    pub fn mcp_calls(&self) -> u32 {
+        lock(&self.shared.counters).mcp_calls
     }
 
     /// Requests to `/model/...`.
@@ -247,6 +259,54 @@ async fn model(
         Ok(resp) => {
             let (parts, body) = resp.into_parts();
             Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) => (StatusCode::BAD_GATEWAY, format!("upstream: {e}")).into_response(),
+    }
+}
+
+async fn mcp(
+    State(s): State<Arc<Shared>>,
+    UrlPath(name): UrlPath<String>,
+    req: Request,
+) -> Response {
+    lock(&s.counters).mcp_calls += 1;
+    let url = s.cfg.config.mcp_servers.iter().find_map(|m| match m {
+        McpServer::Http { name: n, url } if *n == name => Some(url.clone()),
+        McpServer::Http { .. } | McpServer::Stdio { .. } => None,
+    });
+    let Some(url) = url else {
+        return (StatusCode::NOT_FOUND, format!("no MCP server {name}")).into_response();
+    };
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, 16 * 1024 * 1024).await else {
+        return (StatusCode::BAD_REQUEST, "body too large").into_response();
+    };
+    let mut out = http::Request::builder().method(parts.method).uri(url);
+    for name in [
+        header::CONTENT_TYPE.as_str(),
+        header::ACCEPT.as_str(),
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "last-event-id",
+    ] {
+        if let Some(v) = parts.headers.get(name) {
+            out = out.header(name, v);
+        }
+    }
+    let Ok(out) = out.body(Full::new(body)) else {
+        return (StatusCode::BAD_GATEWAY, "cannot build upstream request").into_response();
+    };
+    match s.client.request(out).await {
+        Ok(resp) => {
+            let (up, body) = resp.into_parts();
+            let mut r = Response::builder().status(up.status);
+            for name in [header::CONTENT_TYPE.as_str(), "mcp-session-id"] {
+                if let Some(v) = up.headers.get(name) {
+                    r = r.header(name, v);
+                }
+            }
+            r.body(Body::new(body))
+                .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
         }
         Err(e) => (StatusCode::BAD_GATEWAY, format!("upstream: {e}")).into_response(),
     }

@@ -6,12 +6,17 @@
 //!   every request it gets.
 //! - [`fake_gateway`]: a stand-in for the runner's per-sandbox gateway on a
 //!   Unix socket: the `/callback/*` routes with single-use tokens, and
-//!   `/model/{provider}/...` proxied to a provider with a key added.
+//!   `/model/{provider}/...` proxied to a provider with a key added, and
+//!   `/mcp/{name}` proxied to a streamable-HTTP MCP server.
+//! - [`mcp_server`]: test MCP servers: a stdio one in Python
+//!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
 
 pub mod fake_gateway;
+pub mod mcp_server;
 pub mod mock_provider;
 
 pub use fake_gateway::{FakeGateway, GatewayConfig, GatewayProvider};
+pub use mcp_server::{McpHttpServer, McpRequest, echo_server_path, echo_server_source};
 pub use mock_provider::{MockProvider, MockToolCall, RecordedRequest, Tape};
 
 /// Locks a mutex, ignoring poisoning (a panicking test thread must not hide

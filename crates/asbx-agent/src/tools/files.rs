@@ -68,7 +68,7 @@ fn normalize(p: &Path) -> Result<Vec<OsString>, String> {
     Ok(out)
 }
 
-fn errno_msg(path: &str, e: Errno) -> String {
+pub(crate) fn errno_msg(path: &str, e: Errno) -> String {
     match e {
         Errno::ELOOP => format!("{path}: refusing to follow a symlink"),
         Errno::ENOTDIR => format!("{path}: a path component is not a directory (or is a symlink)"),
@@ -79,7 +79,7 @@ fn errno_msg(path: &str, e: Errno) -> String {
     }
 }
 
-fn open_root(workdir: &Path) -> Result<OwnedFd, String> {
+pub(crate) fn open_root(workdir: &Path) -> Result<OwnedFd, String> {
     nix::fcntl::open(
         workdir,
         OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
@@ -90,7 +90,7 @@ fn open_root(workdir: &Path) -> Result<OwnedFd, String> {
 
 /// Opens the directory at `comps` without following symlinks, creating
 /// missing directories when `create` is set.
-fn open_dir(
+pub(crate) fn open_dir(
     root: OwnedFd,
     comps: &[OsString],
     create: bool,

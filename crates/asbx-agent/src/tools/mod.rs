@@ -1,4 +1,6 @@
-//! The built-in tools: `shell`, `read_file`, `write_file`, `list_files`.
+//! The built-in tools: `shell`, `read_file`, `write_file`, `list_files`,
+//! and the [`Toolbox`] that adds the run's skills (`load_skill`) and MCP
+//! tools to them.
 //!
 //! Each call returns a [`ToolOutput`]: the text the model sees (bounded by
 //! `tool_output_bytes`) and the value shown in the `step` line (bounded to
@@ -17,7 +19,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::emit::Emitter;
+use crate::mcp::McpHub;
 use crate::providers::ToolSpec;
+use crate::skills::{LOAD_SKILL, Skills};
 
 /// Bytes of a tool's output shown in a `step` line.
 pub const DISPLAY_BYTES: usize = 2048;
@@ -112,7 +116,62 @@ pub fn specs() -> Vec<ToolSpec> {
     ]
 }
 
-/// Runs one tool call by name, bounded by the tool timeout.
+/// Every tool of one run: the built-ins, `load_skill` when there are skills,
+/// and the MCP servers' tools.
+#[derive(Debug)]
+pub struct Toolbox {
+    pub ctx: ToolContext,
+    pub skills: Skills,
+    pub mcp: McpHub,
+}
+
+impl Toolbox {
+    /// Only the built-in tools.
+    pub fn builtin(ctx: ToolContext) -> Self {
+        Toolbox {
+            ctx,
+            skills: Skills::default(),
+            mcp: McpHub::default(),
+        }
+    }
+
+    /// The specs sent to the model: built-ins, `load_skill`, MCP tools.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        let mut v = specs();
+        v.extend(self.skills.spec());
+        v.extend(self.mcp.specs());
+        v
+    }
+
+    /// The name of the `step` for a call: `shell` running a skill's script is
+    /// `<skill>/<path>`, an MCP tool is `<server>/<tool>`, anything else is
+    /// the tool's name.
+    pub fn step_name(&self, name: &str, args: &Value) -> String {
+        if name == "shell"
+            && let Some(cmd) = args.get("command").and_then(Value::as_str)
+            && let Some(n) = self.skills.step_name_for_command(&self.ctx.workdir, cmd)
+        {
+            return n;
+        }
+        if let Some(t) = self.mcp.find(name) {
+            return t.step_name();
+        }
+        name.to_owned()
+    }
+
+    /// Runs one call by name, bounded by the tool timeout.
+    pub async fn run(&self, step_id: &str, name: &str, args: &Value) -> ToolOutput {
+        if name == LOAD_SKILL && !self.skills.is_empty() {
+            return self.skills.load(args, self.ctx.output_bytes);
+        }
+        if let Some(t) = self.mcp.find(name) {
+            return self.mcp.call(&self.ctx, t, args).await;
+        }
+        run(&self.ctx, step_id, name, args).await
+    }
+}
+
+/// Runs one built-in tool call by name, bounded by the tool timeout.
 pub async fn run(ctx: &ToolContext, step_id: &str, name: &str, args: &Value) -> ToolOutput {
     // `shell` enforces the timeout itself (and kills its process group);
     // this bound is for the file tools, whose blocking I/O cannot be killed.

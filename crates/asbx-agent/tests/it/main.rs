@@ -9,6 +9,8 @@ mod egress;
 mod faults;
 mod files;
 mod limits;
+mod mcp;
 mod openai;
 mod protocol;
 mod scripted;
+mod skills;

@@ -165,6 +165,7 @@ pub async fn start_turn(
         workspace_id: workspace_id.to_owned(),
         kind: RunKind::Chat,
         chat_id: Some(chat_id.clone()),
+        agent_id: None,
         prompt: prompt_with_attachments(&request.message, &placed),
         env: EnvResponse {
             variables: Default::default(),

@@ -59,6 +59,8 @@ pub struct RunSpec {
     pub workspace_id: String,
     pub kind: RunKind,
     pub chat_id: Option<String>,
+    /// The stored agent of a `RunKind::Agent` run.
+    pub agent_id: Option<String>,
     pub prompt: String,
     pub env: EnvResponse,
     pub config: ConfigResponse,
@@ -94,6 +96,7 @@ pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, Workspac
             workspace_id: &spec.workspace_id,
             kind: spec.kind,
             chat_id: spec.chat_id.as_deref(),
+            agent_id: spec.agent_id.as_deref(),
             prompt: &spec.prompt,
             model: &spec.config.model,
             env_json: &env_json,

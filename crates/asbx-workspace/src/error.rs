@@ -47,6 +47,11 @@ pub enum WorkspaceError {
         "no SANDBOX_URL: pass sandboxUrl in the request or start the workspace with SANDBOX_URL"
     )]
     SandboxUrlMissing,
+    #[error(
+        "no SANDBOX_URL for agent {agent_id}: pass sandboxUrl in the run request, set SANDBOX_URL \
+         in the agent's environment variables, or start the workspace with SANDBOX_URL"
+    )]
+    AgentSandboxUrlMissing { agent_id: String },
     #[error("runner request failed: {0}")]
     Upstream(String),
     #[error("invalid configuration: {0}")]
@@ -148,6 +153,13 @@ impl WorkspaceError {
                 "Sandbox runner not configured",
                 self.to_string(),
             ),
+            WorkspaceError::AgentSandboxUrlMissing { agent_id } => Problem::new(
+                503,
+                codes::SANDBOX_URL_MISSING,
+                "Sandbox runner not configured",
+                self.to_string(),
+            )
+            .with("agentId", agent_id.clone()),
             WorkspaceError::Upstream(_) => Problem::new(
                 502,
                 codes::UPSTREAM_FAILED,

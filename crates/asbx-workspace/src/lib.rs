@@ -1,5 +1,5 @@
 //! The asbx control plane: one-time tokens, the sandbox callback routes,
-//! dispatch to the runner, the file store, and chats.
+//! dispatch to the runner, the file store, chats, and stored agents.
 //!
 //! Entry points: [`Workspace::open`] connects the store (SQLite by default,
 //! PostgreSQL by URL) and runs the migrations; [`Workspace::router`] is the
@@ -8,6 +8,7 @@
 //! Architecture invariant: plaintext tokens are never stored; a token is
 //! redeemed at most once, atomically (see [`store::tokens::redeem`]).
 
+pub mod agents;
 mod api;
 pub mod auth;
 pub mod blobs;

@@ -29,6 +29,7 @@ pub async fn load(
         id: run.id,
         kind: run.kind,
         chat_id: run.chat_id,
+        agent_id: run.agent_id,
         status: run.status.as_str().to_owned(),
         prompt: run.prompt,
         model: run.model,

@@ -3,6 +3,7 @@
 //! Handlers stay thin: extract, call one function of a service module,
 //! answer. Every error is a [`WorkspaceError`].
 
+mod agents;
 mod callback;
 mod chats;
 mod files;
@@ -33,6 +34,12 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/assets/app.css", get(pages::app_css))
         .route("/healthz", get(pages::healthz))
         .route("/api/runs", post(runs::create))
+        .route("/api/agents", get(agents::list).post(agents::create))
+        .route(
+            "/api/agents/{id}",
+            get(agents::get).put(agents::update).delete(agents::delete),
+        )
+        .route("/api/agents/{id}/runs", post(agents::run))
         .route("/api/runs/{id}", get(runs::get))
         .route(
             "/api/files/{id}",

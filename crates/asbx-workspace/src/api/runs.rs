@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::auth::Caller;
-use crate::dispatch::{self, Started};
+use crate::dispatch::{self, RunSpec, Started};
 use crate::error::WorkspaceError;
 use crate::state::AppState;
 use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
@@ -29,7 +29,16 @@ pub(super) async fn create(
         &state.config.default_model,
         state.config.sandbox_url.as_ref(),
     )?;
-    let started = dispatch::start(&state, &spec).await?;
+    stream_response(state, &spec).await
+}
+
+/// Dispatches `spec` and answers with the runner's NDJSON relayed unchanged
+/// (or its rejection passed through), the run id in `x-asbx-run-id`.
+pub(super) async fn stream_response(
+    state: Arc<AppState>,
+    spec: &RunSpec,
+) -> Result<Response, WorkspaceError> {
+    let started = dispatch::start(&state, spec).await?;
     let run_id =
         HeaderValue::from_str(&spec.id).map_err(|_| WorkspaceError::Corrupt("run id".into()))?;
     let mut response = match started {

@@ -13,6 +13,7 @@
 //! redemption, lease acquisition) is a single conditional `UPDATE`/`INSERT`
 //! whose `rows_affected` decides, never a read followed by a write.
 
+pub mod agents;
 pub mod chats;
 pub mod files;
 pub mod keys;

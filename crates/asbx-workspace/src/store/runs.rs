@@ -12,6 +12,8 @@ pub enum RunKind {
     Run,
     /// A chat turn.
     Chat,
+    /// `POST /api/agents/{id}/runs`: a stored agent (a workflow's Agents block).
+    Agent,
 }
 
 impl RunKind {
@@ -19,6 +21,7 @@ impl RunKind {
         match self {
             RunKind::Run => "run",
             RunKind::Chat => "chat",
+            RunKind::Agent => "agent",
         }
     }
 }
@@ -57,6 +60,7 @@ pub struct NewRun<'a> {
     pub workspace_id: &'a str,
     pub kind: RunKind,
     pub chat_id: Option<&'a str>,
+    pub agent_id: Option<&'a str>,
     pub prompt: &'a str,
     pub model: &'a str,
     pub env_json: &'a str,
@@ -71,6 +75,7 @@ pub struct RunRow {
     pub workspace_id: String,
     pub kind: String,
     pub chat_id: Option<String>,
+    pub agent_id: Option<String>,
     pub status: RunStatus,
     pub prompt: String,
     pub model: String,
@@ -90,7 +95,7 @@ pub enum Outcome {
     Failed { code: String, message: String },
 }
 
-const COLUMNS: &str = "id, workspace_id, kind, chat_id, status, prompt, model, env_json, \
+const COLUMNS: &str = "id, workspace_id, kind, chat_id, agent_id, status, prompt, model, env_json, \
     config_json, result, error_code, error_message, created_at, ended_at";
 
 pub async fn insert<'c, E>(db: E, run: &NewRun<'_>) -> Result<(), WorkspaceError>
@@ -98,13 +103,14 @@ where
     E: Executor<'c, Database = Any>,
 {
     sqlx::query(
-        "INSERT INTO runs (id, workspace_id, kind, chat_id, status, prompt, model, env_json, \
-         config_json, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        "INSERT INTO runs (id, workspace_id, kind, chat_id, agent_id, status, prompt, model, \
+         env_json, config_json, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(run.id)
     .bind(run.workspace_id)
     .bind(run.kind.as_str())
     .bind(run.chat_id)
+    .bind(run.agent_id)
     .bind(RunStatus::Running.as_str())
     .bind(run.prompt)
     .bind(run.model)
@@ -170,6 +176,7 @@ fn from_row(r: &AnyRow) -> Result<RunRow, WorkspaceError> {
         workspace_id: r.try_get("workspace_id")?,
         kind: r.try_get("kind")?,
         chat_id: r.try_get("chat_id")?,
+        agent_id: r.try_get("agent_id")?,
         status: RunStatus::parse(&r.try_get::<String, _>("status")?)?,
         prompt: r.try_get("prompt")?,
         model: r.try_get("model")?,

@@ -1,0 +1,78 @@
+//! `/api/agents`: stored agents (CRUD) and `POST /api/agents/{id}/runs`,
+//! which streams the runner's NDJSON straight through, like `/api/runs`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+
+use crate::agents;
+use crate::auth::Caller;
+use crate::error::WorkspaceError;
+use crate::state::AppState;
+use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, AgentRunRequest};
+
+pub(super) async fn create(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<AgentRecord>), WorkspaceError> {
+    let definition: AgentDefinition = super::parse_json(body)?;
+    let agent = agents::create(&state, &caller.workspace_id, definition).await?;
+    Ok((StatusCode::CREATED, Json(agent)))
+}
+
+pub(super) async fn list(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+) -> Result<Json<AgentList>, WorkspaceError> {
+    let agents = agents::list(&state, &caller.workspace_id).await?;
+    Ok(Json(AgentList { agents }))
+}
+
+pub(super) async fn get(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<AgentRecord>, WorkspaceError> {
+    Ok(Json(agents::get(&state, &caller.workspace_id, &id).await?))
+}
+
+pub(super) async fn update(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AgentRecord>, WorkspaceError> {
+    let definition: AgentDefinition = super::parse_json(body)?;
+    let agent = agents::update(&state, &caller.workspace_id, &id, definition).await?;
+    Ok(Json(agent))
+}
+
+pub(super) async fn delete(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, WorkspaceError> {
+    agents::delete(&state, &caller.workspace_id, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub(super) async fn run(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, WorkspaceError> {
+    let request: AgentRunRequest = super::parse_json(body)?;
+    let spec = agents::run_spec(&state, &caller.workspace_id, &id, request).await?;
+    let agent_id = HeaderValue::from_str(spec.agent_id.as_deref().unwrap_or_default())
+        .map_err(|_| WorkspaceError::Corrupt("agent id".into()))?;
+    let mut response = super::runs::stream_response(state, &spec).await?;
+    response.headers_mut().insert(AGENT_ID_HEADER, agent_id);
+    Ok(response)
+}

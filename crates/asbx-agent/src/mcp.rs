@@ -20,8 +20,10 @@
 //! Tool names: the model sees `<server>__<tool>` ([`wire_name`]), made
 //! wire-safe for every provider (`^[a-zA-Z0-9_-]{1,64}$`, other characters
 //! become `_`, clashes get a `_2`, `_3`... suffix); the `step` of a call is
-//! named `<server>/<tool>`. A call is bounded by the tool timeout and its text
-//! by `tool_output_bytes`; a result with `isError` is a failed step.
+//! named `<server>/<tool>`. Tools with a name over [`MAX_TOOL_NAME_BYTES`]
+//! or a schema over [`MAX_SCHEMA_BYTES`] are left out (`warn`). A call is
+//! bounded by the tool timeout and its text by `tool_output_bytes`; a result
+//! with `isError` is a failed step.
 //!
 //! At the end of the run each session is closed (briefly) and each stdio
 //! server's process group is killed.
@@ -55,6 +57,10 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CLOSE_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Most tools taken from one server.
 pub const MAX_TOOLS_PER_SERVER: usize = 128;
+/// Longest tool name taken from a server.
+pub const MAX_TOOL_NAME_BYTES: usize = 128;
+/// Largest input schema (serialized) taken from a server.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Bytes of a failed server's stderr quoted in the warning.
 pub const STDERR_TAIL_BYTES: usize = 1024;
 /// Longest line of server stderr copied to the agent's stderr.
@@ -326,6 +332,17 @@ async fn start_one(
     (name, r)
 }
 
+/// Whether a server's tool may be offered: a name of 1 to
+/// [`MAX_TOOL_NAME_BYTES`] bytes without control characters, a schema of at
+/// most [`MAX_SCHEMA_BYTES`].
+fn acceptable_tool(tool: &rmcp::model::Tool) -> bool {
+    let n = &tool.name;
+    !n.is_empty()
+        && n.len() <= MAX_TOOL_NAME_BYTES
+        && !n.chars().any(char::is_control)
+        && serde_json::to_vec(&*tool.input_schema).is_ok_and(|v| v.len() <= MAX_SCHEMA_BYTES)
+}
+
 fn spec_of(server: &str, wire: &str, tool: &rmcp::model::Tool) -> ToolSpec {
     let mut schema = Value::Object((*tool.input_schema).clone());
     if schema.get("type").is_none() {
@@ -369,8 +386,28 @@ impl McpHub {
         for (name, r) in results {
             match r {
                 Ok(started) => {
-                    let total = started.tools.len();
-                    for tool in started.tools.into_iter().take(MAX_TOOLS_PER_SERVER) {
+                    let (tools, refused): (Vec<_>, Vec<_>) =
+                        started.tools.into_iter().partition(acceptable_tool);
+                    if !refused.is_empty() {
+                        let names: Vec<String> = refused
+                            .iter()
+                            .map(|t| truncate_with_marker(&t.name, 64))
+                            .collect();
+                        ctx.emitter
+                            .log(
+                                LogLevel::Warn,
+                                format!(
+                                    "mcp server {name}: {} tool(s) left out (name longer than \
+                                     {MAX_TOOL_NAME_BYTES} bytes or schema larger than \
+                                     {MAX_SCHEMA_BYTES} bytes): {}",
+                                    refused.len(),
+                                    names.join(", ")
+                                ),
+                            )
+                            .await?;
+                    }
+                    let total = tools.len();
+                    for tool in tools.into_iter().take(MAX_TOOLS_PER_SERVER) {
                         let wire = wire_name(&name, &tool.name, &taken);
                         taken.insert(wire.clone());
                         hub.tools.push(McpTool {

@@ -189,6 +189,27 @@ fn write_bundle(workdir: &Path, skill: &Skill) -> Result<(), String> {
         std::io::Write::write_all(&mut f, content.as_bytes())
             .map_err(|e| format!("{full}: {e}"))?;
     }
+    // Folders are made 0755 whatever the umask, so the tool user can read
+    // and run the bundle.
+    let mut dirs: Vec<String> = vec![SKILLS_DIR.into(), format!("{SKILLS_DIR}/{}", skill.name)];
+    for path in skill.files.keys() {
+        let mut parts: Vec<&str> = path.split('/').collect();
+        parts.pop();
+        for i in 1..=parts.len() {
+            dirs.push(format!(
+                "{SKILLS_DIR}/{}/{}",
+                skill.name,
+                parts[..i].join("/")
+            ));
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    for d in dirs {
+        let comps = components(workdir, &d)?;
+        let fd = open_dir(open_root(workdir)?, &comps, false, &d)?;
+        fchmod(fd.as_fd(), Mode::from_bits_truncate(0o755)).map_err(|e| errno_msg(&d, e))?;
+    }
     Ok(())
 }
 

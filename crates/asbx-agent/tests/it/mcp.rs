@@ -155,6 +155,11 @@ async fn http_server_through_the_gateway() {
         Some(asbx_test_support::mcp_server::SESSION_ID),
         "the session id passes through the gateway"
     );
+    assert!(
+        reqs.iter()
+            .any(|r| r.http_method == "DELETE" && r.session_id.is_some()),
+        "the session is closed at the end of the run"
+    );
 }
 
 #[tokio::test]

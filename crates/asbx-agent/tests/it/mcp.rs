@@ -258,3 +258,33 @@ async fn calls_honour_the_tool_timeout() {
         steps[0].error
     );
 }
+
+#[tokio::test]
+async fn stdio_server_shipped_as_a_skill_file() {
+    // How a jailed run can get the test server: the repository is not
+    // visible there, but skills are written before MCP servers start.
+    let mut h = Harness::scripted(&script(json!([
+        {"tool": "kit__add", "args": {"a": 20, "b": 22}},
+        {"say": "ok"}
+    ])));
+    h.gw.config.skills = vec![asbx_protocol::callback::Skill {
+        name: "mcpkit".into(),
+        description: "ships an MCP server".into(),
+        files: [(
+            "server.py".to_owned(),
+            asbx_test_support::echo_server_source().to_owned(),
+        )]
+        .into(),
+    }];
+    h.gw.config.mcp_servers = vec![McpServer::Stdio {
+        name: "kit".into(),
+        command: "python3".into(),
+        args: vec![".skills/mcpkit/server.py".into()],
+        env: Default::default(),
+    }];
+    let o = h.run().await;
+    assert_eq!(o.result(), "ok");
+    let steps = o.finished_steps();
+    assert_eq!(steps[0].name, "kit/add");
+    assert_eq!(steps[0].result.as_ref().unwrap(), &json!({"sum": 42}));
+}

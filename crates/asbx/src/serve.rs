@@ -96,6 +96,11 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 }
 
 async fn serve(listener: TcpListener, app: axum::Router) -> anyhow::Result<()> {
+    use axum::serve::ListenerExt;
+    // Lines are small and latency matters: no Nagle delay behind the headers.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

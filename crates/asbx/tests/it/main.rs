@@ -5,6 +5,7 @@
 
 mod harness;
 
+mod agent_features;
 mod dispatch;
 mod isolation;
 mod models;

@@ -4,6 +4,11 @@
 // list of content blocks (step, text, error). History renders the persisted
 // blocks; a live turn folds SSE events into the same blocks and re-renders
 // step rows in place by step id. All text goes through textContent.
+//
+// Stable hooks for tests (and anyone scripting the page): a message node has
+// data-role (user | assistant); its parts have data-part (steps, text,
+// error); a step row has data-step-id, data-step-name and data-status; a chat
+// in the list has data-chat-id; the composer has data-busy while a turn runs.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -37,6 +42,8 @@ function pretty(v) {
 function renderStep(row, step) {
   row.className = "step " + step.status;
   row.dataset.stepId = step.id;
+  row.dataset.stepName = step.name || "";
+  row.dataset.status = step.status;
   row.replaceChildren();
   const summary = el("summary");
   summary.append(el("span", "badge", step.status), el("strong", "", step.name));
@@ -47,9 +54,16 @@ function renderStep(row, step) {
   if (step.error) row.append(el("pre", "err", "error: " + step.error));
 }
 
+function part(cls, name, text) {
+  const e = el("div", cls, text);
+  e.dataset.part = name;
+  return e;
+}
+
 function assistantNode() {
   const node = el("div", "msg assistant");
-  node.append(el("div", "steps"), el("div", "text"), el("div", "err"));
+  node.dataset.role = "assistant";
+  node.append(part("steps", "steps"), part("text", "text"), part("err", "error"));
   return node;
 }
 
@@ -83,8 +97,9 @@ function chip(file) {
 function renderMessage(m) {
   if (m.role === "user") {
     const node = el("div", "msg user");
+    node.dataset.role = "user";
     const text = m.content.filter((b) => b.type === "text").map((b) => b.text).join("\n");
-    node.append(el("div", "text", text));
+    node.append(part("text", "text", text));
     if (m.fileAttachments && m.fileAttachments.length) {
       const chips = el("div", "chips");
       m.fileAttachments.forEach((f) => chips.append(chip(f)));
@@ -108,6 +123,7 @@ async function loadChats() {
   for (const c of chats) {
     const li = el("li", c.id === state.chatId ? "active" : "", c.title);
     li.title = c.title;
+    li.dataset.chatId = c.id;
     li.onclick = () => openChat(c.id);
     list.append(li);
   }
@@ -152,6 +168,7 @@ async function openChat(id) {
 
 function setBusy(busy) {
   $("send").disabled = busy;
+  $("composer").dataset.busy = busy ? "true" : "false";
   $("stop").hidden = !busy;
   showStatus(busy ? "Working…" : "");
 }

@@ -49,7 +49,7 @@ case "${1:-}" in
     ;;
   test)
     shift
-    ensure_packages postgresql bash coreutils python3
+    ensure_packages postgresql bash coreutils python3 chromium
     if [ "$(id -u)" -eq 0 ]; then
       start_postgres
       trap stop_postgres EXIT
@@ -59,6 +59,14 @@ case "${1:-}" in
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
     cargo test --workspace --locked "$@"
+    # The end-to-end browser test: the real `asbx up` (target/debug/asbx,
+    # built by cargo test) driven by Debian's headless chromium through
+    # playwright-core. No browser is downloaded.
+    node -e 'process.exit(parseInt(process.versions.node) >= 20 ? 0 : 1)' 2>/dev/null ||
+      { echo "dev.sh: the browser test needs Node.js 20 or later (node and npm on PATH)" >&2; exit 1; }
+    [ -x target/debug/asbx ] || cargo build --locked -p asbx
+    npm ci --prefix e2e/browser --no-audit --no-fund --loglevel=error >/dev/null
+    node --test e2e/browser/
     ;;
   *)
     echo "usage: bash dev.sh up [--listen ADDR] | bash dev.sh test" >&2

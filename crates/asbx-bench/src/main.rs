@@ -22,6 +22,13 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map(String::as_str).unwrap_or("all");
     let n: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(200);
+    // The client side holds one connection per sandbox.
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -239,9 +246,10 @@ async fn idle(n: usize) -> anyhow::Result<()> {
         .context("url")?
         .to_owned();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_at_rest = rss_kib(pid)?;
     println!(
         "idle: runner RSS at rest {:.1} MiB",
-        rss_kib(pid)? as f64 / 1024.0
+        rss_at_rest as f64 / 1024.0
     );
 
     // Hold n sandboxes open: each agent waits on a model that never answers.
@@ -261,12 +269,45 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = mem_used_kib()?;
-    let per = (after.saturating_sub(before)) as f64 / n as f64;
+    let runner_after = rss_kib(pid)?;
+    let descendants = descendants_of(pid);
+    let pss: u64 = descendants.iter().filter_map(|p| pss_kib(*p)).sum();
+    let mut kinds: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for p in &descendants {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        let kind = if cmd.contains("jail") {
+            "supervisor or guard (asbx jail)"
+        } else if cmd.contains("agent") {
+            "agent (asbx agent)"
+        } else {
+            "init and others"
+        };
+        let e = kinds.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += pss_kib(*p).unwrap_or(0);
+    }
+    for (kind, (count, kib)) in &kinds {
+        println!(
+            "  {kind}: {count} processes, PSS {:.0} KiB each",
+            *kib as f64 / *count as f64
+        );
+    }
+    let cgroup_bytes = cgroup_usage_bytes();
     println!(
-        "idle: {n} sandboxes alive: host memory +{:.1} MiB, {:.2} MiB per sandbox; runner RSS {:.1} MiB",
-        (after.saturating_sub(before)) as f64 / 1024.0,
-        per / 1024.0,
-        rss_kib(pid)? as f64 / 1024.0
+        "idle: {n} sandboxes alive ({} processes): PSS of all sandbox processes {:.2} MiB per sandbox",
+        descendants.len(),
+        pss as f64 / n as f64 / 1024.0,
+    );
+    println!(
+        "idle: sandbox cgroups (memory.usage_in_bytes, incl. kernel memory) {:.2} MiB per sandbox",
+        cgroup_bytes as f64 / n as f64 / (1 << 20) as f64
+    );
+    println!(
+        "idle: runner RSS {:.1} MiB (+{:.1} KiB per sandbox); host MemAvailable delta {:.2} MiB per sandbox (noisy)",
+        runner_after as f64 / 1024.0,
+        (runner_after.saturating_sub(rss_at_rest)) as f64 / n as f64,
+        (after.saturating_sub(before)) as f64 / n as f64 / 1024.0
     );
     drop(streams);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -303,6 +344,61 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .context("VmRSS")
+}
+
+/// Every process below `root` (supervisors, guards, inits, agents, tools).
+fn descendants_of(root: u32) -> Vec<u32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // The ppid is the second field after the parenthesised command name.
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+        {
+            parent.insert(pid, ppid);
+        }
+    }
+    parent
+        .keys()
+        .copied()
+        .filter(|&p| {
+            let mut cur = p;
+            for _ in 0..64 {
+                match parent.get(&cur) {
+                    Some(&pp) if pp == root => return true,
+                    Some(&pp) if pp > 1 => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+fn pss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Sum of `memory.usage_in_bytes` of the sandboxes' cgroups (v1).
+fn cgroup_usage_bytes() -> u64 {
+    let dir = Path::new("/sys/fs/cgroup/memory/asbx");
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("memory.usage_in_bytes")).ok())
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .sum()
 }
 
 /// Memory in use on the host (MemTotal - MemAvailable), in KiB.

@@ -31,6 +31,9 @@ const MAX_DROP_WARNINGS: u32 = 16;
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 /// How long a supervisor gets between SIGTERM and SIGKILL.
 const KILL_GRACE: Duration = Duration::from_millis(500);
+/// Read buffer sizes: an idle sandbox costs little, a busy one reads big.
+const MIN_READ: usize = 4 * 1024;
+const MAX_READ: usize = 64 * 1024;
 /// Most distinct step ids one session may open.
 const MAX_STEPS_TRACKED: usize = 100_000;
 
@@ -64,7 +67,6 @@ enum End {
 #[derive(Debug)]
 pub(crate) struct Outcome {
     pub(crate) termination: Termination,
-    pub(crate) last_seq: u64,
 }
 
 struct State {
@@ -177,13 +179,13 @@ impl Drive {
         if protocol == Protocol::V2 {
             st.emit(Event::SessionEnded(termination.clone()));
         }
+        // Recorded before the last lines go out, so a client that reads the
+        // end of the stream and then asks `GET /v1/sessions/{id}` finds it.
+        session.end(st.stamper.seq(), termination.clone());
         if let Some(tx) = tx.take() {
             flush(&mut st, &tx).await;
         }
-        Outcome {
-            termination,
-            last_seq: st.stamper.seq(),
-        }
+        Outcome { termination }
     }
 }
 
@@ -196,12 +198,14 @@ async fn pump<R: AsyncRead + Unpin>(
     session: &Session,
     deadline: Instant,
 ) -> End {
-    let mut buf = BytesMut::with_capacity(64 * 1024);
+    // Idle sandboxes are the common case: start small, grow while lines flow.
+    let mut chunk = MIN_READ;
+    let mut buf = BytesMut::with_capacity(chunk);
     let cap = tokio::time::sleep_until(deadline.into());
     tokio::pin!(cap);
     loop {
-        if buf.capacity() - buf.len() < 16 * 1024 {
-            buf.reserve(64 * 1024);
+        if buf.capacity() - buf.len() < chunk / 2 {
+            buf.reserve(chunk);
         }
         tokio::select! {
             biased;
@@ -220,7 +224,13 @@ async fn pump<R: AsyncRead + Unpin>(
                         }
                         return st.terminal.unwrap_or(End::Crashed);
                     }
-                    Ok(_) => st.lines(&mut buf),
+                    Ok(n) => {
+                        // A read that filled its room means more is waiting.
+                        if n >= chunk / 2 {
+                            chunk = (chunk * 2).min(MAX_READ);
+                        }
+                        st.lines(&mut buf);
+                    }
                 }
             }
         }

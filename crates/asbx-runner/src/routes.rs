@@ -204,7 +204,6 @@ async fn start(
             exit_code = ?outcome.termination.exit_code,
             "session ended"
         );
-        task_session.end(outcome.last_seq, outcome.termination);
         task_inner.sessions.retire(&task_session.id);
         drop(uid);
         drop(permit);

@@ -29,7 +29,7 @@ impl Stamper {
             seq: 0,
             session_part,
             session_id: session_id.to_owned(),
-            out: BytesMut::with_capacity(64 * 1024),
+            out: BytesMut::new(),
         }
     }
 

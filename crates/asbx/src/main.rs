@@ -6,6 +6,7 @@
 
 mod cli;
 mod render;
+mod sandbox_cmd;
 mod serve;
 
 use std::process::ExitCode;
@@ -17,16 +18,8 @@ use crate::cli::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Agent => {
-            // Inside a jail the agent holds CAP_SETUID/CAP_SETGID (to start
-            // tools as their own uid); sealing keeps them from its tools.
-            if let Err(e) = asbx_jail::seal_agent() {
-                eprintln!("asbx agent: {e}");
-                return ExitCode::from(125);
-            }
-            asbx_agent::run_agent()
-        }
-        Command::Jail(args) => serve::jail(args),
+        Command::Agent => sandbox_cmd::agent(),
+        Command::Jail(args) => sandbox_cmd::jail(args.policy, args.check, &args.profile),
         command => {
             init_tracing();
             let rt = match tokio::runtime::Builder::new_multi_thread()

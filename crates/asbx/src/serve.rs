@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use asbx_protocol::gateway::ProviderKind;
-use asbx_protocol::jail::{JailPolicy, JailProfile, LayerReport, ResourceLimits};
+use asbx_protocol::jail::{JailProfile, LayerReport, ResourceLimits};
 use asbx_runner::{Isolation, ProviderConfig, Runner, RunnerConfig};
 use asbx_workspace::{Workspace, WorkspaceConfig};
 use tokio::net::TcpListener;
 
-use crate::cli::{Command, JailArgs, RunnerOpts};
+use crate::cli::{Command, RunnerOpts};
 
 pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
@@ -125,8 +125,29 @@ fn default_model(explicit: Option<&str>, opts: &RunnerOpts) -> String {
     }
 }
 
+/// The binary sandboxes run: the lean `asbx-sandbox` beside this one when it
+/// is there, else this binary (its hidden `jail` and `agent` subcommands).
+fn sandbox_exe() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("locating the asbx binary")?;
+    let lean = me.with_file_name("asbx-sandbox");
+    Ok(if lean.is_file() { lean } else { me })
+}
+
+/// Raises the soft open-file limit to the hard one: each live sandbox holds
+/// about eight descriptors in the runner (pipes, sockets, the client).
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(error = %e, "could not raise the open-file limit");
+    }
+}
+
 fn start_runner(opts: &RunnerOpts, data: &Path) -> anyhow::Result<Runner> {
-    let exe = std::env::current_exe().context("locating the asbx binary")?;
+    raise_nofile();
+    let exe = sandbox_exe()?;
     let isolation = Isolation::from_name(&opts.profile).with_context(|| {
         format!(
             "unknown profile {:?}: use strict, namespaces or unconfined",
@@ -223,47 +244,4 @@ fn check_isolation(exe: &Path, profile: JailProfile, name: &str) -> anyhow::Resu
     }
     tracing::info!(profile = ?profile, "isolation layers checked");
     Ok(())
-}
-
-/// `asbx jail`: runs before any async runtime exists.
-pub(crate) fn jail(args: JailArgs) -> ExitCode {
-    let profile = match args.profile.as_str() {
-        "strict" => JailProfile::Strict,
-        "namespaces" => JailProfile::Namespaces,
-        other => {
-            eprintln!("asbx jail: unknown profile {other:?}");
-            return ExitCode::from(125);
-        }
-    };
-    if args.check {
-        let report = asbx_jail::check(profile);
-        let ok = report.missing().is_empty();
-        match serde_json::to_string(&report) {
-            Ok(s) => print_line(&s),
-            Err(e) => eprintln!("asbx jail: {e}"),
-        }
-        return if ok {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        };
-    }
-    let Some(policy) = args.policy else {
-        eprintln!("asbx jail: --policy or --check is required");
-        return ExitCode::from(125);
-    };
-    let policy: JailPolicy = match serde_json::from_str(&policy) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("asbx jail: invalid policy: {e}");
-            return ExitCode::from(125);
-        }
-    };
-    match asbx_jail::run_jail(&policy) {
-        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
-        Err(e) => {
-            eprintln!("asbx jail: {e}");
-            ExitCode::from(125)
-        }
-    }
 }

@@ -1,0 +1,63 @@
+//! The two commands that run per sandbox, shared by `asbx` and the lean
+//! `asbx-sandbox` binary: `jail` (before any runtime exists) and `agent`.
+
+use std::process::ExitCode;
+
+use asbx_protocol::jail::{JailPolicy, JailProfile};
+
+/// `agent`: seal the capabilities tools must not inherit, then run the loop.
+pub(crate) fn agent() -> ExitCode {
+    // Inside a jail the agent holds CAP_SETUID/CAP_SETGID (to start tools as
+    // their own uid); sealing keeps them from its tools.
+    if let Err(e) = asbx_jail::seal_agent() {
+        eprintln!("asbx agent: {e}");
+        return ExitCode::from(125);
+    }
+    asbx_agent::run_agent()
+}
+
+/// `jail --policy JSON` or `jail --check [--profile NAME]`.
+pub(crate) fn jail(policy: Option<String>, check: bool, profile: &str) -> ExitCode {
+    let profile = match profile {
+        "strict" => JailProfile::Strict,
+        "namespaces" => JailProfile::Namespaces,
+        other => {
+            eprintln!("asbx jail: unknown profile {other:?}");
+            return ExitCode::from(125);
+        }
+    };
+    if check {
+        let report = asbx_jail::check(profile);
+        let ok = report.missing().is_empty();
+        match serde_json::to_string(&report) {
+            Ok(s) => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stdout(), "{s}");
+            }
+            Err(e) => eprintln!("asbx jail: {e}"),
+        }
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    }
+    let Some(policy) = policy else {
+        eprintln!("asbx jail: --policy or --check is required");
+        return ExitCode::from(125);
+    };
+    let policy: JailPolicy = match serde_json::from_str(&policy) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("asbx jail: invalid policy: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    match asbx_jail::run_jail(&policy) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
+        Err(e) => {
+            eprintln!("asbx jail: {e}");
+            ExitCode::from(125)
+        }
+    }
+}

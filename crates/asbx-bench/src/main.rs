@@ -64,6 +64,7 @@ async fn serve_runner(config: RunnerConfig) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let app = runner.router();
+    runner.warm_up();
     use axum::serve::ListenerExt;
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
@@ -152,15 +153,35 @@ fn report(label: &str, mut v: Vec<Duration>) {
 }
 
 async fn first_line(n: usize) -> anyhow::Result<()> {
-    let asbx = sibling("asbx")?;
+    let asbx = sibling("asbx-sandbox")?;
     let ws = refusing_workspace().await?;
     let client = reqwest::Client::new();
     println!("first line: POST /stream to the first NDJSON line, {n} dispatches each");
-    for profile in ["strict", "unconfined"] {
+    // A pause between dispatches keeps one sandbox's teardown from
+    // overlapping the next one's start (ASBX_BENCH_GAP_MS, default 0).
+    let gap = Duration::from_millis(
+        std::env::var("ASBX_BENCH_GAP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    );
+    let profiles = std::env::var("ASBX_BENCH_PROFILES")
+        .unwrap_or_else(|_| "strict,strict-cold,namespaces-cold,unconfined".to_owned());
+    for profile in profiles.split(',') {
         let state = tempdir(&format!("first-{profile}"))?;
         let mut config = RunnerConfig::new(asbx.clone(), state.clone());
-        config.isolation = Isolation::from_name(profile).context("profile")?;
+        // `<profile>-cold` boots every sandbox on demand (no warm pool).
+        let (name, cold) = match profile.strip_suffix("-cold") {
+            Some(p) => (p, true),
+            None => (profile, false),
+        };
+        config.isolation = Isolation::from_name(name).context("profile")?;
+        if cold {
+            config.warm_pool = 0;
+        }
         let url = serve_runner(config).await?;
+        // Let the warm pool boot before the first dispatch.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let mut times = Vec::with_capacity(n);
         for _ in 0..n {
             let started = Instant::now();
@@ -176,6 +197,9 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
                 bail!("empty first chunk");
             }
             while stream.next().await.is_some() {}
+            if gap > Duration::ZERO {
+                tokio::time::sleep(gap).await;
+            }
         }
         report(&format!("asbx {profile}"), times);
         let _ = std::fs::remove_dir_all(&state);

@@ -68,6 +68,8 @@ pub struct RunnerConfig {
     pub providers: Vec<ProviderConfig>,
     /// Most sandboxes alive at once; more get 503.
     pub max_sandboxes: usize,
+    /// Sandboxes kept booted ahead of dispatches (see the `pool` module).
+    pub warm_pool: usize,
     /// Hard runtime cap of one sandbox (`ASBX_MAX_RUNTIME_SEC`).
     pub max_runtime: Duration,
     /// Grace past the cap before the sandbox is killed (60 s by contract).
@@ -91,6 +93,7 @@ impl RunnerConfig {
             token: None,
             providers: Vec::new(),
             max_sandboxes: 1024,
+            warm_pool: 2,
             max_runtime: Duration::from_secs(28_800),
             runtime_grace: Duration::from_secs(60),
             limits: MaxLimits::default(),

@@ -429,7 +429,7 @@ impl State {
 /// Kills the sandbox: SIGTERM lets `asbx jail` tear the whole pid namespace
 /// down and remove its cgroups; SIGKILL on the process group follows if it
 /// does not finish in time.
-async fn kill_tree(child: &mut Child) -> Option<std::process::ExitStatus> {
+pub(crate) async fn kill_tree(child: &mut Child) -> Option<std::process::ExitStatus> {
     if let Some(pid) = child.id() {
         let pid = Pid::from_raw(pid as i32);
         let _ = kill(pid, Signal::SIGTERM);

@@ -10,6 +10,7 @@ mod drive;
 mod egress;
 pub mod error;
 mod gateway;
+mod pool;
 mod routes;
 pub mod sandbox;
 mod session;
@@ -44,12 +45,17 @@ pub(crate) struct Inner {
     pub(crate) uids: Arc<UidPool>,
     pub(crate) providers: Arc<Vec<ProviderConfig>>,
     pub(crate) client: reqwest::Client,
+    pub(crate) pool: pool::Pool,
 }
 
 impl Runner {
     pub fn new(config: RunnerConfig) -> Result<Self, RunnerError> {
-        std::fs::create_dir_all(config.state_dir.join("sessions"))
-            .map_err(|e| RunnerError::io(config.state_dir.display(), e))?;
+        // The state folder is this runner's own: what a previous run left is stale.
+        for sub in ["sessions", "pool"] {
+            let dir = config.state_dir.join(sub);
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(dir.display(), e))?;
+        }
         let sandbox: Box<dyn Sandbox> = match config.isolation {
             Isolation::Jail(profile) => Box::new(Jailed {
                 exe: config.asbx_exe.clone(),
@@ -66,7 +72,11 @@ impl Runner {
         Ok(Runner {
             inner: Arc::new(Inner {
                 capacity: Arc::new(Semaphore::new(config.max_sandboxes)),
-                uids: Arc::new(UidPool::new(config.uid_base, config.max_sandboxes)),
+                uids: Arc::new(UidPool::new(
+                    config.uid_base,
+                    config.max_sandboxes + config.warm_pool,
+                )),
+                pool: pool::Pool::new(config.warm_pool),
                 providers: Arc::new(config.providers.clone()),
                 sessions: Sessions::default(),
                 sandbox,
@@ -83,5 +93,16 @@ impl Runner {
 
     pub fn router(&self) -> Router {
         routes::router(Arc::clone(&self.inner))
+    }
+
+    /// Boots the warm pool in the background. Call once the runner serves.
+    pub fn warm_up(&self) {
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move { pool::Pool::refill(&inner) });
+    }
+
+    /// Ends the warm sandboxes and removes their traces (on shutdown).
+    pub async fn shutdown(&self) {
+        pool::Pool::drain(&self.inner).await;
     }
 }

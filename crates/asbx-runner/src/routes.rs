@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use asbx_protocol::DispatchRequest;
 use asbx_protocol::gateway::{AgentBootstrap, ProviderInfo};
 use asbx_protocol::line::SessionLimits;
 use asbx_protocol::session::SessionInfo;
-use asbx_protocol::{DispatchRequest, Protocol};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Inner;
 use crate::drive::{Drive, capture_stderr};
 use crate::error::RunnerError;
-use crate::sandbox::{SandboxSpec, SessionDirs};
+use crate::pool::{Booted, Pool, Slot};
 use crate::session::CancelCause;
 
 /// Largest `POST /stream` body.
@@ -137,7 +137,7 @@ async fn stream(
     }
 }
 
-/// Boots the sandbox and returns the streaming response.
+/// Takes a warm sandbox (or boots one), connects it and returns the stream.
 async fn start(
     inner: &Arc<Inner>,
     session: &Arc<crate::session::Session>,
@@ -146,22 +146,24 @@ async fn start(
     let permit = Arc::clone(&inner.capacity)
         .try_acquire_owned()
         .map_err(|_| RunnerError::AtCapacity(inner.config.max_sandboxes))?;
-    let uid = inner
-        .uids
-        .lease()
-        .ok_or(RunnerError::AtCapacity(inner.config.max_sandboxes))?;
-    let dirs = SessionDirs::create(&inner.config.state_dir, &session.id)?;
     let started = Instant::now();
+    let booted = match inner.pool.take(inner) {
+        Some(b) => b,
+        None => crate::pool::boot(inner, "sessions", &session.id)?,
+    };
+    // Replace what was taken, off the request's path.
+    let refill = Arc::clone(inner);
+    tokio::spawn(async move { Pool::refill(&refill) });
 
-    let booted = boot(inner, session, req, &dirs, uid.host_uid()).await;
-    let (child, gateway_stop) = match booted {
-        Ok(v) => v,
+    let Booted { mut child, slot } = booted;
+    let gateway_stop = match connect(inner, session, req, &slot, &mut child) {
+        Ok(g) => g,
         Err(e) => {
-            dirs.remove();
+            crate::drive::kill_tree(&mut child).await;
+            slot.cleanup(inner);
             return Err(e);
         }
     };
-    let mut child = child;
     let stderr = match child.stderr.take() {
         Some(e) => capture_stderr(e),
         None => tokio::spawn(async { crate::stderr::StderrCapture::default() }),
@@ -189,15 +191,7 @@ async fn start(
     tokio::spawn(async move {
         let outcome = drive.run().await;
         gateway_stop.cancel();
-        let spec = SandboxSpec {
-            session_id: &task_session.id,
-            dirs: &dirs,
-            host_uid: uid.host_uid(),
-            resources: &task_inner.config.resources,
-            env: &[],
-        };
-        task_inner.sandbox.cleanup(&spec);
-        dirs.remove();
+        slot.cleanup(&task_inner);
         tracing::info!(
             session = %task_session.id,
             reason = ?outcome.termination.reason,
@@ -205,7 +199,7 @@ async fn start(
             "session ended"
         );
         task_inner.sessions.retire(&task_session.id);
-        drop(uid);
+        drop(slot);
         drop(permit);
     });
 
@@ -230,16 +224,17 @@ async fn start(
     Ok(res)
 }
 
-/// Creates the gateway and spawns the sandbox with its bootstrap.
-async fn boot(
+/// Binds this dispatch's gateway and egress proxy into the sandbox's run
+/// folder and hands the agent its bootstrap.
+fn connect(
     inner: &Arc<Inner>,
     session: &crate::session::Session,
     req: &DispatchRequest,
-    dirs: &SessionDirs,
-    host_uid: u32,
-) -> Result<(tokio::process::Child, CancellationToken), RunnerError> {
-    let listener = bind_socket(&dirs.gateway_socket())?;
-    let proxy_listener = bind_socket(&dirs.proxy_socket())?;
+    slot: &Slot,
+    child: &mut tokio::process::Child,
+) -> Result<CancellationToken, RunnerError> {
+    let listener = bind_socket(&slot.dirs.gateway_socket())?;
+    let proxy_listener = bind_socket(&slot.dirs.proxy_socket())?;
     let gateway_stop = CancellationToken::new();
     let allow = Arc::new(crate::egress::AllowList::default());
     crate::gateway::spawn(
@@ -251,20 +246,6 @@ async fn boot(
         gateway_stop.clone(),
     );
     crate::egress::spawn(proxy_listener, allow, gateway_stop.clone());
-    let spec = SandboxSpec {
-        session_id: &session.id,
-        dirs,
-        host_uid,
-        resources: &inner.config.resources,
-        env: &inner.config.agent_env,
-    };
-    let prepared = match inner.sandbox.prepare(&spec) {
-        Ok(p) => p,
-        Err(e) => {
-            gateway_stop.cancel();
-            return Err(e);
-        }
-    };
     let bootstrap = AgentBootstrap {
         session_id: session.id.clone(),
         protocol: req.protocol,
@@ -272,9 +253,9 @@ async fn boot(
         otp_setup: req.otp_setup.clone(),
         otp_run: req.otp_run.clone(),
         otp_upload: req.otp_upload.clone(),
-        gateway_socket: prepared.gateway_socket,
-        proxy_socket: Some(prepared.proxy_socket),
-        workdir: prepared.workdir,
+        gateway_socket: slot.gateway_socket.clone(),
+        proxy_socket: Some(slot.proxy_socket.clone()),
+        workdir: slot.workdir.clone(),
         providers: inner
             .providers
             .iter()
@@ -285,18 +266,7 @@ async fn boot(
             .collect(),
         max_limits: inner.config.limits,
         client_tools: req.client_tools.clone(),
-        tool_user: prepared.tool_user,
-    };
-    let mut command = prepared.command;
-    let mut child = match command.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            gateway_stop.cancel();
-            return Err(RunnerError::Spawn(format!(
-                "{}: {e}",
-                inner.config.asbx_exe.display()
-            )));
-        }
+        tool_user: slot.tool_user,
     };
     let json = serde_json::to_vec(&bootstrap).unwrap_or_default();
     if let Some(mut stdin) = child.stdin.take() {
@@ -306,10 +276,7 @@ async fn boot(
             let _ = stdin.shutdown().await;
         });
     }
-    if req.protocol == Protocol::V2 {
-        tracing::debug!(session = %session.id, "protocol 2 session");
-    }
-    Ok((child, gateway_stop))
+    Ok(gateway_stop)
 }
 
 /// Binds a Unix socket the sandbox's (unmapped) users may connect to.

@@ -34,8 +34,9 @@ pub struct SessionDirs {
 }
 
 impl SessionDirs {
-    pub fn create(state_dir: &Path, session_id: &str) -> Result<Self, RunnerError> {
-        let root = state_dir.join("sessions").join(session_id);
+    /// Creates `parent/name/{work,run}`.
+    pub fn create(parent: &Path, name: &str) -> Result<Self, RunnerError> {
+        let root = parent.join(name);
         let dirs = SessionDirs {
             work: root.join("work"),
             run: root.join("run"),
@@ -68,7 +69,8 @@ impl SessionDirs {
 /// What a sandbox needs to start.
 #[derive(Debug)]
 pub struct SandboxSpec<'a> {
-    pub session_id: &'a str,
+    /// Unique among live sandboxes; names the cgroups (`asbx-<name>`).
+    pub name: &'a str,
     pub dirs: &'a SessionDirs,
     pub host_uid: u32,
     pub resources: &'a ResourceLimits,
@@ -143,7 +145,7 @@ impl Sandbox for Jailed {
             env: spec.env.to_vec(),
             host_uid: spec.host_uid,
             limits: spec.resources.clone(),
-            cgroup: format!("asbx-{}", spec.session_id),
+            cgroup: format!("asbx-{}", spec.name),
             profile: self.profile,
         };
         let json = serde_json::to_string(&policy)
@@ -160,7 +162,7 @@ impl Sandbox for Jailed {
     }
 
     fn cleanup(&self, spec: &SandboxSpec<'_>) {
-        remove_leftover_cgroups(&format!("asbx-{}", spec.session_id));
+        remove_leftover_cgroups(&format!("asbx-{}", spec.name));
     }
 }
 

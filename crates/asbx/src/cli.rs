@@ -51,6 +51,9 @@ pub(crate) struct RunnerOpts {
     /// Most sandboxes alive at once.
     #[arg(long, env = "ASBX_MAX_SANDBOXES", default_value_t = 1024)]
     pub(crate) max_sandboxes: usize,
+    /// Sandboxes kept booted ahead of dispatches (0 boots each on demand).
+    #[arg(long, env = "ASBX_WARM_POOL", default_value_t = 2)]
+    pub(crate) warm_pool: usize,
     /// Memory cap of one sandbox, in MiB.
     #[arg(long, env = "ASBX_SANDBOX_MEMORY_MB", default_value_t = 512)]
     pub(crate) memory_mb: u64,

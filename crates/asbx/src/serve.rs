@@ -42,9 +42,13 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 data.display()
             );
             print_line(&banner);
-            let runner_srv = serve(runner_listener, runner.router());
-            let ws_srv = serve(listener, workspace.router());
-            tokio::try_join!(runner_srv, ws_srv)?;
+            runner.warm_up();
+            let stop = shutdown_signal();
+            let runner_srv = serve(runner_listener, runner.router(), stop.clone());
+            let ws_srv = serve(listener, workspace.router(), stop);
+            let served = tokio::try_join!(runner_srv, ws_srv);
+            runner.shutdown().await;
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Runner(args) => {
@@ -56,7 +60,10 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 listener.local_addr()?,
                 runner.profile()
             ));
-            serve(listener, runner.router()).await?;
+            runner.warm_up();
+            let served = serve(listener, runner.router(), shutdown_signal()).await;
+            runner.shutdown().await;
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Workspace(args) => {
@@ -76,7 +83,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 .await
                 .context("opening the workspace")?;
             print_line(&format!("asbx workspace listening on http://{addr}"));
-            serve(listener, workspace.router()).await?;
+            serve(listener, workspace.router(), shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => crate::render::run(args).await,
@@ -84,9 +91,11 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-#[allow(clippy::print_stdout)]
+/// Prints a line; a closed stdout (a reader that went away) is not an error.
 fn print_line(s: &str) {
-    println!("{s}");
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{s}").and_then(|()| out.flush());
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
@@ -95,18 +104,52 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("binding {addr}"))
 }
 
-async fn serve(listener: TcpListener, app: axum::Router) -> anyhow::Result<()> {
+/// Cancelled on SIGTERM or Ctrl-C.
+fn shutdown_signal() -> tokio_util::sync::CancellationToken {
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = term => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        t.cancel();
+    });
+    token
+}
+
+/// How long open streams get to finish after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
     use axum::serve::ListenerExt;
     // Lines are small and latency matters: no Nagle delay behind the headers.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .context("serving HTTP")
+    let graceful = stop.clone();
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { graceful.cancelled().await });
+    tokio::select! {
+        served = server => served.context("serving HTTP"),
+        // Streams may last hours: past the grace, stop waiting for them.
+        _ = async {
+            stop.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => Ok(()),
+    }
 }
 
 fn absolute_data_dir(data: &Path) -> anyhow::Result<PathBuf> {
@@ -172,6 +215,7 @@ fn start_runner(opts: &RunnerOpts, data: &Path) -> anyhow::Result<Runner> {
     config.max_runtime = Duration::from_secs(opts.max_runtime_sec);
     config.runtime_grace = Duration::from_secs(opts.runtime_grace_sec);
     config.max_sandboxes = opts.max_sandboxes.max(1);
+    config.warm_pool = opts.warm_pool;
     config.resources = ResourceLimits {
         memory_bytes: Some(opts.memory_mb << 20),
         pids: Some(opts.pids),

@@ -55,9 +55,9 @@ impl RunnerProc {
         let mut child = cmd.spawn().expect("spawn asbx runner");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read banner");
+        let mut reader = BufReader::new(stdout);
+        reader.read_line(&mut line).expect("read banner");
+        drain(reader);
         let url = line
             .split_whitespace()
             .find(|w| w.starts_with("http://"))
@@ -102,6 +102,41 @@ impl RunnerProc {
             .filter_map(|s| s["id"].as_str().map(str::to_owned))
             .collect();
         assert_no_cgroups_left(&ids);
+        // Sandboxes taken from the warm pool are gone too: only the pool's
+        // own (at most its target of 2) may remain, booted and waiting.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let warm = self.warm_cgroups();
+            let pool: Vec<_> = std::fs::read_dir(self.data.path().join("runner/pool"))
+                .map(|d| d.flatten().map(|e| e.file_name()).collect())
+                .unwrap_or_default();
+            if warm.len() <= 2 && pool.len() <= 2 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "used warm sandboxes left behind: {warm:?} {pool:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The cgroups of this runner's warm-pool sandboxes (memory controller).
+    pub fn warm_cgroups(&self) -> Vec<String> {
+        let prefix = format!("asbx-warm-{}-", self.child.id());
+        std::fs::read_dir("/sys/fs/cgroup/memory/asbx")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// SIGTERM, and wait for the runner to exit.
+    pub fn terminate(&mut self) {
+        stop(&mut self.child);
     }
 
     pub fn pid(&self) -> u32 {
@@ -113,6 +148,16 @@ impl Drop for RunnerProc {
     fn drop(&mut self) {
         stop(&mut self.child);
     }
+}
+
+/// Keeps reading a child's stdout, so it never writes into a closed pipe.
+fn drain(mut reader: impl BufRead + Send + 'static) {
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        while reader.read_until(b'\n', &mut sink).unwrap_or(0) > 0 {
+            sink.clear();
+        }
+    });
 }
 
 /// Ends a process this test started: SIGTERM by PID, SIGKILL after 3 s.
@@ -492,6 +537,7 @@ impl UpProc {
             }
         }
         let url = url.expect("`open URL` in the banner of asbx up");
+        drain(reader);
         UpProc { child, url, data }
     }
 }

@@ -11,20 +11,39 @@ use serde_json::json;
 
 use crate::harness::*;
 
-/// Host processes in a session's cgroup (the sandbox's init, agent, tools).
-fn sandbox_pids(session: &str) -> Vec<i32> {
-    let tag = format!("asbx-{session}");
-    let mut out = Vec::new();
+/// Every process below `root`: the runner's sandboxes (supervisors, inits,
+/// agents, tools), warm ones included.
+fn descendants_of(root: u32) -> Vec<i32> {
+    let mut parent = std::collections::HashMap::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        let cgroup = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
-        if cgroup.contains(&tag) {
-            out.push(pid);
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok())
+        {
+            parent.insert(pid, ppid);
         }
     }
-    out
+    let root = root as i32;
+    parent
+        .keys()
+        .copied()
+        .filter(|&p| {
+            let mut cur = p;
+            for _ in 0..64 {
+                match parent.get(&cur) {
+                    Some(&pp) if pp == root => return true,
+                    Some(&pp) if pp > 1 => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
 }
 
 async fn key_never_enters_the_sandbox(kind: &str) {
@@ -67,12 +86,13 @@ async fn key_never_enters_the_sandbox(kind: &str) {
             if running && !scanned {
                 // While the tool runs: every process of the sandbox, read from the host.
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                let pids = sandbox_pids(&t.session);
+                let pids = descendants_of(runner.pid());
+                let agents = pids_with("asbx agent").len();
                 assert!(
-                    pids.len() >= 3,
-                    "init, agent and tool are in the cgroup: {pids:?}"
+                    pids.len() >= 4 && agents >= 1,
+                    "supervisor, init, agent, tool: {pids:?}"
                 );
-                for pid in pids.iter().chain(pids_with(&t.session).iter()) {
+                for pid in &pids {
                     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
                     let env = String::from_utf8_lossy(&env);
                     assert!(

@@ -81,3 +81,42 @@ async fn a_weaker_profile_is_chosen_by_name_and_reported() {
     );
     let _ = child.wait();
 }
+
+#[tokio::test]
+async fn a_stopped_runner_leaves_no_warm_sandbox_behind() {
+    let mut runner = RunnerProc::start(&[("ASBX_WARM_POOL", "2")]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while runner.warm_cgroups().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never warmed up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let runner_pid = runner.pid();
+    let agents_before = pids_with("asbx agent").len();
+    assert!(agents_before >= 2, "warm agents wait for their bootstrap");
+    runner.terminate();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !runner.warm_cgroups().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "warm cgroups left: {:?}",
+            runner.warm_cgroups()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pool = runner.data.path().join("runner/pool");
+    let left: Vec<_> = std::fs::read_dir(&pool)
+        .map(|d| d.flatten().count())
+        .into_iter()
+        .collect();
+    assert!(left.iter().all(|n| *n == 0), "warm folders left: {left:?}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{runner_pid}/status")).exists() || {
+            let st =
+                std::fs::read_to_string(format!("/proc/{runner_pid}/status")).unwrap_or_default();
+            st.contains("zombie")
+        }
+    );
+}

@@ -26,6 +26,8 @@ pub(crate) enum Command {
     Workspace(WorkspaceArgs),
     /// Dispatch one turn through a running `asbx up` and show it live.
     Run(RunArgs),
+    /// Mint a workspace API key (shown once; only its hash is stored).
+    Key(KeyArgs),
     /// The agent loop; runs inside a sandbox (internal).
     #[command(hide = true)]
     Agent,
@@ -75,6 +77,39 @@ pub(crate) struct RunnerOpts {
     pub(crate) anthropic_base_url: Option<String>,
     #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
     pub(crate) anthropic_api_key: Option<String>,
+    /// A TOML file naming more providers (`[[provider]]` tables).
+    #[arg(long, env = "ASBX_PROVIDERS")]
+    pub(crate) providers: Option<PathBuf>,
+}
+
+/// Workspace options shared by `up` and `workspace`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkspaceOpts {
+    /// Require a workspace API key (or a browser session made with one) on
+    /// every route; without it, requests act in the workspace "default".
+    #[arg(long, env = "ASBX_REQUIRE_AUTH")]
+    pub(crate) require_auth: bool,
+    /// How long a chat turn outlives its gone browser before it is
+    /// cancelled, in ms (0 cancels when the stream closes).
+    #[arg(long, env = "ASBX_DETACH_GRACE_MS", default_value_t = 30_000)]
+    pub(crate) detach_grace_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct KeyArgs {
+    /// The workspace the key opens (its id).
+    #[arg(long, default_value = "default", conflicts_with = "new_workspace")]
+    pub(crate) workspace: String,
+    /// Create a new workspace with this name and mint its first key.
+    #[arg(long)]
+    pub(crate) new_workspace: Option<String>,
+    /// A label for the key.
+    #[arg(long, default_value = "cli")]
+    pub(crate) name: String,
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    #[arg(long, env = "DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +123,8 @@ pub(crate) struct UpArgs {
     /// Model used when a run names none (`provider:model`).
     #[arg(long, env = "ASBX_MODEL")]
     pub(crate) model: Option<String>,
+    #[command(flatten)]
+    pub(crate) workspace: WorkspaceOpts,
     #[command(flatten)]
     pub(crate) runner: RunnerOpts,
 }
@@ -120,6 +157,8 @@ pub(crate) struct WorkspaceArgs {
     pub(crate) database_url: Option<String>,
     #[arg(long, env = "ASBX_MODEL")]
     pub(crate) model: Option<String>,
+    #[command(flatten)]
+    pub(crate) opts: WorkspaceOpts,
 }
 
 #[derive(Debug, Args)]

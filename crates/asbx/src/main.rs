@@ -5,6 +5,7 @@
 //! single-threaded process when it creates namespaces.
 
 mod cli;
+mod providers;
 mod render;
 mod sandbox_cmd;
 mod serve;

@@ -7,9 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use asbx_protocol::gateway::ProviderKind;
 use asbx_protocol::jail::{JailProfile, LayerReport, ResourceLimits};
-use asbx_runner::{Isolation, ProviderConfig, Runner, RunnerConfig};
+use asbx_runner::{Isolation, Runner, RunnerConfig};
 use asbx_workspace::{Workspace, WorkspaceConfig};
 use tokio::net::TcpListener;
 
@@ -33,6 +32,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 WorkspaceConfig::new(data.join("workspace"), format!("http://{addr}").parse()?);
             config.sandbox_url = Some(runner_url.parse()?);
             config.default_model = model.clone();
+            apply_workspace_opts(&mut config, &args.workspace);
             let workspace = Workspace::open(config)
                 .await
                 .context("opening the workspace")?;
@@ -79,6 +79,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.database_url = args.database_url;
             config.sandbox_url = args.sandbox_url;
             config.default_model = model;
+            apply_workspace_opts(&mut config, &args.opts);
             let workspace = Workspace::open(config)
                 .await
                 .context("opening the workspace")?;
@@ -87,8 +88,34 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => crate::render::run(args).await,
+        Command::Key(args) => {
+            let data = absolute_data_dir(&args.data)?;
+            let mut config =
+                WorkspaceConfig::new(data.join("workspace"), "http://127.0.0.1/".parse()?);
+            config.database_url = args.database_url;
+            let workspace = Workspace::open(config)
+                .await
+                .context("opening the workspace")?;
+            let id = match &args.new_workspace {
+                Some(name) => workspace.create_workspace(name).await?,
+                None => args.workspace.clone(),
+            };
+            let key = workspace
+                .create_api_key(&id, &args.name)
+                .await
+                .with_context(|| format!("minting a key for workspace {id}"))?;
+            print_line(&format!(
+                "workspace {id}\nkey       {key}\n(shown once: only its hash is stored)"
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Agent | Command::Jail(_) => bail!("internal subcommand reached the runtime"),
     }
+}
+
+fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::cli::WorkspaceOpts) {
+    config.require_auth = opts.require_auth;
+    config.detach_grace = Duration::from_millis(opts.detach_grace_ms);
 }
 
 /// Prints a line; a closed stdout (a reader that went away) is not an error.
@@ -223,40 +250,13 @@ fn start_runner(opts: &RunnerOpts, data: &Path) -> anyhow::Result<Runner> {
         disk_bytes: Some(opts.disk_mb << 20),
         nofile: ResourceLimits::default().nofile,
     };
-    config.providers = providers(opts);
+    config.providers = crate::providers::load(opts)?;
     if let Ok(v) = std::env::var("ASBX_MODEL_STALL_TIMEOUT_MS") {
         config
             .agent_env
             .push(("ASBX_MODEL_STALL_TIMEOUT_MS".to_owned(), v));
     }
     Runner::new(config).context("starting the runner")
-}
-
-fn providers(opts: &RunnerOpts) -> Vec<ProviderConfig> {
-    let mut out = Vec::new();
-    if opts.openai_api_key.is_some() || opts.openai_base_url.is_some() {
-        out.push(ProviderConfig {
-            name: "openai".to_owned(),
-            kind: ProviderKind::Openai,
-            base_url: opts
-                .openai_base_url
-                .clone()
-                .unwrap_or_else(|| "https://api.openai.com/v1".to_owned()),
-            api_key: opts.openai_api_key.clone(),
-        });
-    }
-    if opts.anthropic_api_key.is_some() || opts.anthropic_base_url.is_some() {
-        out.push(ProviderConfig {
-            name: "anthropic".to_owned(),
-            kind: ProviderKind::Anthropic,
-            base_url: opts
-                .anthropic_base_url
-                .clone()
-                .unwrap_or_else(|| "https://api.anthropic.com/v1".to_owned()),
-            api_key: opts.anthropic_api_key.clone(),
-        });
-    }
-    out
 }
 
 /// Fails closed: every layer the profile needs must be present.

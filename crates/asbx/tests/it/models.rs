@@ -158,3 +158,35 @@ async fn a_provider_error_reaches_the_error_line() {
     }
     runner.assert_clean().await;
 }
+
+#[tokio::test]
+async fn a_named_provider_from_the_providers_file() {
+    let mock = MockProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("providers.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[provider]]\nname = \"local\"\nkind = \"openai\"\nbase_url = \"{}\"\napi_key_env = \"LOCAL_LLM_KEY\"\n",
+            mock.base_url
+        ),
+    )
+    .unwrap();
+    let runner = RunnerProc::start(&[
+        ("ASBX_PROVIDERS", file.to_str().unwrap()),
+        ("LOCAL_LLM_KEY", "sk-local-123"),
+    ]);
+    mock.push(Tape::text("hello from a local model"));
+    let ws = FakeWorkspace::start(scripted("local:llama-3")).await;
+    let t = ws.mint(&session_id("named"));
+    let (_, lines, _) = dispatch(&runner.url, &ws.body(&t, "hi")).await;
+    assert_well_formed(&lines);
+    assert!(
+        matches!(terminal(&lines), Event::Result(r) if r.message == "hello from a local model")
+    );
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].header("authorization"), Some("Bearer sk-local-123"));
+    assert_eq!(reqs[0].body["model"], "llama-3");
+    runner.assert_clean().await;
+}

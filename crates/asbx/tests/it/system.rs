@@ -84,3 +84,60 @@ async fn the_default_scripted_model_says_it_is_not_real() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn with_auth_required_only_a_minted_key_dispatches() {
+    let up = UpProc::start(&[("ASBX_REQUIRE_AUTH", "true")]);
+    let client = reqwest::Client::new();
+    let body = json!({ "prompt": script(json!([{"say": "authorized"}])) });
+    let denied = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+    assert_eq!(denied.headers()["content-type"], "application/problem+json");
+
+    let out = std::process::Command::new(ASBX)
+        .args(["key", "--new-workspace", "team-a"])
+        .env("ASBX_DATA", up.data.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let key = text
+        .lines()
+        .find_map(|l| l.strip_prefix("key"))
+        .map(|k| k.trim().to_owned())
+        .expect("a key line");
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .bearer_auth(&key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let bytes = res.bytes().await.unwrap();
+    let lines: Vec<_> = LineDecoder::default()
+        .push(&bytes)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect();
+    assert!(matches!(terminal(&lines), Event::Result(r) if r.message == "authorized"));
+    // The key is stored only as a hash.
+    let db = std::fs::read(up.data.path().join("workspace/asbx.db")).unwrap_or_default();
+    let wal = std::fs::read(up.data.path().join("workspace/asbx.db-wal")).unwrap_or_default();
+    let needle = key.as_bytes();
+    for bytes in [&db, &wal] {
+        assert!(
+            !bytes.windows(needle.len()).any(|w| w == needle),
+            "plaintext key in the database"
+        );
+    }
+}

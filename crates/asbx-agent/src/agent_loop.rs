@@ -1,6 +1,10 @@
 //! The agent loop: call the model, run the tools it asks for (each one a
 //! `step`), feed the results back, until it answers without tool calls.
 //!
+//! A call of a client tool (protocol 2) goes to the client instead
+//! ([`crate::client_tools`]): a `tool_call` / `tool_result_applied` pair, no
+//! `step` lines.
+//!
 //! Limits: `max_steps` bounds model calls (a final answer must come within
 //! that many calls), `max_tool_calls` bounds tool calls over the run; the
 //! run's `max_duration` is enforced by the caller around this loop.
@@ -69,6 +73,27 @@ pub async fn run(
                 return Err(AgentError::ToolLimit(limits.max_tool_calls));
             }
             counters.tool_calls += 1;
+            if tools.client.offers(&call.name) {
+                let out = tools
+                    .client
+                    .call(
+                        emitter,
+                        counters.tool_calls,
+                        &call.name,
+                        &call.args,
+                        tools.ctx.output_bytes,
+                    )
+                    .await
+                    .map_err(io)?;
+                let is_error = out.is_error();
+                req.messages.push(Message::ToolResult {
+                    call_id: call.id,
+                    name: call.name,
+                    content: out.model_text,
+                    is_error,
+                });
+                continue;
+            }
             let id = step_id(counters.tool_calls);
             let step_name = tools.step_name(&call.name, &call.args);
             emitter

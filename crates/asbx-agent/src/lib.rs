@@ -8,7 +8,7 @@
 //!
 //! Order of a turn: `/callback/env` (setup token), the setup script,
 //! `/callback/config` (run token), skills written into the sandbox and MCP
-//! servers started, the loop (bounded by the run's duration limit), MCP
+//! servers started, client tools picked (protocol 2), the loop (bounded by the run's duration limit), MCP
 //! servers shut down, writeback of `out/` (upload token), `result`.
 //!
 //! The run's `max_duration` counts from the start of [`run`], bootstrap and
@@ -20,6 +20,7 @@
 
 pub mod agent_loop;
 pub mod bootstrap;
+pub mod client_tools;
 pub mod egress_relay;
 pub mod emit;
 pub mod error;
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use asbx_protocol::gateway::AgentBootstrap;
 use asbx_protocol::line::ResultLine;
-use asbx_protocol::{Event, LogLevel, codes};
+use asbx_protocol::{Event, LogLevel, Protocol, codes};
 use tokio::io::AsyncWrite;
 
 pub use emit::Emitter;
@@ -262,7 +263,15 @@ async fn turn(
         (Some(p), Some(s)) => Some(format!("{p}\n\n{s}")),
         (p, s) => p.or(s),
     };
-    let toolbox = Toolbox { ctx, skills, mcp };
+    let client = client_tools(b, &gw, &skills, &mcp, emitter)
+        .await
+        .map_err(AgentError::Output)?;
+    let toolbox = Toolbox {
+        ctx,
+        skills,
+        mcp,
+        client,
+    };
     let req = ModelRequest {
         model,
         system,
@@ -287,4 +296,41 @@ async fn turn(
         .await
         .map_err(AgentError::Output)?;
     Ok(text)
+}
+
+/// The client tools to offer: protocol 2 only, none whose name another tool
+/// has (each one left out gets a `warn` line).
+async fn client_tools(
+    b: &AgentBootstrap,
+    gw: &GatewayClient,
+    skills: &skills::Skills,
+    mcp: &mcp::McpHub,
+    emitter: &Emitter,
+) -> std::io::Result<client_tools::ClientTools> {
+    if b.client_tools.is_empty() {
+        return Ok(client_tools::ClientTools::default());
+    }
+    if b.protocol != Protocol::V2 {
+        emitter
+            .log(
+                LogLevel::Warn,
+                format!(
+                    "{} client tool(s) ignored: client tools need protocol 2",
+                    b.client_tools.len()
+                ),
+            )
+            .await?;
+        return Ok(client_tools::ClientTools::default());
+    }
+    let taken: std::collections::HashSet<String> = tools::specs()
+        .into_iter()
+        .chain(skills.spec())
+        .chain(mcp.specs())
+        .map(|t| t.name)
+        .collect();
+    let (client, warnings) = client_tools::ClientTools::select(gw.clone(), &b.client_tools, &taken);
+    for w in warnings {
+        emitter.log(LogLevel::Warn, w).await?;
+    }
+    Ok(client)
 }

@@ -14,7 +14,14 @@
 //!   runner's gateway: the request passes `content-type`, `accept`,
 //!   `mcp-session-id`, `mcp-protocol-version` and `last-event-id`; the answer
 //!   keeps its status, `content-type` and `mcp-session-id`, body streamed.
+//! - `GET /client-tool/{callId}` (protocol 2 client tools): held open until
+//!   the test answers that call ([`FakeGateway::answer_client_tool`]) or the
+//!   next one ([`FakeGateway::answer_next_client_tool`]), then `200` with
+//!   `{"result": ..}` or `{"error": ".."}`, or the status the test chose
+//!   ([`ClientToolAnswer::Status`], e.g. `404` unknown call, `410` session
+//!   ending). Each call id is answered at most once; asking again is `404`.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +40,8 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
 
 use crate::lock;
 
@@ -69,11 +78,54 @@ struct Counters {
     upload_used: bool,
 }
 
+/// How the fake gateway answers one `GET /client-tool/{callId}`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientToolAnswer {
+    /// `200 {"result": value}`.
+    Result(Value),
+    /// `200 {"error": message}`.
+    Error(String),
+    /// That status with a plain-text body (e.g. `404`, `410`).
+    Status(u16, String),
+}
+
+impl ClientToolAnswer {
+    fn into_response(self) -> Response {
+        match self {
+            ClientToolAnswer::Result(v) => axum::Json(json!({ "result": v })).into_response(),
+            ClientToolAnswer::Error(m) => axum::Json(json!({ "error": m })).into_response(),
+            ClientToolAnswer::Status(code, body) => (
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                body,
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// Client-tool calls: who is waiting, and answers not yet asked for.
+#[derive(Debug, Default)]
+struct ClientCalls {
+    /// Call ids in the order their `GET` arrived.
+    requested: Vec<String>,
+    /// Ids already answered (a second `GET` is `404`).
+    answered: HashSet<String>,
+    /// Requests held open, oldest first.
+    waiting: VecDeque<(String, oneshot::Sender<ClientToolAnswer>)>,
+    /// Answers for a call id that has not asked yet.
+    by_id: HashMap<String, ClientToolAnswer>,
+    /// Answers for whichever call asks next.
+    next: VecDeque<ClientToolAnswer>,
+}
+
 #[derive(Debug)]
 struct Shared {
     cfg: GatewayConfig,
     counters: Mutex<Counters>,
     results: Mutex<Vec<ResultsRequest>>,
+    client_calls: Mutex<ClientCalls>,
+    /// Woken on every `GET /client-tool/...`.
+    client_call_arrived: Notify,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -103,6 +155,8 @@ impl FakeGateway {
             cfg,
             counters: Mutex::default(),
             results: Mutex::default(),
+            client_calls: Mutex::default(),
+            client_call_arrived: Notify::new(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let app = Router::new()
@@ -111,6 +165,7 @@ impl FakeGateway {
             .route("/callback/results", post(results))
             .route("/model/{provider}/{*rest}", post(model))
             .route("/mcp/{name}", get(mcp).post(mcp).delete(mcp))
+            .route("/client-tool/{call_id}", get(client_tool))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -150,6 +205,64 @@ impl FakeGateway {
     /// Requests to `/model/...`.
     pub fn model_calls(&self) -> u32 {
         lock(&self.shared.counters).model_calls
+    }
+
+    /// Answers the client-tool call `call_id`: at once if the agent is
+    /// waiting for it, else as soon as it asks.
+    pub fn answer_client_tool(&self, call_id: &str, answer: ClientToolAnswer) {
+        let mut c = lock(&self.shared.client_calls);
+        if let Some(i) = c.waiting.iter().position(|(id, _)| id == call_id) {
+            if let Some((id, tx)) = c.waiting.remove(i) {
+                c.answered.insert(id);
+                let _ = tx.send(answer);
+            }
+        } else {
+            c.by_id.insert(call_id.to_owned(), answer);
+        }
+    }
+
+    /// Answers the oldest waiting client-tool call, or else the next one to ask.
+    pub fn answer_next_client_tool(&self, answer: ClientToolAnswer) {
+        let mut c = lock(&self.shared.client_calls);
+        match c.waiting.pop_front() {
+            Some((id, tx)) => {
+                c.answered.insert(id);
+                let _ = tx.send(answer);
+            }
+            None => c.next.push_back(answer),
+        }
+    }
+
+    /// Call ids of every `GET /client-tool/{callId}` so far, in order.
+    pub fn client_tool_requests(&self) -> Vec<String> {
+        lock(&self.shared.client_calls).requested.clone()
+    }
+
+    /// Call ids whose `GET` is held open right now, oldest first.
+    pub fn client_tools_waiting(&self) -> Vec<String> {
+        lock(&self.shared.client_calls)
+            .waiting
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Waits until the agent is waiting on `call_id` (its `GET` arrived and
+    /// is not answered yet). Returns `false` if it was already answered.
+    pub async fn wait_for_client_tool(&self, call_id: &str) -> bool {
+        loop {
+            let arrived = self.shared.client_call_arrived.notified();
+            {
+                let c = lock(&self.shared.client_calls);
+                if c.waiting.iter().any(|(id, _)| id == call_id) {
+                    return true;
+                }
+                if c.answered.contains(call_id) {
+                    return false;
+                }
+            }
+            arrived.await;
+        }
     }
 }
 
@@ -309,5 +422,40 @@ async fn mcp(
                 .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
         }
         Err(e) => (StatusCode::BAD_GATEWAY, format!("upstream: {e}")).into_response(),
+    }
+}
+
+async fn client_tool(State(s): State<Arc<Shared>>, UrlPath(call_id): UrlPath<String>) -> Response {
+    let rx = {
+        let mut c = lock(&s.client_calls);
+        c.requested.push(call_id.clone());
+        let ready = if c.answered.contains(&call_id) {
+            Some(ClientToolAnswer::Status(
+                404,
+                format!("call {call_id} already answered"),
+            ))
+        } else if let Some(a) = c.by_id.remove(&call_id) {
+            Some(a)
+        } else {
+            c.next.pop_front()
+        };
+        match ready {
+            Some(a) => {
+                c.answered.insert(call_id);
+                drop(c);
+                s.client_call_arrived.notify_waiters();
+                return a.into_response();
+            }
+            None => {
+                let (tx, rx) = oneshot::channel();
+                c.waiting.push_back((call_id, tx));
+                rx
+            }
+        }
+    };
+    s.client_call_arrived.notify_waiters();
+    match rx.await {
+        Ok(a) => a.into_response(),
+        Err(_) => (StatusCode::GONE, "fake gateway stopped").into_response(),
     }
 }

@@ -7,7 +7,8 @@
 //! - [`fake_gateway`]: a stand-in for the runner's per-sandbox gateway on a
 //!   Unix socket: the `/callback/*` routes with single-use tokens, and
 //!   `/model/{provider}/...` proxied to a provider with a key added, and
-//!   `/mcp/{name}` proxied to a streamable-HTTP MCP server.
+//!   `/mcp/{name}` proxied to a streamable-HTTP MCP server, and
+//!   `/client-tool/{callId}` answered with what the test pushes.
 //! - [`mcp_server`]: test MCP servers: a stdio one in Python
 //!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
 
@@ -15,7 +16,7 @@ pub mod fake_gateway;
 pub mod mcp_server;
 pub mod mock_provider;
 
-pub use fake_gateway::{FakeGateway, GatewayConfig, GatewayProvider};
+pub use fake_gateway::{ClientToolAnswer, FakeGateway, GatewayConfig, GatewayProvider};
 pub use mcp_server::{McpHttpServer, McpRequest, echo_server_path, echo_server_source};
 pub use mock_provider::{MockProvider, MockToolCall, RecordedRequest, Tape};
 

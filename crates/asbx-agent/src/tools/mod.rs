@@ -1,6 +1,6 @@
 //! The built-in tools: `shell`, `read_file`, `write_file`, `list_files`,
-//! and the [`Toolbox`] that adds the run's skills (`load_skill`) and MCP
-//! tools to them.
+//! and the [`Toolbox`] that adds the run's skills (`load_skill`), MCP tools
+//! and (protocol 2) client tools to them.
 //!
 //! Each call returns a [`ToolOutput`]: the text the model sees (bounded by
 //! `tool_output_bytes`) and the value shown in the `step` line (bounded to
@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::client_tools::ClientTools;
 use crate::emit::Emitter;
 use crate::mcp::McpHub;
 use crate::providers::ToolSpec;
@@ -117,12 +118,16 @@ pub fn specs() -> Vec<ToolSpec> {
 }
 
 /// Every tool of one run: the built-ins, `load_skill` when there are skills,
-/// and the MCP servers' tools.
+/// the MCP servers' tools and the client tools.
+///
+/// Client tools are not run here: the loop sends them to the client
+/// ([`ClientTools::call`]), as they have no `step` lines.
 #[derive(Debug)]
 pub struct Toolbox {
     pub ctx: ToolContext,
     pub skills: Skills,
     pub mcp: McpHub,
+    pub client: ClientTools,
 }
 
 impl Toolbox {
@@ -132,14 +137,17 @@ impl Toolbox {
             ctx,
             skills: Skills::default(),
             mcp: McpHub::default(),
+            client: ClientTools::default(),
         }
     }
 
-    /// The specs sent to the model: built-ins, `load_skill`, MCP tools.
+    /// The specs sent to the model: built-ins, `load_skill`, MCP tools,
+    /// client tools.
     pub fn specs(&self) -> Vec<ToolSpec> {
         let mut v = specs();
         v.extend(self.skills.spec());
         v.extend(self.mcp.specs());
+        v.extend(self.client.specs());
         v
     }
 

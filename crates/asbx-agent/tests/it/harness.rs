@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use asbx_agent::{AgentOptions, HttpSettings, RetryPolicy};
 use asbx_protocol::callback::{ConfigResponse, EnvResponse, RunLimits};
+use asbx_protocol::dispatch::ClientTool;
 use asbx_protocol::gateway::{AgentBootstrap, MaxLimits, ProviderInfo, ProviderKind};
 use asbx_protocol::line::{Step, StepStatus};
 use asbx_protocol::raw::AgentEvent;
 use asbx_protocol::{Event, Protocol};
 use asbx_test_support::{FakeGateway, GatewayConfig, GatewayProvider, MockProvider};
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, BufReader, DuplexStream, Lines};
 
 pub(crate) const KEY: &str = "sk-test-key";
 
@@ -31,6 +32,7 @@ pub(crate) struct Harness {
     pub providers: Vec<ProviderInfo>,
     pub options: AgentOptions,
     pub mock: Option<MockProvider>,
+    pub client_tools: Vec<ClientTool>,
 }
 
 pub(crate) struct Outcome {
@@ -85,6 +87,7 @@ impl Harness {
             providers: vec![],
             options: test_options(),
             mock: None,
+            client_tools: vec![],
         }
     }
 
@@ -117,6 +120,12 @@ impl Harness {
     }
 
     pub(crate) async fn run(self) -> Outcome {
+        self.start().await.finish().await
+    }
+
+    /// Starts the agent and returns at once, so the test can read its lines
+    /// as they come and talk to the gateway meanwhile.
+    pub(crate) async fn start(self) -> Live {
         let gateway = FakeGateway::start(self.dir.path(), self.gw.clone()).await;
         let bootstrap = AgentBootstrap {
             session_id: "s_test".into(),
@@ -130,25 +139,73 @@ impl Harness {
             workdir: self.workdir.display().to_string(),
             providers: self.providers.clone(),
             max_limits: self.max_limits,
-            client_tools: vec![],
+            client_tools: self.client_tools.clone(),
             tool_user: None,
         };
-        let lines = collect(bootstrap, self.options.clone()).await;
-        let events = lines
-            .iter()
-            .map(|l| {
-                // Every line must pass the runner's validator as is.
-                let (kind, _) = AgentEvent::parse(l.as_bytes())
-                    .unwrap_or_else(|e| panic!("runner would reject {l}: {e}"));
-                if self.protocol == Protocol::V1 {
-                    assert!(kind.in_protocol1(), "protocol 2 line in protocol 1: {l}");
-                }
-                serde_json::from_str::<Event>(l).unwrap()
-            })
-            .collect();
-        Outcome {
-            events,
+        let (w, r) = tokio::io::duplex(64 * 1024);
+        let options = self.options.clone();
+        let agent = tokio::spawn(async move {
+            asbx_agent::run(bootstrap, options, w).await.unwrap();
+        });
+        Live {
             gateway,
+            lines: BufReader::new(r).lines(),
+            agent,
+            events: Vec::new(),
+            protocol: self.protocol,
+            mock: self.mock,
+            workdir: self.workdir,
+            dir: self.dir,
+        }
+    }
+}
+
+/// A running agent: its lines so far, and the gateway it talks to.
+pub(crate) struct Live {
+    pub gateway: FakeGateway,
+    lines: Lines<BufReader<DuplexStream>>,
+    agent: tokio::task::JoinHandle<()>,
+    /// Every event read so far, in order.
+    pub events: Vec<Event>,
+    protocol: Protocol,
+    mock: Option<MockProvider>,
+    workdir: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Live {
+    /// The next line, checked as the runner would check it; `None` at the end.
+    pub(crate) async fn next(&mut self) -> Option<Event> {
+        let l = self.lines.next_line().await.unwrap()?;
+        // Every line must pass the runner's validator as is.
+        let (kind, _) = AgentEvent::parse(l.as_bytes())
+            .unwrap_or_else(|e| panic!("runner would reject {l}: {e}"));
+        if self.protocol == Protocol::V1 {
+            assert!(kind.in_protocol1(), "protocol 2 line in protocol 1: {l}");
+        }
+        let e = serde_json::from_str::<Event>(&l).unwrap();
+        self.events.push(e.clone());
+        Some(e)
+    }
+
+    /// Reads lines until one of type `ty`, which it returns.
+    pub(crate) async fn until(&mut self, ty: &str) -> Event {
+        loop {
+            match self.next().await {
+                Some(e) if e.type_name() == ty => return e,
+                Some(_) => {}
+                None => panic!("no {ty} line before the end: {:#?}", self.events),
+            }
+        }
+    }
+
+    /// Reads the rest and waits for the agent to finish.
+    pub(crate) async fn finish(mut self) -> Outcome {
+        while self.next().await.is_some() {}
+        self.agent.await.unwrap();
+        Outcome {
+            events: self.events,
+            gateway: self.gateway,
             mock: self.mock,
             workdir: self.workdir,
             _dir: self.dir,

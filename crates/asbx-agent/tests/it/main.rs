@@ -5,6 +5,7 @@ mod harness;
 
 mod anthropic;
 mod bootstrap;
+mod client_tools;
 mod egress;
 mod faults;
 mod files;

@@ -31,6 +31,8 @@ const MAX_DROP_WARNINGS: u32 = 16;
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 /// How long a supervisor gets between SIGTERM and SIGKILL.
 const KILL_GRACE: Duration = Duration::from_millis(500);
+/// Protocol 2: a heartbeat after this long without another line.
+pub(crate) const HEARTBEAT: Duration = Duration::from_millis(5000);
 /// Read buffer sizes: an idle sandbox costs little, a busy one reads big.
 const MIN_READ: usize = 4 * 1024;
 const MAX_READ: usize = 64 * 1024;
@@ -70,6 +72,7 @@ pub(crate) struct Outcome {
 }
 
 struct State {
+    session: Arc<Session>,
     stamper: Stamper,
     protocol: Protocol,
     filter: Option<Filter>,
@@ -97,8 +100,13 @@ impl Drive {
             session_limits,
         } = self;
         let started = Instant::now();
+        let mut stamper = Stamper::new(&session.id);
+        if protocol == Protocol::V2 {
+            stamper.keep_marks();
+        }
         let mut st = State {
-            stamper: Stamper::new(&session.id),
+            session: Arc::clone(&session),
+            stamper,
             protocol,
             filter,
             open_steps: HashMap::new(),
@@ -117,6 +125,12 @@ impl Drive {
             }));
         }
         let mut tx = Some(tx);
+        if protocol == Protocol::V2 {
+            // session_init goes out at once, before the sandbox says anything.
+            if let Some(t) = tx.as_ref() {
+                flush(&mut st, t).await;
+            }
+        }
         let end = match child.stdout.take() {
             Some(stdout) => pump(&mut st, stdout, &mut tx, &session, deadline).await,
             None => End::Crashed,
@@ -182,9 +196,15 @@ impl Drive {
         // Recorded before the last lines go out, so a client that reads the
         // end of the stream and then asks `GET /v1/sessions/{id}` finds it.
         session.end(st.stamper.seq(), termination.clone());
-        if let Some(tx) = tx.take() {
-            flush(&mut st, &tx).await;
+        match tx.take() {
+            Some(tx) => flush(&mut st, &tx).await,
+            None => {
+                // Nobody attached to the stream: the log still gets the end.
+                let (_, lines) = st.stamper.take();
+                session.record(lines);
+            }
         }
+        session.close_log();
         Outcome { termination }
     }
 }
@@ -203,6 +223,10 @@ async fn pump<R: AsyncRead + Unpin>(
     let mut buf = BytesMut::with_capacity(chunk);
     let cap = tokio::time::sleep_until(deadline.into());
     tokio::pin!(cap);
+    // Protocol 2: a heartbeat after HEARTBEAT of silence.
+    let beats = st.protocol == Protocol::V2;
+    let heartbeat = tokio::time::sleep(HEARTBEAT);
+    tokio::pin!(heartbeat);
     loop {
         if buf.capacity() - buf.len() < chunk / 2 {
             buf.reserve(chunk);
@@ -211,6 +235,9 @@ async fn pump<R: AsyncRead + Unpin>(
             biased;
             _ = session.cancel.cancelled() => return End::Cancelled(session.cancel_cause()),
             _ = &mut cap => return End::Cap,
+            _ = &mut heartbeat, if beats => {
+                st.emit(Event::Heartbeat(asbx_protocol::line::Heartbeat {}));
+            }
             read = stdout.read_buf(&mut buf) => {
                 match read {
                     Ok(0) | Err(_) => {
@@ -234,17 +261,28 @@ async fn pump<R: AsyncRead + Unpin>(
                 }
             }
         }
-        if let Some(t) = tx.as_ref()
-            && st.stamper.has_output()
-        {
-            let chunk = st.stamper.take();
-            tokio::select! {
-                biased;
-                _ = session.cancel.cancelled() => return End::Cancelled(session.cancel_cause()),
-                sent = t.send(chunk) => {
-                    if sent.is_err() {
-                        session.cancel(CancelCause::ClientGone);
-                        return End::Cancelled(CancelCause::ClientGone);
+        if st.stamper.has_output() {
+            if beats {
+                heartbeat
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + HEARTBEAT);
+            }
+            let (chunk, lines) = st.stamper.take();
+            session.record(lines);
+            if let Some(t) = tx.as_ref() {
+                tokio::select! {
+                    biased;
+                    _ = session.cancel.cancelled() => return End::Cancelled(session.cancel_cause()),
+                    sent = t.send(chunk) => {
+                        if sent.is_err() {
+                            if st.protocol == Protocol::V1 {
+                                session.cancel(CancelCause::ClientGone);
+                                return End::Cancelled(CancelCause::ClientGone);
+                            }
+                            // Protocol 2: the session outlives its client for
+                            // the detach grace; readers resume from the log.
+                            *tx = None;
+                        }
                     }
                 }
             }
@@ -263,7 +301,9 @@ async fn pump<R: AsyncRead + Unpin>(
 
 async fn flush(st: &mut State, tx: &mpsc::Sender<Bytes>) {
     if st.stamper.has_output() {
-        let _ = tx.send(st.stamper.take()).await;
+        let (chunk, lines) = st.stamper.take();
+        st.session.record(lines);
+        let _ = tx.send(chunk).await;
     }
 }
 
@@ -349,8 +389,15 @@ impl State {
                 End::AgentError
             });
         }
+        if kind == AgentKind::ToolCall
+            && let Some(id) = &ev.call_id
+        {
+            // Known before the client can see it, so its answer is accepted.
+            self.session.announce_call(id);
+        }
         if self.filter.as_ref().is_none_or(|f| f.passes(kind.as_str())) {
-            self.stamper.raw(line, asbx_protocol::now_ms());
+            self.stamper
+                .raw(line, asbx_protocol::now_ms(), kind.as_str());
         } else {
             self.stamper.skip();
         }
@@ -490,7 +537,12 @@ mod tests {
     use asbx_protocol::{Line, LineDecoder};
 
     fn state(protocol: Protocol, filter: Option<Filter>) -> State {
+        let sessions = crate::session::Sessions::default();
+        let session = sessions
+            .insert("s1", protocol, Duration::from_secs(1))
+            .unwrap();
         State {
+            session,
             stamper: Stamper::new("s1"),
             protocol,
             filter,
@@ -510,7 +562,7 @@ mod tests {
             buf.extend_from_slice(c);
             st.lines(&mut buf);
         }
-        let out = st.stamper.take();
+        let (out, _) = st.stamper.take();
         LineDecoder::default()
             .push(&out)
             .into_iter()

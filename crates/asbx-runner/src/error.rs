@@ -18,6 +18,12 @@ pub enum RunnerError {
     TooLarge(usize),
     #[error("at capacity: {0} sandboxes running")]
     AtCapacity(usize),
+    #[error("session {0} does not speak protocol 2")]
+    NotProtocol2(String),
+    #[error("no tool call {0} is waiting for an answer")]
+    UnknownCall(String),
+    #[error("tool call {0} was already answered")]
+    AlreadyAnswered(String),
     #[error("events after seq {after} are gone; the oldest retained is {oldest}")]
     EventsGone { after: u64, oldest: u64 },
     #[error("could not start the sandbox: {0}")]
@@ -59,6 +65,21 @@ impl RunnerError {
             RunnerError::SessionNotFound(_) => {
                 Problem::new(404, "not_found", "Not found", self.to_string())
             }
+            RunnerError::NotProtocol2(_) => Problem::new(
+                409,
+                "not_protocol_2",
+                "Not a protocol 2 session",
+                self.to_string(),
+            ),
+            RunnerError::UnknownCall(_) => {
+                Problem::new(404, "unknown_call", "Unknown tool call", self.to_string())
+            }
+            RunnerError::AlreadyAnswered(_) => Problem::new(
+                409,
+                "already_answered",
+                "Tool call already answered",
+                self.to_string(),
+            ),
             RunnerError::TooLarge(_) => Problem::new(
                 413,
                 "body_too_large",

@@ -6,7 +6,9 @@
 //! - `POST /model/{provider}/{path}` to that provider's base URL, adding the
 //!   provider's key, so keys never enter the sandbox;
 //! - `/mcp/{name}` (GET, POST, DELETE) to the streamable-HTTP MCP server of
-//!   that name, learned from the workspace's `/config` answer as it passes.
+//!   that name, learned from the workspace's `/config` answer as it passes;
+//! - `GET /client-tool/{callId}` (protocol 2): held open until the client
+//!   answers the call through `POST /v1/sessions/{id}/tool-result`.
 //!
 //! Everything else gets 404.
 
@@ -32,6 +34,7 @@ const MAX_GATEWAY_BODY: usize = 96 << 20;
 
 #[derive(Debug)]
 struct GatewayState {
+    session: Arc<crate::session::Session>,
     agent_url: String,
     providers: Arc<Vec<ProviderConfig>>,
     client: reqwest::Client,
@@ -48,6 +51,7 @@ const MAX_CONFIG_BODY: usize = 32 << 20;
 /// Serves the gateway on `listener` until `stop` is cancelled.
 pub(crate) fn spawn(
     listener: UnixListener,
+    session: Arc<crate::session::Session>,
     agent_url: &str,
     providers: Arc<Vec<ProviderConfig>>,
     client: reqwest::Client,
@@ -55,6 +59,7 @@ pub(crate) fn spawn(
     stop: CancellationToken,
 ) {
     let state = Arc::new(GatewayState {
+        session,
         agent_url: agent_url.trim_end_matches('/').to_owned(),
         providers,
         client,
@@ -67,6 +72,7 @@ pub(crate) fn spawn(
         .route("/callback/results", post(callback_results))
         .route("/model/{provider}/{*path}", post(model))
         .route("/mcp/{name}", get(mcp).post(mcp).delete(mcp))
+        .route("/client-tool/{call_id}", get(client_tool))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not_found", "no such gateway route") })
         .with_state(state);
     tokio::spawn(async move {
@@ -143,6 +149,23 @@ async fn callback_config(State(s): State<Arc<GatewayState>>, req: Request) -> Re
         let _ = s.mcp.set(servers);
     }
     Response::from_parts(parts, Body::from(bytes))
+}
+
+/// Protocol 2: the agent waits here for the client's answer to a call it
+/// announced with a `tool_call` line.
+async fn client_tool(State(s): State<Arc<GatewayState>>, Path(call_id): Path<String>) -> Response {
+    use crate::session::ToolAnswer;
+    match s.session.wait_call(&call_id).await {
+        Some(ToolAnswer::Result(v)) => {
+            axum::Json(serde_json::json!({ "result": v })).into_response()
+        }
+        Some(ToolAnswer::Error(e)) => axum::Json(serde_json::json!({ "error": e })).into_response(),
+        None => problem(
+            StatusCode::GONE,
+            "session_ended",
+            "the session ended before an answer",
+        ),
+    }
 }
 
 /// Forwards one streamable-HTTP MCP request to the named server.

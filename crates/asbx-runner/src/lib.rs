@@ -11,6 +11,7 @@ mod egress;
 pub mod error;
 mod gateway;
 mod pool;
+mod resume;
 mod routes;
 pub mod sandbox;
 mod session;

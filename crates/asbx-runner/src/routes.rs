@@ -37,10 +37,15 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .route("/healthz", get(healthz))
         .route("/v1/sessions", get(list_sessions))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/events", get(crate::resume::events))
+        .route(
+            "/v1/sessions/{id}/tool-result",
+            post(crate::resume::tool_result),
+        )
         .with_state(inner)
 }
 
-fn check_token(inner: &Inner, headers: &HeaderMap) -> Result<(), RunnerError> {
+pub(crate) fn check_token(inner: &Inner, headers: &HeaderMap) -> Result<(), RunnerError> {
     let Some(want) = &inner.config.token else {
         return Ok(());
     };
@@ -127,7 +132,11 @@ async fn stream(
     })?;
     let req = DispatchRequest::parse(&bytes).map_err(RunnerError::InvalidRequest)?;
     let session_id = req.session_id.clone().unwrap_or_else(random_id);
-    let session = inner.sessions.insert(&session_id, req.protocol)?;
+    let session = inner.sessions.insert(
+        &session_id,
+        req.protocol,
+        std::time::Duration::from_millis(req.detach_grace_ms()),
+    )?;
     match start(&inner, &session, &req).await {
         Ok(res) => Ok(res),
         Err(e) => {
@@ -183,7 +192,7 @@ async fn start(
             max_duration_ms: limits.max_duration_ms,
             max_steps: limits.max_steps,
             max_tool_calls: limits.max_tool_calls,
-            heartbeat_interval_ms: 5000,
+            heartbeat_interval_ms: crate::drive::HEARTBEAT.as_millis() as u64,
         },
     };
     let task_inner = Arc::clone(inner);
@@ -228,7 +237,7 @@ async fn start(
 /// folder and hands the agent its bootstrap.
 fn connect(
     inner: &Arc<Inner>,
-    session: &crate::session::Session,
+    session: &Arc<crate::session::Session>,
     req: &DispatchRequest,
     slot: &Slot,
     child: &mut tokio::process::Child,
@@ -239,6 +248,7 @@ fn connect(
     let allow = Arc::new(crate::egress::AllowList::default());
     crate::gateway::spawn(
         listener,
+        Arc::clone(session),
         &req.agent_url,
         Arc::clone(&inner.providers),
         inner.client.clone(),
@@ -289,21 +299,29 @@ fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, Runne
     Ok(listener)
 }
 
-/// Cancels the session when the response body is dropped (client gone).
+/// What dropping the response body (client gone) does to the session.
 struct CancelOnDrop(Arc<crate::session::Session>);
 
 impl CancelOnDrop {
     fn into_guard(self) -> SessionGuard {
+        if self.0.protocol == asbx_protocol::Protocol::V2 {
+            self.0.attach();
+        }
         SessionGuard(Some(self.0))
     }
 }
 
-struct SessionGuard(Option<Arc<crate::session::Session>>);
+/// Protocol 1: cancels at once. Protocol 2: detaches; the session lives on
+/// for its detach grace so a client can resume from `/events`.
+pub(crate) struct SessionGuard(pub(crate) Option<Arc<crate::session::Session>>);
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         if let Some(s) = self.0.take() {
-            s.cancel(CancelCause::ClientGone);
+            match s.protocol {
+                asbx_protocol::Protocol::V1 => s.cancel(CancelCause::ClientGone),
+                asbx_protocol::Protocol::V2 => s.detach(),
+            }
         }
     }
 }

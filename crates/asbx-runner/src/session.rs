@@ -2,10 +2,14 @@
 //! `GET /v1/sessions`, cancellation and `409` on a taken id.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use asbx_protocol::Protocol;
 use asbx_protocol::session::{SessionInfo, SessionStatus, Termination};
+use bytes::Bytes;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::RunnerError;
@@ -29,6 +33,68 @@ pub(crate) struct Session {
     pub(crate) created_at: u64,
     pub(crate) cancel: CancellationToken,
     state: Mutex<SessionState>,
+    /// Protocol 2: the lines sent so far, for resume (bounded).
+    log: Mutex<EventLog>,
+    /// The last `seq` in the log; `u64::MAX` once the session ended.
+    tail: watch::Sender<u64>,
+    /// Protocol 2: clients attached (the `/stream` body and event readers).
+    readers: AtomicUsize,
+    /// Bumped whenever the last reader leaves, so an old grace timer can
+    /// tell that someone came back and left again.
+    detach_epoch: AtomicU64,
+    /// Protocol 2: how long the session outlives its last reader.
+    pub(crate) detach_grace: Duration,
+    /// Protocol 2: client-tool calls by id.
+    calls: Mutex<HashMap<String, Call>>,
+}
+
+/// Most bytes of lines a protocol 2 session keeps for resume.
+const LOG_MAX_BYTES: usize = 8 << 20;
+
+#[derive(Debug, Default)]
+struct EventLog {
+    lines: VecDeque<LoggedLine>,
+    bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct LoggedLine {
+    pub(crate) seq: u64,
+    pub(crate) kind: &'static str,
+    /// The stamped line, with its newline.
+    pub(crate) bytes: Bytes,
+}
+
+/// The answer to a client-tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ToolAnswer {
+    Result(serde_json::Value),
+    Error(String),
+}
+
+#[derive(Debug, Default)]
+struct Call {
+    /// Seen in one of the agent's `tool_call` lines.
+    announced: bool,
+    answer: Option<ToolAnswer>,
+    waiter: Option<oneshot::Sender<ToolAnswer>>,
+}
+
+/// Why a tool result was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AnswerError {
+    Unknown,
+    AlreadyAnswered,
+}
+
+/// What a reader asking for `seq > after` gets.
+#[derive(Debug)]
+pub(crate) enum Backlog {
+    Lines(Vec<LoggedLine>),
+    /// Lines after `after` were dropped; the oldest kept is `oldest`.
+    Gone {
+        oldest: u64,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -55,10 +121,128 @@ impl Session {
     }
 
     pub(crate) fn end(&self, last_seq: u64, termination: Termination) {
-        let mut st = self.lock();
-        st.ended_at = Some(asbx_protocol::now_ms());
-        st.last_seq = last_seq;
-        st.termination = Some(termination);
+        {
+            let mut st = self.lock();
+            st.ended_at = Some(asbx_protocol::now_ms());
+            st.last_seq = last_seq;
+            st.termination = Some(termination);
+        }
+        // Waiting tool calls learn that no answer will come.
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Marks the log complete: readers drain it and stop.
+    pub(crate) fn close_log(&self) {
+        self.tail.send_replace(u64::MAX);
+    }
+
+    /// Appends sent lines to the resume log (protocol 2), dropping the
+    /// oldest past the byte bound, and wakes readers.
+    pub(crate) fn record(&self, lines: impl IntoIterator<Item = LoggedLine>) {
+        let mut last = None;
+        {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            for l in lines {
+                log.bytes += l.bytes.len();
+                last = Some(l.seq);
+                log.lines.push_back(l);
+            }
+            while log.bytes > LOG_MAX_BYTES {
+                match log.lines.pop_front() {
+                    Some(old) => log.bytes -= old.bytes.len(),
+                    None => break,
+                }
+            }
+        }
+        if let Some(seq) = last {
+            self.tail.send_replace(seq);
+        }
+    }
+
+    /// The logged lines with `seq > after`, or `Gone` if some were dropped.
+    pub(crate) fn backlog(&self, after: u64) -> Backlog {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        match log.lines.front() {
+            Some(first) if first.seq > after + 1 && first.seq > 1 => {
+                Backlog::Gone { oldest: first.seq }
+            }
+            _ => Backlog::Lines(
+                log.lines
+                    .iter()
+                    .filter(|l| l.seq > after)
+                    .cloned()
+                    .collect(),
+            ),
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tail.subscribe()
+    }
+
+    /// A client attached (protocol 2).
+    pub(crate) fn attach(&self) {
+        self.readers.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A client left; with none left, the session is cancelled unless one
+    /// comes back within the detach grace.
+    pub(crate) fn detach(self: &Arc<Self>) {
+        if self.readers.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let epoch = self.detach_epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let session = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(session.detach_grace).await;
+            let nobody = session.readers.load(Ordering::Acquire) == 0;
+            let same_absence = session.detach_epoch.load(Ordering::Acquire) == epoch;
+            if nobody && same_absence {
+                session.cancel(CancelCause::ClientGone);
+            }
+        });
+    }
+
+    /// The agent announced a client-tool call (its `tool_call` line).
+    pub(crate) fn announce_call(&self, call_id: &str) {
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        calls.entry(call_id.to_owned()).or_default().announced = true;
+    }
+
+    /// The client's answer to an announced call.
+    pub(crate) fn answer_call(&self, call_id: &str, answer: ToolAnswer) -> Result<(), AnswerError> {
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let call = match calls.get_mut(call_id) {
+            Some(c) if c.announced => c,
+            _ => return Err(AnswerError::Unknown),
+        };
+        if call.answer.is_some() {
+            return Err(AnswerError::AlreadyAnswered);
+        }
+        call.answer = Some(answer.clone());
+        if let Some(w) = call.waiter.take() {
+            let _ = w.send(answer);
+        }
+        Ok(())
+    }
+
+    /// The agent waits for the answer to `call_id`; `None` if the session
+    /// ends first.
+    pub(crate) async fn wait_call(&self, call_id: &str) -> Option<ToolAnswer> {
+        let rx = {
+            let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+            let call = calls.entry(call_id.to_owned()).or_default();
+            if let Some(a) = &call.answer {
+                return Some(a.clone());
+            }
+            let (tx, rx) = oneshot::channel();
+            call.waiter = Some(tx);
+            rx
+        };
+        tokio::select! {
+            a = rx => a.ok(),
+            _ = self.cancel.cancelled() => None,
+        }
     }
 
     pub(crate) fn info(&self) -> SessionInfo {
@@ -96,7 +280,12 @@ impl Sessions {
     }
 
     /// Registers a new session; `409` when the id is taken.
-    pub(crate) fn insert(&self, id: &str, protocol: Protocol) -> Result<Arc<Session>, RunnerError> {
+    pub(crate) fn insert(
+        &self,
+        id: &str,
+        protocol: Protocol,
+        detach_grace: Duration,
+    ) -> Result<Arc<Session>, RunnerError> {
         let mut reg = self.lock();
         if reg.all.contains_key(id) {
             return Err(RunnerError::SessionTaken(id.to_owned()));
@@ -107,6 +296,12 @@ impl Sessions {
             created_at: asbx_protocol::now_ms(),
             cancel: CancellationToken::new(),
             state: Mutex::new(SessionState::default()),
+            log: Mutex::new(EventLog::default()),
+            tail: watch::channel(0).0,
+            readers: AtomicUsize::new(0),
+            detach_epoch: AtomicU64::new(0),
+            detach_grace,
+            calls: Mutex::new(HashMap::new()),
         });
         reg.all.insert(id.to_owned(), Arc::clone(&session));
         Ok(session)
@@ -142,5 +337,72 @@ impl Sessions {
     pub(crate) fn running(&self) -> usize {
         let reg = self.lock();
         reg.all.len() - reg.ended.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(seq: u64, len: usize) -> LoggedLine {
+        LoggedLine {
+            seq,
+            kind: "log",
+            bytes: Bytes::from(vec![b'x'; len]),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_log_keeps_the_newest_lines_and_reports_what_is_gone() {
+        let sessions = Sessions::default();
+        let s = sessions
+            .insert("s", Protocol::V2, Duration::from_secs(1))
+            .unwrap();
+        // 10 MiB of 1 KiB lines: the oldest ~2 MiB are dropped.
+        s.record((1..=10_240).map(|seq| line(seq, 1024)));
+        match s.backlog(0) {
+            Backlog::Gone { oldest } => assert!(oldest > 1 && oldest < 3000, "{oldest}"),
+            Backlog::Lines(l) => panic!("kept {} lines", l.len()),
+        }
+        match s.backlog(10_000) {
+            Backlog::Lines(l) => {
+                assert_eq!(
+                    l.iter().map(|l| l.seq).collect::<Vec<_>>(),
+                    (10_001..=10_240).collect::<Vec<_>>()
+                )
+            }
+            Backlog::Gone { .. } => panic!("recent lines are kept"),
+        }
+        assert_eq!(*s.subscribe().borrow(), 10_240);
+    }
+
+    #[tokio::test]
+    async fn tool_answers_need_an_announced_call_and_come_once() {
+        let sessions = Sessions::default();
+        let s = sessions
+            .insert("s", Protocol::V2, Duration::from_secs(1))
+            .unwrap();
+        let answer = ToolAnswer::Result(serde_json::json!({"ok": true}));
+        assert_eq!(
+            s.answer_call("c1", answer.clone()),
+            Err(AnswerError::Unknown)
+        );
+        let waiter = {
+            let s = Arc::clone(&s);
+            tokio::spawn(async move { s.wait_call("c1").await })
+        };
+        tokio::task::yield_now().await;
+        // The agent may ask before its tool_call line is processed: still unknown to clients.
+        assert_eq!(
+            s.answer_call("c1", answer.clone()),
+            Err(AnswerError::Unknown)
+        );
+        s.announce_call("c1");
+        assert_eq!(s.answer_call("c1", answer.clone()), Ok(()));
+        assert_eq!(
+            s.answer_call("c1", answer.clone()),
+            Err(AnswerError::AlreadyAnswered)
+        );
+        assert_eq!(waiter.await.unwrap(), Some(answer));
     }
 }

@@ -16,6 +16,9 @@ pub(crate) struct Stamper {
     session_part: Vec<u8>,
     session_id: String,
     out: BytesMut,
+    /// Protocol 2 keeps a resume log: where each line starts and ends in
+    /// `out`, its `seq` and type. `None` (protocol 1) records nothing.
+    marks: Option<Vec<(u64, &'static str, usize, usize)>>,
 }
 
 impl Stamper {
@@ -30,6 +33,18 @@ impl Stamper {
             session_part,
             session_id: session_id.to_owned(),
             out: BytesMut::new(),
+            marks: None,
+        }
+    }
+
+    /// Records line boundaries for a resume log from now on.
+    pub(crate) fn keep_marks(&mut self) {
+        self.marks = Some(Vec::new());
+    }
+
+    fn mark(&mut self, kind: &'static str, start: usize) {
+        if let Some(m) = &mut self.marks {
+            m.push((self.seq, kind, start, self.out.len()));
         }
     }
 
@@ -46,9 +61,10 @@ impl Stamper {
 
     /// Stamps a validated agent line: `line` must be one JSON object,
     /// starting with `{` and holding no `seq`, `ts` or `sessionId`.
-    pub(crate) fn raw(&mut self, line: &[u8], ts: u64) -> u64 {
+    pub(crate) fn raw(&mut self, line: &[u8], ts: u64, kind: &'static str) -> u64 {
         debug_assert!(line.first() == Some(&b'{'));
         self.seq += 1;
+        let start = self.out.len();
         let mut itoa_buf = itoa::Buffer::new();
         self.out.reserve(line.len() + self.session_part.len() + 48);
         self.out.put_slice(b"{\"seq\":");
@@ -58,12 +74,15 @@ impl Stamper {
         self.out.put_slice(&self.session_part);
         self.out.put_slice(&line[1..]);
         self.out.put_u8(b'\n');
+        self.mark(kind, start);
         self.seq
     }
 
     /// Stamps a line the runner makes itself.
     pub(crate) fn event(&mut self, event: Event) -> u64 {
         self.seq += 1;
+        let start = self.out.len();
+        let kind = event.type_name();
         let line = Line {
             seq: self.seq,
             ts: asbx_protocol::now_ms(),
@@ -74,6 +93,7 @@ impl Stamper {
         // Serializing our own types to memory cannot fail.
         let _ = serde_json::to_writer(&mut w, &line);
         self.out.put_u8(b'\n');
+        self.mark(kind, start);
         self.seq
     }
 
@@ -81,9 +101,22 @@ impl Stamper {
         !self.out.is_empty()
     }
 
-    /// Everything stamped since the last take.
-    pub(crate) fn take(&mut self) -> Bytes {
-        self.out.split().freeze()
+    /// Everything stamped since the last take, and (protocol 2) each line
+    /// of it as a slice for the resume log (no copy).
+    pub(crate) fn take(&mut self) -> (Bytes, Vec<crate::session::LoggedLine>) {
+        let chunk = self.out.split().freeze();
+        let lines = match &mut self.marks {
+            Some(marks) => marks
+                .drain(..)
+                .map(|(seq, kind, start, end)| crate::session::LoggedLine {
+                    seq,
+                    kind,
+                    bytes: chunk.slice(start..end),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        (chunk, lines)
     }
 }
 
@@ -95,10 +128,17 @@ mod tests {
     #[test]
     fn raw_and_runner_lines_decode_with_consecutive_seq() {
         let mut s = Stamper::new("sess_1");
-        s.raw(br#"{"type":"log","level":"info","message":"a"}"#, 7);
+        s.keep_marks();
+        s.raw(br#"{"type":"log","level":"info","message":"a"}"#, 7, "log");
         s.event(Event::log(LogLevel::Warn, "b"));
-        s.raw(br#"{"type":"result","message":"done"}"#, 9);
-        let out = s.take();
+        s.raw(br#"{"type":"result","message":"done"}"#, 9, "result");
+        let (out, logged) = s.take();
+        assert_eq!(logged.len(), 3);
+        assert_eq!(logged[2].kind, "result");
+        assert_eq!(
+            logged.iter().map(|l| l.bytes.len()).sum::<usize>(),
+            out.len()
+        );
         let mut d = asbx_protocol::LineDecoder::default();
         let lines: Vec<Line> = d.push(&out).into_iter().map(Result::unwrap).collect();
         assert_eq!(

@@ -9,5 +9,6 @@ mod agent_features;
 mod dispatch;
 mod isolation;
 mod models;
+mod protocol2;
 mod startup;
 mod system;

@@ -1,0 +1,192 @@
+//! Protocol 2 session routes: resume a session's lines after a reconnect,
+//! and answer the agent's client-tool calls.
+//!
+//! - `GET /v1/sessions/{id}/events?after=N`: the lines with `seq > N`, then
+//!   the live tail until the session ends. `Accept: text/event-stream` gives
+//!   SSE with `id: <seq>` and honours `Last-Event-ID`. `410` with the oldest
+//!   retained `seq` when lines after `N` were already dropped.
+//! - `POST /v1/sessions/{id}/tool-result` `{"callId","result"}` or
+//!   `{"callId","error"}`: `404` for a call the agent never made, `409` for
+//!   one already answered.
+//!
+//! A reader counts as an attached client: while one reads, a session whose
+//! `/stream` client went away is not cancelled.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use asbx_protocol::{FieldError, Protocol};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::Inner;
+use crate::error::RunnerError;
+use crate::routes::{SessionGuard, check_token};
+use crate::session::{AnswerError, Backlog, LoggedLine, Session, ToolAnswer};
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct EventsQuery {
+    after: Option<u64>,
+}
+
+fn v2_session(inner: &Inner, id: String) -> Result<Arc<Session>, RunnerError> {
+    let s = inner
+        .sessions
+        .get(&id)
+        .ok_or(RunnerError::SessionNotFound(id))?;
+    if s.protocol != Protocol::V2 {
+        return Err(RunnerError::NotProtocol2(s.id.clone()));
+    }
+    Ok(s)
+}
+
+pub(crate) async fn events(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> Result<Response, RunnerError> {
+    check_token(&inner, &headers)?;
+    let session = v2_session(&inner, id)?;
+    let sse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let last_event_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let after = if sse {
+        last_event_id.or(q.after)
+    } else {
+        q.after
+    }
+    .unwrap_or(0);
+    // Subscribe before reading the backlog, so no line falls in between.
+    let rx = session.subscribe();
+    let pending = match session.backlog(after) {
+        Backlog::Lines(lines) => VecDeque::from(lines),
+        Backlog::Gone { oldest } => return Err(RunnerError::EventsGone { after, oldest }),
+    };
+    session.attach();
+    let reader = Reader {
+        session: Arc::clone(&session),
+        cursor: after,
+        pending,
+        rx,
+        sse,
+        _guard: SessionGuard(Some(session)),
+    };
+    let stream = futures::stream::unfold(reader, |mut r| async move {
+        r.next()
+            .await
+            .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), r))
+    });
+    let mut res = (StatusCode::OK, Body::from_stream(stream)).into_response();
+    let ct = if sse {
+        "text/event-stream"
+    } else {
+        "application/x-ndjson"
+    };
+    res.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(res)
+}
+
+/// One resuming reader: the backlog first, then the live tail.
+struct Reader {
+    session: Arc<Session>,
+    cursor: u64,
+    pending: VecDeque<LoggedLine>,
+    rx: watch::Receiver<u64>,
+    sse: bool,
+    _guard: SessionGuard,
+}
+
+impl Reader {
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(line) = self.pending.pop_front() {
+                self.cursor = line.seq;
+                return Some(self.format(&line));
+            }
+            let ended = *self.rx.borrow_and_update() == u64::MAX;
+            match self.session.backlog(self.cursor) {
+                Backlog::Lines(lines) if !lines.is_empty() => {
+                    self.pending = lines.into();
+                    continue;
+                }
+                // Fell further behind than the log keeps: end, and let the
+                // client reconnect to learn what is left (410).
+                Backlog::Gone { .. } => return None,
+                Backlog::Lines(_) if ended => return None,
+                Backlog::Lines(_) => {}
+            }
+            if self.rx.changed().await.is_err() {
+                // The session is gone: whatever was logged has been sent.
+                return None;
+            }
+        }
+    }
+
+    fn format(&self, line: &LoggedLine) -> Bytes {
+        if !self.sse {
+            return line.bytes.clone();
+        }
+        let data = line.bytes.strip_suffix(b"\n").unwrap_or(&line.bytes);
+        let mut out = Vec::with_capacity(data.len() + 48);
+        out.extend_from_slice(format!("id: {}\nevent: {}\ndata: ", line.seq, line.kind).as_bytes());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\n\n");
+        Bytes::from(out)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolResultBody {
+    #[serde(rename = "callId")]
+    call_id: String,
+    #[serde(default)]
+    result: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+pub(crate) async fn tool_result(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, RunnerError> {
+    check_token(&inner, &headers)?;
+    let session = v2_session(&inner, id)?;
+    let parsed: ToolResultBody = serde_json::from_slice(&body).map_err(|e| {
+        RunnerError::InvalidRequest(vec![FieldError::new("", format!("invalid body: {e}"))])
+    })?;
+    let answer = match (parsed.result, parsed.error) {
+        (Some(r), None) => ToolAnswer::Result(r),
+        (None, Some(e)) => ToolAnswer::Error(e),
+        _ => {
+            return Err(RunnerError::InvalidRequest(vec![FieldError::new(
+                "result",
+                "give exactly one of result or error",
+            )]));
+        }
+    };
+    match session.answer_call(&parsed.call_id, answer) {
+        Ok(()) => Ok((
+            StatusCode::OK,
+            axum::Json(serde_json::json!({ "callId": parsed.call_id, "status": "applied" })),
+        )
+            .into_response()),
+        Err(AnswerError::Unknown) => Err(RunnerError::UnknownCall(parsed.call_id)),
+        Err(AnswerError::AlreadyAnswered) => Err(RunnerError::AlreadyAnswered(parsed.call_id)),
+    }
+}

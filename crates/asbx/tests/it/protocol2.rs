@@ -1,0 +1,250 @@
+//! Protocol 2 over the real runner (CONTRACT section 4): session_init first,
+//! deltas, session_ended last with stats; filters keep seq; a dropped client
+//! resumes from `/events` (NDJSON and SSE with Last-Event-ID) within the
+//! detach grace, and a grace of 0 cancels at once; heartbeats fill silence.
+
+use std::time::{Duration, Instant};
+
+use asbx_protocol::{Event, Line, LineDecoder, StepStatus};
+use futures::StreamExt;
+use serde_json::json;
+
+use crate::harness::*;
+
+fn v2(mut body: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    body["protocol"] = json!(2);
+    if let Some(obj) = extra.as_object() {
+        for (k, v) in obj {
+            body[k] = v.clone();
+        }
+    }
+    body
+}
+
+fn decode(bytes: &[u8]) -> Vec<Line> {
+    LineDecoder::default()
+        .push(bytes)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_protocol_2_stream_opens_with_session_init_and_closes_with_session_ended() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("p2"));
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "echo out; echo err >&2"}},
+        {"say": "two point oh"}
+    ]));
+    let (status, lines, err) = dispatch(&runner.url, &v2(ws.body(&t, &prompt), json!({}))).await;
+    assert_eq!(status, 200, "{err}");
+    assert!(
+        matches!(&lines[0].event, Event::SessionInit(i) if i.protocol_version == 2 && i.limits.heartbeat_interval_ms == 5000)
+    );
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l.seq, i as u64 + 1);
+    }
+    let types: Vec<&str> = lines.iter().map(|l| l.event.type_name()).collect();
+    assert!(types.contains(&"delta"), "{types:?}");
+    assert!(
+        types.contains(&"stdout"),
+        "tool output streams as stdout lines: {types:?}"
+    );
+    let n = lines.len();
+    assert!(matches!(&lines[n - 2].event, Event::Result(r) if r.message == "two point oh"));
+    match &lines[n - 1].event {
+        Event::SessionEnded(e) => {
+            assert_eq!(e.reason, asbx_protocol::session::EndReason::Completed);
+            assert_eq!(e.terminated_by, asbx_protocol::session::TerminatedBy::Agent);
+            assert_eq!(e.stats.steps, 1);
+            assert_eq!(e.exit_code, Some(0));
+        }
+        other => panic!("last line {other:?}"),
+    }
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn a_filter_hides_lines_without_renumbering_and_keeps_terminal_lines() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("filter"));
+    let prompt =
+        script(json!([{"tool": "shell", "args": {"command": "echo hi"}}, {"say": "filtered"}]));
+    let body = v2(ws.body(&t, &prompt), json!({"filter": {"types": ["step"]}}));
+    let (_, lines, _) = dispatch(&runner.url, &body).await;
+    let types: Vec<&str> = lines.iter().map(|l| l.event.type_name()).collect();
+    assert_eq!(
+        types,
+        vec!["step", "step", "result", "session_ended"],
+        "{types:?}"
+    );
+    let seqs: Vec<u64> = lines.iter().map(|l| l.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    assert!(
+        seqs[0] > 1,
+        "session_init and logs kept their numbers: {seqs:?}"
+    );
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn a_dropped_client_resumes_from_events_within_the_grace() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("resume"));
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "sleep 1; echo after-the-drop"}},
+        {"say": "resumed fine"}
+    ]));
+    let body = v2(ws.body(&t, &prompt), json!({"detach_grace_ms": 10000}));
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = Box::pin(res.bytes_stream());
+    let mut d = LineDecoder::default();
+    let mut seen = Vec::new();
+    'outer: while let Some(chunk) = stream.next().await {
+        for l in d.push(&chunk.unwrap()) {
+            let l = l.unwrap();
+            let running = matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running);
+            seen.push(l);
+            if running {
+                break 'outer;
+            }
+        }
+    }
+    let last = seen.last().unwrap().seq;
+    drop(stream);
+    // Reconnect with SSE and Last-Event-ID: everything after, then the end.
+    let res = reqwest::Client::new()
+        .get(format!("{}/v1/sessions/{}/events", runner.url, t.session))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", last.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "text/event-stream");
+    let text = tokio::time::timeout(Duration::from_secs(30), res.text())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut ids = Vec::new();
+    let mut data = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        for line in block.lines() {
+            if let Some(id) = line.strip_prefix("id: ") {
+                ids.push(id.parse::<u64>().unwrap());
+            }
+            if let Some(d) = line.strip_prefix("data: ") {
+                data.push(serde_json::from_str::<Line>(d).unwrap());
+            }
+        }
+    }
+    assert_eq!(
+        ids.first(),
+        Some(&(last + 1)),
+        "resumes right after the last seen line"
+    );
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "no gap: {ids:?}");
+    assert!(
+        matches!(&data.last().unwrap().event, Event::SessionEnded(e) if e.reason == asbx_protocol::session::EndReason::Completed)
+    );
+    assert!(
+        data.iter()
+            .any(|l| matches!(&l.event, Event::Result(r) if r.message == "resumed fine"))
+    );
+    // The whole session is still there from the start, as NDJSON.
+    let all = reqwest::get(format!(
+        "{}/v1/sessions/{}/events?after=0",
+        runner.url, t.session
+    ))
+    .await
+    .unwrap()
+    .bytes()
+    .await
+    .unwrap();
+    let all = decode(&all);
+    assert_eq!(all.len() as u64, data.last().unwrap().seq);
+    assert_eq!(all[..seen.len()], seen[..], "the replay is the same lines");
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn with_a_zero_grace_a_dropped_client_cancels_the_session() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("grace0"));
+    let prompt = script(json!([{"tool": "shell", "args": {"command": "sleep 30"}}]));
+    let body = v2(ws.body(&t, &prompt), json!({"detach_grace_ms": 0}));
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let stream = crate::dispatch::read_until(
+        res,
+        |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),
+    )
+    .await;
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info: serde_json::Value =
+            reqwest::get(format!("{}/v1/sessions/{}", runner.url, t.session))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+        if info["status"] == "ended" {
+            assert_eq!(info["termination"]["reason"], "terminated");
+            assert_eq!(info["termination"]["terminatedBy"], "daemon");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not cancelled: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn heartbeats_fill_silence_and_events_of_protocol_1_sessions_are_refused() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("beat"));
+    let prompt = script(json!([{"sleep_ms": 5600}, {"say": "woke up"}]));
+    let (_, lines, _) = dispatch(&runner.url, &v2(ws.body(&t, &prompt), json!({}))).await;
+    let beats = lines
+        .iter()
+        .filter(|l| matches!(l.event, Event::Heartbeat(_)))
+        .count();
+    assert!(beats >= 1, "{lines:?}");
+
+    let t1 = ws.mint(&session_id("p1"));
+    let (_, _, _) = dispatch(&runner.url, &ws.body(&t1, &script(json!([{"say": "v1"}])))).await;
+    let res = reqwest::get(format!("{}/v1/sessions/{}/events", runner.url, t1.session))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 409);
+    let p: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(p["code"], "not_protocol_2");
+    let res = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/sessions/{}/tool-result",
+            runner.url, t.session
+        ))
+        .json(&json!({"callId": "nope", "result": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    runner.assert_clean().await;
+}

@@ -45,7 +45,7 @@ use crate::providers::ToolSpec;
 use crate::tools::ToolOutput;
 
 /// The gateway route the agent waits on: `GET /client-tool/{callId}`.
-pub const CLIENT_TOOL_PREFIX: &str = "/client-tool/";
+pub use asbx_protocol::gateway::CLIENT_TOOL_PREFIX;
 
 /// Longest client error message passed on to the model.
 const ERROR_BYTES: usize = 4096;

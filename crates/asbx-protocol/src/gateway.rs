@@ -8,6 +8,9 @@
 //!   agent's `Authorization` header passed through.
 //! - `POST /model/{provider}/{path...}`: forwarded to that provider's base URL
 //!   with the provider's key added by the runner. Keys never enter the sandbox.
+//! - `GET /mcp/{name}` (and POST, DELETE): a streamable-HTTP MCP server by name.
+//! - `GET /client-tool/{callId}` (protocol 2): held until the client answers
+//!   with `{"result": ..}` or `{"error": ".."}`.
 //!
 //! The agent reads one [`AgentBootstrap`] JSON object from stdin, then writes
 //! NDJSON [`crate::Event`]s (unstamped) to stdout.
@@ -21,6 +24,8 @@ pub const CALLBACK_ENV: &str = "/callback/env";
 pub const CALLBACK_CONFIG: &str = "/callback/config";
 pub const CALLBACK_RESULTS: &str = "/callback/results";
 pub const MODEL_PREFIX: &str = "/model/";
+/// Protocol 2: `GET /client-tool/{callId}` waits for the client's answer.
+pub const CLIENT_TOOL_PREFIX: &str = "/client-tool/";
 
 /// What the runner writes on the agent's stdin, once, then closes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -24,6 +24,8 @@ pub enum RunnerError {
     UnknownCall(String),
     #[error("tool call {0} was already answered")]
     AlreadyAnswered(String),
+    #[error("the session ended before tool call {0} was answered")]
+    CallClosed(String),
     #[error("events after seq {after} are gone; the oldest retained is {oldest}")]
     EventsGone { after: u64, oldest: u64 },
     #[error("could not start the sandbox: {0}")]
@@ -80,6 +82,9 @@ impl RunnerError {
                 "Tool call already answered",
                 self.to_string(),
             ),
+            RunnerError::CallClosed(_) => {
+                Problem::new(409, "session_ended", "Session ended", self.to_string())
+            }
             RunnerError::TooLarge(_) => Problem::new(
                 413,
                 "body_too_large",

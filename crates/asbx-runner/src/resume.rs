@@ -188,5 +188,6 @@ pub(crate) async fn tool_result(
             .into_response()),
         Err(AnswerError::Unknown) => Err(RunnerError::UnknownCall(parsed.call_id)),
         Err(AnswerError::AlreadyAnswered) => Err(RunnerError::AlreadyAnswered(parsed.call_id)),
+        Err(AnswerError::SessionEnded) => Err(RunnerError::CallClosed(parsed.call_id)),
     }
 }

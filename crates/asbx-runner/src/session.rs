@@ -85,6 +85,8 @@ struct Call {
 pub(crate) enum AnswerError {
     Unknown,
     AlreadyAnswered,
+    /// The session ended before this answer came.
+    SessionEnded,
 }
 
 /// What a reader asking for `seq > after` gets.
@@ -127,8 +129,13 @@ impl Session {
             st.last_seq = last_seq;
             st.termination = Some(termination);
         }
-        // Waiting tool calls learn that no answer will come.
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        // Waiting tool calls learn that no answer will come; answered ones
+        // stay answered (a late duplicate still gets 409).
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        for call in calls.values_mut() {
+            call.waiter = None;
+        }
+        calls.retain(|_, c| c.announced);
     }
 
     /// Marks the log complete: readers drain it and stop.
@@ -218,6 +225,9 @@ impl Session {
         };
         if call.answer.is_some() {
             return Err(AnswerError::AlreadyAnswered);
+        }
+        if self.lock().ended_at.is_some() {
+            return Err(AnswerError::SessionEnded);
         }
         call.answer = Some(answer.clone());
         if let Some(w) = call.waiter.take() {

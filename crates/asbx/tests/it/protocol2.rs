@@ -248,3 +248,94 @@ async fn heartbeats_fill_silence_and_events_of_protocol_1_sessions_are_refused()
     assert_eq!(res.status(), 404);
     runner.assert_clean().await;
 }
+
+#[tokio::test]
+async fn a_client_tool_call_round_trips_through_the_runner() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("client"));
+    let prompt = script(json!([
+        {"tool": "pick_color", "args": {"palette": "warm"}},
+        {"say": "the client picked"}
+    ]));
+    let tools = json!([{
+        "name": "pick_color",
+        "description": "Ask the user for a color",
+        "parameters": {"type": "object", "properties": {"palette": {"type": "string"}}}
+    }]);
+    let body = v2(ws.body(&t, &prompt), json!({"client_tools": tools}));
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = Box::pin(res.bytes_stream());
+    let mut d = LineDecoder::default();
+    let mut lines: Vec<Line> = Vec::new();
+    let mut answered = false;
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .unwrap()
+    {
+        for l in d.push(&chunk.unwrap()) {
+            let l = l.unwrap();
+            if let Event::ToolCall(c) = &l.event {
+                assert_eq!(c.tool_name, "pick_color");
+                assert_eq!(c.args, json!({"palette": "warm"}));
+                let url = format!("{}/v1/sessions/{}/tool-result", runner.url, t.session);
+                let client = reqwest::Client::new();
+                let bad = client
+                    .post(&url)
+                    .json(&json!({"callId": "not-a-call", "result": 1}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(bad.status(), 404);
+                let both = client
+                    .post(&url)
+                    .json(&json!({"callId": c.call_id, "result": 1, "error": "x"}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(both.status(), 400);
+                let ok = client
+                    .post(&url)
+                    .json(&json!({"callId": c.call_id, "result": {"color": "amber"}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(ok.status(), 200);
+                let again = client
+                    .post(&url)
+                    .json(&json!({"callId": c.call_id, "result": {"color": "red"}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(again.status(), 409);
+                answered = true;
+            }
+            lines.push(l);
+        }
+    }
+    assert!(answered, "a tool_call line came");
+    let call = lines.iter().find_map(|l| match &l.event {
+        Event::ToolCall(c) => Some(c.call_id.clone()),
+        _ => None,
+    });
+    let applied = lines.iter().position(
+        |l| matches!(&l.event, Event::ToolResultApplied(a) if Some(&a.call_id) == call.as_ref()),
+    );
+    let result = lines
+        .iter()
+        .position(|l| matches!(&l.event, Event::Result(r) if r.message == "the client picked"));
+    assert!(
+        applied.is_some() && result.is_some() && applied < result,
+        "{lines:?}"
+    );
+    assert!(matches!(
+        lines.last().unwrap().event,
+        Event::SessionEnded(_)
+    ));
+    runner.assert_clean().await;
+}

@@ -640,7 +640,15 @@ fn kill_supervisor(sig: Signal, want: i32) -> R {
     BufReader::new(child.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let seen = marked_pids(&sbx.marker).len();
+    // A process in the middle of execve can be missing from one look at
+    // /proc/*/environ: look until all three are seen.
+    let seen = if eventually(Duration::from_secs(10), || {
+        marked_pids(&sbx.marker).len() >= 3
+    }) {
+        3
+    } else {
+        marked_pids(&sbx.marker).len()
+    };
     let created = sbx.cgroup_dirs().iter().all(|d| d.exists());
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
     let out = finish(child, Duration::from_secs(30));

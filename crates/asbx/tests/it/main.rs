@@ -12,3 +12,4 @@ mod models;
 mod protocol2;
 mod startup;
 mod system;
+mod tidy;

@@ -248,13 +248,17 @@ async fn forward_plain(
 
 /// Serves the proxy on `listener` until `stop` is cancelled.
 pub(crate) fn spawn(listener: UnixListener, allow: Arc<AllowList>, stop: CancellationToken) {
+    let listener = crate::limit::LimitedListener::new(listener, crate::limit::MAX_CONNECTIONS);
     tokio::spawn(async move {
         loop {
             let (stream, _) = tokio::select! {
                 _ = stop.cancelled() => return,
-                accepted = listener.accept() => match accepted {
+                accepted = listener.accept_limited() => match accepted {
                     Ok(s) => s,
-                    Err(_) => continue,
+                    Err(_) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
                 },
             };
             let allow = Arc::clone(&allow);

@@ -76,6 +76,7 @@ pub(crate) fn spawn(
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not_found", "no such gateway route") })
         .with_state(state);
     tokio::spawn(async move {
+        let listener = crate::limit::LimitedListener::new(listener, crate::limit::MAX_CONNECTIONS);
         let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
         if let Err(e) = serve.await {
             tracing::warn!(error = %e, "gateway stopped");

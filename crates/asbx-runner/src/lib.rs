@@ -10,6 +10,7 @@ mod drive;
 mod egress;
 pub mod error;
 mod gateway;
+mod limit;
 mod pool;
 mod resume;
 mod routes;

@@ -242,8 +242,11 @@ fn connect(
     slot: &Slot,
     child: &mut tokio::process::Child,
 ) -> Result<CancellationToken, RunnerError> {
-    let listener = bind_socket(&slot.dirs.gateway_socket())?;
-    let proxy_listener = bind_socket(&slot.dirs.proxy_socket())?;
+    // Jailed sandboxes run the agent as their own host uid; unconfined
+    // agents run as the runner's user.
+    let agent_uid = slot.tool_user.map(|_| slot.uid.host_uid());
+    let listener = bind_socket(&slot.dirs.gateway_socket(), agent_uid)?;
+    let proxy_listener = bind_socket(&slot.dirs.proxy_socket(), agent_uid)?;
     let gateway_stop = CancellationToken::new();
     let allow = Arc::new(crate::egress::AllowList::default());
     crate::gateway::spawn(
@@ -289,12 +292,23 @@ fn connect(
     Ok(gateway_stop)
 }
 
-/// Binds a Unix socket the sandbox's (unmapped) users may connect to.
-fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, RunnerError> {
+/// Binds a Unix socket for the sandbox's agent.
+///
+/// In a jail the socket belongs to the agent's host uid, mode 0600: the
+/// agent may connect, its tools (another uid) may not, so they reach the
+/// network only through the agent's egress relay and never the gateway.
+fn bind_socket(
+    path: &std::path::Path,
+    agent_uid: Option<u32>,
+) -> Result<tokio::net::UnixListener, RunnerError> {
     use std::os::unix::fs::PermissionsExt;
     let listener =
         tokio::net::UnixListener::bind(path).map_err(|e| RunnerError::io(path.display(), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+    if let Some(uid) = agent_uid {
+        std::os::unix::fs::chown(path, Some(uid), Some(uid))
+            .map_err(|e| RunnerError::io(path.display(), e))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| RunnerError::io(path.display(), e))?;
     Ok(listener)
 }

@@ -86,6 +86,9 @@ py_probe packet_socket {packet}
 py_probe io_uring {uring}
 py_probe bpf {bpf}
 py_probe keyctl {keyctl}
+py_probe gateway_socket 'import socket; socket.socket(socket.AF_UNIX).connect(\"/run/asbx/gateway.sock\")'
+py_probe proxy_socket 'import socket; socket.socket(socket.AF_UNIX).connect(\"/run/asbx/proxy.sock\")'
+py_probe control_unix_socket 'import socket; a=socket.socket(socket.AF_UNIX); a.bind(\"/tmp/own.sock\"); a.listen(1); socket.socket(socket.AF_UNIX).connect(\"/tmp/own.sock\")'
 py_probe control_inet_socket 'import socket; socket.socket(socket.AF_INET, socket.SOCK_STREAM)'
 py_probe control_ctypes_syscall 'import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.syscall(39)>0 else 1)'
 echo nnp=$(awk '/^NoNewPrivs/ {{print $2}}' /proc/self/status)
@@ -131,6 +134,8 @@ echo hostname=$(cat /proc/sys/kernel/hostname)
         "io_uring",
         "bpf",
         "keyctl",
+        "gateway_socket",
+        "proxy_socket",
     ] {
         assert_eq!(
             v.get(denied).map(String::as_str),
@@ -144,6 +149,7 @@ echo hostname=$(cat /proc/sys/kernel/hostname)
         "write_tmp",
         "control_inet_socket",
         "control_ctypes_syscall",
+        "control_unix_socket",
     ] {
         assert_eq!(
             v.get(allowed).map(String::as_str),

@@ -139,6 +139,21 @@ pub async fn run(
         Err(e) => Event::error(e.code(), e.to_string()),
     };
     if counters.model_calls > 0 {
+        // Token counts for the runner's session_ended stats; best effort.
+        let usage = asbx_protocol::gateway::Usage {
+            input_tokens: counters.usage.input_tokens,
+            output_tokens: counters.usage.output_tokens,
+        };
+        if let Ok(body) = serde_json::to_vec(&usage) {
+            let _ = GatewayClient::new(&bootstrap.gateway_socket)
+                .send_collect(
+                    hyper::Method::POST,
+                    asbx_protocol::gateway::USAGE,
+                    &[("content-type", "application/json")],
+                    bytes::Bytes::from(body),
+                )
+                .await;
+        }
         emitter
             .log(
                 LogLevel::Info,

@@ -11,6 +11,7 @@
 //! - `GET /mcp/{name}` (and POST, DELETE): a streamable-HTTP MCP server by name.
 //! - `GET /client-tool/{callId}` (protocol 2): held until the client answers
 //!   with `{"result": ..}` or `{"error": ".."}`.
+//! - `POST /usage`: the agent's token counts for the session's stats.
 //!
 //! The agent reads one [`AgentBootstrap`] JSON object from stdin, then writes
 //! NDJSON [`crate::Event`]s (unstamped) to stdout.
@@ -26,6 +27,16 @@ pub const CALLBACK_RESULTS: &str = "/callback/results";
 pub const MODEL_PREFIX: &str = "/model/";
 /// Protocol 2: `GET /client-tool/{callId}` waits for the client's answer.
 pub const CLIENT_TOOL_PREFIX: &str = "/client-tool/";
+/// `POST /usage` [`Usage`]: the agent's token counts, for `session_ended` stats.
+pub const USAGE: &str = "/usage";
+
+/// What the agent reports of its model use before its last line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
 
 /// What the runner writes on the agent's stdin, once, then closes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

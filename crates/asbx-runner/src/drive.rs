@@ -176,6 +176,9 @@ impl Drive {
             st.emit(Event::error(code, msg.clone()));
         }
         st.stats.duration_ms = started.elapsed().as_millis() as u64;
+        let usage = session.usage();
+        st.stats.input_tokens = usage.input_tokens;
+        st.stats.output_tokens = usage.output_tokens;
         let (reason, by) = match end {
             End::Result => (EndReason::Completed, TerminatedBy::Agent),
             End::AgentError | End::Crashed => (EndReason::Error, TerminatedBy::Agent),

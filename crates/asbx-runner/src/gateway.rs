@@ -73,6 +73,7 @@ pub(crate) fn spawn(
         .route("/model/{provider}/{*path}", post(model))
         .route("/mcp/{name}", get(mcp).post(mcp).delete(mcp))
         .route("/client-tool/{call_id}", get(client_tool))
+        .route(asbx_protocol::gateway::USAGE, post(usage))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "not_found", "no such gateway route") })
         .with_state(state);
     tokio::spawn(async move {
@@ -166,6 +167,17 @@ async fn client_tool(State(s): State<Arc<GatewayState>>, Path(call_id): Path<Str
             "session_ended",
             "the session ended before an answer",
         ),
+    }
+}
+
+/// The agent's token counts, kept for the session's stats.
+async fn usage(State(s): State<Arc<GatewayState>>, body: axum::body::Bytes) -> Response {
+    match serde_json::from_slice::<asbx_protocol::gateway::Usage>(&body) {
+        Ok(u) => {
+            s.session.set_usage(u);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => problem(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
     }
 }
 

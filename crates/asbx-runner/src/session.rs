@@ -102,6 +102,8 @@ pub(crate) enum Backlog {
 #[derive(Debug, Default)]
 struct SessionState {
     cancel_cause: Option<CancelCause>,
+    /// Token counts the agent reported.
+    usage: asbx_protocol::gateway::Usage,
     ended_at: Option<u64>,
     last_seq: u64,
     termination: Option<Termination>,
@@ -136,6 +138,14 @@ impl Session {
             call.waiter = None;
         }
         calls.retain(|_, c| c.announced);
+    }
+
+    pub(crate) fn set_usage(&self, usage: asbx_protocol::gateway::Usage) {
+        self.lock().usage = usage;
+    }
+
+    pub(crate) fn usage(&self) -> asbx_protocol::gateway::Usage {
+        self.lock().usage
     }
 
     /// Marks the log complete: readers drain it and stop.

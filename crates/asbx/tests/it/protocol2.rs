@@ -59,6 +59,11 @@ async fn a_protocol_2_stream_opens_with_session_init_and_closes_with_session_end
             assert_eq!(e.reason, asbx_protocol::session::EndReason::Completed);
             assert_eq!(e.terminated_by, asbx_protocol::session::TerminatedBy::Agent);
             assert_eq!(e.stats.steps, 1);
+            assert!(
+                e.stats.input_tokens > 0 && e.stats.output_tokens > 0,
+                "{:?}",
+                e.stats
+            );
             assert_eq!(e.exit_code, Some(0));
         }
         other => panic!("last line {other:?}"),

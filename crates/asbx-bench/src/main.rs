@@ -294,7 +294,10 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = mem_used_kib()?;
     let runner_after = rss_kib(pid)?;
-    let descendants = descendants_of(pid);
+    let descendants: Vec<u32> = asbx_test_support::descendants_of(pid)
+        .into_iter()
+        .map(|p| p as u32)
+        .collect();
     let pss: u64 = descendants.iter().filter_map(|p| pss_kib(*p)).sum();
     let mut kinds: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
     for p in &descendants {
@@ -368,40 +371,6 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .context("VmRSS")
-}
-
-/// Every process below `root` (supervisors, guards, inits, agents, tools).
-fn descendants_of(root: u32) -> Vec<u32> {
-    let mut parent = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        // The ppid is the second field after the parenthesised command name.
-        if let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok())
-        {
-            parent.insert(pid, ppid);
-        }
-    }
-    parent
-        .keys()
-        .copied()
-        .filter(|&p| {
-            let mut cur = p;
-            for _ in 0..64 {
-                match parent.get(&cur) {
-                    Some(&pp) if pp == root => return true,
-                    Some(&pp) if pp > 1 => cur = pp,
-                    _ => return false,
-                }
-            }
-            false
-        })
-        .collect()
 }
 
 fn pss_kib(pid: u32) -> Option<u64> {

@@ -5,46 +5,11 @@
 use std::time::Duration;
 
 use asbx_protocol::{Event, LineDecoder, StepStatus};
-use asbx_test_support::{MockProvider, Tape};
+use asbx_test_support::{MockProvider, Tape, descendants_of};
 use futures::StreamExt;
 use serde_json::json;
 
 use crate::harness::*;
-
-/// Every process below `root`: the runner's sandboxes (supervisors, inits,
-/// agents, tools), warm ones included.
-fn descendants_of(root: u32) -> Vec<i32> {
-    let mut parent = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        if let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<i32>().ok())
-        {
-            parent.insert(pid, ppid);
-        }
-    }
-    let root = root as i32;
-    parent
-        .keys()
-        .copied()
-        .filter(|&p| {
-            let mut cur = p;
-            for _ in 0..64 {
-                match parent.get(&cur) {
-                    Some(&pp) if pp == root => return true,
-                    Some(&pp) if pp > 1 => cur = pp,
-                    _ => return false,
-                }
-            }
-            false
-        })
-        .collect()
-}
 
 async fn key_never_enters_the_sandbox(kind: &str) {
     let key = format!("sk-e2e-{}", hex::encode(rand::random::<[u8; 8]>()));

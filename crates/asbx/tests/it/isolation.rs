@@ -303,6 +303,10 @@ async fn hostile_workloads_stay_inside_while_a_neighbour_finishes() {
             "dd if=/dev/zero of=/work/fill bs=1M count=100 2>&1; dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1; df -m /work /tmp | tail -2",
         ),
         ("cpu", "timeout 4 bash -c 'while :; do :; done'; echo spun"),
+        (
+            "flood",
+            "head -c 50000000 /dev/zero | tr '\\0' x; seq 1 200000 >&2; echo flooded",
+        ),
     ];
     let mut handles = Vec::new();
     for (name, cmd) in attacks {
@@ -341,6 +345,15 @@ async fn hostile_workloads_stay_inside_while_a_neighbour_finishes() {
                     || results.contains("Resource temporarily unavailable"),
                 "{results}"
             ),
+            "flood" => {
+                // 50 MB of output reach the client as a bounded, truncated step.
+                assert!(
+                    results.len() < 64 * 1024,
+                    "{} bytes of step result",
+                    results.len()
+                );
+                assert!(matches!(terminal(&lines), Event::Result(r) if r.message == "survived"));
+            }
             _ => {}
         }
     }

@@ -339,12 +339,18 @@ async fn hostile_workloads_stay_inside_while_a_neighbour_finishes() {
                 "{results}"
             ),
             "disk" => assert!(results.contains("No space left"), "{results}"),
-            "fork" => assert!(
-                results.contains("forkbomb-over")
-                    || results.contains("retry")
-                    || results.contains("Resource temporarily unavailable"),
-                "{results}"
-            ),
+            // The bomb's orphans may hold every pid of its sandbox, so the
+            // step may end either way; what matters is that the turn ends,
+            // its neighbour finished and nothing is left (checked below).
+            "fork" => {
+                let all = serde_json::to_string(&lines).unwrap();
+                assert!(
+                    all.contains("forkbomb-over")
+                        || all.contains("Resource temporarily unavailable")
+                        || all.contains("\"status\":\"failed\""),
+                    "{all}"
+                );
+            }
             "flood" => {
                 // 50 MB of output reach the client as a bounded, truncated step.
                 assert!(

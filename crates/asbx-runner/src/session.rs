@@ -155,7 +155,12 @@ impl Session {
 
     /// Appends sent lines to the resume log (protocol 2), dropping the
     /// oldest past the byte bound, and wakes readers.
-    pub(crate) fn record(&self, lines: impl IntoIterator<Item = LoggedLine>) {
+    pub(crate) fn record(&self, lines: Vec<LoggedLine>) {
+        // Protocol 1 keeps no log: its chunks come with no lines, and the
+        // line path must not take a lock for them.
+        if lines.is_empty() {
+            return;
+        }
         let mut last = None;
         {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
@@ -379,7 +384,7 @@ mod tests {
             .insert("s", Protocol::V2, Duration::from_secs(1))
             .unwrap();
         // 10 MiB of 1 KiB lines: the oldest ~2 MiB are dropped.
-        s.record((1..=10_240).map(|seq| line(seq, 1024)));
+        s.record((1..=10_240).map(|seq| line(seq, 1024)).collect());
         match s.backlog(0) {
             Backlog::Gone { oldest } => assert!(oldest > 1 && oldest < 3000, "{oldest}"),
             Backlog::Lines(l) => panic!("kept {} lines", l.len()),

@@ -4,7 +4,7 @@
 //! error) per complete line. Lines longer than the cap are reported once and
 //! skipped up to their newline, so one bad line never poisons the rest.
 
-use crate::line::{ALL_TYPES, Line};
+use crate::line::{EventKind, Line};
 
 /// The default line-length cap: 1 MiB.
 pub const DEFAULT_MAX_LINE: usize = 1 << 20;
@@ -111,7 +111,7 @@ pub fn decode_line(bytes: &[u8]) -> Result<Line, DecodeError> {
             kind: String,
         }
         match serde_json::from_str::<Probe>(text) {
-            Ok(p) if !ALL_TYPES.contains(&p.kind.as_str()) => DecodeError::UnknownType(p.kind),
+            Ok(p) if EventKind::parse(&p.kind).is_none() => DecodeError::UnknownType(p.kind),
             _ => DecodeError::Malformed(e.to_string()),
         }
     })

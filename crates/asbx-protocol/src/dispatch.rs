@@ -8,6 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::line::EventKind;
+
 /// Longest accepted `prompt`, in bytes.
 pub const MAX_PROMPT_BYTES: usize = 1 << 20;
 /// Longest accepted one-time token.
@@ -77,19 +79,19 @@ impl From<Protocol> for u8 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Filter {
-    Allow { types: Vec<String> },
-    Block { blocked_types: Vec<String> },
+    Allow { types: Vec<EventKind> },
+    Block { blocked_types: Vec<EventKind> },
 }
 
 impl Filter {
-    /// Whether a line of `type_name` passes this filter.
-    pub fn passes(&self, type_name: &str) -> bool {
-        if matches!(type_name, "result" | "error" | "session_ended") {
+    /// Whether a line of `kind` passes this filter.
+    pub fn passes(&self, kind: EventKind) -> bool {
+        if kind.always_passes_filter() {
             return true;
         }
         match self {
-            Filter::Allow { types } => types.iter().any(|t| t == type_name),
-            Filter::Block { blocked_types } => !blocked_types.iter().any(|t| t == type_name),
+            Filter::Allow { types } => types.contains(&kind),
+            Filter::Block { blocked_types } => !blocked_types.contains(&kind),
         }
     }
 }
@@ -294,7 +296,7 @@ fn check_filter(v: &Value, errors: &mut Vec<FieldError>) {
     };
     for item in items {
         match item.as_str() {
-            Some(t) if crate::line::ALL_TYPES.contains(&t) => {}
+            Some(t) if EventKind::parse(t).is_some() => {}
             _ => errors.push(FieldError::new(&field, format!("unknown line type {item}"))),
         }
     }
@@ -379,17 +381,17 @@ mod tests {
         assert_eq!(errs[0].field, "filter");
         body["protocol"] = 2.into();
         let r = DispatchRequest::parse(body.to_string().as_bytes()).unwrap();
-        assert!(r.filter.unwrap().passes("result"));
+        assert!(r.filter.unwrap().passes(EventKind::Result));
     }
 
     #[test]
     fn filter_always_passes_terminal_lines() {
         let f = Filter::Block {
-            blocked_types: vec!["result".into(), "log".into()],
+            blocked_types: vec![EventKind::Result, EventKind::Log],
         };
-        assert!(f.passes("result"));
-        assert!(!f.passes("log"));
-        assert!(f.passes("step"));
+        assert!(f.passes(EventKind::Result));
+        assert!(!f.passes(EventKind::Log));
+        assert!(f.passes(EventKind::Step));
     }
 
     #[test]

@@ -93,6 +93,69 @@ pub enum JailProfile {
     Namespaces,
 }
 
+impl JailProfile {
+    /// The operator's name for this profile.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JailProfile::Strict => "strict",
+            JailProfile::Namespaces => "namespaces",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<JailProfile> {
+        match IsolationProfile::parse(name)? {
+            IsolationProfile::Jail(p) => Some(p),
+            IsolationProfile::Unconfined => None,
+        }
+    }
+}
+
+/// How the runner isolates dispatches (`ASBX_PROFILE`): a jail profile, or
+/// none at all (`unconfined`, development only, reported on every start and
+/// in `/healthz`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsolationProfile {
+    Jail(JailProfile),
+    Unconfined,
+}
+
+impl IsolationProfile {
+    /// Every profile, strictest first.
+    pub const ALL: [IsolationProfile; 3] = [
+        IsolationProfile::Jail(JailProfile::Strict),
+        IsolationProfile::Jail(JailProfile::Namespaces),
+        IsolationProfile::Unconfined,
+    ];
+
+    /// The operator's name: `strict`, `namespaces` or `unconfined`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            IsolationProfile::Jail(p) => p.as_str(),
+            IsolationProfile::Unconfined => "unconfined",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<IsolationProfile> {
+        IsolationProfile::ALL
+            .into_iter()
+            .find(|p| p.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for IsolationProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for IsolationProfile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        IsolationProfile::parse(s)
+            .ok_or_else(|| format!("unknown profile {s:?}: strict, namespaces or unconfined"))
+    }
+}
+
 /// What `asbx jail --check` reports: each layer and whether this host has it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct LayerReport {

@@ -43,26 +43,31 @@ pub enum Event {
 }
 
 impl Event {
+    /// This event's kind.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::Log(_) => EventKind::Log,
+            Event::Step(_) => EventKind::Step,
+            Event::Result(_) => EventKind::Result,
+            Event::Error(_) => EventKind::Error,
+            Event::SessionInit(_) => EventKind::SessionInit,
+            Event::Delta(_) => EventKind::Delta,
+            Event::Stdout(_) => EventKind::Stdout,
+            Event::ToolCall(_) => EventKind::ToolCall,
+            Event::ToolResultApplied(_) => EventKind::ToolResultApplied,
+            Event::Heartbeat(_) => EventKind::Heartbeat,
+            Event::SessionEnded(_) => EventKind::SessionEnded,
+        }
+    }
+
     /// The wire name of this event's `type`.
     pub fn type_name(&self) -> &'static str {
-        match self {
-            Event::Log(_) => "log",
-            Event::Step(_) => "step",
-            Event::Result(_) => "result",
-            Event::Error(_) => "error",
-            Event::SessionInit(_) => "session_init",
-            Event::Delta(_) => "delta",
-            Event::Stdout(_) => "stdout",
-            Event::ToolCall(_) => "tool_call",
-            Event::ToolResultApplied(_) => "tool_result_applied",
-            Event::Heartbeat(_) => "heartbeat",
-            Event::SessionEnded(_) => "session_ended",
-        }
+        self.kind().as_str()
     }
 
     /// `result` and `error` end a turn.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, Event::Result(_) | Event::Error(_))
+        self.kind().is_terminal()
     }
 
     pub fn log(level: LogLevel, message: impl Into<String>) -> Self {
@@ -80,23 +85,98 @@ impl Event {
     }
 }
 
-/// The four line types of protocol 1 (seed 000).
-pub const PROTOCOL1_TYPES: &[&str] = &["log", "step", "result", "error"];
+/// The one list of line types (CONTRACT sections 2 and 4). Every other part
+/// names a type through this enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Log,
+    Step,
+    Result,
+    Error,
+    SessionInit,
+    Delta,
+    Stdout,
+    ToolCall,
+    ToolResultApplied,
+    Heartbeat,
+    SessionEnded,
+}
 
-/// Every line type of protocol 2.
-pub const ALL_TYPES: &[&str] = &[
-    "log",
-    "step",
-    "result",
-    "error",
-    "session_init",
-    "delta",
-    "stdout",
-    "tool_call",
-    "tool_result_applied",
-    "heartbeat",
-    "session_ended",
-];
+impl EventKind {
+    /// Every kind, in the order of CONTRACT sections 2 and 4.
+    pub const ALL: [EventKind; 11] = [
+        EventKind::Log,
+        EventKind::Step,
+        EventKind::Result,
+        EventKind::Error,
+        EventKind::SessionInit,
+        EventKind::Delta,
+        EventKind::Stdout,
+        EventKind::ToolCall,
+        EventKind::ToolResultApplied,
+        EventKind::Heartbeat,
+        EventKind::SessionEnded,
+    ];
+
+    /// The wire name (`session_init`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Log => "log",
+            EventKind::Step => "step",
+            EventKind::Result => "result",
+            EventKind::Error => "error",
+            EventKind::SessionInit => "session_init",
+            EventKind::Delta => "delta",
+            EventKind::Stdout => "stdout",
+            EventKind::ToolCall => "tool_call",
+            EventKind::ToolResultApplied => "tool_result_applied",
+            EventKind::Heartbeat => "heartbeat",
+            EventKind::SessionEnded => "session_ended",
+        }
+    }
+
+    /// The kind named `name` on the wire, if any.
+    pub fn parse(name: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// Whether protocol 1 carries this kind (seed 000's four).
+    pub const fn in_protocol1(self) -> bool {
+        matches!(
+            self,
+            EventKind::Log | EventKind::Step | EventKind::Result | EventKind::Error
+        )
+    }
+
+    /// `result` and `error` end a turn.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, EventKind::Result | EventKind::Error)
+    }
+
+    /// Whether an agent may write this kind; `session_init`, `heartbeat`
+    /// and `session_ended` belong to the runner.
+    pub const fn agent_may_emit(self) -> bool {
+        !matches!(
+            self,
+            EventKind::SessionInit | EventKind::Heartbeat | EventKind::SessionEnded
+        )
+    }
+
+    /// Whether a filter always lets this kind through (CONTRACT section 4).
+    pub const fn always_passes_filter(self) -> bool {
+        matches!(
+            self,
+            EventKind::Result | EventKind::Error | EventKind::SessionEnded
+        )
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// `log`: free-form diagnostics; not shown in a chat thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -287,7 +367,7 @@ mod tests {
         for e in events {
             let v = serde_json::to_value(&e).unwrap();
             assert_eq!(v["type"], e.type_name());
-            assert!(ALL_TYPES.contains(&e.type_name()));
+            assert_eq!(EventKind::parse(e.type_name()), Some(e.kind()));
         }
     }
 }

@@ -18,46 +18,10 @@ use crate::line::{LogLevel, OutputStream, StepStatus};
 /// Longest step or call id an agent may use.
 pub const MAX_ID_BYTES: usize = 128;
 
-/// The line types an agent may write. `session_init`, `heartbeat` and
-/// `session_ended` belong to the runner and are refused from an agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AgentKind {
-    Log,
-    Step,
-    Result,
-    Error,
-    Delta,
-    Stdout,
-    ToolCall,
-    ToolResultApplied,
-}
-
-impl AgentKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentKind::Log => "log",
-            AgentKind::Step => "step",
-            AgentKind::Result => "result",
-            AgentKind::Error => "error",
-            AgentKind::Delta => "delta",
-            AgentKind::Stdout => "stdout",
-            AgentKind::ToolCall => "tool_call",
-            AgentKind::ToolResultApplied => "tool_result_applied",
-        }
-    }
-
-    /// Whether protocol 1 carries this type.
-    pub fn in_protocol1(self) -> bool {
-        matches!(
-            self,
-            AgentKind::Log | AgentKind::Step | AgentKind::Result | AgentKind::Error
-        )
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(self, AgentKind::Result | AgentKind::Error)
-    }
-}
+/// The kind of a validated agent line: one of [`EventKind`] for which
+/// [`EventKind::agent_may_emit`] holds.
+pub use crate::line::EventKind as AgentKind;
+use crate::line::EventKind;
 
 /// A string that borrows from the line unless it holds escapes.
 ///
@@ -203,20 +167,25 @@ impl<'a> AgentEvent<'a> {
 
     /// Checks the type and that exactly the allowed fields are present.
     pub fn check(&self) -> Result<AgentKind, RawError> {
-        let (kind, required, optional) = match &*self.kind {
-            "log" => (AgentKind::Log, F_LEVEL | F_MESSAGE, 0),
-            "step" => (
-                AgentKind::Step,
+        let kind = match EventKind::parse(&self.kind) {
+            Some(k) if k.agent_may_emit() => k,
+            _ => return Err(RawError::Type(self.kind.to_string())),
+        };
+        let (required, optional) = match kind {
+            EventKind::Log => (F_LEVEL | F_MESSAGE, 0),
+            EventKind::Step => (
                 F_ID | F_NAME | F_STATUS,
                 F_ARGS | F_RESULT | F_ERROR | F_DURATION,
             ),
-            "result" => (AgentKind::Result, F_MESSAGE, 0),
-            "error" => (AgentKind::Error, F_CODE | F_MESSAGE, 0),
-            "delta" => (AgentKind::Delta, F_TEXT, 0),
-            "stdout" => (AgentKind::Stdout, F_STEP_ID | F_STREAM | F_CHUNK, 0),
-            "tool_call" => (AgentKind::ToolCall, F_CALL_ID | F_TOOL_NAME | F_ARGS, 0),
-            "tool_result_applied" => (AgentKind::ToolResultApplied, F_CALL_ID, 0),
-            other => return Err(RawError::Type(other.to_owned())),
+            EventKind::Result => (F_MESSAGE, 0),
+            EventKind::Error => (F_CODE | F_MESSAGE, 0),
+            EventKind::Delta => (F_TEXT, 0),
+            EventKind::Stdout => (F_STEP_ID | F_STREAM | F_CHUNK, 0),
+            EventKind::ToolCall => (F_CALL_ID | F_TOOL_NAME | F_ARGS, 0),
+            EventKind::ToolResultApplied => (F_CALL_ID, 0),
+            EventKind::SessionInit | EventKind::Heartbeat | EventKind::SessionEnded => {
+                return Err(RawError::Type(self.kind.to_string()));
+            }
         };
         let present = self.present();
         let missing = required & !present;

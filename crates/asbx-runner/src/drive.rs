@@ -398,7 +398,7 @@ impl State {
             // Known before the client can see it, so its answer is accepted.
             self.session.announce_call(id);
         }
-        if self.filter.as_ref().is_none_or(|f| f.passes(kind.as_str())) {
+        if self.filter.as_ref().is_none_or(|f| f.passes(kind)) {
             self.stamper
                 .raw(line, asbx_protocol::now_ms(), kind.as_str());
         } else {
@@ -464,11 +464,7 @@ impl State {
 
     /// Writes a runner-made line, subject to the filter.
     fn emit(&mut self, event: Event) {
-        if self
-            .filter
-            .as_ref()
-            .is_none_or(|f| f.passes(event.type_name()))
-        {
+        if self.filter.as_ref().is_none_or(|f| f.passes(event.kind())) {
             self.stamper.event(event);
         } else {
             self.stamper.skip();
@@ -662,7 +658,7 @@ mod tests {
     #[test]
     fn filtered_lines_keep_their_seq_numbers() {
         let f = Filter::Block {
-            blocked_types: vec!["log".into()],
+            blocked_types: vec![asbx_protocol::EventKind::Log],
         };
         let mut st = state(Protocol::V2, Some(f));
         let lines = feed(

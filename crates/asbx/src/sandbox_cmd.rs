@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 
+use asbx_protocol::exit;
 use asbx_protocol::jail::{JailPolicy, JailProfile};
 
 /// `agent`: seal the capabilities tools must not inherit, then run the loop.
@@ -11,20 +12,16 @@ pub(crate) fn agent() -> ExitCode {
     // their own uid); sealing keeps them from its tools.
     if let Err(e) = asbx_jail::seal_agent() {
         eprintln!("asbx agent: {e}");
-        return ExitCode::from(125);
+        return ExitCode::from(exit::SETUP_FAILED);
     }
     asbx_agent::run_agent()
 }
 
 /// `jail --policy JSON` or `jail --check [--profile NAME]`.
 pub(crate) fn jail(policy: Option<String>, check: bool, profile: &str) -> ExitCode {
-    let profile = match profile {
-        "strict" => JailProfile::Strict,
-        "namespaces" => JailProfile::Namespaces,
-        other => {
-            eprintln!("asbx jail: unknown profile {other:?}");
-            return ExitCode::from(125);
-        }
+    let Some(profile) = JailProfile::parse(profile) else {
+        eprintln!("asbx jail: unknown jail profile {profile:?}: strict or namespaces");
+        return ExitCode::from(exit::SETUP_FAILED);
     };
     if check {
         let report = asbx_jail::check(profile);
@@ -44,20 +41,20 @@ pub(crate) fn jail(policy: Option<String>, check: bool, profile: &str) -> ExitCo
     }
     let Some(policy) = policy else {
         eprintln!("asbx jail: --policy or --check is required");
-        return ExitCode::from(125);
+        return ExitCode::from(exit::SETUP_FAILED);
     };
     let policy: JailPolicy = match serde_json::from_str(&policy) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("asbx jail: invalid policy: {e}");
-            return ExitCode::from(125);
+            return ExitCode::from(exit::SETUP_FAILED);
         }
     };
     match asbx_jail::run_jail(&policy) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
         Err(e) => {
             eprintln!("asbx jail: {e}");
-            ExitCode::from(125)
+            ExitCode::from(exit::SETUP_FAILED)
         }
     }
 }

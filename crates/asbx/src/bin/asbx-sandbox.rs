@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         Some("jail") => {
             let mut policy = None;
             let mut check = false;
-            let mut profile = "strict".to_owned();
+            let mut profile = asbx_protocol::jail::JailProfile::Strict.as_str().to_owned();
             let mut rest = args[1..].iter();
             while let Some(a) = rest.next() {
                 match a.as_str() {
@@ -26,7 +26,7 @@ fn main() -> ExitCode {
                     "--profile" => profile = rest.next().cloned().unwrap_or_default(),
                     other => {
                         eprintln!("asbx-sandbox: unknown argument {other:?}");
-                        return ExitCode::from(125);
+                        return ExitCode::from(asbx_protocol::exit::SETUP_FAILED);
                     }
                 }
             }
@@ -36,7 +36,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: asbx-sandbox agent | jail --policy JSON | jail --check [--profile P]"
             );
-            ExitCode::from(2)
+            ExitCode::from(asbx_protocol::exit::USAGE)
         }
     }
 }

@@ -19,8 +19,29 @@ pub const AGENT_GID: u32 = 1000;
 pub const TOOL_UID: u32 = 1001;
 /// Gid tools run as; shared with the agent so both can write the working directory.
 pub const TOOL_GID: u32 = 1000;
+/// Uid stdio MCP servers run as (host uid `host_uid + 2`): not the tools'
+/// uid, so a tool can't read a server's environment (its tokens) from `/proc`.
+pub const MCP_UID: u32 = 1002;
 /// Host uids (and gids) one sandbox uses: `host_uid .. host_uid + HOST_IDS_PER_SANDBOX`.
+/// Not yet widened to cover [`MCP_UID`]; the jail does that with the uid map.
 pub const HOST_IDS_PER_SANDBOX: u32 = 2;
+
+/// Where the sandbox's child cgroups appear inside it. Tools and stdio MCP
+/// servers run in child cgroups of the sandbox's cgroup, with their own
+/// limits below the sandbox's, so a tool's memory or tmpfs use can't get the
+/// agent OOM-killed, and the agent can kill every process of a timed-out tool.
+///
+/// Layout: `{TOOL_CGROUP_IN_JAIL}/{child}/{controller}/` on cgroup v1, with
+/// `child` one of [`CGROUP_CHILDREN`] and `controller` one of `memory`,
+/// `pids`, `freezer` (each the child cgroup of that hierarchy, holding its
+/// `cgroup.procs`, and `freezer.state` under `freezer`);
+/// `{TOOL_CGROUP_IN_JAIL}/{child}/unified/` on cgroup v2 (`cgroup.procs`,
+/// `cgroup.kill`, `cgroup.freeze`). A process joins by writing `0` to each
+/// `cgroup.procs` of its child before it execs (the files are writable by
+/// the sandbox's group); absent folders mean the profile has no cgroups.
+pub const TOOL_CGROUP_IN_JAIL: &str = "/run/asbx-cgroup";
+/// The child cgroups: `tools` (shell and skill scripts) and `mcp` (stdio MCP servers).
+pub const CGROUP_CHILDREN: [&str; 2] = ["tools", "mcp"];
 
 /// One sandbox.
 ///

@@ -10,6 +10,7 @@
 //!   `/mcp/{name}` proxied to a streamable-HTTP MCP server, and
 //!   `/client-tool/{callId}` answered with what the test pushes.
 //! - [`procs`]: host processes seen from outside a sandbox.
+//! - [`skip()`]: skip a check out loud (never silently).
 //! - [`mcp_server`]: test MCP servers: a stdio one in Python
 //!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
 
@@ -17,11 +18,13 @@ pub mod fake_gateway;
 pub mod mcp_server;
 pub mod mock_provider;
 pub mod procs;
+pub mod skip;
 
 pub use fake_gateway::{ClientToolAnswer, FakeGateway, GatewayConfig, GatewayProvider};
 pub use mcp_server::{McpHttpServer, McpRequest, echo_server_path, echo_server_source};
 pub use mock_provider::{MockProvider, MockToolCall, RecordedRequest, Tape};
 pub use procs::descendants_of;
+pub use skip::skip;
 
 /// Locks a mutex, ignoring poisoning (a panicking test thread must not hide
 /// the recorded data from the others).

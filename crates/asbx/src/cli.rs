@@ -87,7 +87,17 @@ pub(crate) struct RunnerOpts {
 pub(crate) struct WorkspaceOpts {
     /// Require a workspace API key (or a browser session made with one) on
     /// every route; without it, requests act in the workspace "default".
-    #[arg(long, env = "ASBX_REQUIRE_AUTH")]
+    /// Accepts 1/0, true/false, yes/no, on/off; `--require-auth` alone is true.
+    #[arg(
+        long,
+        env = "ASBX_REQUIRE_AUTH",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value = "false",
+        default_missing_value = "true"
+    )]
     pub(crate) require_auth: bool,
     /// How long a chat turn outlives its gone browser before it is
     /// cancelled, in ms (0 cancels when the stream closes).

@@ -282,7 +282,10 @@ async fn wait_for_pids(marker: &str, min: usize, within: Duration) -> Vec<i32> {
 #[tokio::test]
 async fn a_client_disconnect_kills_the_whole_tree_within_a_second() {
     if profile() == "unconfined" {
-        eprintln!("skipped: only a jail's pid namespace guarantees every descendant dies");
+        asbx_test_support::skip(
+            "a_client_disconnect_kills_the_whole_tree_within_a_second",
+            "profile unconfined: only a jail's pid namespace guarantees every descendant dies",
+        );
         return;
     }
     let runner = RunnerProc::start(&[]);

@@ -37,7 +37,10 @@ fn nobody_can_run_the_binary() -> bool {
 #[tokio::test]
 async fn without_its_layers_the_runner_refuses_to_start() {
     if !nobody_can_run_the_binary() {
-        eprintln!("skipped: the test binary is not reachable by an unprivileged user here");
+        asbx_test_support::skip(
+            "without_its_layers_the_runner_refuses_to_start",
+            "the test binary is not reachable by an unprivileged user here",
+        );
         return;
     }
     let data = tempfile::tempdir().unwrap();
@@ -52,7 +55,10 @@ async fn without_its_layers_the_runner_refuses_to_start() {
 #[tokio::test]
 async fn a_weaker_profile_is_chosen_by_name_and_reported() {
     if !nobody_can_run_the_binary() {
-        eprintln!("skipped: the test binary is not reachable by an unprivileged user here");
+        asbx_test_support::skip(
+            "a_weaker_profile_is_chosen_by_name_and_reported",
+            "the test binary is not reachable by an unprivileged user here",
+        );
         return;
     }
     let data = tempfile::tempdir().unwrap();
@@ -118,5 +124,80 @@ async fn a_stopped_runner_leaves_no_warm_sandbox_behind() {
                 std::fs::read_to_string(format!("/proc/{runner_pid}/status")).unwrap_or_default();
             st.contains("zombie")
         }
+    );
+}
+
+/// Starts `asbx workspace` on a loopback port with `ASBX_REQUIRE_AUTH=value`;
+/// the child and the URL it printed, or its stderr when it refused to start.
+fn workspace_with_require_auth(
+    value: &str,
+    data: &std::path::Path,
+) -> Result<(std::process::Child, String), String> {
+    let mut child = Command::new(ASBX)
+        .args(["workspace", "--listen", "127.0.0.1:0"])
+        .env_clear()
+        .env("ASBX_DATA", data)
+        .env("ASBX_LOG", "warn")
+        .env("ASBX_REQUIRE_AUTH", value)
+        .env("SANDBOX_URL", "http://127.0.0.1:9/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    match line.split_whitespace().find(|w| w.starts_with("http://")) {
+        Some(url) => Ok((child, url.to_owned())),
+        None => {
+            let out = child.wait_with_output().unwrap();
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
+
+#[tokio::test]
+async fn boolean_settings_take_every_usual_spelling() {
+    let client = reqwest::Client::new();
+    for (value, on) in [
+        ("1", true),
+        ("true", true),
+        ("yes", true),
+        ("on", true),
+        ("0", false),
+        ("false", false),
+        ("no", false),
+        ("off", false),
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let (mut child, url) = workspace_with_require_auth(value, data.path())
+            .unwrap_or_else(|err| panic!("ASBX_REQUIRE_AUTH={value} did not start: {err}"));
+        let status = client
+            .get(format!("{url}/api/assistant/chats"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        let expected = if on { 401 } else { 200 };
+        assert_eq!(status, expected, "ASBX_REQUIRE_AUTH={value}");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = child.wait();
+    }
+    let data = tempfile::tempdir().unwrap();
+    let err = workspace_with_require_auth("maybe", data.path())
+        .map(|(mut c, _)| {
+            let _ = c.kill();
+            let _ = c.wait();
+        })
+        .expect_err("an unknown spelling is refused");
+    assert!(
+        err.contains("ASBX_REQUIRE_AUTH") || err.contains("require-auth"),
+        "{err}"
     );
 }

@@ -157,6 +157,9 @@ pub(crate) struct WorkspaceArgs {
     /// The runner's base URL.
     #[arg(long, env = "SANDBOX_URL")]
     pub(crate) sandbox_url: Option<url::Url>,
+    /// The seed's name for `SANDBOX_URL`, used when that is not set.
+    #[arg(long, env = "ASSISTANT_SANDBOX_URL", hide = true)]
+    pub(crate) assistant_sandbox_url: Option<url::Url>,
     /// The URL sandboxes call back (defaults to http://<listen>).
     #[arg(long, env = "ASBX_PUBLIC_URL")]
     pub(crate) public_url: Option<url::Url>,

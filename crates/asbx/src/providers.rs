@@ -48,10 +48,12 @@ pub(crate) fn load(opts: &RunnerOpts) -> anyhow::Result<Vec<ProviderConfig>> {
         out.push(ProviderConfig {
             name: "openai".to_owned(),
             kind: ProviderKind::Openai,
-            base_url: opts
-                .openai_base_url
-                .clone()
-                .unwrap_or_else(|| "https://api.openai.com/v1".to_owned()),
+            base_url: api_base(
+                ProviderKind::Openai,
+                opts.openai_base_url
+                    .as_deref()
+                    .unwrap_or("https://api.openai.com/v1"),
+            ),
             api_key: opts.openai_api_key.clone(),
         });
     }
@@ -59,10 +61,12 @@ pub(crate) fn load(opts: &RunnerOpts) -> anyhow::Result<Vec<ProviderConfig>> {
         out.push(ProviderConfig {
             name: "anthropic".to_owned(),
             kind: ProviderKind::Anthropic,
-            base_url: opts
-                .anthropic_base_url
-                .clone()
-                .unwrap_or_else(|| "https://api.anthropic.com/v1".to_owned()),
+            base_url: api_base(
+                ProviderKind::Anthropic,
+                opts.anthropic_base_url
+                    .as_deref()
+                    .unwrap_or("https://api.anthropic.com"),
+            ),
             api_key: opts.anthropic_api_key.clone(),
         });
     }
@@ -76,6 +80,24 @@ pub(crate) fn load(opts: &RunnerOpts) -> anyhow::Result<Vec<ProviderConfig>> {
         }
     }
     Ok(out)
+}
+
+/// The base the gateway appends the wire path to, from a base URL written the
+/// way each provider's own SDKs take it:
+///
+/// - Anthropic's SDKs take `ANTHROPIC_BASE_URL` without the version
+///   (`https://api.anthropic.com`) and add `/v1/messages`; a base that already
+///   ends in `/v1` is taken as it is, so both spellings work.
+/// - OpenAI's SDKs take `OPENAI_BASE_URL` with the version
+///   (`https://api.openai.com/v1`) and add `/chat/completions`, as the gateway
+///   does; only a trailing `/` is dropped.
+pub(crate) fn api_base(kind: ProviderKind, base_url: &str) -> String {
+    let base = base_url.trim_end_matches('/');
+    match kind {
+        ProviderKind::Openai => base.to_owned(),
+        ProviderKind::Anthropic if base.ends_with("/v1") => base.to_owned(),
+        ProviderKind::Anthropic => format!("{base}/v1"),
+    }
 }
 
 fn from_file(
@@ -122,7 +144,7 @@ fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Vec
             Ok(ProviderConfig {
                 name: e.name,
                 kind: e.kind,
-                base_url: e.base_url,
+                base_url: api_base(e.kind, &e.base_url),
                 api_key,
             })
         })
@@ -154,6 +176,30 @@ mod tests {
         assert_eq!(ps[0].api_key, None);
         assert_eq!(ps[1].kind, ProviderKind::Anthropic);
         assert_eq!(ps[1].api_key.as_deref(), Some("k-eu"));
+    }
+
+    #[test]
+    fn base_urls_follow_each_providers_own_convention() {
+        let a = |u| api_base(ProviderKind::Anthropic, u);
+        assert_eq!(
+            a("https://api.anthropic.com"),
+            "https://api.anthropic.com/v1"
+        );
+        assert_eq!(
+            a("https://api.anthropic.com/"),
+            "https://api.anthropic.com/v1"
+        );
+        assert_eq!(
+            a("https://api.anthropic.com/v1"),
+            "https://api.anthropic.com/v1"
+        );
+        assert_eq!(
+            a("http://proxy:8080/anthropic/v1/"),
+            "http://proxy:8080/anthropic/v1"
+        );
+        let o = |u| api_base(ProviderKind::Openai, u);
+        assert_eq!(o("https://api.openai.com/v1/"), "https://api.openai.com/v1");
+        assert_eq!(o("http://127.0.0.1:11434/v1"), "http://127.0.0.1:11434/v1");
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let model = args.model.unwrap_or_else(|| "scripted:demo".to_owned());
             let mut config = WorkspaceConfig::new(data.join("workspace"), public_url);
             config.database_url = args.database_url;
-            config.sandbox_url = args.sandbox_url;
+            config.sandbox_url = args.sandbox_url.or(args.assistant_sandbox_url);
             config.default_model = model;
             apply_workspace_opts(&mut config, &args.opts);
             let workspace = Workspace::open(config)

@@ -155,3 +155,44 @@ async fn a_named_provider_from_the_providers_file() {
     assert_eq!(reqs[0].body["model"], "llama-3");
     runner.assert_clean().await;
 }
+
+/// One scripted turn against the mock with `var=base`; the path the mock saw.
+async fn path_the_provider_saw(kind: &str, base: &str) -> String {
+    let mock = MockProvider::start().await;
+    let base = base.replace("{mock}", &mock.base_url);
+    let (base_var, key_var, model) = match kind {
+        "openai" => ("OPENAI_BASE_URL", "OPENAI_API_KEY", "openai:m"),
+        _ => ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "anthropic:m"),
+    };
+    let runner = RunnerProc::start(&[(base_var, base.as_str()), (key_var, "k")]);
+    mock.push(Tape::text("ok"));
+    let ws = FakeWorkspace::start(scripted(model)).await;
+    let t = ws.mint(&session_id("conv"));
+    let (_, lines, _) = dispatch(&runner.url, &ws.body(&t, "hi")).await;
+    assert!(
+        matches!(terminal(&lines), Event::Result(r) if r.message == "ok"),
+        "{base_var}={base}: {lines:?}"
+    );
+    runner.assert_clean().await;
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 1, "{base_var}={base}");
+    reqs[0].path.clone()
+}
+
+#[tokio::test]
+async fn base_urls_work_as_each_providers_own_sdks_take_them() {
+    // Anthropic's SDKs: ANTHROPIC_BASE_URL without /v1; with it works too.
+    assert_eq!(
+        path_the_provider_saw("anthropic", "{mock}").await,
+        "/v1/messages"
+    );
+    assert_eq!(
+        path_the_provider_saw("anthropic", "{mock}/v1/").await,
+        "/v1/messages"
+    );
+    // OpenAI's SDKs: OPENAI_BASE_URL with /v1.
+    assert_eq!(
+        path_the_provider_saw("openai", "{mock}/v1").await,
+        "/v1/chat/completions"
+    );
+}

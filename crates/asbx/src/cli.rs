@@ -34,6 +34,27 @@ pub(crate) enum Command {
     /// Build one sandbox and exec a command in it (internal).
     #[command(hide = true)]
     Jail(JailArgs),
+    /// Print every environment variable the commands read, one a line
+    /// (internal: a test checks the README's table against it).
+    #[command(hide = true)]
+    EnvVars,
+}
+
+/// Every environment variable any subcommand reads, sorted, once each.
+pub(crate) fn env_vars() -> Vec<String> {
+    fn walk(cmd: &clap::Command, out: &mut std::collections::BTreeSet<String>) {
+        for arg in cmd.get_arguments() {
+            if let Some(env) = arg.get_env() {
+                out.insert(env.to_string_lossy().into_owned());
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, out);
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(&<Cli as clap::CommandFactory>::command(), &mut out);
+    out.into_iter().collect()
 }
 
 #[derive(Debug, Args)]

@@ -21,6 +21,16 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Agent => sandbox_cmd::agent(),
         Command::Jail(args) => sandbox_cmd::jail(args.policy, args.check, &args.profile),
+        Command::EnvVars => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            for var in cli::env_vars() {
+                if writeln!(out, "{var}").is_err() {
+                    break;
+                }
+            }
+            ExitCode::SUCCESS
+        }
         command => {
             init_tracing();
             let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -109,7 +109,9 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             ));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Agent | Command::Jail(_) => bail!("internal subcommand reached the runtime"),
+        Command::Agent | Command::Jail(_) | Command::EnvVars => {
+            bail!("internal subcommand reached the runtime")
+        }
     }
 }
 

@@ -38,3 +38,187 @@ fn every_module_starts_with_a_doc_comment() {
         "modules without a //! doc: {undocumented:?}"
     );
 }
+
+/// Every `.rs` file of every crate's `src/`, by crate folder.
+fn sources_by_crate() -> Vec<(String, PathBuf, Vec<PathBuf>)> {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut out = Vec::new();
+    for krate in std::fs::read_dir(&crates).unwrap().flatten() {
+        let src = krate.path().join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        files.sort();
+        out.push((krate.file_name().to_string_lossy().into_owned(), src, files));
+    }
+    out
+}
+
+#[test]
+fn unsafe_code_is_allowed_only_in_the_jails_sys_module() {
+    let mut offenders = Vec::new();
+    for (krate, src, files) in sources_by_crate() {
+        for f in files {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            if text.contains("allow(unsafe_code)") && !(krate == "asbx-jail" && rel == "sys.rs") {
+                offenders.push(format!("{krate}/src/{rel}"));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "unsafe allowed outside asbx-jail/src/sys.rs: {offenders:?}"
+    );
+}
+
+/// The top-level module a file belongs to (`chats` for `src/chats/api.rs`).
+fn top_module(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
+    first.trim_end_matches(".rs").to_owned()
+}
+
+/// Finds a cycle in `graph` (module → modules it uses), if any.
+fn find_cycle(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|n| n == node) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for node in graph.keys() {
+        if let Some(c) = visit(node, graph, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_import_cycle_between_the_modules_of_a_crate() {
+    let mut cycles = Vec::new();
+    for (krate, src, files) in sources_by_crate() {
+        let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            Default::default();
+        for f in &files {
+            let from = top_module(&src, f);
+            if matches!(from.as_str(), "lib" | "main" | "bin") {
+                continue;
+            }
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            let code: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let mut rest = code.as_str();
+            while let Some(i) = rest.find("crate::") {
+                rest = &rest[i + "crate::".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                // `crate::{a, b}` groups: every name in the braces.
+                let names: Vec<String> = if name.is_empty() && rest.starts_with('{') {
+                    let inner = &rest[1..rest.find('}').unwrap_or(rest.len())];
+                    inner
+                        .split(',')
+                        .map(|s| {
+                            s.trim()
+                                .chars()
+                                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                                .collect()
+                        })
+                        .collect()
+                } else {
+                    vec![name]
+                };
+                for to in names {
+                    let is_module = src.join(format!("{to}.rs")).is_file()
+                        || src.join(&to).join("mod.rs").is_file();
+                    if is_module && to != from {
+                        graph.entry(from.clone()).or_default().insert(to);
+                    }
+                }
+            }
+        }
+        if let Some(cycle) = find_cycle(&graph) {
+            cycles.push(format!("{krate}: {}", cycle.join(" -> ")));
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
+}
+
+#[test]
+fn the_readme_configuration_table_matches_the_cli() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let documented: std::collections::BTreeSet<String> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .flat_map(|l| {
+            let first = l.split('|').nth(1).unwrap_or("");
+            first
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|v| {
+            v.chars()
+                .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
+        })
+        .collect();
+    let out = std::process::Command::new(crate::harness::ASBX)
+        .arg("env-vars")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "asbx env-vars: {out:?}");
+    let cli: std::collections::BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert!(cli.len() > 10, "asbx env-vars listed only {cli:?}");
+    let undocumented: Vec<_> = cli.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "settings missing from the README's configuration table: {undocumented:?}"
+    );
+    // Read outside clap (by tracing, or by a library).
+    let elsewhere = ["ASBX_LOG", "OTEL_EXPORTER_OTLP_ENDPOINT"];
+    let stale: Vec<_> = documented
+        .difference(&cli)
+        .filter(|v| !elsewhere.contains(&v.as_str()))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "README documents settings the CLI does not read: {stale:?}"
+    );
+}

@@ -1,11 +1,18 @@
 //! `asbx run`: dispatch one turn through a workspace and render it live.
 //!
 //! The step trace goes to stderr (a spinner per running step when stderr is
-//! a terminal), the final result to stdout, so `asbx run ... > answer.txt`
-//! keeps just the answer.
+//! a terminal, each tool's output live under its step), the answer to stdout
+//! as the model streams it, so `asbx run ... > answer.txt` keeps just the
+//! answer.
+//!
+//! Every byte that came from a sandbox (step names, arguments, tool output,
+//! model text, error messages) is printed through [`escape_controls`]: no
+//! terminal escape sequence from a model or a tool reaches the operator's
+//! terminal.
 
 #![allow(clippy::print_stdout)]
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -39,13 +46,19 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut decoder = LineDecoder::default();
     let mut stream = res.bytes_stream();
     let mut code = ExitCode::from(1);
+    let mut raw = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.context("reading the stream")?;
         if args.json {
+            // Whole lines only, so no character is split between two writes.
             use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            out.write_all(&chunk)?;
-            out.flush()?;
+            raw.extend_from_slice(&chunk);
+            if let Some(end) = memchr::memrchr(b'\n', &raw) {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&escape_json_controls(&raw[..=end]))?;
+                out.flush()?;
+                raw.drain(..=end);
+            }
         }
         for line in decoder.push(&chunk) {
             match line {
@@ -58,10 +71,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    if args.json && !raw.is_empty() {
+        use std::io::Write;
+        std::io::stdout()
+            .lock()
+            .write_all(&escape_json_controls(&raw))?;
+    }
     Ok(code)
 }
 
 struct Ui {
+    /// The answer text printed so far from `delta` lines.
+    streamed: String,
     multi: MultiProgress,
     bars: HashMap<String, ProgressBar>,
     style_running: ProgressStyle,
@@ -76,6 +97,7 @@ impl Ui {
             ProgressDrawTarget::hidden()
         };
         Ui {
+            streamed: String::new(),
             multi: MultiProgress::with_draw_target(target),
             bars: HashMap::new(),
             style_running: ProgressStyle::with_template("{spinner} {msg} {elapsed}")
@@ -98,14 +120,15 @@ impl Ui {
         match event {
             Event::Step(step) => {
                 let args = step.args.as_ref().map(summarize).unwrap_or_default();
+                let name = escape_controls(&step.name, false);
                 match step.status {
                     StepStatus::Running => {
                         let bar = self.multi.add(ProgressBar::new_spinner());
                         bar.set_style(self.style_running.clone());
-                        bar.set_message(format!("{} {args}", step.name));
+                        bar.set_message(format!("{name} {args}"));
                         bar.enable_steady_tick(Duration::from_millis(80));
                         if self.multi.is_hidden() && !quiet {
-                            eprintln!("… {} {args}", step.name);
+                            eprintln!("… {name} {args}");
                         }
                         self.bars.insert(step.id.clone(), bar);
                     }
@@ -113,11 +136,10 @@ impl Ui {
                         let ms = step.duration_ms.unwrap_or(0);
                         let line = match (&step.status, &step.error) {
                             (StepStatus::Failed, err) => format!(
-                                "✗ {} ({ms} ms): {}",
-                                step.name,
-                                err.as_deref().unwrap_or("failed")
+                                "✗ {name} ({ms} ms): {}",
+                                escape_controls(err.as_deref().unwrap_or("failed"), false)
                             ),
-                            _ => format!("✓ {} ({ms} ms)", step.name),
+                            _ => format!("✓ {name} ({ms} ms)"),
                         };
                         match self.bars.remove(&step.id) {
                             Some(bar) => {
@@ -135,19 +157,66 @@ impl Ui {
             }
             Event::Result(r) => {
                 if !quiet {
-                    println!("{}", r.message);
+                    let rest = r.message.strip_prefix(self.streamed.as_str());
+                    let text = match rest {
+                        // What the deltas already showed is not printed twice.
+                        Some(rest) => rest,
+                        None if self.streamed.is_empty() => r.message.as_str(),
+                        None => {
+                            println!();
+                            r.message.as_str()
+                        }
+                    };
+                    println!("{}", escape_controls(text, true));
                 }
                 Some(ExitCode::SUCCESS)
             }
             Event::Error(e) => {
                 if !quiet {
-                    eprintln!("error [{}]: {}", e.code, e.message);
+                    if !self.streamed.is_empty() {
+                        println!();
+                    }
+                    eprintln!(
+                        "error [{}]: {}",
+                        escape_controls(&e.code, false),
+                        escape_controls(&e.message, false)
+                    );
                 }
                 Some(ExitCode::from(1))
             }
-            Event::Delta(_) | Event::Log(_) | Event::Heartbeat(_) | Event::SessionInit(_) => None,
-            Event::Stdout(_) | Event::ToolCall(_) | Event::ToolResultApplied(_) => None,
-            Event::SessionEnded(_) => None,
+            Event::Delta(d) => {
+                if !quiet {
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    let _ = write!(out, "{}", escape_controls(&d.text, true));
+                    let _ = out.flush();
+                    self.streamed.push_str(&d.text);
+                }
+                None
+            }
+            Event::Stdout(o) => {
+                if !quiet {
+                    for line in o.chunk.lines().filter(|l| !l.is_empty()) {
+                        let text = format!("    │ {}", escape_controls(line, false));
+                        match self.bars.get(&o.step_id) {
+                            Some(bar) if !self.multi.is_hidden() => bar.println(text),
+                            _ => self.note(&text),
+                        }
+                    }
+                }
+                None
+            }
+            Event::SessionEnded(end) => {
+                if !quiet
+                    && let Some(msg) = &end.message
+                    && end.reason != asbx_protocol::session::EndReason::Completed
+                {
+                    self.note(&format!("session ended: {}", escape_controls(msg, false)));
+                }
+                None
+            }
+            Event::Log(_) | Event::Heartbeat(_) | Event::SessionInit(_) => None,
+            Event::ToolCall(_) | Event::ToolResultApplied(_) => None,
         }
     }
 }
@@ -157,10 +226,107 @@ fn summarize(v: &serde_json::Value) -> String {
         Some(serde_json::Value::String(s)) => s.clone(),
         _ => v.to_string(),
     };
-    let s = s.replace('\n', " ");
+    let s = escape_controls(&s, false);
     if s.chars().count() > 72 {
         format!("{}…", s.chars().take(72).collect::<String>())
     } else {
         s
+    }
+}
+
+/// `s` with every control character (and every Unicode bidirectional
+/// override, which can make a line read differently than it is) written as a
+/// visible escape: `\x1b`, `\u{202e}`. `keep_newlines` leaves `\n` and `\t`
+/// as they are (for answer text and tool output).
+pub(crate) fn escape_controls(s: &str, keep_newlines: bool) -> Cow<'_, str> {
+    let bad = |c: char| {
+        (c.is_control() && !(keep_newlines && (c == '\n' || c == '\t')))
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(bad) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if !bad(c) {
+            out.push(c);
+        } else if (c as u32) < 0x100 {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// NDJSON bytes with the C1 control characters (U+0080 to U+009F) and the
+/// bidirectional overrides written as JSON `\uXXXX` escapes. Valid JSON can
+/// carry these raw inside strings (and nowhere else), where some terminals
+/// act on them; escaped, the line is the same JSON and harmless to print.
+/// (C0 controls can't appear raw in valid JSON.)
+fn escape_json_controls(bytes: &[u8]) -> Cow<'_, [u8]> {
+    let risky = |w: &[u8]| match w {
+        [0xc2, b, ..] => (0x80..=0x9f).contains(b),
+        [0xe2, 0x80, b] => (0xaa..=0xae).contains(b),
+        [0xe2, 0x81, b] => (0xa6..=0xa9).contains(b),
+        _ => false,
+    };
+    if !bytes.iter().any(|&b| b == 0xc2 || b == 0xe2) {
+        return Cow::Borrowed(bytes);
+    }
+    let mut out = Vec::with_capacity(bytes.len() + 16);
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &bytes[i..];
+        if rest.len() >= 2 && rest[0] == 0xc2 && (0x80..=0x9f).contains(&rest[1]) {
+            out.extend_from_slice(format!("\\u{:04x}", rest[1]).as_bytes());
+            i += 2;
+        } else if rest.len() >= 3 && risky(&rest[..3]) {
+            let cp = ((u32::from(rest[0]) & 0x0f) << 12)
+                | ((u32::from(rest[1]) & 0x3f) << 6)
+                | (u32::from(rest[2]) & 0x3f);
+            out.extend_from_slice(format!("\\u{cp:04x}").as_bytes());
+            i += 3;
+        } else {
+            out.push(rest[0]);
+            i += 1;
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_shown_escaped() {
+        assert_eq!(escape_controls("plain text", false), "plain text");
+        assert_eq!(
+            escape_controls("\u{1b}[31mred\u{1b}[0m", false),
+            "\\x1b[31mred\\x1b[0m"
+        );
+        assert_eq!(escape_controls("a\nb\tc\r", true), "a\nb\tc\\x0d");
+        assert_eq!(escape_controls("a\nb", false), "a\\x0ab");
+        assert_eq!(escape_controls("\u{9b}2J", true), "\\x9b2J");
+        assert_eq!(escape_controls("abc\u{202e}fed", true), "abc\\u{202e}fed");
+    }
+
+    #[test]
+    fn raw_json_lines_keep_their_meaning_with_c1_controls_escaped() {
+        let line = "{\"type\":\"result\",\"message\":\"a\u{9b}2Jb\u{202e}c\u{e9}\"}\n";
+        let out = escape_json_controls(line.as_bytes());
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            !text.contains('\u{9b}') && !text.contains('\u{202e}'),
+            "{text}"
+        );
+        let a: serde_json::Value = serde_json::from_str(line).unwrap();
+        let b: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(a, b);
+        assert!(matches!(
+            escape_json_controls(b"{\"a\":\"\xc3\xa9\"}"),
+            Cow::Borrowed(_)
+        ));
     }
 }

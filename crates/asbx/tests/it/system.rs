@@ -141,3 +141,44 @@ async fn with_auth_required_only_a_minted_key_dispatches() {
         );
     }
 }
+
+#[tokio::test]
+async fn asbx_run_shows_escape_sequences_from_the_model_escaped() {
+    let up = UpProc::start(&[]);
+    let hostile = "\u{1b}]0;owned\u{7}\u{1b}[31mRED\u{1b}[0m \u{9b}2J \u{202e}txt.exe";
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "printf '\\033[2Jcleared\\n'"}},
+        {"say": hostile}
+    ]));
+    for json_mode in [false, true] {
+        let mut cmd = std::process::Command::new(ASBX);
+        cmd.args(["run", "--url", &up.url]);
+        if json_mode {
+            cmd.arg("--json");
+        }
+        let out = cmd.arg(&prompt).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        for (name, bytes) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            let text = String::from_utf8_lossy(bytes);
+            assert!(
+                !text.contains(['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}']),
+                "raw control characters on {name} (json: {json_mode}): {text:?}"
+            );
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if json_mode {
+            // Still the same JSON, with the text intact once decoded.
+            let lines: Vec<_> = LineDecoder::default()
+                .push(&out.stdout)
+                .into_iter()
+                .map(|l| l.unwrap())
+                .collect();
+            assert!(matches!(terminal(&lines), Event::Result(r) if r.message == hostile));
+        } else {
+            assert!(
+                stdout.contains("\\x1b[31mRED\\x1b[0m \\x9b2J \\u{202e}txt.exe"),
+                "{stdout:?}"
+            );
+        }
+    }
+}

@@ -8,6 +8,9 @@
 pub mod config;
 mod drive;
 mod egress;
+/// The egress proxy's pure parsing, for the fuzz targets.
+#[doc(hidden)]
+pub use egress::parse as egress_parse;
 pub mod error;
 mod gateway;
 mod limit;

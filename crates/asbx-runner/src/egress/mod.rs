@@ -13,6 +13,8 @@
 //! The list comes from the workspace's `/env` answer as the gateway relays
 //! it, never from the sandbox.
 
+pub mod parse;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 

@@ -19,6 +19,7 @@ pub mod raw;
 pub mod rules;
 pub mod schema;
 pub mod session;
+pub mod sse;
 
 pub use decode::{DecodeError, LineDecoder};
 pub use dispatch::{DispatchRequest, FieldError, Filter, Protocol};

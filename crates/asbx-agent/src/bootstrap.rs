@@ -18,14 +18,14 @@ use crate::gateway_client::{GatewayClient, GatewayError};
 use crate::tools::{ToolContext, shell};
 
 /// How long one callback may take.
-pub const CALLBACK_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const CALLBACK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Bytes of the setup script's output tail kept for the error message.
-pub const SETUP_TAIL_BYTES: usize = 4096;
+pub(crate) const SETUP_TAIL_BYTES: usize = 4096;
 
 /// The limits of this run, after clamping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Model calls per run.
     pub max_steps: u32,
     pub max_tool_calls: u32,
@@ -36,7 +36,7 @@ pub struct Limits {
 
 /// `/config` limits clamped to the runner's maximums, which are also the
 /// defaults for any limit `/config` leaves out.
-pub fn clamp_limits(max: &MaxLimits, cfg: Option<&RunLimits>) -> Limits {
+pub(crate) fn clamp_limits(max: &MaxLimits, cfg: Option<&RunLimits>) -> Limits {
     let cfg = cfg.copied().unwrap_or_default();
     Limits {
         max_steps: cfg
@@ -84,12 +84,15 @@ fn map_callback_error(e: GatewayError, path: &str, which: &'static str) -> Agent
 }
 
 /// `GET /callback/env` with the setup token.
-pub async fn redeem_env(gw: &GatewayClient, otp_setup: &str) -> Result<EnvResponse, AgentError> {
+pub(crate) async fn redeem_env(
+    gw: &GatewayClient,
+    otp_setup: &str,
+) -> Result<EnvResponse, AgentError> {
     redeem(gw, CALLBACK_ENV, otp_setup, "setup").await
 }
 
 /// `GET /callback/config` with the run token.
-pub async fn redeem_config(
+pub(crate) async fn redeem_config(
     gw: &GatewayClient,
     otp_run: &str,
 ) -> Result<ConfigResponse, AgentError> {
@@ -98,12 +101,12 @@ pub async fn redeem_config(
 
 /// Runs the setup script with bash in the working directory, with the `/env`
 /// variables, bounded by `timeout`.
-pub async fn run_setup(
+pub(crate) async fn run_setup(
     ctx: &ToolContext,
     script: &str,
     timeout: Duration,
 ) -> Result<(), AgentError> {
-    let out = shell::run_process(ctx, script, timeout, SETUP_TAIL_BYTES, true, None)
+    let out = shell::run_process(ctx, script, timeout, (SETUP_TAIL_BYTES, true), None)
         .await
         .map_err(|e| AgentError::SetupFailed {
             status: "not started".into(),
@@ -112,7 +115,7 @@ pub async fn run_setup(
     if out.exit_code == Some(0) {
         return Ok(());
     }
-    let status = match (out.timed_out, out.exit_code, out.signal) {
+    let status = match (out.killed.is_some(), out.exit_code, out.signal) {
         (true, _, _) => format!("timed out after {} ms", timeout.as_millis()),
         (false, Some(c), _) => format!("exit code {c}"),
         (false, None, Some(s)) => format!("killed by signal {s}"),

@@ -17,7 +17,7 @@ type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// A cloneable handle on the agent's NDJSON output.
 #[derive(Clone)]
-pub struct Emitter {
+pub(crate) struct Emitter {
     out: Arc<Mutex<Writer>>,
     protocol: Protocol,
 }
@@ -31,7 +31,7 @@ impl std::fmt::Debug for Emitter {
 }
 
 impl Emitter {
-    pub fn new(out: impl AsyncWrite + Send + Unpin + 'static, protocol: Protocol) -> Self {
+    pub(crate) fn new(out: impl AsyncWrite + Send + Unpin + 'static, protocol: Protocol) -> Self {
         Emitter {
             out: Arc::new(Mutex::new(Box::new(out))),
             protocol,
@@ -39,12 +39,12 @@ impl Emitter {
     }
 
     /// Whether protocol 2 lines (`delta`, `stdout`) may be written.
-    pub fn is_v2(&self) -> bool {
+    pub(crate) fn is_v2(&self) -> bool {
         self.protocol == Protocol::V2
     }
 
     /// Writes one line and flushes it.
-    pub async fn emit(&self, event: &Event) -> std::io::Result<()> {
+    pub(crate) async fn emit(&self, event: &Event) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(event).map_err(std::io::Error::other)?;
         line.push(b'\n');
         let mut out = self.out.lock().await;
@@ -52,11 +52,20 @@ impl Emitter {
         out.flush().await
     }
 
-    pub async fn log(&self, level: LogLevel, message: impl Into<String>) -> std::io::Result<()> {
+    pub(crate) async fn log(
+        &self,
+        level: LogLevel,
+        message: impl Into<String>,
+    ) -> std::io::Result<()> {
         self.emit(&Event::log(level, message)).await
     }
 
-    pub async fn step_running(&self, id: &str, name: &str, args: Value) -> std::io::Result<()> {
+    pub(crate) async fn step_running(
+        &self,
+        id: &str,
+        name: &str,
+        args: Value,
+    ) -> std::io::Result<()> {
         self.emit(&Event::Step(Step {
             id: id.to_owned(),
             name: name.to_owned(),
@@ -69,7 +78,7 @@ impl Emitter {
         .await
     }
 
-    pub async fn step_finished(
+    pub(crate) async fn step_finished(
         &self,
         id: &str,
         name: &str,
@@ -93,7 +102,7 @@ impl Emitter {
     }
 
     /// A `delta` line; dropped in protocol 1.
-    pub async fn delta(&self, text: &str) -> std::io::Result<()> {
+    pub(crate) async fn delta(&self, text: &str) -> std::io::Result<()> {
         if !self.is_v2() || text.is_empty() {
             return Ok(());
         }
@@ -104,7 +113,7 @@ impl Emitter {
     }
 
     /// A `stdout` line for a running tool; dropped in protocol 1.
-    pub async fn tool_output(
+    pub(crate) async fn tool_output(
         &self,
         step_id: &str,
         stream: OutputStream,
@@ -119,30 +128,5 @@ impl Emitter {
             chunk: chunk.to_owned(),
         }))
         .await
-    }
-}
-
-/// Cuts `s` to at most `max` bytes on a char boundary, appending an explicit
-/// `…[truncated N bytes]` marker when anything was cut.
-pub fn truncate_with_marker(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…[truncated {} bytes]", &s[..end], s.len() - end)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncation_keeps_char_boundaries() {
-        assert_eq!(truncate_with_marker("abc", 5), "abc");
-        assert_eq!(truncate_with_marker("abcdef", 3), "abc…[truncated 3 bytes]");
-        assert_eq!(truncate_with_marker("é", 1), "…[truncated 2 bytes]");
     }
 }

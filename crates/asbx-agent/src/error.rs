@@ -6,7 +6,7 @@ use crate::providers::ModelError;
 
 /// Everything that ends a turn with an `error` line instead of `result`.
 #[derive(Debug, thiserror::Error)]
-pub enum AgentError {
+pub(crate) enum AgentError {
     #[error("the gateway rejected the {0} token")]
     OtpRejected(&'static str),
     #[error("bootstrap failed: {0}")]
@@ -23,13 +23,11 @@ pub enum AgentError {
     DurationLimit(u64),
     #[error("could not write to stdout: {0}")]
     Output(#[source] std::io::Error),
-    #[error("internal error: {0}")]
-    Internal(String),
 }
 
 impl AgentError {
     /// The stable `code` of the `error` line (CONTRACT section 2).
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             AgentError::OtpRejected(_) => codes::OTP_REJECTED,
             AgentError::Bootstrap(_) => codes::BOOTSTRAP_FAILED,
@@ -38,7 +36,7 @@ impl AgentError {
             AgentError::StepLimit(_) => codes::STEP_LIMIT_EXCEEDED,
             AgentError::ToolLimit(_) => codes::TOOL_LIMIT_EXCEEDED,
             AgentError::DurationLimit(_) => codes::DURATION_LIMIT_EXCEEDED,
-            AgentError::Output(_) | AgentError::Internal(_) => codes::INTERNAL,
+            AgentError::Output(_) => codes::INTERNAL,
         }
     }
 }

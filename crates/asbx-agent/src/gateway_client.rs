@@ -5,7 +5,6 @@
 //! free of pooling state; the gateway is local, so connecting is cheap.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -17,11 +16,11 @@ use serde::de::DeserializeOwned;
 use tokio::net::UnixStream;
 
 /// The largest non-streaming response body the agent accepts.
-pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// A failure talking to the gateway.
 #[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
+pub(crate) enum GatewayError {
     #[error("cannot connect to the gateway socket {path}: {source}")]
     Connect {
         path: String,
@@ -38,40 +37,37 @@ pub enum GatewayError {
     Body(String),
     #[error("invalid json: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("gateway timed out after {0:?}")]
-    Timeout(Duration),
 }
 
 impl GatewayError {
     /// The status the gateway answered with, if it answered at all.
-    pub fn status(&self) -> Option<StatusCode> {
+    pub(crate) fn status(&self) -> Option<StatusCode> {
         match self {
             GatewayError::Status { status, .. } => Some(*status),
             GatewayError::Connect { .. }
             | GatewayError::Http(_)
             | GatewayError::Request(_)
             | GatewayError::Body(_)
-            | GatewayError::Json(_)
-            | GatewayError::Timeout(_) => None,
+            | GatewayError::Json(_) => None,
         }
     }
 }
 
 /// The gateway at one Unix socket path.
 #[derive(Debug, Clone)]
-pub struct GatewayClient {
+pub(crate) struct GatewayClient {
     socket: PathBuf,
 }
 
 impl GatewayClient {
-    pub fn new(socket: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(socket: impl Into<PathBuf>) -> Self {
         GatewayClient {
             socket: socket.into(),
         }
     }
 
     /// Sends one request and returns the response with its body unread.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         path: &str,
@@ -107,7 +103,7 @@ impl GatewayClient {
     }
 
     /// Sends a request and reads the whole body (bounded), failing on non-2xx.
-    pub async fn send_collect(
+    pub(crate) async fn send_collect(
         &self,
         method: Method,
         path: &str,
@@ -127,7 +123,7 @@ impl GatewayClient {
     }
 
     /// `GET` with a bearer token, decoding a JSON answer.
-    pub async fn get_json<T: DeserializeOwned>(
+    pub(crate) async fn get_json<T: DeserializeOwned>(
         &self,
         path: &str,
         token: &str,
@@ -145,7 +141,7 @@ impl GatewayClient {
     }
 
     /// `POST` JSON with a bearer token, decoding a JSON answer.
-    pub async fn post_json<B: Serialize, T: DeserializeOwned>(
+    pub(crate) async fn post_json<B: Serialize, T: DeserializeOwned>(
         &self,
         path: &str,
         token: &str,
@@ -166,7 +162,7 @@ impl GatewayClient {
 }
 
 /// Reads a whole body, refusing more than `limit` bytes.
-pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, GatewayError> {
+pub(crate) async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, GatewayError> {
     Limited::new(body, limit)
         .collect()
         .await

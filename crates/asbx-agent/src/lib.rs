@@ -6,10 +6,13 @@
 //! steps, then exactly one `result` or `error`. All HTTP goes through the
 //! gateway's Unix socket; the agent holds no provider key.
 //!
-//! Order of a turn: `/callback/env` (setup token), the setup script,
-//! `/callback/config` (run token), skills written into the sandbox and MCP
-//! servers started, client tools picked (protocol 2), the loop (bounded by the run's duration limit), MCP
-//! servers shut down, writeback of `out/` (upload token), `result`.
+//! A turn is three calls: [`prepare`] (`/callback/env` with the setup
+//! token, the egress relay, the setup script, `/callback/config` with the
+//! run token, the limits, the provider and the conversation ending with the
+//! prompt), [`Toolbox::assemble`] (skills written into the sandbox, MCP
+//! servers started, client tools picked), and the loop
+//! ([`agent_loop::run`], bounded by the run's duration limit). Then MCP
+//! servers are shut down, `out/` is written back (upload token), `result`.
 //!
 //! The run's `max_duration` counts from the start of [`run`], bootstrap and
 //! setup included; writeback happens after the loop and is not counted.
@@ -18,18 +21,15 @@
 //! - `ASBX_MODEL_STALL_TIMEOUT_MS`: how long a model response may stay
 //!   silent before the call fails with `model_timeout` (default 60000).
 
-pub mod agent_loop;
-pub mod bootstrap;
-pub mod client_tools;
-pub mod egress_relay;
-pub mod emit;
-pub mod error;
-pub mod gateway_client;
-pub mod mcp;
-pub mod providers;
-pub mod skills;
-pub mod tools;
-pub mod writeback;
+mod agent_loop;
+mod bootstrap;
+mod egress_relay;
+mod emit;
+mod error;
+mod gateway_client;
+mod providers;
+mod tools;
+mod writeback;
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -38,17 +38,20 @@ use std::time::{Duration, Instant};
 
 use asbx_protocol::gateway::AgentBootstrap;
 use asbx_protocol::line::ResultLine;
-use asbx_protocol::{Event, LogLevel, Protocol, codes};
+use asbx_protocol::{Event, LogLevel, codes};
 use tokio::io::AsyncWrite;
 
-pub use emit::Emitter;
-pub use error::AgentError;
 pub use providers::{HttpSettings, RetryPolicy};
 
 use crate::agent_loop::Counters;
+use crate::bootstrap::Limits;
+use crate::egress_relay::EgressRelay;
+use crate::emit::Emitter;
+use crate::error::AgentError;
 use crate::gateway_client::GatewayClient;
-use crate::providers::{Message, ModelRequest};
-use crate::tools::{ToolContext, Toolbox};
+use crate::providers::{Message, ModelRequest, Provider};
+use crate::tools::process::CgroupRoot;
+use crate::tools::{Sources, ToolContext, Toolbox};
 
 /// The environment variable naming the model stall timeout in ms.
 pub const STALL_TIMEOUT_ENV: &str = "ASBX_MODEL_STALL_TIMEOUT_MS";
@@ -170,6 +173,20 @@ pub async fn run(
     emitter.emit(&final_line).await
 }
 
+/// What [`prepare`] sets up for the rest of the turn.
+struct Prepared {
+    gw: GatewayClient,
+    ctx: ToolContext,
+    config: asbx_protocol::callback::ConfigResponse,
+    limits: Limits,
+    provider: Box<dyn Provider>,
+    /// The model request of the first call: system prompt, conversation
+    /// ending with the user's prompt; tools are added once assembled.
+    request: ModelRequest,
+    /// Held until the turn ends; dropping it stops the relay.
+    _relay: Option<EgressRelay>,
+}
+
 async fn turn(
     b: &AgentBootstrap,
     options: &AgentOptions,
@@ -177,13 +194,69 @@ async fn turn(
     started: Instant,
     counters: &mut Counters,
 ) -> Result<String, AgentError> {
+    let p = prepare(b, options, emitter).await?;
+    let deadline = started + p.limits.max_duration;
+    let sources = Sources {
+        config: &p.config,
+        client_tools: &b.client_tools,
+        protocol: b.protocol,
+        gateway: &p.gw,
+        gateway_socket: &b.gateway_socket,
+        deadline,
+    };
+    let toolbox = Toolbox::assemble(p.ctx, sources)
+        .await
+        .map_err(AgentError::Output)?;
+    let mut req = p.request;
+    req.system = match (req.system.take(), toolbox.prompt_section()) {
+        (Some(p), Some(s)) => Some(format!("{p}\n\n{s}")),
+        (p, s) => p.or(s),
+    };
+    req.tools = toolbox.specs();
+    let looped = tokio::time::timeout_at(
+        deadline.into(),
+        agent_loop::run(
+            p.provider.as_ref(),
+            req,
+            &p.limits,
+            &toolbox,
+            emitter,
+            counters,
+        ),
+    )
+    .await;
+    toolbox.shutdown().await;
+    let text = match looped {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(AgentError::DurationLimit(
+                u64::try_from(p.limits.max_duration.as_millis()).unwrap_or(u64::MAX),
+            ));
+        }
+    };
+    writeback::writeback(
+        &p.gw,
+        b.otp_upload.as_deref(),
+        &PathBuf::from(&b.workdir),
+        emitter,
+    )
+    .await
+    .map_err(AgentError::Output)?;
+    Ok(text)
+}
+
+/// Redeems the tokens, starts the egress relay, runs the setup script, and
+/// builds the provider and the first model request.
+async fn prepare(
+    b: &AgentBootstrap,
+    options: &AgentOptions,
+    emitter: &Emitter,
+) -> Result<Prepared, AgentError> {
     let gw = GatewayClient::new(&b.gateway_socket);
     let env = bootstrap::redeem_env(&gw, &b.otp_setup).await?;
-    let workdir = PathBuf::from(&b.workdir);
     let mut variables = env.variables.clone();
-    // Held until the turn ends; dropping it stops the relay.
-    let _relay = match &b.proxy_socket {
-        Some(sock) => match egress_relay::EgressRelay::start(sock).await {
+    let relay = match &b.proxy_socket {
+        Some(sock) => match EgressRelay::start(sock).await {
             Ok(relay) => {
                 variables.extend(relay.env());
                 Some(relay)
@@ -202,12 +275,13 @@ async fn turn(
         None => None,
     };
     let mut ctx = ToolContext {
-        workdir: workdir.clone(),
+        workdir: PathBuf::from(&b.workdir),
         variables,
         tool_user: b.tool_user,
         timeout: Duration::from_millis(b.max_limits.tool_timeout_ms),
         output_bytes: usize::try_from(b.max_limits.tool_output_bytes).unwrap_or(usize::MAX),
         emitter: emitter.clone(),
+        cgroup_root: CgroupRoot::default(),
     };
     if let Some(script) = env.setup_script.as_deref().filter(|s| !s.trim().is_empty()) {
         emitter
@@ -233,9 +307,7 @@ async fn turn(
     let limits = bootstrap::clamp_limits(&b.max_limits, config.limits.as_ref());
     ctx.timeout = limits.tool_timeout;
     ctx.output_bytes = limits.tool_output_bytes;
-
-    let (provider, model) =
-        providers::build(&config.model, &b.providers, &gw, &b.prompt, &options.http)?;
+    let (provider, model) = providers::build(&config.model, &b.providers, &gw, &options.http)?;
     let mut messages: Vec<Message> = config
         .conversation
         .iter()
@@ -248,104 +320,19 @@ async fn turn(
         })
         .collect();
     messages.push(Message::User(b.prompt.clone()));
-    let skills = skills::Skills::install(&workdir, &config.skills, emitter)
-        .await
-        .map_err(AgentError::Output)?;
-    let deadline = started + limits.max_duration;
-    let mcp = if config.mcp_servers.is_empty() {
-        mcp::McpHub::default()
-    } else {
-        let builtin: std::collections::HashSet<String> = tools::specs()
-            .into_iter()
-            .map(|t| t.name)
-            .chain(skills.spec().map(|t| t.name))
-            .collect();
-        let timeout = mcp::START_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-        mcp::McpHub::start(
-            &config.mcp_servers,
-            &ctx,
-            &b.gateway_socket,
-            timeout,
-            &builtin,
-        )
-        .await
-        .map_err(AgentError::Output)?
-    };
-    let system = match (
-        config.system_prompt.clone().filter(|s| !s.is_empty()),
-        skills.prompt_section(),
-    ) {
-        (Some(p), Some(s)) => Some(format!("{p}\n\n{s}")),
-        (p, s) => p.or(s),
-    };
-    let client = client_tools(b, &gw, &skills, &mcp, emitter)
-        .await
-        .map_err(AgentError::Output)?;
-    let toolbox = Toolbox {
-        ctx,
-        skills,
-        mcp,
-        client,
-    };
-    let req = ModelRequest {
+    let request = ModelRequest {
         model,
-        system,
+        system: config.system_prompt.clone().filter(|s| !s.is_empty()),
         messages,
-        tools: toolbox.specs(),
+        tools: Vec::new(),
     };
-    let looped = tokio::time::timeout_at(
-        deadline.into(),
-        agent_loop::run(provider.as_ref(), req, &limits, &toolbox, emitter, counters),
-    )
-    .await;
-    toolbox.mcp.shutdown().await;
-    let text = match looped {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(AgentError::DurationLimit(
-                limits.max_duration.as_millis() as u64
-            ));
-        }
-    };
-    writeback::writeback(&gw, b.otp_upload.as_deref(), &workdir, emitter)
-        .await
-        .map_err(AgentError::Output)?;
-    Ok(text)
-}
-
-/// The client tools to offer: protocol 2 only, none whose name another tool
-/// has (each one left out gets a `warn` line).
-async fn client_tools(
-    b: &AgentBootstrap,
-    gw: &GatewayClient,
-    skills: &skills::Skills,
-    mcp: &mcp::McpHub,
-    emitter: &Emitter,
-) -> std::io::Result<client_tools::ClientTools> {
-    if b.client_tools.is_empty() {
-        return Ok(client_tools::ClientTools::default());
-    }
-    if b.protocol != Protocol::V2 {
-        emitter
-            .log(
-                LogLevel::Warn,
-                format!(
-                    "{} client tool(s) ignored: client tools need protocol 2",
-                    b.client_tools.len()
-                ),
-            )
-            .await?;
-        return Ok(client_tools::ClientTools::default());
-    }
-    let taken: std::collections::HashSet<String> = tools::specs()
-        .into_iter()
-        .chain(skills.spec())
-        .chain(mcp.specs())
-        .map(|t| t.name)
-        .collect();
-    let (client, warnings) = client_tools::ClientTools::select(gw.clone(), &b.client_tools, &taken);
-    for w in warnings {
-        emitter.log(LogLevel::Warn, w).await?;
-    }
-    Ok(client)
+    Ok(Prepared {
+        gw,
+        ctx,
+        config,
+        limits,
+        provider,
+        request,
+        _relay: relay,
+    })
 }

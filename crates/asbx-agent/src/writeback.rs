@@ -23,14 +23,14 @@ use nix::sys::stat::{Mode, fstat};
 use crate::emit::Emitter;
 use crate::gateway_client::GatewayClient;
 
-pub const MAX_FILES: usize = 1000;
-pub const MAX_TOTAL_BYTES: u64 = 64 * 1024 * 1024;
-pub const MAX_DEPTH: usize = 32;
-pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const MAX_FILES: usize = 1000;
+pub(crate) const MAX_TOTAL_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_DEPTH: usize = 32;
+pub(crate) const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A file found under `out/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutFile {
+pub(crate) struct OutFile {
     /// Relative to `out/`, `/`-separated.
     pub path: String,
     pub content: Vec<u8>,
@@ -38,7 +38,7 @@ pub struct OutFile {
 
 /// What the walk found, and what it left out.
 #[derive(Debug, Default)]
-pub struct Collected {
+pub(crate) struct Collected {
     pub files: Vec<OutFile>,
     pub skipped: Vec<String>,
 }
@@ -49,7 +49,7 @@ const DIR_FLAGS: OFlag = OFlag::O_DIRECTORY
     .union(OFlag::O_CLOEXEC);
 
 /// Collects the regular files under `<workdir>/out/`.
-pub fn collect(workdir: &Path) -> Collected {
+pub(crate) fn collect(workdir: &Path) -> Collected {
     let mut c = Collected::default();
     let Ok(root) = nix::fcntl::open(
         workdir,
@@ -142,7 +142,7 @@ fn read_regular(dir: &OwnedFd, name: &str, room: u64) -> Result<Option<Vec<u8>>,
 }
 
 /// Collects `out/` and posts it once; reports the outcome as `log` lines.
-pub async fn writeback(
+pub(crate) async fn writeback(
     gw: &GatewayClient,
     otp_upload: Option<&str>,
     workdir: &Path,

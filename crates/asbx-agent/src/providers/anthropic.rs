@@ -22,21 +22,21 @@ use super::{
 use crate::gateway_client::GatewayClient;
 
 /// The `anthropic-version` header sent with each call.
-pub const API_VERSION: &str = "2023-06-01";
+pub(crate) const API_VERSION: &str = "2023-06-01";
 
 /// Output token budget per call.
-pub const MAX_TOKENS: u32 = 8192;
+pub(crate) const MAX_TOKENS: u32 = 8192;
 
 /// An Anthropic provider reached at `/model/{name}/messages`.
 #[derive(Debug)]
-pub struct Anthropic {
+pub(crate) struct Anthropic {
     gateway: GatewayClient,
     path: String,
     settings: HttpSettings,
 }
 
 impl Anthropic {
-    pub fn new(gateway: GatewayClient, name: String, settings: HttpSettings) -> Self {
+    pub(crate) fn new(gateway: GatewayClient, name: String, settings: HttpSettings) -> Self {
         Anthropic {
             gateway,
             path: format!("/model/{name}/messages"),

@@ -10,11 +10,11 @@
 //! The model string is `provider:model`. `scripted` is built in and needs no
 //! gateway; any other name is looked up in the bootstrap's provider list.
 
-pub mod anthropic;
-pub mod openai;
-pub mod retry;
-pub mod scripted;
-pub mod sse;
+pub(crate) mod anthropic;
+pub(crate) mod openai;
+pub(crate) mod retry;
+pub(crate) mod scripted;
+pub(crate) mod sse;
 
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ pub use retry::RetryPolicy;
 
 /// One tool the model may call.
 #[derive(Debug, Clone, Serialize)]
-pub struct ToolSpec {
+pub(crate) struct ToolSpec {
     pub name: String,
     pub description: String,
     /// JSON Schema of the arguments object.
@@ -40,7 +40,7 @@ pub struct ToolSpec {
 
 /// A tool call the model asked for.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ToolCallRequest {
+pub(crate) struct ToolCallRequest {
     /// The provider's call id (echoed back with the result).
     pub id: String,
     pub name: String,
@@ -50,7 +50,7 @@ pub struct ToolCallRequest {
 
 /// One message of the provider-neutral conversation.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Message {
+pub(crate) enum Message {
     User(String),
     Assistant {
         text: String,
@@ -66,7 +66,7 @@ pub enum Message {
 
 /// What the loop sends for one model call.
 #[derive(Debug, Clone)]
-pub struct ModelRequest {
+pub(crate) struct ModelRequest {
     /// The model name without the `provider:` prefix.
     pub model: String,
     pub system: Option<String>,
@@ -76,14 +76,14 @@ pub struct ModelRequest {
 
 /// Token counts of one call (estimated by the scripted model).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
 }
 
 /// One complete model answer.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ModelTurn {
+pub(crate) struct ModelTurn {
     pub text: String,
     pub tool_calls: Vec<ToolCallRequest>,
     pub usage: Usage,
@@ -146,23 +146,24 @@ impl ModelError {
 
 /// Where streamed assistant text goes (`delta` lines, protocol 2 only).
 #[derive(Debug, Clone)]
-pub struct DeltaSink {
+pub(crate) struct DeltaSink {
     emitter: Option<Emitter>,
 }
 
 impl DeltaSink {
-    pub fn new(emitter: &Emitter) -> Self {
+    pub(crate) fn new(emitter: &Emitter) -> Self {
         DeltaSink {
             emitter: emitter.is_v2().then(|| emitter.clone()),
         }
     }
 
     /// A sink that drops everything.
-    pub fn none() -> Self {
+    #[cfg(test)]
+    pub(crate) fn none() -> Self {
         DeltaSink { emitter: None }
     }
 
-    pub async fn delta(&self, text: &str) {
+    pub(crate) async fn delta(&self, text: &str) {
         if let Some(e) = &self.emitter
             && let Err(err) = e.delta(text).await
         {
@@ -172,7 +173,7 @@ impl DeltaSink {
 }
 
 /// A model provider: one call, one complete turn.
-pub trait Provider: Send + Sync {
+pub(crate) trait Provider: Send + Sync {
     fn turn<'a>(
         &'a self,
         req: &'a ModelRequest,
@@ -198,7 +199,7 @@ impl Default for HttpSettings {
 }
 
 /// Splits `provider:model`, the model part may itself contain colons.
-pub fn split_model(model: &str) -> Result<(&str, &str), ModelError> {
+pub(crate) fn split_model(model: &str) -> Result<(&str, &str), ModelError> {
     match model.split_once(':') {
         Some((p, m)) if !p.is_empty() => Ok((p, m)),
         _ => Err(ModelError::BadModel(model.to_owned())),
@@ -206,17 +207,16 @@ pub fn split_model(model: &str) -> Result<(&str, &str), ModelError> {
 }
 
 /// Builds the provider for `provider:model`.
-pub fn build(
+pub(crate) fn build(
     model: &str,
     providers: &[ProviderInfo],
     gateway: &GatewayClient,
-    prompt: &str,
     settings: &HttpSettings,
 ) -> Result<(Box<dyn Provider>, String), ModelError> {
     let (name, model_name) = split_model(model)?;
     if name == scripted::NAME {
         return Ok((
-            Box::new(scripted::Scripted::new(prompt)),
+            Box::new(scripted::Scripted::default()),
             model_name.to_owned(),
         ));
     }
@@ -241,7 +241,7 @@ pub fn build(
 
 /// Extracts a human message from a provider's error body
 /// (`{"error":{"message":..}}` for both OpenAI and Anthropic).
-pub fn error_message(body: &[u8]) -> String {
+pub(crate) fn error_message(body: &[u8]) -> String {
     #[derive(serde::Deserialize)]
     struct Inner {
         message: Option<String>,
@@ -257,5 +257,5 @@ pub fn error_message(body: &[u8]) -> String {
         return m;
     }
     let text = String::from_utf8_lossy(body);
-    crate::emit::truncate_with_marker(text.trim(), 1024)
+    asbx_protocol::rules::truncate_with_marker(text.trim(), 1024)
 }

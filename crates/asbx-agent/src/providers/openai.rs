@@ -22,14 +22,14 @@ use crate::gateway_client::GatewayClient;
 
 /// An OpenAI-compatible provider reached at `/model/{name}/chat/completions`.
 #[derive(Debug)]
-pub struct OpenAi {
+pub(crate) struct OpenAi {
     gateway: GatewayClient,
     path: String,
     settings: HttpSettings,
 }
 
 impl OpenAi {
-    pub fn new(gateway: GatewayClient, name: String, settings: HttpSettings) -> Self {
+    pub(crate) fn new(gateway: GatewayClient, name: String, settings: HttpSettings) -> Self {
         OpenAi {
             gateway,
             path: format!("/model/{name}/chat/completions"),
@@ -219,7 +219,7 @@ struct PartialCall {
 }
 
 /// Parses tool arguments; keeps the raw text as a string when it is not JSON.
-pub fn parse_args(raw: &str) -> Value {
+pub(crate) fn parse_args(raw: &str) -> Value {
     if raw.trim().is_empty() {
         return Value::Object(Default::default());
     }

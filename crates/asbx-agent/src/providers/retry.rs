@@ -85,7 +85,7 @@ impl RetryPolicy {
 }
 
 /// Parses a `Retry-After` header given in seconds (HTTP dates are ignored).
-pub fn parse_retry_after(value: Option<&http::HeaderValue>) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: Option<&http::HeaderValue>) -> Option<Duration> {
     let s = value?.to_str().ok()?.trim();
     let secs: f64 = s.parse().ok()?;
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(3600.0)))

@@ -3,7 +3,8 @@
 //! It exists so the whole system (runner, jail, tools, writeback, consumers)
 //! can be exercised without a provider. It needs no gateway.
 //!
-//! If the user prompt, trimmed, is a JSON object whose `script` is an array,
+//! It reads the prompt like any model: from the request, as the last user
+//! message of the conversation. If that prompt, trimmed, is a JSON object whose `script` is an array,
 //! the model follows it; each model call consumes elements until one of them
 //! produces an answer:
 //!
@@ -33,13 +34,13 @@ use super::{
 };
 
 /// The provider name of the scripted model.
-pub const NAME: &str = "scripted";
+pub(crate) const NAME: &str = "scripted";
 
 /// The demo's shell command.
-pub const DEMO_COMMAND: &str = "uname -sr && ls -la";
+pub(crate) const DEMO_COMMAND: &str = "uname -sr && ls -la";
 
 /// The opening of the demo's final answer.
-pub const DEMO_PREFIX: &str = "This is the scripted model, not a real model.";
+pub(crate) const DEMO_PREFIX: &str = "This is the scripted model, not a real model.";
 
 #[derive(Debug)]
 enum Mode {
@@ -47,16 +48,17 @@ enum Mode {
     Demo,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct State {
+    /// Read from the first request.
+    mode: Option<Mode>,
     next: usize,
     calls: u64,
 }
 
 /// The scripted model for one run.
-#[derive(Debug)]
-pub struct Scripted {
-    mode: Mode,
+#[derive(Debug, Default)]
+pub(crate) struct Scripted {
     state: Mutex<State>,
 }
 
@@ -66,17 +68,18 @@ enum Action {
 }
 
 impl Scripted {
-    pub fn new(prompt: &str) -> Self {
-        let mode = match serde_json::from_str::<Value>(prompt.trim()) {
-            Ok(Value::Object(mut o)) => match o.remove("script") {
+    /// The mode the prompt (the last user message) asks for.
+    fn mode_of(req: &ModelRequest) -> Mode {
+        let prompt = req.messages.iter().rev().find_map(|m| match m {
+            Message::User(text) => Some(text.as_str()),
+            Message::Assistant { .. } | Message::ToolResult { .. } => None,
+        });
+        match prompt.map(|p| serde_json::from_str::<Value>(p.trim())) {
+            Some(Ok(Value::Object(mut o))) => match o.remove("script") {
                 Some(Value::Array(steps)) => Mode::Script(steps),
                 _ => Mode::Demo,
             },
             _ => Mode::Demo,
-        };
-        Scripted {
-            mode,
-            state: Mutex::new(State { next: 0, calls: 0 }),
         }
     }
 
@@ -86,7 +89,9 @@ impl Scripted {
             .state
             .lock()
             .map_err(|_| ModelError::Provider("scripted: state poisoned".into()))?;
-        match &self.mode {
+        let st = &mut *st;
+        let mode = st.mode.get_or_insert_with(|| Self::mode_of(req));
+        match mode {
             Mode::Demo => {
                 let stage = st.next;
                 st.next += 1;
@@ -265,49 +270,70 @@ fn estimate_output(turn: &ModelTurn) -> u64 {
 mod tests {
     use super::*;
 
-    fn req() -> ModelRequest {
+    /// A request whose conversation ends with `prompt`, as the loop sends it.
+    fn req(prompt: &str) -> ModelRequest {
         ModelRequest {
             model: "x".into(),
             system: None,
-            messages: vec![],
+            messages: vec![
+                Message::User("an earlier turn".into()),
+                Message::User(prompt.into()),
+            ],
             tools: vec![],
         }
     }
 
     #[tokio::test]
     async fn follows_a_script() {
-        let s = Scripted::new(
+        let r = req(
             r#" {"script":[{"sleep_ms":1},{"tool":"shell","args":{"command":"ls"}},
                 {"tools":[{"tool":"a","args":{}},{"tool":"b"}]},{"say":"hi"}]} "#,
         );
+        let s = Scripted::default();
         let sink = DeltaSink::none();
-        let t = s.turn(&req(), &sink).await.unwrap();
+        let t = s.turn(&r, &sink).await.unwrap();
         assert_eq!(t.tool_calls.len(), 1);
         assert_eq!(t.tool_calls[0].args, json!({"command":"ls"}));
-        let t = s.turn(&req(), &sink).await.unwrap();
+        let t = s.turn(&r, &sink).await.unwrap();
         assert_eq!(t.tool_calls.len(), 2);
         assert_eq!(t.tool_calls[1].name, "b");
         assert_ne!(t.tool_calls[0].id, t.tool_calls[1].id);
-        assert_eq!(s.turn(&req(), &sink).await.unwrap().text, "hi");
-        assert_eq!(s.turn(&req(), &sink).await.unwrap().text, "Done.");
+        assert_eq!(s.turn(&r, &sink).await.unwrap().text, "hi");
+        assert_eq!(s.turn(&r, &sink).await.unwrap().text, "Done.");
+    }
+
+    #[tokio::test]
+    async fn the_prompt_is_the_last_user_message() {
+        // A script in an earlier user turn is not this turn's prompt.
+        let mut r = req("hello there");
+        r.messages[0] = Message::User(r#"{"script":[{"say":"old"}]}"#.into());
+        let t = Scripted::default()
+            .turn(&r, &DeltaSink::none())
+            .await
+            .unwrap();
+        assert_eq!(t.tool_calls[0].name, "shell", "{t:?}");
     }
 
     #[tokio::test]
     async fn fail_is_a_provider_error() {
-        let s = Scripted::new(r#"{"script":[{"fail":"boom"}]}"#);
-        let e = s.turn(&req(), &DeltaSink::none()).await.unwrap_err();
+        let s = Scripted::default();
+        let e = s
+            .turn(&req(r#"{"script":[{"fail":"boom"}]}"#), &DeltaSink::none())
+            .await
+            .unwrap_err();
         assert!(matches!(e, ModelError::Provider(m) if m == "boom"));
     }
 
     #[tokio::test]
     async fn demo_without_script() {
-        let s = Scripted::new("hello there");
+        let s = Scripted::default();
+        let r = req("hello there");
         let sink = DeltaSink::none();
-        let t = s.turn(&req(), &sink).await.unwrap();
+        let t = s.turn(&r, &sink).await.unwrap();
         assert_eq!(t.tool_calls[0].name, "shell");
-        let t = s.turn(&req(), &sink).await.unwrap();
+        let t = s.turn(&r, &sink).await.unwrap();
         assert_eq!(t.tool_calls[0].name, "write_file");
-        let t = s.turn(&req(), &sink).await.unwrap();
+        let t = s.turn(&r, &sink).await.unwrap();
         assert!(t.text.starts_with(DEMO_PREFIX));
     }
 }

@@ -20,14 +20,14 @@ const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
 
 /// One SSE event: its `event:` name (if any) and joined `data:` lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SseEvent {
+pub(crate) struct SseEvent {
     pub event: Option<String>,
     pub data: String,
 }
 
 /// Reads SSE events from a streaming response body.
 #[derive(Debug)]
-pub struct SseReader {
+pub(crate) struct SseReader {
     body: Incoming,
     buf: BytesMut,
     stall: Duration,
@@ -35,7 +35,7 @@ pub struct SseReader {
 }
 
 /// Sends a streaming `POST` through the gateway and checks the status.
-pub async fn open(
+pub(crate) async fn open(
     gateway: &GatewayClient,
     path: &str,
     headers: &[(&str, &str)],
@@ -80,7 +80,7 @@ fn connect_error(e: GatewayError) -> ModelError {
 
 impl SseReader {
     /// The next event, or `None` at the end of the body.
-    pub async fn next_event(&mut self) -> Result<Option<SseEvent>, ModelError> {
+    pub(crate) async fn next_event(&mut self) -> Result<Option<SseEvent>, ModelError> {
         let mut event = None;
         let mut data: Option<String> = None;
         loop {

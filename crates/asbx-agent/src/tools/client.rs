@@ -38,27 +38,27 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::emit::{Emitter, truncate_with_marker};
-use crate::gateway_client::{GatewayClient, GatewayError};
-use crate::mcp::MAX_SCHEMA_BYTES;
-use crate::providers::ToolSpec;
-use crate::tools::ToolOutput;
+use asbx_protocol::gateway::CLIENT_TOOL_PREFIX;
+use asbx_protocol::rules::truncate_with_marker;
 
-/// The gateway route the agent waits on: `GET /client-tool/{callId}`.
-pub use asbx_protocol::gateway::CLIENT_TOOL_PREFIX;
+use super::context::ToolOutput;
+use super::mcp::MAX_SCHEMA_BYTES;
+use crate::emit::Emitter;
+use crate::gateway_client::{GatewayClient, GatewayError};
+use crate::providers::ToolSpec;
 
 /// Longest client error message passed on to the model.
 const ERROR_BYTES: usize = 4096;
 
 /// The client tools offered in one run.
 #[derive(Debug, Default)]
-pub struct ClientTools {
+pub(crate) struct ClientTools {
     specs: Vec<ToolSpec>,
     gateway: Option<GatewayClient>,
 }
 
 /// Whether `name` is a wire-safe tool name for every provider.
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -66,14 +66,14 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 /// A fresh call id: `call_<n>_<16 hex>`, within `^[A-Za-z0-9_-]{1,64}$`.
-pub fn call_id(n: u32) -> String {
+pub(crate) fn call_id(n: u32) -> String {
     format!("call_{n}_{:016x}", rand::random::<u64>())
 }
 
 impl ClientTools {
     /// Picks the client tools to offer; `taken` holds every other tool's
     /// name. Returns the warnings for the tools left out.
-    pub fn select(
+    pub(crate) fn select(
         gateway: GatewayClient,
         offered: &[ClientTool],
         taken: &HashSet<String>,
@@ -115,23 +115,19 @@ impl ClientTools {
         )
     }
 
-    pub fn specs(&self) -> impl Iterator<Item = ToolSpec> + '_ {
+    pub(crate) fn specs(&self) -> impl Iterator<Item = ToolSpec> + '_ {
         self.specs.iter().cloned()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.specs.is_empty()
-    }
-
     /// Whether the model's call of `name` goes to the client.
-    pub fn offers(&self, name: &str) -> bool {
+    pub(crate) fn offers(&self, name: &str) -> bool {
         self.specs.iter().any(|s| s.name == name)
     }
 
     /// Runs one client call: `tool_call`, wait, `tool_result_applied`.
     ///
     /// `n` numbers the call in the run. `Err` only when stdout fails.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         emitter: &Emitter,
         n: u32,
@@ -185,13 +181,13 @@ impl ClientTools {
 
 /// What the client answered.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
+pub(crate) enum Answer {
     Result(Value),
     Failed(String),
 }
 
 /// Parses the gateway's `200` body: `{"result": any}` or `{"error": string}`.
-pub fn parse_answer(body: &[u8]) -> Result<Answer, String> {
+pub(crate) fn parse_answer(body: &[u8]) -> Result<Answer, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("invalid answer: {e}"))?;
     let Value::Object(mut o) = v else {
         return Err("invalid answer: not a JSON object".into());
@@ -263,7 +259,7 @@ mod tests {
         assert_eq!(names, ["pick_color", "confirm"]);
         assert_eq!(warnings.len(), 5, "{warnings:?}");
         assert!(ct.offers("confirm") && !ct.offers("shell"));
-        assert!(ClientTools::default().is_empty());
+        assert_eq!(ClientTools::default().specs().count(), 0);
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! window for a tool process to swap a directory for a symlink between the
 //! check and the use, and needs no `openat2` support from the kernel. Use
 //! `shell` to work with symlinks.
+//!
+//! Modes: `write_file` leaves what it creates editable by the tools (another
+//! uid, the same gid): files `0664`, folders `0775`, whatever the umask.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -21,16 +24,16 @@ use std::path::{Component, Path, PathBuf};
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{Mode, fstat, mkdirat};
+use nix::sys::stat::{Mode, fchmod, fstat, mkdirat};
 use serde_json::json;
 
-use super::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
+use super::context::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
 
 /// Most entries `list_files` returns.
-pub const MAX_LIST_ENTRIES: usize = 1000;
+const MAX_LIST_ENTRIES: usize = 1000;
 
 /// Turns a tool path into components below the working directory.
-pub fn components(workdir: &Path, input: &str) -> Result<Vec<OsString>, String> {
+pub(crate) fn components(workdir: &Path, input: &str) -> Result<Vec<OsString>, String> {
     if input.contains('\0') {
         return Err("path contains a NUL byte".into());
     }
@@ -88,26 +91,44 @@ pub(crate) fn open_root(workdir: &Path) -> Result<OwnedFd, String> {
     .map_err(|e| format!("cannot open the working directory: {}", e.desc()))
 }
 
+/// Mode of the files `write_file` creates: the tools share the agent's gid.
+pub(crate) const FILE_MODE: u32 = 0o664;
+/// Mode of the folders `write_file` creates.
+pub(crate) const DIR_MODE: u32 = 0o775;
+
 /// Opens the directory at `comps` without following symlinks, creating
-/// missing directories when `create` is set.
+/// missing directories with mode `create` (exactly, whatever the umask)
+/// when it is set.
 pub(crate) fn open_dir(
     root: OwnedFd,
     comps: &[OsString],
-    create: bool,
+    create: Option<u32>,
     path: &str,
 ) -> Result<OwnedFd, String> {
     let mut cur = root;
     for c in comps {
         let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
-        let next = match openat(cur.as_fd(), c.as_os_str(), flags, Mode::empty()) {
-            Err(Errno::ENOENT) if create => {
-                match mkdirat(cur.as_fd(), c.as_os_str(), Mode::from_bits_truncate(0o755)) {
-                    Ok(()) | Err(Errno::EEXIST) => {}
+        let next = match (
+            openat(cur.as_fd(), c.as_os_str(), flags, Mode::empty()),
+            create,
+        ) {
+            (Err(Errno::ENOENT), Some(mode)) => {
+                let made = match mkdirat(cur.as_fd(), c.as_os_str(), Mode::from_bits_truncate(mode))
+                {
+                    Ok(()) => true,
+                    Err(Errno::EEXIST) => false,
                     Err(e) => return Err(errno_msg(path, e)),
+                };
+                let fd = openat(cur.as_fd(), c.as_os_str(), flags, Mode::empty())
+                    .map_err(|e| errno_msg(path, e))?;
+                if made {
+                    // The umask took bits away.
+                    fchmod(fd.as_fd(), Mode::from_bits_truncate(mode))
+                        .map_err(|e| errno_msg(path, e))?;
                 }
-                openat(cur.as_fd(), c.as_os_str(), flags, Mode::empty())
+                Ok(fd)
             }
-            other => other,
+            (other, _) => other,
         };
         cur = next.map_err(|e| errno_msg(path, e))?;
     }
@@ -119,7 +140,7 @@ fn read_blocking(workdir: PathBuf, path: String, cap: usize) -> Result<(Vec<u8>,
     let Some((name, dirs)) = comps.split_last() else {
         return Err(format!("{path}: is a directory"));
     };
-    let dir = open_dir(open_root(&workdir)?, dirs, false, &path)?;
+    let dir = open_dir(open_root(&workdir)?, dirs, None, &path)?;
     let fd = openat(
         dir.as_fd(),
         name.as_os_str(),
@@ -141,7 +162,7 @@ fn read_blocking(workdir: PathBuf, path: String, cap: usize) -> Result<(Vec<u8>,
 }
 
 /// `read_file {path}`.
-pub async fn read_file(ctx: &ToolContext, path: &str) -> ToolOutput {
+pub(crate) async fn read_file(ctx: &ToolContext, path: &str) -> ToolOutput {
     let (workdir, p, cap) = (ctx.workdir.clone(), path.to_owned(), ctx.output_bytes);
     match tokio::task::spawn_blocking(move || read_blocking(workdir, p, cap)).await {
         Ok(Ok((data, size))) => ToolOutput {
@@ -163,7 +184,7 @@ fn write_blocking(
     let Some((name, dirs)) = comps.split_last() else {
         return Err(format!("{path}: is a directory"));
     };
-    let dir = open_dir(open_root(&workdir)?, dirs, true, &path)?;
+    let dir = open_dir(open_root(&workdir)?, dirs, Some(DIR_MODE), &path)?;
     let fd = openat(
         dir.as_fd(),
         name.as_os_str(),
@@ -174,15 +195,20 @@ fn write_blocking(
             | OFlag::O_CLOEXEC
             // A FIFO without a reader fails with ENXIO instead of blocking.
             | OFlag::O_NONBLOCK,
-        Mode::from_bits_truncate(0o644),
+        Mode::from_bits_truncate(FILE_MODE),
     )
     .map_err(|e| errno_msg(&path, e))?;
     let st = fstat(fd.as_fd()).map_err(|e| errno_msg(&path, e))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(format!("{path}: not a regular file"));
     }
+    if st.st_uid == nix::unistd::geteuid().as_raw() {
+        // Group-writable whatever the umask, so the tools (same gid) can edit it.
+        fchmod(fd.as_fd(), Mode::from_bits_truncate(FILE_MODE)).map_err(|e| errno_msg(&path, e))?;
+    }
     if let Some((uid, gid)) = owner {
-        // Let the tool user keep working on the file; best effort.
+        // Let the tool user own the file when the agent may hand it over
+        // (it has no CAP_CHOWN in a jail, where the shared gid does the job).
         let _ = nix::unistd::fchown(
             fd.as_fd(),
             Some(nix::unistd::Uid::from_raw(uid)),
@@ -196,7 +222,7 @@ fn write_blocking(
 }
 
 /// `write_file {path, content}`.
-pub async fn write_file(ctx: &ToolContext, path: &str, content: &str) -> ToolOutput {
+pub(crate) async fn write_file(ctx: &ToolContext, path: &str, content: &str) -> ToolOutput {
     let (workdir, p, c, owner) = (
         ctx.workdir.clone(),
         path.to_owned(),
@@ -215,7 +241,7 @@ pub async fn write_file(ctx: &ToolContext, path: &str, content: &str) -> ToolOut
 
 fn list_blocking(workdir: PathBuf, path: String) -> Result<(Vec<String>, usize), String> {
     let comps = components(&workdir, &path)?;
-    let dir = open_dir(open_root(&workdir)?, &comps, false, &path)?;
+    let dir = open_dir(open_root(&workdir)?, &comps, None, &path)?;
     let mut d = Dir::from_fd(dir).map_err(|e| errno_msg(&path, e))?;
     let mut entries = Vec::new();
     let mut total = 0;
@@ -241,7 +267,7 @@ fn list_blocking(workdir: PathBuf, path: String) -> Result<(Vec<String>, usize),
 }
 
 /// `list_files {path}`: names, `/` after directories, `@` after symlinks.
-pub async fn list_files(ctx: &ToolContext, path: &str) -> ToolOutput {
+pub(crate) async fn list_files(ctx: &ToolContext, path: &str) -> ToolOutput {
     let (workdir, p) = (ctx.workdir.clone(), path.to_owned());
     match tokio::task::spawn_blocking(move || list_blocking(workdir, p)).await {
         Ok(Ok((entries, total))) => {

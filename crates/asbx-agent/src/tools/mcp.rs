@@ -2,8 +2,11 @@
 //! side).
 //!
 //! - **stdio** (`{name, command, args, env}`): started inside the sandbox
-//!   with rmcp's child-process transport, in the working directory, as the
-//!   tool user when there is one, in its own process group, with the tools'
+//!   with rmcp's child-process transport, in the working directory, under
+//!   the rules of [`super::process`] with [`Slot::Mcp`]: as
+//!   [`asbx_protocol::jail::MCP_UID`] (not the tools' uid, so a tool can't
+//!   read the server's environment from `/proc`) when tools have their own
+//!   user, in its own process group and the `mcp` child cgroup, with the tools'
 //!   clean environment (`PATH`, `HOME`, ..., the `/env` variables, then the
 //!   server's own `env`). Its stderr goes to the agent's stderr (prefixed
 //!   `[mcp <name>]`), never to stdout, which is the NDJSON channel; its tail
@@ -13,7 +16,8 @@
 //!   client); the runner's gateway forwards to the URL. The agent never
 //!   connects to the URL itself.
 //!
-//! All servers start at once, after `/config` and before the first model
+//! Entries are checked against the shared rules
+//! ([`asbx_protocol::rules::mcp`]) first. All servers start at once, after `/config` and before the first model
 //! call. A server that fails to start or to list its tools is left out, with
 //! a `warn` log line naming it and the reason; the run goes on without it.
 //!
@@ -26,7 +30,7 @@
 //! with `isError` is a failed step.
 //!
 //! At the end of the run each session is closed (briefly) and each stdio
-//! server's process group is killed.
+//! server, with everything it started, is killed.
 
 use std::collections::HashSet;
 use std::process::Stdio;
@@ -46,23 +50,24 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, UnixSock
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use crate::emit::truncate_with_marker;
+use asbx_protocol::rules::{mcp as rules, truncate_with_marker};
+
+use super::context::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
+use super::process::{self, Reaper, Slot};
 use crate::providers::ToolSpec;
-use crate::tools::shell::{GroupKill, base_env};
-use crate::tools::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
 
 /// How long a server may take to start and list its tools.
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long closing a session may take at the end of the run.
-pub const CLOSE_TIMEOUT: Duration = Duration::from_millis(1500);
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Most tools taken from one server.
-pub const MAX_TOOLS_PER_SERVER: usize = 128;
+pub(crate) const MAX_TOOLS_PER_SERVER: usize = 128;
 /// Longest tool name taken from a server.
-pub const MAX_TOOL_NAME_BYTES: usize = 128;
+pub(crate) const MAX_TOOL_NAME_BYTES: usize = 128;
 /// Largest input schema (serialized) taken from a server.
-pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Bytes of a failed server's stderr quoted in the warning.
-pub const STDERR_TAIL_BYTES: usize = 1024;
+pub(crate) const STDERR_TAIL_BYTES: usize = 1024;
 /// Longest line of server stderr copied to the agent's stderr.
 const STDERR_LINE_BYTES: usize = 4096;
 
@@ -70,18 +75,18 @@ type Client = RunningService<RoleClient, ClientConfig>;
 
 /// One MCP tool offered to the model.
 #[derive(Debug, Clone)]
-pub struct McpTool {
+pub(crate) struct McpTool {
     /// The name the model sees and calls.
-    pub wire: String,
-    pub server: String,
+    pub(crate) wire: String,
+    pub(crate) server: String,
     /// The tool's own name on its server.
-    pub tool: String,
-    pub spec: ToolSpec,
+    pub(crate) tool: String,
+    pub(crate) spec: ToolSpec,
 }
 
 impl McpTool {
     /// The `step` name of a call: `server/tool`.
-    pub fn step_name(&self) -> String {
+    pub(crate) fn step_name(&self) -> String {
         format!("{}/{}", self.server, self.tool)
     }
 }
@@ -89,13 +94,13 @@ impl McpTool {
 struct Connected {
     name: String,
     client: Client,
-    /// Kills the stdio server's process group on shutdown or drop.
-    group: Option<GroupKill>,
+    /// Kills the stdio server and what it started on shutdown or drop.
+    group: Option<Reaper>,
 }
 
 /// The connected servers of this run and their tools.
 #[derive(Default)]
-pub struct McpHub {
+pub(crate) struct McpHub {
     servers: Vec<Connected>,
     tools: Vec<McpTool>,
 }
@@ -112,17 +117,8 @@ impl std::fmt::Debug for McpHub {
     }
 }
 
-/// Whether `name` can be a server name (it goes into the gateway path).
-pub fn valid_server_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
-
 /// The wire-safe name of `server`'s `tool`, unique among `taken`.
-pub fn wire_name(server: &str, tool: &str, taken: &HashSet<String>) -> String {
+pub(crate) fn wire_name(server: &str, tool: &str, taken: &HashSet<String>) -> String {
     let clean = |s: &str| -> String {
         s.chars()
             .map(|c| {
@@ -205,23 +201,20 @@ async fn start_stdio(
     env: &std::collections::BTreeMap<String, String>,
     timeout: Duration,
 ) -> Result<Started, String> {
-    let mut cmd = tokio::process::Command::new(command);
-    cmd.args(args)
-        .current_dir(&ctx.workdir)
+    let (mut cmd, cgroup) =
+        process::command(command, args, Slot::Mcp, ctx.tool_user, &ctx.cgroup_root)?;
+    cmd.current_dir(&ctx.workdir)
         .env_clear()
-        .envs(base_env(&ctx.workdir))
+        .envs(process::base_env(&ctx.workdir))
         .envs(&ctx.variables)
-        .envs(env)
-        .process_group(0)
-        .kill_on_drop(true);
-    if let Some((uid, gid)) = ctx.tool_user {
-        cmd.uid(uid).gid(gid);
-    }
+        .envs(env);
+    process::join_env(&mut cmd, cgroup.as_ref());
     let (proc, stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start `{command}`: {e}"))?;
-    let group = GroupKill::new(proc.id());
+    let uid = Slot::Mcp.user(ctx.tool_user).map(|(uid, _)| uid);
+    let group = Reaper::new(proc.id(), cgroup, uid);
     let tail = Arc::new(Mutex::new(Vec::new()));
     let pump = stderr.map(|s| tokio::spawn(pump_stderr(name.to_owned(), s, tail.clone())));
     let started = tokio::time::timeout(timeout, async {
@@ -311,11 +304,8 @@ async fn start_one(
     timeout: Duration,
 ) -> (String, Result<Started, String>) {
     let name = s.name().to_owned();
-    if !valid_server_name(&name) {
-        return (
-            name,
-            Err("the name must be 1 to 64 characters [A-Za-z0-9_.-]".into()),
-        );
+    if let Err(why) = rules::check(s) {
+        return (name, Err(why));
     }
     if dup {
         return (
@@ -368,7 +358,7 @@ impl McpHub {
     /// Starts every server at once, each within `timeout`; logs one line per
     /// server (`info` with its tool count, or `warn` with the reason).
     /// `taken` holds the names of the other tools, which MCP names avoid.
-    pub async fn start(
+    pub(crate) async fn start(
         servers: &[McpServer],
         ctx: &ToolContext,
         gateway_socket: &str,
@@ -446,16 +436,12 @@ impl McpHub {
     }
 
     /// The tools offered to the model.
-    pub fn specs(&self) -> impl Iterator<Item = ToolSpec> + '_ {
+    pub(crate) fn specs(&self) -> impl Iterator<Item = ToolSpec> + '_ {
         self.tools.iter().map(|t| t.spec.clone())
     }
 
-    pub fn tools(&self) -> &[McpTool] {
-        &self.tools
-    }
-
     /// The tool called `name`: its wire name, or `server/tool`.
-    pub fn find(&self, name: &str) -> Option<&McpTool> {
+    pub(crate) fn find(&self, name: &str) -> Option<&McpTool> {
         self.tools
             .iter()
             .find(|t| t.wire == name)
@@ -463,7 +449,7 @@ impl McpHub {
     }
 
     /// Calls `tool`, bounded by the tool timeout.
-    pub async fn call(&self, ctx: &ToolContext, tool: &McpTool, args: &Value) -> ToolOutput {
+    pub(crate) async fn call(&self, ctx: &ToolContext, tool: &McpTool, args: &Value) -> ToolOutput {
         let Some(server) = self.servers.iter().find(|s| s.name == tool.server) else {
             return ToolOutput::failed(format!("mcp server {} is not connected", tool.server));
         };
@@ -491,11 +477,11 @@ impl McpHub {
     }
 
     /// Closes every session and kills every stdio server's process group.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let closes = self.servers.into_iter().map(|mut s| async move {
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, s.client.close()).await;
             if let Some(mut g) = s.group.take() {
-                g.kill();
+                g.kill().await;
             }
         });
         futures::future::join_all(closes).await;
@@ -504,7 +490,7 @@ impl McpHub {
 
 /// The text of a tool result: its text blocks, a note for other blocks, or
 /// the structured content when there is nothing else.
-pub fn result_text(r: &CallToolResult) -> String {
+pub(crate) fn result_text(r: &CallToolResult) -> String {
     let mut parts = Vec::new();
     for block in &r.content {
         parts.push(match block {
@@ -591,14 +577,5 @@ mod tests {
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
             );
         }
-    }
-
-    #[test]
-    fn server_names() {
-        assert!(valid_server_name("calc"));
-        assert!(valid_server_name("my-server.v2"));
-        assert!(!valid_server_name("a/b"));
-        assert!(!valid_server_name(""));
-        assert!(!valid_server_name("a b"));
     }
 }

@@ -1,74 +1,29 @@
 //! `shell`: `bash -c <command>` in the working directory.
 //!
-//! The command gets a clean, minimal environment (`PATH`, `HOME` = the
-//! working directory, `LANG`, `TMPDIR`) plus the `/env` variables, a null
-//! stdin and piped stdout/stderr: the agent's own stdio (the NDJSON channel)
-//! is never inherited. It runs in its own process group, as the tool user when
-//! the jail provides one. On timeout, or when the call is abandoned (the run's
-//! duration limit), the whole group is killed with SIGKILL. After a normal
-//! exit, background processes are left alone and their pipes are drained for
-//! at most [`DRAIN_TIMEOUT`].
+//! The command starts under the rules of [`super::process`]: a clean,
+//! minimal environment plus the `/env` variables, a null stdin and piped
+//! stdout/stderr (the agent's own stdio, the NDJSON channel, is never
+//! inherited), its own process group, the tool user and the `tools` cgroup
+//! when the jail provides them. On timeout, or when the call is abandoned
+//! (the run's duration limit), the command and everything it started are
+//! killed ([`Reaper`]) and the step says how. After a normal exit,
+//! background processes are left alone and their pipes are drained for at
+//! most [`DRAIN_TIMEOUT`].
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use asbx_protocol::line::OutputStream;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
+use super::context::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
+use super::process::{self, Killed, Reaper, Slot};
 use crate::emit::Emitter;
 
 /// How long pipes are drained after the shell exits.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// The `PATH` tools get.
-pub const TOOL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Builds the minimal environment for tool processes (also the setup script).
-pub fn base_env(ctx_workdir: &std::path::Path) -> Vec<(String, String)> {
-    vec![
-        ("PATH".into(), TOOL_PATH.into()),
-        ("HOME".into(), ctx_workdir.display().to_string()),
-        ("LANG".into(), "C.UTF-8".into()),
-        ("TMPDIR".into(), "/tmp".into()),
-    ]
-}
-
-/// Kills a process group when dropped, unless disarmed.
-#[derive(Debug)]
-pub struct GroupKill {
-    pgid: Option<Pid>,
-}
-
-impl GroupKill {
-    pub fn new(pid: Option<u32>) -> Self {
-        GroupKill {
-            pgid: pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw),
-        }
-    }
-
-    pub fn kill(&mut self) {
-        if let Some(pgid) = self.pgid.take()
-            && let Err(e) = killpg(pgid, Signal::SIGKILL)
-        {
-            tracing::debug!("killpg {pgid}: {e}");
-        }
-    }
-
-    pub fn disarm(&mut self) {
-        self.pgid = None;
-    }
-}
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Output of one stream: the first (or last) `cap` bytes and the total seen.
 #[derive(Debug, Default)]
@@ -79,20 +34,21 @@ struct Capture {
 
 /// The result of a child run by [`run_process`].
 #[derive(Debug)]
-pub struct ProcessOutput {
+pub(crate) struct ProcessOutput {
     /// `None` when it was killed for timing out.
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub stdout: Vec<u8>,
-    pub stdout_total: usize,
-    pub stderr: Vec<u8>,
-    pub stderr_total: usize,
-    pub timed_out: bool,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) signal: Option<i32>,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stdout_total: usize,
+    pub(crate) stderr: Vec<u8>,
+    pub(crate) stderr_total: usize,
+    /// Set when it timed out: how it and what it started were killed.
+    pub(crate) killed: Option<Killed>,
 }
 
 /// Errors starting a child.
 #[derive(Debug, thiserror::Error)]
-pub enum SpawnError {
+pub(crate) enum SpawnError {
     #[error("cannot run as uid {uid} gid {gid}: {source}")]
     User {
         uid: u32,
@@ -102,40 +58,38 @@ pub enum SpawnError {
     },
     #[error("cannot start bash: {0}")]
     Spawn(#[source] std::io::Error),
+    #[error("{0}")]
+    Cgroup(String),
 }
 
-/// Runs `bash -c script` under the shell rules, capturing at most `cap` bytes per
-/// stream, streaming chunks as `stdout` lines when `stream_to` is set.
-pub async fn run_process(
+/// Runs `bash -c script` under the tool rules, capturing at most `cap` bytes
+/// per stream, streaming chunks as `stdout` lines when `stream_to` is set.
+pub(crate) async fn run_process(
     ctx: &ToolContext,
     script: &str,
     timeout: Duration,
-    cap: usize,
-    keep_tail: bool,
+    (cap, keep_tail): (usize, bool),
     stream_to: Option<(Emitter, String)>,
 ) -> Result<ProcessOutput, SpawnError> {
-    let mut cmd = tokio::process::Command::new("bash");
-    cmd.arg("-c")
-        .arg(script)
-        .current_dir(&ctx.workdir)
+    let args = ["-c".to_owned(), script.to_owned()];
+    let (mut cmd, cgroup) =
+        process::command("bash", &args, Slot::Tools, ctx.tool_user, &ctx.cgroup_root)
+            .map_err(SpawnError::Cgroup)?;
+    cmd.current_dir(&ctx.workdir)
         .env_clear()
-        .envs(base_env(&ctx.workdir))
+        .envs(process::base_env(&ctx.workdir))
         .envs(&ctx.variables)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    if let Some((uid, gid)) = ctx.tool_user {
-        cmd.uid(uid).gid(gid);
-    }
+        .stderr(Stdio::piped());
+    process::join_env(&mut cmd, cgroup.as_ref());
     let mut child = cmd.spawn().map_err(|source| match ctx.tool_user {
         Some((uid, gid)) if source.kind() == std::io::ErrorKind::PermissionDenied => {
             SpawnError::User { uid, gid, source }
         }
         Some(_) | None => SpawnError::Spawn(source),
     })?;
-    let mut group = GroupKill::new(child.id());
+    let mut reaper = Reaper::new(child.id(), cgroup, ctx.tool_user.map(|(uid, _)| uid));
     let out = Arc::new(Mutex::new(Capture::default()));
     let err = Arc::new(Mutex::new(Capture::default()));
     let mut readers = Vec::new();
@@ -161,13 +115,20 @@ pub async fn run_process(
         s = child.wait() => Some(s),
         _ = tokio::time::sleep(timeout) => None,
     };
-    let timed_out = status.is_none();
-    if timed_out {
-        group.kill();
-        let _ = child.wait().await;
-    } else {
-        group.disarm();
-    }
+    let killed = match status {
+        None => {
+            let killed = reaper.kill().await;
+            let _ = child.wait().await;
+            if killed.left > 0 || killed.error.is_some() {
+                tracing::warn!("timed-out tool: {killed}");
+            }
+            Some(killed)
+        }
+        Some(_) => {
+            reaper.disarm();
+            None
+        }
+    };
     let drain = async {
         for r in &mut readers {
             let _ = r.await;
@@ -191,6 +152,9 @@ pub async fn run_process(
     };
     let (stdout, stdout_total) = take(&out);
     let (stderr, stderr_total) = take(&err);
+    if let Some(why) = process::join_failure(exit_code, &stderr) {
+        return Err(SpawnError::Cgroup(why));
+    }
     Ok(ProcessOutput {
         exit_code,
         signal,
@@ -198,7 +162,7 @@ pub async fn run_process(
         stdout_total,
         stderr,
         stderr_total,
-        timed_out,
+        killed,
     })
 }
 
@@ -252,7 +216,7 @@ async fn pump(
 
 /// Takes the longest decodable prefix of `pending`, keeping an incomplete
 /// trailing UTF-8 sequence for the next chunk; invalid bytes become U+FFFD.
-pub fn take_utf8(pending: &mut Vec<u8>) -> String {
+fn take_utf8(pending: &mut Vec<u8>) -> String {
     let keep = match std::str::from_utf8(pending) {
         Ok(_) => 0,
         Err(e) if e.error_len().is_none() => pending.len() - e.valid_up_to(),
@@ -276,28 +240,28 @@ pub fn take_utf8(pending: &mut Vec<u8>) -> String {
 }
 
 /// The `shell` tool.
-pub async fn run(ctx: &ToolContext, step_id: &str, command: &str) -> ToolOutput {
+pub(crate) async fn run(ctx: &ToolContext, step_id: &str, command: &str) -> ToolOutput {
     let stream_to = ctx
         .emitter
         .is_v2()
         .then(|| (ctx.emitter.clone(), step_id.to_owned()));
     let cap = ctx.output_bytes;
-    let out = match run_process(ctx, command, ctx.timeout, cap, false, stream_to).await {
+    let out = match run_process(ctx, command, ctx.timeout, (cap, false), stream_to).await {
         Ok(o) => o,
         Err(e) => return ToolOutput::failed(e.to_string()),
     };
-    if out.timed_out {
-        let mut msg = format!(
-            "command timed out after {} ms and was killed",
+    if let Some(killed) = &out.killed {
+        let what = format!(
+            "the tool timed out after {} ms and was killed with everything it started ({killed})",
             ctx.timeout.as_millis()
         );
+        let mut msg = what.clone();
         let partial = cut(&out.stdout, out.stdout_total, DISPLAY_BYTES);
         if !partial.is_empty() {
             msg.push_str(&format!("; output so far: {partial}"));
         }
         let model_text = format!(
-            "error: command timed out after {} ms and was killed\nstdout:\n{}\nstderr:\n{}",
-            ctx.timeout.as_millis(),
+            "error: {what}\nstdout:\n{}\nstderr:\n{}",
             cut(&out.stdout, out.stdout_total, cap / 2),
             cut(&out.stderr, out.stderr_total, cap / 2),
         );

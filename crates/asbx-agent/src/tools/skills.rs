@@ -13,144 +13,56 @@
 //! `<skill>/<path>` (for example `recipes/scripts/add-node.sh`), see
 //! [`Skills::step_name_for_command`]. The model still sees the tool `shell`.
 //!
-//! Validation, per bundle (a bundle that breaks a rule is skipped as a whole
-//! with a `warn` log): a name of 1 to 64 characters `[A-Za-z0-9_.-]`, not
-//! starting with `.`, unique; at most [`MAX_FILES_PER_SKILL`] files of at most
-//! [`MAX_FILE_BYTES`] each; every path relative, made of plain components (no
-//! `..`, `.`, empty component, backslash or NUL). All bundles together hold
-//! at most [`MAX_TOTAL_BYTES`]. Files under `scripts/` and files starting
-//! with `#!` are written executable (0755), the rest 0644. Files are written
-//! by walking from the working directory without following symlinks (the
-//! setup script ran before and could have planted one).
+//! Validation: the shared rules of [`asbx_protocol::rules::skills`] (the
+//! same the workspace applies when it accepts a definition); a bundle that
+//! breaks one, repeats a name, or would take the run over the limits on
+//! count or total size, is skipped as a whole with a `warn` log. Files under
+//! `scripts/` and files starting with `#!` are written executable (0755),
+//! the rest 0644, folders 0755: the tools may run a bundle, not change it.
+//! Files are written by walking from the working directory without following
+//! symlinks (the setup script ran before and could have planted one).
 
 use std::os::fd::AsFd;
-use std::path::{Component, Path};
+use std::path::Path;
 
 use asbx_protocol::LogLevel;
 use asbx_protocol::callback::Skill;
+use asbx_protocol::rules::skills::{self as rules, INSTRUCTIONS, MAX_SKILLS, MAX_TOTAL_BYTES};
+use asbx_protocol::rules::truncate_with_marker;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, fchmod, fstat};
 use serde_json::{Value, json};
 
+use super::context::{DISPLAY_BYTES, ToolOutput, cut};
+use super::files::{components, errno_msg, open_dir, open_root};
 use crate::emit::Emitter;
 use crate::providers::ToolSpec;
-use crate::tools::files::{components, errno_msg, open_dir, open_root};
-use crate::tools::{DISPLAY_BYTES, ToolOutput, cut};
 
 /// The folder of the working directory that holds the bundles.
-pub const SKILLS_DIR: &str = ".skills";
+pub(crate) const SKILLS_DIR: &str = ".skills";
 /// The tool that loads a skill's instructions.
-pub const LOAD_SKILL: &str = "load_skill";
-/// The instructions file of a bundle.
-pub const INSTRUCTIONS: &str = "SKILL.md";
-/// Most skills per run.
-pub const MAX_SKILLS: usize = 64;
-/// Most files per bundle.
-pub const MAX_FILES_PER_SKILL: usize = 256;
-/// Largest file of a bundle.
-pub const MAX_FILE_BYTES: usize = 1024 * 1024;
-/// Most bytes of all bundles together.
-pub const MAX_TOTAL_BYTES: usize = 16 * 1024 * 1024;
-/// Longest path of a file inside a bundle.
-pub const MAX_PATH_BYTES: usize = 256;
-
+pub(crate) const LOAD_SKILL: &str = "load_skill";
 /// One skill placed in the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstalledSkill {
-    pub name: String,
-    pub description: String,
+pub(crate) struct InstalledSkill {
+    pub(crate) name: String,
+    pub(crate) description: String,
     /// Paths inside the bundle, sorted.
-    pub files: Vec<String>,
+    pub(crate) files: Vec<String>,
     /// Paths written executable.
-    pub scripts: Vec<String>,
+    pub(crate) scripts: Vec<String>,
     /// The `SKILL.md` text, if the bundle has one.
-    pub instructions: Option<String>,
+    pub(crate) instructions: Option<String>,
 }
 
 /// The skills of this run.
 #[derive(Debug, Clone, Default)]
-pub struct Skills {
+pub(crate) struct Skills {
     list: Vec<InstalledSkill>,
-}
-
-/// Whether `name` is an acceptable skill name.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
-
-/// Checks one path inside a bundle.
-pub fn valid_path(path: &str) -> Result<(), String> {
-    if path.is_empty() || path.len() > MAX_PATH_BYTES {
-        return Err(format!(
-            "file path {path:?} is empty or longer than {MAX_PATH_BYTES} bytes"
-        ));
-    }
-    if path.contains('\0') || path.contains('\\') {
-        return Err(format!("file path {path:?} contains a NUL or a backslash"));
-    }
-    if path.starts_with('/') || path.ends_with('/') || path.contains("//") {
-        return Err(format!(
-            "file path {path:?} must be relative, without empty components"
-        ));
-    }
-    for c in Path::new(path).components() {
-        match c {
-            Component::Normal(_) => {}
-            Component::Prefix(_)
-            | Component::RootDir
-            | Component::CurDir
-            | Component::ParentDir => {
-                return Err(format!(
-                    "file path {path:?} must be relative, without `.` or `..`"
-                ));
-            }
-        }
-    }
-    if path.split('/').any(|c| c == "." || c == "..") {
-        return Err(format!("file path {path:?} must not contain `.` or `..`"));
-    }
-    Ok(())
 }
 
 fn is_script(path: &str, content: &str) -> bool {
     path.starts_with("scripts/") || content.starts_with("#!")
-}
-
-/// Checks a bundle against every rule but the total size and uniqueness.
-pub fn validate(skill: &Skill) -> Result<(), String> {
-    if !valid_name(&skill.name) {
-        return Err(
-            "the name must be 1 to 64 characters [A-Za-z0-9_.-], not starting with `.`".into(),
-        );
-    }
-    if skill.files.len() > MAX_FILES_PER_SKILL {
-        return Err(format!(
-            "{} files, at most {MAX_FILES_PER_SKILL} allowed",
-            skill.files.len()
-        ));
-    }
-    for (path, content) in &skill.files {
-        valid_path(path)?;
-        if content.len() > MAX_FILE_BYTES {
-            return Err(format!(
-                "file {path} has {} bytes, at most {MAX_FILE_BYTES} allowed",
-                content.len()
-            ));
-        }
-    }
-    // `a` and `a/b` cannot both be files.
-    for path in skill.files.keys() {
-        let prefix = format!("{path}/");
-        if skill.files.keys().any(|p| p.starts_with(&prefix)) {
-            return Err(format!("{path} is both a file and a folder"));
-        }
-    }
-    Ok(())
 }
 
 /// Writes one bundle under `<workdir>/.skills/<name>/`.
@@ -161,7 +73,7 @@ fn write_bundle(workdir: &Path, skill: &Skill) -> Result<(), String> {
         let Some((name, dirs)) = comps.split_last() else {
             return Err(format!("{full}: is a directory"));
         };
-        let dir = open_dir(open_root(workdir)?, dirs, true, &full)?;
+        let dir = open_dir(open_root(workdir)?, dirs, Some(0o755), &full)?;
         let mode = if is_script(path, content) {
             0o755
         } else {
@@ -207,7 +119,7 @@ fn write_bundle(workdir: &Path, skill: &Skill) -> Result<(), String> {
     dirs.dedup();
     for d in dirs {
         let comps = components(workdir, &d)?;
-        let fd = open_dir(open_root(workdir)?, &comps, false, &d)?;
+        let fd = open_dir(open_root(workdir)?, &comps, None, &d)?;
         fchmod(fd.as_fd(), Mode::from_bits_truncate(0o755)).map_err(|e| errno_msg(&d, e))?;
     }
     Ok(())
@@ -216,7 +128,7 @@ fn write_bundle(workdir: &Path, skill: &Skill) -> Result<(), String> {
 impl Skills {
     /// Validates and writes the bundles, logging a `warn` line for each one
     /// skipped and an `info` line with the count.
-    pub async fn install(
+    pub(crate) async fn install(
         workdir: &Path,
         bundles: &[Skill],
         emitter: &Emitter,
@@ -229,9 +141,9 @@ impl Skills {
             } else if list.iter().any(|s| s.name == skill.name) {
                 Some("a skill of that name is already loaded".into())
             } else {
-                validate(skill).err()
+                rules::check(skill).err()
             };
-            let size: usize = skill.files.values().map(String::len).sum();
+            let size = rules::bundle_bytes(skill);
             let reason = reason.or_else(|| {
                 (total + size > MAX_TOTAL_BYTES)
                     .then(|| format!("all skills together exceed {MAX_TOTAL_BYTES} bytes"))
@@ -253,7 +165,7 @@ impl Skills {
                         LogLevel::Warn,
                         format!(
                             "skill {:?} skipped: {r}",
-                            crate::emit::truncate_with_marker(&skill.name, 64)
+                            truncate_with_marker(&skill.name, 64)
                         ),
                     )
                     .await?;
@@ -285,21 +197,18 @@ impl Skills {
         Ok(Skills { list })
     }
 
-    /// Skills already in place (for tests and callers that wrote them).
-    pub fn from_installed(list: Vec<InstalledSkill>) -> Skills {
+    /// Skills already in place.
+    #[cfg(test)]
+    fn from_installed(list: Vec<InstalledSkill>) -> Skills {
         Skills { list }
     }
 
-    pub fn list(&self) -> &[InstalledSkill] {
-        &self.list
-    }
-
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
 
     /// The part of the system prompt naming the skills, if there are any.
-    pub fn prompt_section(&self) -> Option<String> {
+    pub(crate) fn prompt_section(&self) -> Option<String> {
         if self.list.is_empty() {
             return None;
         }
@@ -312,7 +221,7 @@ impl Skills {
         );
         for sk in &self.list {
             let desc = sk.description.trim();
-            let desc = crate::emit::truncate_with_marker(desc, 1024).replace('\n', " ");
+            let desc = truncate_with_marker(desc, 1024).replace('\n', " ");
             if desc.is_empty() {
                 s.push_str(&format!("- {}\n", sk.name));
             } else {
@@ -323,7 +232,7 @@ impl Skills {
     }
 
     /// The `load_skill` tool, offered only when there are skills.
-    pub fn spec(&self) -> Option<ToolSpec> {
+    pub(crate) fn spec(&self) -> Option<ToolSpec> {
         if self.list.is_empty() {
             return None;
         }
@@ -343,7 +252,7 @@ impl Skills {
     }
 
     /// `load_skill {name}`.
-    pub fn load(&self, args: &Value, output_bytes: usize) -> ToolOutput {
+    pub(crate) fn load(&self, args: &Value, output_bytes: usize) -> ToolOutput {
         let Some(name) = args.get("name").and_then(Value::as_str) else {
             return ToolOutput::failed(format!("{LOAD_SKILL} needs a string argument `name`"));
         };
@@ -385,7 +294,7 @@ impl Skills {
     /// `<skill>/<path>` for the first word of the command that names one
     /// (as `.skills/<skill>/<path>`, `./.skills/...`, `<workdir>/.skills/...`
     /// or `<skill>/<path>`).
-    pub fn step_name_for_command(&self, workdir: &Path, command: &str) -> Option<String> {
+    pub(crate) fn step_name_for_command(&self, workdir: &Path, command: &str) -> Option<String> {
         if self.list.is_empty() {
             return None;
         }
@@ -435,34 +344,13 @@ mod tests {
     }
 
     #[test]
-    fn names_and_paths() {
-        assert!(valid_name("recipes"));
-        assert!(valid_name("a.b-c_d"));
-        assert!(!valid_name(""));
-        assert!(!valid_name(".hidden"));
-        assert!(!valid_name("a/b"));
-        assert!(!valid_name(".."));
-        assert!(!valid_name(&"x".repeat(65)));
-        assert!(valid_path("SKILL.md").is_ok());
-        assert!(valid_path("scripts/run.sh").is_ok());
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../b",
-            "a/./b",
-            "./a",
-            "a//b",
-            "a/",
-            "a\\b",
-            "a\0",
-        ] {
-            assert!(valid_path(bad).is_err(), "{bad:?}");
-        }
-        assert!(validate(&skill("s", &[("a", "x"), ("a/b", "y")])).is_err());
-        assert!(validate(&skill("s", &[("scripts/x.sh", "x")])).is_ok());
-        let big = "x".repeat(MAX_FILE_BYTES + 1);
-        assert!(validate(&skill("s", &[("big", &big)])).is_err());
+    fn bundles_follow_the_shared_rules() {
+        assert!(rules::check(&skill("s", &[("a", "x"), ("a/b", "y")])).is_err());
+        assert!(rules::check(&skill("s", &[("scripts/x.sh", "x")])).is_ok());
+        assert!(rules::check(&skill(".s", &[])).is_err());
+        assert!(
+            is_script("scripts/x", "x") && is_script("run", "#!/bin/sh") && !is_script("a", "b")
+        );
     }
 
     #[test]

@@ -76,20 +76,28 @@ async fn stdio_server_tools_called_from_a_script() {
 #[tokio::test]
 async fn stdio_tool_offered_to_an_openai_model_and_called() {
     let mut h = Harness::with_mock(ProviderKind::Openai).await;
-    h.gw.config.mcp_servers = vec![stdio("my.calc", &[])];
+    // `my.calc` breaks the shared server-name rule: left out with a warning.
+    h.gw.config.mcp_servers = vec![stdio("my-calc", &[]), stdio("my.calc", &[])];
     h.mock()
-        .push(Tape::tool_call("my_calc__add", json!({"a": 40, "b": 2})));
+        .push(Tape::tool_call("my-calc__add", json!({"a": 40, "b": 2})));
     h.mock().push(Tape::text("42"));
     let o = h.run().await;
     assert_eq!(o.result(), "42");
     let steps = o.finished_steps();
-    assert_eq!(steps[0].name, "my.calc/add");
+    assert_eq!(steps[0].name, "my-calc/add");
+    assert!(
+        logs(&o.events, LogLevel::Warn)
+            .iter()
+            .any(|l| l.contains("my.calc") && l.contains("name")),
+        "{:?}",
+        o.events
+    );
     assert_eq!(steps[0].status, StepStatus::Succeeded);
     let reqs = o.mock.as_ref().unwrap().requests();
     let tools = reqs[0].body["tools"].as_array().unwrap();
     let add = tools
         .iter()
-        .find(|t| t["function"]["name"] == "my_calc__add")
+        .find(|t| t["function"]["name"] == "my-calc__add")
         .expect("the MCP tool is offered");
     assert_eq!(add["function"]["parameters"]["required"], json!(["a", "b"]));
     assert!(

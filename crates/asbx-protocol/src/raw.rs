@@ -132,7 +132,15 @@ const FIELD_NAMES: [&str; 16] = [
 
 impl<'a> AgentEvent<'a> {
     /// Parses and checks one line (without its trailing newline).
+    ///
+    /// A raw `\r` or `\n` is refused even where JSON allows it (as
+    /// whitespace between tokens): the runner forwards the bytes as they are,
+    /// and a reader that ends lines at `\r` (SSE does, some NDJSON readers
+    /// do) would see the line cut in two. Inside strings JSON escapes them.
     pub fn parse(line: &'a [u8]) -> Result<(AgentKind, AgentEvent<'a>), RawError> {
+        if memchr::memchr2(b'\n', b'\r', line).is_some() {
+            return Err(RawError::Invalid("a line may not hold a raw line break"));
+        }
         let ev: AgentEvent<'a> =
             serde_json::from_slice(line).map_err(|e| RawError::Json(e.to_string()))?;
         let kind = ev.check()?;
@@ -282,6 +290,31 @@ mod tests {
         ];
         for l in bad {
             assert!(AgentEvent::parse(l.as_bytes()).is_err(), "accepted {l}");
+        }
+    }
+
+    #[test]
+    fn refuses_raw_line_breaks_between_tokens() {
+        // Found by fuzz/agent_line: JSON allows `\r` as whitespace, and the
+        // runner's SSE relay then split the event in two.
+        for sep in ["\r", "\n", "\r\r", " \r\n"] {
+            let l = format!(r#"{{"type":"delta",{sep}"text":"x"}}"#);
+            assert_eq!(
+                AgentEvent::parse(l.as_bytes()).map(|(k, _)| k),
+                Err(RawError::Invalid("a line may not hold a raw line break")),
+                "{l:?}"
+            );
+        }
+        // Positive control: other whitespace there is fine, and escaped line
+        // breaks inside strings are too.
+        for l in [
+            "{\"type\":\"delta\",\t \"text\":\"x\"}",
+            r#"{"type":"delta","text":"a\r\nb"}"#,
+        ] {
+            assert_eq!(
+                AgentEvent::parse(l.as_bytes()).map(|(k, _)| k),
+                Ok(AgentKind::Delta)
+            );
         }
     }
 

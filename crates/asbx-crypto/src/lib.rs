@@ -27,7 +27,6 @@ use hkdf::Hkdf;
 use p256::PublicKey;
 use p256::ecdh::EphemeralSecret;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::Sha256;
 
@@ -55,21 +54,7 @@ pub enum CryptoError {
     Line(String),
 }
 
-/// `session_init.encryption`, sent in the clear.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EncryptionInit {
-    pub algorithm: String,
-    pub server_public_key: String,
-    pub salt: String,
-}
-
-/// `"encrypted": {"iv", "ciphertext"}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Sealed {
-    pub iv: String,
-    pub ciphertext: String,
-}
+pub use asbx_protocol::line::{EncryptionInit, Sealed};
 
 fn b64(bytes: &[u8]) -> String {
     URL_SAFE_NO_PAD.encode(bytes)

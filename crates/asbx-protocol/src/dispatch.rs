@@ -25,7 +25,7 @@ pub const DEFAULT_DETACH_GRACE_MS: u64 = 30_000;
 /// - `prompt`: the user's message for this turn, non-empty.
 /// - `protocol`: 1 (default) or 2.
 /// - `session_id`: `^[A-Za-z0-9_-]{1,64}$`, chosen by the runner when absent.
-/// - `filter`, `client_tools`, `detach_grace_ms`: protocol 2 only.
+/// - `filter`, `client_tools`, `detach_grace_ms`, `encryption`: protocol 2 only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DispatchRequest {
@@ -45,6 +45,32 @@ pub struct DispatchRequest {
     pub client_tools: Vec<ClientTool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detach_grace_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionRequest>,
+}
+
+/// `encryption` of a dispatch (`docs/protocol.md` §4).
+///
+/// - `client_public_key`: base64url (no padding) of the client's ephemeral
+///   P-256 public key as a 65-byte uncompressed SEC1 point. This crate checks
+///   the shape; the runner checks that it is a point on the curve.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EncryptionRequest {
+    pub client_public_key: String,
+}
+
+/// Length of K: 65 bytes in base64url without padding.
+pub const CLIENT_PUBLIC_KEY_CHARS: usize = 87;
+
+/// Whether `k` has the shape of K: 87 base64url characters encoding a
+/// 65-byte string that starts with `0x04` (an uncompressed point; its first
+/// character is then `B`).
+pub fn is_client_public_key_shape(k: &str) -> bool {
+    k.len() == CLIENT_PUBLIC_KEY_CHARS
+        && k.starts_with('B')
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -141,6 +167,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "filter",
     "client_tools",
     "detach_grace_ms",
+    "encryption",
 ];
 
 impl DispatchRequest {
@@ -201,7 +228,7 @@ impl DispatchRequest {
                 "must match ^[A-Za-z0-9_-]{1,64}$",
             )),
         }
-        let v2_only = ["filter", "client_tools", "detach_grace_ms"];
+        let v2_only = ["filter", "client_tools", "detach_grace_ms", "encryption"];
         for name in v2_only {
             if map.get(name).is_some_and(|v| !v.is_null()) && protocol == Protocol::V1 {
                 errors.push(FieldError::new(name, "allowed with protocol 2 only"));
@@ -212,6 +239,9 @@ impl DispatchRequest {
         }
         if let Some(v) = map.get("client_tools").filter(|v| !v.is_null()) {
             check_client_tools(v, &mut errors);
+        }
+        if let Some(v) = map.get("encryption").filter(|v| !v.is_null()) {
+            check_encryption(v, &mut errors);
         }
         match map.get("detach_grace_ms") {
             None | Some(Value::Null) => {}
@@ -299,6 +329,30 @@ fn check_filter(v: &Value, errors: &mut Vec<FieldError>) {
             Some(t) if EventKind::parse(t).is_some() => {}
             _ => errors.push(FieldError::new(&field, format!("unknown line type {item}"))),
         }
+    }
+}
+
+fn check_encryption(v: &Value, errors: &mut Vec<FieldError>) {
+    let Some(obj) = v.as_object() else {
+        errors.push(FieldError::new(
+            "encryption",
+            "must be {\"client_public_key\": K}",
+        ));
+        return;
+    };
+    for key in obj.keys().filter(|k| *k != "client_public_key") {
+        errors.push(FieldError::new(
+            &format!("encryption.{key}"),
+            "unknown field",
+        ));
+    }
+    match obj.get("client_public_key") {
+        Some(Value::String(k)) if is_client_public_key_shape(k) => {}
+        Some(_) => errors.push(FieldError::new(
+            "encryption.client_public_key",
+            "must be base64url (no padding) of a 65-byte uncompressed P-256 point",
+        )),
+        None => errors.push(FieldError::new("encryption.client_public_key", "required")),
     }
 }
 
@@ -392,6 +446,36 @@ mod tests {
         assert!(f.passes(EventKind::Result));
         assert!(!f.passes(EventKind::Log));
         assert!(f.passes(EventKind::Step));
+    }
+
+    #[test]
+    fn encryption_takes_exactly_a_well_shaped_client_key() {
+        let k = format!("B{}", "A".repeat(86));
+        let mut body = ok_body();
+        body["protocol"] = 2.into();
+        body["encryption"] = serde_json::json!({ "client_public_key": k });
+        let r = DispatchRequest::parse(body.to_string().as_bytes()).unwrap();
+        assert_eq!(r.encryption.unwrap().client_public_key, k);
+        for (bad, field) in [
+            (
+                serde_json::json!({ "client_public_key": "short" }),
+                "encryption.client_public_key",
+            ),
+            (
+                serde_json::json!({ "client_public_key": k, "alg": "x" }),
+                "encryption.alg",
+            ),
+            (serde_json::json!({}), "encryption.client_public_key"),
+            (serde_json::json!("K"), "encryption"),
+        ] {
+            body["encryption"] = bad;
+            let errs = DispatchRequest::parse(body.to_string().as_bytes()).unwrap_err();
+            assert!(errs.iter().any(|e| e.field == field), "{field}: {errs:?}");
+        }
+        body["protocol"] = 1.into();
+        body["encryption"] = serde_json::json!({ "client_public_key": k });
+        let errs = DispatchRequest::parse(body.to_string().as_bytes()).unwrap_err();
+        assert_eq!(errs[0].field, "encryption");
     }
 
     #[test]

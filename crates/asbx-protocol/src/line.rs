@@ -261,17 +261,29 @@ pub struct SessionLimits {
     pub heartbeat_interval_ms: u64,
 }
 
-/// The server half of the end-to-end encryption handshake (protocol 2).
+/// The server half of the end-to-end encryption handshake (protocol 2,
+/// `docs/protocol.md` §4), sent in the clear in `session_init`.
 ///
-/// - `curve`: always `P-256`.
-/// - `serverPublicKey`: the server's ephemeral public key, uncompressed SEC1, base64.
-/// - `salt`: the HKDF salt, base64.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// - `algorithm`: always `ECDH-P256+HKDF-SHA256+AES-256-GCM`.
+/// - `serverPublicKey`: the server's ephemeral P-256 public key, uncompressed
+///   SEC1, base64url without padding.
+/// - `salt`: the HKDF salt, 32 random bytes, base64url without padding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EncryptionInit {
-    pub curve: String,
+    pub algorithm: String,
     pub server_public_key: String,
     pub salt: String,
+}
+
+/// `"encrypted": {"iv", "ciphertext"}` of an encrypted line or tool result:
+/// base64url (no padding) of a 12-byte nonce and of the AES-256-GCM
+/// ciphertext with its 16-byte tag appended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Sealed {
+    pub iv: String,
+    pub ciphertext: String,
 }
 
 /// `delta` (protocol 2): assistant text as the model streams it.

@@ -14,22 +14,23 @@ use bytes::{Bytes, BytesMut};
 use url::Url;
 
 use crate::error::WorkspaceError;
+use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::state::AppState;
-use crate::store::runs::{self, NewRun, Outcome, RunKind};
-use crate::store::tokens;
-use crate::token::{self, OTP_PREFIX, TokenKind};
+use crate::tokens::store as token_store;
+use crate::tokens::{self, OTP_PREFIX, TokenKind};
+use crate::wire::RunKind;
 
 /// Most bytes of a non-200 runner answer kept for pass-through.
 const MAX_REJECTION_BYTES: usize = 64 * 1024;
 
 /// The HTTP client that talks to runners.
 #[derive(Debug, Clone)]
-pub struct Dispatcher {
+pub(crate) struct Dispatcher {
     client: reqwest::Client,
 }
 
 impl Dispatcher {
-    pub fn new() -> Result<Dispatcher, WorkspaceError> {
+    pub(crate) fn new() -> Result<Dispatcher, WorkspaceError> {
         // No overall timeout: a turn may legitimately stream for hours (the
         // runner enforces the cap). Proxies from the environment are ignored:
         // runners are addressed directly.
@@ -42,18 +43,9 @@ impl Dispatcher {
     }
 }
 
-/// An http(s) URL with a host.
-pub fn parse_sandbox_url(raw: &str) -> Result<Url, String> {
-    let url = Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err("must be an http(s) URL".to_owned());
-    }
-    Ok(url)
-}
-
 /// Everything one dispatch needs.
 #[derive(Debug, Clone)]
-pub struct RunSpec {
+pub(crate) struct RunSpec {
     /// The session id, `^[A-Za-z0-9_-]{1,64}$`.
     pub id: String,
     pub workspace_id: String,
@@ -69,7 +61,7 @@ pub struct RunSpec {
 
 /// What the runner answered.
 #[derive(Debug)]
-pub enum Started {
+pub(crate) enum Started {
     /// `200`: the NDJSON stream, unread.
     Streaming { response: reqwest::Response },
     /// Anything else, for pass-through; the run is already settled as failed.
@@ -81,13 +73,13 @@ pub enum Started {
 }
 
 /// Records the run, mints its tokens and posts the dispatch.
-pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, WorkspaceError> {
+pub(crate) async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, WorkspaceError> {
     let now = state.now_ms();
     let env_json = serde_json::to_string(&spec.env)
         .map_err(|e| WorkspaceError::Corrupt(format!("env: {e}")))?;
     let config_json = serde_json::to_string(&spec.config)
         .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
-    let minted = TokenKind::ALL.map(|kind| (kind, token::mint(OTP_PREFIX)));
+    let minted = TokenKind::ALL.map(|kind| (kind, tokens::mint(OTP_PREFIX)));
     let mut tx = state.store.pool().begin().await?;
     runs::insert(
         &mut *tx,
@@ -106,7 +98,7 @@ pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, Workspac
     )
     .await?;
     for (kind, m) in &minted {
-        tokens::insert(&mut *tx, m, *kind, &spec.id, now).await?;
+        token_store::insert(&mut *tx, m, *kind, &spec.id, now).await?;
     }
     tx.commit().await?;
 
@@ -122,6 +114,7 @@ pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, Workspac
         filter: None,
         client_tools: Vec::new(),
         detach_grace_ms: None,
+        encryption: None,
     };
     let endpoint = stream_endpoint(&spec.sandbox_url);
     let sent = state
@@ -141,7 +134,9 @@ pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, Workspac
                 state,
                 &spec.id,
                 &Outcome::Failed {
-                    code: crate::error::codes::UPSTREAM_FAILED.to_owned(),
+                    code: crate::error::ProblemCode::UpstreamFailed
+                        .as_str()
+                        .to_owned(),
                     message: message.clone(),
                 },
             )
@@ -162,7 +157,9 @@ pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, Workspac
     let (code, message) = match serde_json::from_slice::<Problem>(&body) {
         Ok(p) => (p.code, p.detail),
         Err(_) => (
-            crate::error::codes::UPSTREAM_FAILED.to_owned(),
+            crate::error::ProblemCode::UpstreamFailed
+                .as_str()
+                .to_owned(),
             format!("runner answered {status}"),
         ),
     };
@@ -177,18 +174,18 @@ pub async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, Workspac
 /// Records the outcome of a run and revokes its unused tokens: once the
 /// stream is over, the sandbox is gone and nothing may call back any more.
 /// Failures are logged, not returned: the client's stream is already over.
-pub async fn settle(state: &AppState, run_id: &str, outcome: &Outcome) {
+pub(crate) async fn settle(state: &AppState, run_id: &str, outcome: &Outcome) {
     let now = state.now_ms();
     if let Err(e) = runs::finish(state.store.pool(), run_id, outcome, now).await {
         tracing::error!(run = run_id, error = %crate::error::error_chain(&e), "recording run outcome failed");
     }
-    if let Err(e) = tokens::revoke_session(state.store.pool(), run_id, now).await {
+    if let Err(e) = token_store::revoke_session(state.store.pool(), run_id, now).await {
         tracing::error!(run = run_id, error = %crate::error::error_chain(&e), "revoking run tokens failed");
     }
 }
 
 /// `{public_url}/api/assistant/sandbox/{session_id}`.
-pub fn agent_url(public_url: &Url, session_id: &str) -> String {
+pub(crate) fn agent_url(public_url: &Url, session_id: &str) -> String {
     format!(
         "{}/api/assistant/sandbox/{session_id}",
         public_url.as_str().trim_end_matches('/')

@@ -10,18 +10,45 @@ use asbx_protocol::{FieldError, Problem};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-/// Stable problem codes.
-pub mod codes {
-    pub const INVALID_REQUEST: &str = "invalid_request";
-    pub const UNAUTHORIZED: &str = "unauthorized";
-    pub const OTP_REJECTED: &str = "otp_rejected";
-    pub const FORBIDDEN: &str = "forbidden";
-    pub const NOT_FOUND: &str = "not_found";
-    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
-    pub const TURN_IN_FLIGHT: &str = "turn_in_flight";
-    pub const SANDBOX_URL_MISSING: &str = "sandbox_url_missing";
-    pub const UPSTREAM_FAILED: &str = "upstream_failed";
-    pub const INTERNAL: &str = "internal";
+/// The workspace's stable problem `code`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProblemCode {
+    InvalidRequest,
+    Unauthorized,
+    OtpRejected,
+    Forbidden,
+    CrossOrigin,
+    HostNotAllowed,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    TurnInFlight,
+    SandboxUrlMissing,
+    UpstreamFailed,
+    Internal,
+}
+
+impl ProblemCode {
+    /// The code on the wire.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            ProblemCode::InvalidRequest => "invalid_request",
+            ProblemCode::Unauthorized => "unauthorized",
+            ProblemCode::OtpRejected => asbx_protocol::codes::OTP_REJECTED,
+            ProblemCode::Forbidden => "forbidden",
+            ProblemCode::CrossOrigin => "cross_origin",
+            ProblemCode::HostNotAllowed => "host_not_allowed",
+            ProblemCode::NotFound => "not_found",
+            ProblemCode::MethodNotAllowed => "method_not_allowed",
+            ProblemCode::PayloadTooLarge => "payload_too_large",
+            ProblemCode::UnsupportedMediaType => "unsupported_media_type",
+            ProblemCode::TurnInFlight => "turn_in_flight",
+            ProblemCode::SandboxUrlMissing => "sandbox_url_missing",
+            ProblemCode::UpstreamFailed => "upstream_failed",
+            ProblemCode::Internal => asbx_protocol::codes::INTERNAL,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,25 +64,36 @@ pub enum WorkspaceError {
     OtpRejected,
     #[error("not allowed: {0}")]
     Forbidden(String),
+    #[error("cross-origin request refused: origin {origin}")]
+    CrossOrigin { origin: String },
+    #[error("host {host:?} is not one this server answers to")]
+    HostNotAllowed { host: String },
     #[error("{0} not found")]
     NotFound(String),
+    #[error("method {method} not allowed here")]
+    MethodNotAllowed { method: String },
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("unsupported content type: {found}")]
+    UnsupportedMediaType { found: String },
     #[error("chat {chat_id} has a turn in flight: {turn_id}")]
     TurnInFlight { chat_id: String, turn_id: String },
-    #[error(
-        "no SANDBOX_URL: pass sandboxUrl in the request or start the workspace with SANDBOX_URL"
-    )]
+    #[error("no SANDBOX_URL: start the workspace with SANDBOX_URL")]
     SandboxUrlMissing,
     #[error(
-        "no SANDBOX_URL for agent {agent_id}: pass sandboxUrl in the run request, set SANDBOX_URL \
-         in the agent's environment variables, or start the workspace with SANDBOX_URL"
+        "no SANDBOX_URL for agent {agent_id}: set SANDBOX_URL in the agent's environment \
+         variables, or start the workspace with SANDBOX_URL"
     )]
     AgentSandboxUrlMissing { agent_id: String },
     #[error("runner request failed: {0}")]
     Upstream(String),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error(
+        "refusing to listen on {listen}, which is not a loopback address, without authentication: \
+         set ASBX_REQUIRE_AUTH=1 (and give clients an API key from `asbx key`)"
+    )]
+    AuthRequired { listen: std::net::SocketAddr },
     #[error("database error")]
     Database(#[from] sqlx::Error),
     #[error("database migration failed")]
@@ -72,7 +110,7 @@ pub enum WorkspaceError {
 
 impl WorkspaceError {
     /// A 400 naming one problem.
-    pub fn invalid(detail: impl Into<String>) -> Self {
+    pub(crate) fn invalid(detail: impl Into<String>) -> Self {
         WorkspaceError::InvalidRequest {
             detail: detail.into(),
             errors: Vec::new(),
@@ -80,7 +118,7 @@ impl WorkspaceError {
     }
 
     /// A 400 naming every bad field.
-    pub fn invalid_fields(errors: Vec<FieldError>) -> Self {
+    pub(crate) fn invalid_fields(errors: Vec<FieldError>) -> Self {
         let detail = errors
             .iter()
             .map(|e| {
@@ -95,7 +133,7 @@ impl WorkspaceError {
         WorkspaceError::InvalidRequest { detail, errors }
     }
 
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         WorkspaceError::Io {
             path: path.into(),
             source,
@@ -103,45 +141,75 @@ impl WorkspaceError {
     }
 
     /// The problem body this error is answered with.
-    pub fn problem(&self) -> Problem {
+    pub(crate) fn problem(&self) -> Problem {
         match self {
             WorkspaceError::InvalidRequest { detail, errors } => Problem::new(
                 400,
-                codes::INVALID_REQUEST,
+                ProblemCode::InvalidRequest.as_str(),
                 "Invalid request",
                 detail.clone(),
             )
             .with_errors(errors.clone()),
             WorkspaceError::Unauthorized => Problem::new(
                 401,
-                codes::UNAUTHORIZED,
+                ProblemCode::Unauthorized.as_str(),
                 "Unauthorized",
                 "missing or malformed credentials",
             ),
             WorkspaceError::OtpRejected => Problem::new(
                 401,
-                codes::OTP_REJECTED,
+                ProblemCode::OtpRejected.as_str(),
                 "Token rejected",
                 "the one-time token is unknown, expired, already used, or not valid here",
             ),
-            WorkspaceError::Forbidden(what) => {
-                Problem::new(403, codes::FORBIDDEN, "Forbidden", what.clone())
-            }
+            WorkspaceError::Forbidden(what) => Problem::new(
+                403,
+                ProblemCode::Forbidden.as_str(),
+                "Forbidden",
+                what.clone(),
+            ),
+            WorkspaceError::CrossOrigin { origin } => Problem::new(
+                403,
+                ProblemCode::CrossOrigin.as_str(),
+                "Cross-origin request refused",
+                format!(
+                    "a state-changing request from origin {origin} is refused: only this \
+                     server's own origin may make one"
+                ),
+            ),
+            WorkspaceError::HostNotAllowed { host } => Problem::new(
+                403,
+                ProblemCode::HostNotAllowed.as_str(),
+                "Host not allowed",
+                format!("this server does not answer to Host {host:?}"),
+            ),
+            WorkspaceError::MethodNotAllowed { method } => Problem::new(
+                405,
+                ProblemCode::MethodNotAllowed.as_str(),
+                "Method not allowed",
+                format!("{method} is not allowed on this route"),
+            ),
+            WorkspaceError::UnsupportedMediaType { found } => Problem::new(
+                415,
+                ProblemCode::UnsupportedMediaType.as_str(),
+                "Unsupported media type",
+                format!("this route takes Content-Type: application/json, not {found}"),
+            ),
             WorkspaceError::NotFound(what) => Problem::new(
                 404,
-                codes::NOT_FOUND,
+                ProblemCode::NotFound.as_str(),
                 "Not found",
                 format!("{what} not found"),
             ),
             WorkspaceError::PayloadTooLarge { limit } => Problem::new(
                 413,
-                codes::PAYLOAD_TOO_LARGE,
+                ProblemCode::PayloadTooLarge.as_str(),
                 "Payload too large",
                 format!("the request body is larger than {limit} bytes"),
             ),
             WorkspaceError::TurnInFlight { chat_id, turn_id } => Problem::new(
                 409,
-                codes::TURN_IN_FLIGHT,
+                ProblemCode::TurnInFlight.as_str(),
                 "Turn in flight",
                 format!("chat {chat_id} already has a turn in flight ({turn_id})"),
             )
@@ -149,30 +217,31 @@ impl WorkspaceError {
             .with("chatId", chat_id.clone()),
             WorkspaceError::SandboxUrlMissing => Problem::new(
                 503,
-                codes::SANDBOX_URL_MISSING,
+                ProblemCode::SandboxUrlMissing.as_str(),
                 "Sandbox runner not configured",
                 self.to_string(),
             ),
             WorkspaceError::AgentSandboxUrlMissing { agent_id } => Problem::new(
                 503,
-                codes::SANDBOX_URL_MISSING,
+                ProblemCode::SandboxUrlMissing.as_str(),
                 "Sandbox runner not configured",
                 self.to_string(),
             )
             .with("agentId", agent_id.clone()),
             WorkspaceError::Upstream(_) => Problem::new(
                 502,
-                codes::UPSTREAM_FAILED,
+                ProblemCode::UpstreamFailed.as_str(),
                 "Sandbox runner unreachable",
                 "the request to the sandbox runner failed",
             ),
             WorkspaceError::Config(_)
+            | WorkspaceError::AuthRequired { .. }
             | WorkspaceError::Database(_)
             | WorkspaceError::Migrate(_)
             | WorkspaceError::Io { .. }
             | WorkspaceError::Corrupt(_) => Problem::new(
                 500,
-                codes::INTERNAL,
+                ProblemCode::Internal.as_str(),
                 "Internal error",
                 "an internal error occurred; it has been logged",
             ),

@@ -1,15 +1,8 @@
-//! HTTP routes: the router and the small helpers handlers share.
+//! The HTTP surface: the router over every feature's handlers, and the
+//! small helpers handlers share.
 //!
-//! Handlers stay thin: extract, call one function of a service module,
-//! answer. Every error is a [`WorkspaceError`].
-
-mod agents;
-mod callback;
-mod chats;
-mod files;
-mod pages;
-mod runs;
-mod session;
+//! Handlers (in each feature's `api` module) stay thin: extract, call one
+//! function of the feature, answer. Every error is a [`WorkspaceError`].
 
 use std::sync::Arc;
 
@@ -20,9 +13,10 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
+use crate::callbacks::writeback::MAX_RESULTS_BODY;
 use crate::error::WorkspaceError;
 use crate::state::AppState;
-use crate::writeback::MAX_RESULTS_BODY;
+use crate::{agents, auth, callbacks, chats, files, pages, runs};
 
 /// Largest JSON body of the ordinary API routes.
 pub(crate) const MAX_JSON_BODY: usize = 8 * 1024 * 1024;
@@ -33,47 +27,52 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/assets/app.js", get(pages::app_js))
         .route("/assets/app.css", get(pages::app_css))
         .route("/healthz", get(pages::healthz))
-        .route("/api/runs", post(runs::create))
-        .route("/api/agents", get(agents::list).post(agents::create))
+        .route("/api/runs", post(runs::api::create))
+        .route(
+            "/api/agents",
+            get(agents::api::list).post(agents::api::create),
+        )
         .route(
             "/api/agents/{id}",
-            get(agents::get).put(agents::update).delete(agents::delete),
+            get(agents::api::get)
+                .put(agents::api::update)
+                .delete(agents::api::delete),
         )
-        .route("/api/agents/{id}/runs", post(agents::run))
-        .route("/api/runs/{id}", get(runs::get))
+        .route("/api/agents/{id}/runs", post(agents::api::run))
+        .route("/api/runs/{id}", get(runs::api::get))
         .route(
             "/api/files/{id}",
-            get(files::download).delete(chats::delete_file),
+            get(files::api::download).delete(files::api::delete),
         )
         .route(
             "/api/session",
-            get(session::current)
-                .post(session::sign_in)
-                .delete(session::sign_out),
+            get(auth::api::current)
+                .post(auth::api::sign_in)
+                .delete(auth::api::sign_out),
         )
-        .route("/api/assistant/chat/stream", post(chats::turn))
-        .route("/api/assistant/chats", get(chats::list))
+        .route("/api/assistant/chat/stream", post(chats::api::turn))
+        .route("/api/assistant/chats", get(chats::api::list))
         .route(
             "/api/assistant/chats/{id}",
-            get(chats::detail).delete(chats::delete),
+            get(chats::api::detail).delete(chats::api::delete),
         )
-        .route("/api/assistant/chats/{id}/stream", get(chats::resume))
-        .route("/api/assistant/chats/{id}/cancel", post(chats::cancel))
+        .route("/api/assistant/chats/{id}/stream", get(chats::api::resume))
+        .route("/api/assistant/chats/{id}/cancel", post(chats::api::cancel))
         .route(
             "/api/assistant/files",
-            post(chats::upload).layer(DefaultBodyLimit::max(crate::chat_view::MAX_UPLOAD_BYTES)),
+            post(chats::api::upload).layer(DefaultBodyLimit::max(chats::view::MAX_UPLOAD_BYTES)),
         )
         .route(
             "/api/assistant/sandbox/{session_id}/env",
-            get(callback::env),
+            get(callbacks::api::env),
         )
         .route(
             "/api/assistant/sandbox/{session_id}/config",
-            get(callback::config),
+            get(callbacks::api::config),
         )
         .route(
             "/api/assistant/sandbox/{session_id}/results",
-            post(callback::results).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
+            post(callbacks::api::results).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
         )
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

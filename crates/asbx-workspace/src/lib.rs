@@ -6,42 +6,42 @@
 //! HTTP surface the `asbx` binary serves.
 //!
 //! Architecture invariant: plaintext tokens are never stored; a token is
-//! redeemed at most once, atomically (see [`store::tokens::redeem`]).
+//! redeemed at most once, atomically (see `tokens::store::redeem`).
 
-pub mod agents;
-mod api;
-pub mod auth;
-pub mod blobs;
-pub mod callbacks;
-pub mod chat;
-pub mod chat_view;
-pub mod config;
-pub mod dispatch;
-pub mod error;
-pub mod messages;
-pub mod paths;
-pub mod relay;
-pub mod run_request;
-pub mod runs_view;
-pub mod state;
-pub mod store;
-pub mod token;
-pub mod turns;
-pub mod wire;
-pub mod writeback;
+// Shared, below every feature: errors, configuration, the store's pool,
+// tokens, validation, the wire bodies, the HTTP plumbing.
+mod auth;
+mod config;
+mod error;
+mod http;
+mod pages;
+mod state;
+mod store;
+mod tokens;
+mod validate;
+mod wire;
+
+// Features, each with its store, logic and handlers. Dependencies point one
+// way: agents, chats and callbacks use runs and files; runs uses files;
+// files uses none of them.
+mod agents;
+mod callbacks;
+mod chats;
+mod files;
+mod runs;
 
 use std::sync::Arc;
 
 pub use config::{Clock, ManualClock, SystemClock, WorkspaceConfig};
 pub use error::WorkspaceError;
 
-use crate::blobs::BlobStore;
-use crate::dispatch::Dispatcher;
+use crate::files::blobs::BlobStore;
+use crate::runs::dispatch::Dispatcher;
 use crate::state::AppState;
 use crate::store::Store;
 
 /// The workspace every request without other credentials belongs to.
-pub const DEFAULT_WORKSPACE: &str = "default";
+pub(crate) const DEFAULT_WORKSPACE: &str = "default";
 
 /// An opened workspace: its store, blob folder and configuration.
 #[derive(Debug, Clone)]
@@ -81,7 +81,7 @@ impl Workspace {
 
     /// The HTTP routes.
     pub fn router(&self) -> axum::Router {
-        api::router(Arc::clone(&self.state))
+        http::router(Arc::clone(&self.state))
     }
 
     pub fn config(&self) -> &WorkspaceConfig {
@@ -90,8 +90,8 @@ impl Workspace {
 
     /// Creates a workspace; returns its id.
     pub async fn create_workspace(&self, name: &str) -> Result<String, WorkspaceError> {
-        let id = token::random_id();
-        store::keys::create_workspace(self.state.store.pool(), &id, name, self.state.now_ms())
+        let id = tokens::random_id();
+        auth::store::create_workspace(self.state.store.pool(), &id, name, self.state.now_ms())
             .await?;
         Ok(id)
     }
@@ -103,8 +103,8 @@ impl Workspace {
         workspace_id: &str,
         name: &str,
     ) -> Result<String, WorkspaceError> {
-        let key = token::mint(auth::KEY_PREFIX);
-        store::keys::insert_key(
+        let key = tokens::mint(auth::KEY_PREFIX);
+        auth::store::insert_key(
             self.state.store.pool(),
             &key.hash,
             workspace_id,

@@ -6,24 +6,25 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::WorkspaceError;
+use crate::wire::Health;
 
-const INDEX_HTML: &str = include_str!("../../assets/index.html");
-const APP_JS: &str = include_str!("../../assets/app.js");
-const APP_CSS: &str = include_str!("../../assets/app.css");
+const INDEX_HTML: &str = include_str!("../assets/index.html");
+const APP_JS: &str = include_str!("../assets/app.js");
+const APP_CSS: &str = include_str!("../assets/app.css");
 
 /// Only this origin's scripts, styles and requests; never framed.
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
     connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'";
 
-pub(super) async fn index() -> Response {
+pub(crate) async fn index() -> Response {
     asset(INDEX_HTML, "text/html; charset=utf-8")
 }
 
-pub(super) async fn app_js() -> Response {
+pub(crate) async fn app_js() -> Response {
     asset(APP_JS, "text/javascript; charset=utf-8")
 }
 
-pub(super) async fn app_css() -> Response {
+pub(crate) async fn app_css() -> Response {
     asset(APP_CSS, "text/css; charset=utf-8")
 }
 
@@ -43,10 +44,10 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     r
 }
 
-pub(super) async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok"}))
+pub(crate) async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
 }
 
-pub(super) async fn not_found(uri: axum::http::Uri) -> WorkspaceError {
+pub(crate) async fn not_found(uri: axum::http::Uri) -> WorkspaceError {
     WorkspaceError::NotFound(format!("route {}", uri.path()))
 }

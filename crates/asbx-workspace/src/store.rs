@@ -1,4 +1,6 @@
-//! Storage: one [`Store`] over SQLite (default) or PostgreSQL.
+//! Storage: one [`Store`] (the pool and the migrations) over SQLite
+//! (default) or PostgreSQL. Each feature keeps its own queries in its
+//! `store` module.
 //!
 //! Why `sqlx::Any` and one migration folder: the schema uses only `TEXT` and
 //! `BIGINT` columns (times are epoch milliseconds, JSON is text, no booleans,
@@ -13,13 +15,6 @@
 //! redemption, lease acquisition) is a single conditional `UPDATE`/`INSERT`
 //! whose `rows_affected` decides, never a read followed by a write.
 
-pub mod agents;
-pub mod chats;
-pub mod files;
-pub mod keys;
-pub mod runs;
-pub mod tokens;
-
 use std::path::Path;
 use std::str::FromStr;
 
@@ -33,22 +28,21 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// Which database a [`Store`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     Sqlite,
     Postgres,
 }
 
 /// A connection pool with the schema migrated.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub(crate) struct Store {
     pool: AnyPool,
-    backend: Backend,
 }
 
 impl Store {
     /// Connects to `database_url` (default: `sqlite://{data_dir}/asbx.db`,
     /// created if missing) and runs the migrations.
-    pub async fn open(
+    pub(crate) async fn open(
         database_url: Option<&str>,
         data_dir: &Path,
     ) -> Result<Store, WorkspaceError> {
@@ -92,14 +86,10 @@ impl Store {
                 .await?;
         }
         MIGRATOR.run(&pool).await?;
-        Ok(Store { pool, backend })
+        Ok(Store { pool })
     }
 
-    pub fn pool(&self) -> &AnyPool {
+    pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
-    }
-
-    pub fn backend(&self) -> Backend {
-        self.backend
     }
 }

@@ -1,52 +1,205 @@
-//! Validation of untrusted names: file paths a sandbox writes back, MIME
-//! types, model names, environment variable names, hosts.
+//! The workspace's one validation module: everything a request body is
+//! checked against before it is stored or dispatched.
 //!
-//! Each check returns the reason as text, so a 400 can name the problem.
+//! Rules the agent must agree with (skills, MCP servers, environment variable
+//! names, egress hosts, relative paths, model names) are not written here:
+//! they are `asbx_protocol::rules`, the same functions the agent applies to
+//! what it receives, so a definition accepted with `201` is exactly what the
+//! run installs. What is only the workspace's business (size limits of its
+//! own bodies, MIME types of uploads, runner URLs, agent names) is here.
+//!
+//! Each check pushes [`FieldError`]s naming the field, so a `400` names
+//! every problem at once.
 
-/// Longest accepted file path, in bytes.
-pub const MAX_PATH_BYTES: usize = 1024;
-/// Longest accepted path component, in bytes.
-pub const MAX_COMPONENT_BYTES: usize = 255;
+use std::collections::BTreeMap;
 
-/// A relative path below the output folder: no absolute paths, no `..`, no
-/// empty or `.` components, no backslashes, no control characters.
-pub fn check_relative_path(path: &str) -> Result<(), String> {
-    if path.is_empty() {
-        return Err("must not be empty".to_owned());
+use asbx_protocol::FieldError;
+use asbx_protocol::dispatch::MAX_PROMPT_BYTES;
+use asbx_protocol::rules::{mcp, names, skills};
+use url::Url;
+
+use crate::wire::{AgentDefinition, AgentEnvironment, AgentRunRequest, CreateRunRequest};
+
+/// Longest system prompt or setup script, in bytes.
+pub(crate) const MAX_SCRIPT_BYTES: usize = 1 << 20;
+/// Most environment variables.
+pub(crate) const MAX_VARIABLES: usize = 256;
+/// Most allowed hosts.
+pub(crate) const MAX_HOSTS: usize = 256;
+/// Longest agent or environment name, in characters.
+pub(crate) const MAX_NAME_CHARS: usize = 200;
+/// Longest agent description, in bytes.
+pub(crate) const MAX_DESCRIPTION_BYTES: usize = 64 * 1024;
+/// The agent environment variable that names an agent's runner.
+pub(crate) const SANDBOX_URL_VARIABLE: &str = "SANDBOX_URL";
+
+/// `POST /api/runs`: every problem, by field.
+pub(crate) fn run_request(r: &CreateRunRequest) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    prompt(&r.prompt, "prompt", &mut errors);
+    model(r.model.as_deref(), &mut errors);
+    script(r.system_prompt.as_deref(), "systemPrompt", &mut errors);
+    environment(
+        &r.variables,
+        r.setup_script.as_deref(),
+        &r.allowed_hosts,
+        "",
+        &mut errors,
+    );
+    skills::check_skills(&r.skills, "skills", &mut errors);
+    mcp::check_servers(&r.mcp_servers, "mcpServers", &mut errors);
+    errors
+}
+
+/// `POST /api/agents/{id}/runs`: every problem, by field.
+pub(crate) fn agent_run_request(r: &AgentRunRequest) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    prompt(&r.prompt, "prompt", &mut errors);
+    errors
+}
+
+/// A stored agent's definition: every problem, by field.
+pub(crate) fn agent_definition(d: &AgentDefinition) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    display_name(&d.name, "name", true, &mut errors);
+    if d.description
+        .as_ref()
+        .is_some_and(|v| v.len() > MAX_DESCRIPTION_BYTES)
+    {
+        errors.push(FieldError::new(
+            "description",
+            format!("longer than {MAX_DESCRIPTION_BYTES} bytes"),
+        ));
     }
-    if path.len() > MAX_PATH_BYTES {
-        return Err(format!("longer than {MAX_PATH_BYTES} bytes"));
+    script(d.system_prompt.as_deref(), "systemPrompt", &mut errors);
+    model(d.model.as_deref(), &mut errors);
+    skills::check_skills(&d.skills, "skills", &mut errors);
+    mcp::check_servers(&d.mcp_servers, "mcpServers", &mut errors);
+    agent_environment(&d.environment, &mut errors);
+    errors
+}
+
+fn agent_environment(env: &AgentEnvironment, errors: &mut Vec<FieldError>) {
+    if let Some(name) = &env.name {
+        display_name(name, "environment.name", false, errors);
     }
-    if path.starts_with('/') {
-        return Err("must be relative, not absolute".to_owned());
+    environment(
+        &env.variables,
+        env.setup_script.as_deref(),
+        &env.allowed_hosts,
+        "environment.",
+        errors,
+    );
+    if let Some(Err(msg)) = env
+        .variables
+        .get(SANDBOX_URL_VARIABLE)
+        .map(|raw| sandbox_url(raw))
+    {
+        errors.push(FieldError::new(
+            &format!("environment.variables.{SANDBOX_URL_VARIABLE}"),
+            msg,
+        ));
     }
-    if path.contains('\\') {
-        return Err("must use / as separator, not \\".to_owned());
+}
+
+/// A prompt or chat message: non-empty, at most [`MAX_PROMPT_BYTES`].
+pub(crate) fn prompt(prompt: &str, field: &str, errors: &mut Vec<FieldError>) {
+    if prompt.trim().is_empty() {
+        errors.push(FieldError::new(field, "must not be empty"));
+    } else if prompt.len() > MAX_PROMPT_BYTES {
+        errors.push(FieldError::new(
+            field,
+            format!("longer than {MAX_PROMPT_BYTES} bytes"),
+        ));
     }
-    if path.chars().any(char::is_control) {
-        return Err("must not contain control characters".to_owned());
+}
+
+/// `provider:model`, when given ([`names::check_model`]).
+fn model(model: Option<&str>, errors: &mut Vec<FieldError>) {
+    if let Some(Err(msg)) = model.map(names::check_model) {
+        errors.push(FieldError::new("model", msg));
     }
-    if path.len() >= 2 && path.as_bytes()[1] == b':' && path.as_bytes()[0].is_ascii_alphabetic() {
-        return Err("must be relative, not a drive path".to_owned());
+}
+
+/// A system prompt or setup script: at most [`MAX_SCRIPT_BYTES`].
+fn script(value: Option<&str>, field: &str, errors: &mut Vec<FieldError>) {
+    if value.is_some_and(|v| v.len() > MAX_SCRIPT_BYTES) {
+        errors.push(FieldError::new(
+            field,
+            format!("longer than {MAX_SCRIPT_BYTES} bytes"),
+        ));
     }
-    for component in path.split('/') {
-        match component {
-            "" => return Err("must not contain empty components (//) or end in /".to_owned()),
-            "." => return Err("must not contain . components".to_owned()),
-            ".." => return Err("must not contain .. components".to_owned()),
-            c if c.len() > MAX_COMPONENT_BYTES => {
-                return Err(format!(
-                    "has a component longer than {MAX_COMPONENT_BYTES} bytes"
-                ));
-            }
-            _ => {}
+}
+
+/// What `/env` carries: variables, setup script, allowed hosts. Field names
+/// are `{prefix}variables.NAME`, `{prefix}setupScript`, `{prefix}allowedHosts[i]`.
+fn environment(
+    variables: &BTreeMap<String, String>,
+    setup_script: Option<&str>,
+    allowed_hosts: &[String],
+    prefix: &str,
+    errors: &mut Vec<FieldError>,
+) {
+    script(setup_script, &format!("{prefix}setupScript"), errors);
+    if variables.len() > MAX_VARIABLES {
+        errors.push(FieldError::new(
+            &format!("{prefix}variables"),
+            format!("more than {MAX_VARIABLES} variables"),
+        ));
+    }
+    for (name, value) in variables {
+        let field = format!("{prefix}variables.{name}");
+        if let Err(msg) = names::check_env_name(name) {
+            errors.push(FieldError::new(&field, msg));
+        }
+        if value.contains('\0') {
+            errors.push(FieldError::new(&field, "value must not contain NUL"));
         }
     }
-    Ok(())
+    if allowed_hosts.len() > MAX_HOSTS {
+        errors.push(FieldError::new(
+            &format!("{prefix}allowedHosts"),
+            format!("more than {MAX_HOSTS} hosts"),
+        ));
+    }
+    for (i, host) in allowed_hosts.iter().enumerate() {
+        if let Err(msg) = names::check_host(host) {
+            errors.push(FieldError::new(&format!("{prefix}allowedHosts[{i}]"), msg));
+        }
+    }
+}
+
+/// A name shown in lists: non-blank, at most [`MAX_NAME_CHARS`], no control
+/// characters.
+fn display_name(name: &str, field: &str, required: bool, errors: &mut Vec<FieldError>) {
+    if name.trim().is_empty() {
+        let msg = if required {
+            "must not be empty"
+        } else {
+            "must not be blank when given"
+        };
+        errors.push(FieldError::new(field, msg));
+    } else if name.chars().count() > MAX_NAME_CHARS {
+        errors.push(FieldError::new(
+            field,
+            format!("longer than {MAX_NAME_CHARS} characters"),
+        ));
+    } else if name.chars().any(char::is_control) {
+        errors.push(FieldError::new(
+            field,
+            "must not contain control characters",
+        ));
+    }
+}
+
+/// A file path a user uploads or a run writes back
+/// ([`names::check_relative_path`], the rule the agent writes files by).
+pub(crate) fn relative_path(path: &str) -> Result<(), String> {
+    names::check_relative_path(path)
 }
 
 /// A MIME type `type/subtype` with optional parameters, printable ASCII.
-pub fn check_mime_type(mime: &str) -> Result<(), String> {
+pub(crate) fn mime_type(mime: &str) -> Result<(), String> {
     let ok = mime.len() <= 255
         && mime.bytes().all(|b| (0x20..0x7f).contains(&b))
         && mime
@@ -67,102 +220,18 @@ fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
 }
 
-/// A model name `provider:model`.
-pub fn check_model(model: &str) -> Result<(), String> {
-    let ok = model.len() <= 256
-        && model
-            .split_once(':')
-            .is_some_and(|(p, m)| !p.is_empty() && !m.is_empty())
-        && model.bytes().all(|b| b.is_ascii_graphic());
-    if ok {
-        Ok(())
-    } else {
-        Err("must be provider:model, for example openai:gpt-4.1-mini".to_owned())
+/// A runner base URL: http(s) with a host.
+pub(crate) fn sandbox_url(raw: &str) -> Result<Url, String> {
+    let url = Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("must be an http(s) URL".to_owned());
     }
-}
-
-/// An environment variable name `^[A-Za-z_][A-Za-z0-9_]{0,127}$`.
-pub fn check_env_name(name: &str) -> Result<(), String> {
-    let mut bytes = name.bytes();
-    let ok = name.len() <= 128
-        && bytes
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err("must match ^[A-Za-z_][A-Za-z0-9_]{0,127}$".to_owned())
-    }
-}
-
-/// An allowed egress host: a hostname, optionally `*.`-prefixed, optional port.
-pub fn check_host(host: &str) -> Result<(), String> {
-    let name = host.strip_prefix("*.").unwrap_or(host);
-    let name = match name.rsplit_once(':') {
-        Some((n, port)) if port.parse::<u16>().is_ok() => n,
-        _ => name,
-    };
-    let ok = !name.is_empty()
-        && host.len() <= 260
-        && name
-            .split('.')
-            .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err("must be a host name like pypi.org or *.example.com".to_owned())
-    }
-}
-
-/// The last component of a path, made safe for a `Content-Disposition`
-/// `filename` (ASCII letters, digits, `.`, `-`, `_`).
-pub fn ascii_file_name(path: &str) -> String {
-    let base = path.rsplit('/').next().unwrap_or(path);
-    let cleaned: String = base
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if cleaned.trim_matches(['.', '_']).is_empty() {
-        "file".to_owned()
-    } else {
-        cleaned
-    }
+    Ok(url)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn relative_paths() {
-        for ok in ["a.txt", "dir/b.md", "a/b/c.tar.gz", "..foo", "x..y/z"] {
-            assert_eq!(check_relative_path(ok), Ok(()), "{ok}");
-        }
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../b",
-            "a/./b",
-            "a//b",
-            "a/",
-            "C:x",
-            "a\\b",
-            "a\0b",
-            "\n",
-        ] {
-            assert!(check_relative_path(bad).is_err(), "{bad:?}");
-        }
-        assert!(check_relative_path(&"a".repeat(MAX_PATH_BYTES + 1)).is_err());
-        assert!(check_relative_path(&"a".repeat(MAX_COMPONENT_BYTES + 1)).is_err());
-    }
 
     #[test]
     fn mime_types() {
@@ -171,7 +240,7 @@ mod tests {
             "application/vnd.api+json",
             "text/html; charset=utf-8",
         ] {
-            assert_eq!(check_mime_type(ok), Ok(()), "{ok}");
+            assert_eq!(mime_type(ok), Ok(()), "{ok}");
         }
         for bad in [
             "",
@@ -181,29 +250,52 @@ mod tests {
             "te xt/plain",
             "text/plain\r\nX: y",
         ] {
-            assert!(check_mime_type(bad).is_err(), "{bad:?}");
+            assert!(mime_type(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
-    fn models_names_hosts() {
-        assert!(check_model("openai:gpt-4.1-mini").is_ok());
-        assert!(check_model("gpt").is_err());
-        assert!(check_model(":x").is_err());
-        assert!(check_env_name("PATH_2").is_ok());
-        assert!(check_env_name("2X").is_err());
-        assert!(check_env_name("A-B").is_err());
-        assert!(check_host("pypi.org").is_ok());
-        assert!(check_host("*.example.com").is_ok());
-        assert!(check_host("localhost:8080").is_ok());
-        assert!(check_host("a..b").is_err());
-        assert!(check_host("http://x").is_err());
+    fn sandbox_urls() {
+        assert!(sandbox_url("http://127.0.0.1:1").is_ok());
+        for bad in ["ftp://x", "not a url", "file:///tmp"] {
+            assert!(sandbox_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
-    fn file_names_are_sanitized() {
-        assert_eq!(ascii_file_name("dir/report.pdf"), "report.pdf");
-        assert_eq!(ascii_file_name("a\"b;c.txt"), "a_b_c.txt");
-        assert_eq!(ascii_file_name(".."), "file");
+    fn a_good_definition_passes_and_a_bad_one_names_every_field() {
+        let good = AgentDefinition {
+            name: "triage".into(),
+            model: Some("openai:gpt-4.1-mini".into()),
+            environment: AgentEnvironment {
+                variables: [("SANDBOX_URL".to_owned(), "http://127.0.0.1:1".to_owned())].into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(agent_definition(&good).is_empty());
+        let bad = AgentDefinition {
+            name: " ".into(),
+            model: Some("x".into()),
+            environment: AgentEnvironment {
+                name: Some(String::new()),
+                variables: [("SANDBOX_URL".to_owned(), "ftp://x".to_owned())].into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let fields: Vec<_> = agent_definition(&bad)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "name",
+                "model",
+                "environment.name",
+                "environment.variables.SANDBOX_URL"
+            ]
+        );
     }
 }

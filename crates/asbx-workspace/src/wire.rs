@@ -5,8 +5,11 @@
 
 use std::collections::BTreeMap;
 
+use asbx_protocol::StepStatus;
+use asbx_protocol::callback::{ChatTurn, Role};
 use asbx_protocol::callback::{McpServer, RunLimits, Skill};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// `POST /api/runs`.
 ///
@@ -14,13 +17,19 @@ use serde::{Deserialize, Serialize};
 /// - `model`: `provider:model`; default: the server's default model.
 /// - `systemPrompt`: sent to the sandbox in `/config`.
 /// - `setupScript`, `variables`, `allowedHosts`: sent in `/env`.
-/// - `sandboxUrl`: the runner to use; default: the server's `SANDBOX_URL`.
 /// - `limits`: `{max_steps, max_tool_calls, tool_timeout_ms, tool_output_bytes,
 ///   max_duration_ms}` (snake_case, as on the callback wire), each optional.
 /// - `skills`, `mcpServers`: sent in `/config`.
+///
+/// There is deliberately no `sandboxUrl` (issue 13, item 2): the runner a
+/// request reaches is the operator's `SANDBOX_URL`, never one an anonymous
+/// caller names. The workspace sends its runner token and three one-time
+/// tokens to that URL, so a caller-chosen URL would receive them (and turn
+/// the workspace into a proxy to any address). A body naming `sandboxUrl`
+/// is refused as an unknown field.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CreateRunRequest {
+pub(crate) struct CreateRunRequest {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -32,8 +41,6 @@ pub struct CreateRunRequest {
     pub variables: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_hosts: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox_url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -55,14 +62,14 @@ pub struct CreateRunRequest {
 /// - `files`: what the run wrote back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RunRecord {
+pub(crate) struct RunRecord {
     pub id: String,
-    pub kind: String,
+    pub kind: RunKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
-    pub status: String,
+    pub status: RunStatus,
     pub prompt: String,
     pub model: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,7 +84,7 @@ pub struct RunRecord {
 
 /// Why a run failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunError {
+pub(crate) struct RunError {
     pub code: String,
     pub message: String,
 }
@@ -87,7 +94,7 @@ pub struct RunError {
 /// - `url`: where to download it (`/api/files/{id}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct FileInfo {
+pub(crate) struct FileInfo {
     pub id: String,
     pub path: String,
     pub mime_type: String,
@@ -97,11 +104,11 @@ pub struct FileInfo {
 }
 
 /// The HTTP header carrying the run id on a `POST /api/runs` stream.
-pub const RUN_ID_HEADER: &str = "x-asbx-run-id";
+pub(crate) const RUN_ID_HEADER: &str = "x-asbx-run-id";
 /// The HTTP header naming the chat of a turn stream.
-pub const CHAT_ID_HEADER: &str = "x-asbx-chat-id";
+pub(crate) const CHAT_ID_HEADER: &str = "x-asbx-chat-id";
 /// The HTTP header naming the turn of a turn stream.
-pub const TURN_ID_HEADER: &str = "x-asbx-turn-id";
+pub(crate) const TURN_ID_HEADER: &str = "x-asbx-turn-id";
 
 /// `POST /api/agents` and `PUT /api/agents/{id}`: a stored agent, the
 /// definition a workflow's Agents block runs. `PUT` replaces it whole.
@@ -118,7 +125,7 @@ pub const TURN_ID_HEADER: &str = "x-asbx-turn-id";
 /// - `limits`: as on `POST /api/runs`, sent in `/config`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AgentDefinition {
+pub(crate) struct AgentDefinition {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -141,12 +148,13 @@ pub struct AgentDefinition {
 /// - `name`: the environment's name (for example `staging`); optional.
 /// - `variables`: set in the sandbox; names match `^[A-Za-z_][A-Za-z0-9_]{0,127}$`.
 ///   A `SANDBOX_URL` variable also picks the runner of the agent's runs
-///   (CONTRACT section 6), after the run request's own `sandboxUrl`.
+///   (CONTRACT section 6), before the server's. The workspace's runner token
+///   goes only to runners the operator configured, not to this URL.
 /// - `setupScript`: bash, run before the first model call.
 /// - `allowedHosts`: what the sandbox's tools may reach (default none).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AgentEnvironment {
+pub(crate) struct AgentEnvironment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     #[serde(default)]
@@ -160,7 +168,7 @@ pub struct AgentEnvironment {
 /// A stored agent as the API answers it: the definition plus its id and times.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AgentRecord {
+pub(crate) struct AgentRecord {
     pub id: String,
     #[serde(flatten)]
     pub definition: AgentDefinition,
@@ -170,22 +178,287 @@ pub struct AgentRecord {
 
 /// `GET /api/agents`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AgentList {
+pub(crate) struct AgentList {
     pub agents: Vec<AgentRecord>,
 }
 
 /// `POST /api/agents/{id}/runs`: one run of a stored agent.
 ///
 /// - `prompt`: the block's input, non-empty.
-/// - `sandboxUrl`: the runner to use; default: the agent environment's
-///   `SANDBOX_URL` variable, then the server's `SANDBOX_URL`.
+///
+/// There is deliberately no `sandboxUrl`: the runner comes from the agent
+/// environment's `SANDBOX_URL` or the server's (see [`CreateRunRequest`]).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AgentRunRequest {
+pub(crate) struct AgentRunRequest {
     pub prompt: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox_url: Option<String>,
 }
 
 /// The HTTP header naming the agent of an agent run stream.
-pub const AGENT_ID_HEADER: &str = "x-asbx-agent-id";
+pub(crate) const AGENT_ID_HEADER: &str = "x-asbx-agent-id";
+
+/// What a run is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RunKind {
+    /// `POST /api/runs`.
+    Run,
+    /// A chat turn.
+    Chat,
+    /// `POST /api/agents/{id}/runs`: a stored agent (a workflow's Agents block).
+    Agent,
+}
+
+impl RunKind {
+    /// The stored (and wire) name.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RunKind::Run => "run",
+            RunKind::Chat => "chat",
+            RunKind::Agent => "agent",
+        }
+    }
+
+    /// The kind of a stored name.
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        [RunKind::Run, RunKind::Chat, RunKind::Agent]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+/// The state of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RunStatus {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl RunStatus {
+    /// The stored (and wire) name.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+        }
+    }
+
+    /// The status of a stored name.
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        [RunStatus::Running, RunStatus::Succeeded, RunStatus::Failed]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+/// `POST /api/assistant/chat/stream`.
+///
+/// - `chatId`: the chat to continue; absent: the turn creates a chat.
+/// - `message`: the user's message, non-empty.
+/// - `attachmentIds`: bag files (`POST /api/assistant/files`) to attach.
+///
+/// There is no `sandboxUrl`: chat turns always use the server's runner.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct TurnRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<String>,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachment_ids: Vec<String>,
+}
+
+/// `POST /api/assistant/chats/{id}/cancel` (`202`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct CancelAccepted {
+    pub chat_id: String,
+    pub turn_id: String,
+}
+
+/// A chat in the list.
+///
+/// - `activeTurnId`: the turn holding the chat's lease, if one is in flight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ChatSummary {
+    pub id: String,
+    pub title: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_turn_id: Option<String>,
+}
+
+/// One chat: its thread and its bag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ChatDetail {
+    #[serde(flatten)]
+    pub chat: ChatSummary,
+    pub messages: Vec<PersistedMessage>,
+    pub files: Vec<FileInfo>,
+}
+
+/// One message of a chat (also its stored form).
+///
+/// - `id`: stable message id.
+/// - `role`: `user` or `assistant`.
+/// - `content`: the content blocks, in display order.
+/// - `fileAttachments`: bag files the user attached to this message.
+/// - `createdAt`: Unix epoch ms.
+/// - `turnId`: the turn (run) this message belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PersistedMessage {
+    pub id: String,
+    pub role: Role,
+    pub content: Vec<ContentBlock>,
+    #[serde(default)]
+    pub file_attachments: Vec<FileAttachment>,
+    pub created_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+}
+
+/// A content block.
+///
+/// - `text`: message text (the user's message, or the `result` line).
+/// - `step`: one step of the trace, its `running` and final line merged;
+///   `result` is the tool's structured output.
+/// - `error`: the turn failed with this code and message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "type",
+    rename_all = "snake_case",
+    rename_all_fields = "camelCase"
+)]
+pub(crate) enum ContentBlock {
+    Text {
+        text: String,
+    },
+    Step {
+        id: String,
+        name: String,
+        status: StepStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        duration_ms: Option<u64>,
+    },
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+/// A bag file attached to a user message, denormalized so history renders
+/// the chip without another lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct FileAttachment {
+    pub id: String,
+    pub name: String,
+    pub mime_type: String,
+    pub size: i64,
+}
+
+impl PersistedMessage {
+    /// The text this message contributes to the replayed conversation.
+    pub(crate) fn replay_text(&self) -> String {
+        let mut text = String::new();
+        let mut error = None;
+        for block in &self.content {
+            match block {
+                ContentBlock::Text { text: t } => {
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(t);
+                }
+                ContentBlock::Error { code, message } => error = Some((code, message)),
+                ContentBlock::Step { .. } => {}
+            }
+        }
+        if !self.file_attachments.is_empty() {
+            let names: Vec<_> = self
+                .file_attachments
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect();
+            text.push_str(&format!("\n[attached: {}]", names.join(", ")));
+        }
+        match (text.is_empty(), error) {
+            (true, Some((code, message))) => format!("(this turn failed: {code}: {message})"),
+            _ => text,
+        }
+    }
+
+    /// The message as a replayed conversation turn in `/config`.
+    pub(crate) fn to_chat_turn(&self) -> ChatTurn {
+        ChatTurn {
+            role: self.role,
+            content: self.replay_text(),
+            ts: u64::try_from(self.created_at).unwrap_or(0),
+        }
+    }
+}
+
+/// How a chat turn ended, in its `done` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum TurnStatus {
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+/// The `done` SSE event's payload, last on every turn stream.
+///
+/// - `status`: how the turn ended.
+/// - `messageId`: the persisted assistant message.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Done {
+    pub chat_id: String,
+    pub turn_id: String,
+    pub status: TurnStatus,
+    pub message_id: String,
+}
+
+/// The `turn` SSE event's payload, first on every turn stream.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct TurnInfo {
+    pub chat_id: String,
+    pub turn_id: String,
+    pub user_message_id: String,
+}
+
+/// `POST /api/session`: sign in with an API key.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct SignIn {
+    pub api_key: String,
+}
+
+/// `GET /api/session`, and the answer to a sign-in.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SessionInfo {
+    pub workspace_id: String,
+    pub workspace_name: String,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Health {
+    pub status: &'static str,
+}

@@ -16,17 +16,17 @@ use crate::error::WorkspaceError;
 use crate::state::AppState;
 use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, AgentRunRequest};
 
-pub(super) async fn create(
+pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<AgentRecord>), WorkspaceError> {
-    let definition: AgentDefinition = super::parse_json(body)?;
+    let definition: AgentDefinition = crate::http::parse_json(body)?;
     let agent = agents::create(&state, &caller.workspace_id, definition).await?;
     Ok((StatusCode::CREATED, Json(agent)))
 }
 
-pub(super) async fn list(
+pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
     caller: Caller,
 ) -> Result<Json<AgentList>, WorkspaceError> {
@@ -34,7 +34,7 @@ pub(super) async fn list(
     Ok(Json(AgentList { agents }))
 }
 
-pub(super) async fn get(
+pub(crate) async fn get(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
@@ -42,18 +42,18 @@ pub(super) async fn get(
     Ok(Json(agents::get(&state, &caller.workspace_id, &id).await?))
 }
 
-pub(super) async fn update(
+pub(crate) async fn update(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AgentRecord>, WorkspaceError> {
-    let definition: AgentDefinition = super::parse_json(body)?;
+    let definition: AgentDefinition = crate::http::parse_json(body)?;
     let agent = agents::update(&state, &caller.workspace_id, &id, definition).await?;
     Ok(Json(agent))
 }
 
-pub(super) async fn delete(
+pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
@@ -62,17 +62,17 @@ pub(super) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub(super) async fn run(
+pub(crate) async fn run(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, WorkspaceError> {
-    let request: AgentRunRequest = super::parse_json(body)?;
+    let request: AgentRunRequest = crate::http::parse_json(body)?;
     let spec = agents::run_spec(&state, &caller.workspace_id, &id, request).await?;
     let agent_id = HeaderValue::from_str(spec.agent_id.as_deref().unwrap_or_default())
         .map_err(|_| WorkspaceError::Corrupt("agent id".into()))?;
-    let mut response = super::runs::stream_response(state, &spec).await?;
+    let mut response = crate::runs::api::stream_response(state, &spec).await?;
     response.headers_mut().insert(AGENT_ID_HEADER, agent_id);
     Ok(response)
 }

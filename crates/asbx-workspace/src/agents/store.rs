@@ -10,7 +10,7 @@ use crate::error::WorkspaceError;
 
 /// A stored agent.
 #[derive(Debug, Clone)]
-pub struct AgentRow {
+pub(crate) struct AgentRow {
     pub id: String,
     pub workspace_id: String,
     pub name: String,
@@ -21,7 +21,7 @@ pub struct AgentRow {
 
 const COLUMNS: &str = "id, workspace_id, name, definition, created_at, updated_at";
 
-pub async fn insert<'c, E>(db: E, agent: &AgentRow) -> Result<(), WorkspaceError>
+pub(crate) async fn insert<'c, E>(db: E, agent: &AgentRow) -> Result<(), WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -41,7 +41,7 @@ where
 }
 
 /// The agent `id` of `workspace_id`, unless deleted.
-pub async fn get<'c, E>(
+pub(crate) async fn get<'c, E>(
     db: E,
     workspace_id: &str,
     id: &str,
@@ -60,7 +60,7 @@ where
 }
 
 /// Every live agent of `workspace_id`, oldest first.
-pub async fn list<'c, E>(db: E, workspace_id: &str) -> Result<Vec<AgentRow>, WorkspaceError>
+pub(crate) async fn list<'c, E>(db: E, workspace_id: &str) -> Result<Vec<AgentRow>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -75,7 +75,7 @@ where
 }
 
 /// Replaces the definition of a live agent; false when there is none.
-pub async fn update<'c, E>(
+pub(crate) async fn update<'c, E>(
     db: E,
     workspace_id: &str,
     id: &str,
@@ -101,7 +101,7 @@ where
 }
 
 /// Marks a live agent deleted; false when there is none.
-pub async fn delete<'c, E>(
+pub(crate) async fn delete<'c, E>(
     db: E,
     workspace_id: &str,
     id: &str,

@@ -1,4 +1,5 @@
-//! Browser sign-in: trade an API key for an HttpOnly session cookie.
+//! `/api/session`: browser sign-in (trade an API key for an HttpOnly
+//! session cookie), sign-out, and who is signed in.
 
 use std::sync::Arc;
 
@@ -8,34 +9,19 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
+use crate::auth::store as keys;
 use crate::auth::{self, Caller};
 use crate::error::WorkspaceError;
 use crate::state::AppState;
-use crate::store::keys;
-use crate::token;
+use crate::tokens;
+use crate::wire::{SessionInfo, SignIn};
 
-/// `POST /api/session`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct SignIn {
-    api_key: String,
-}
-
-/// `GET /api/session`, and the answer to a sign-in.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct SessionInfo {
-    workspace_id: String,
-    workspace_name: String,
-}
-
-pub(super) async fn sign_in(
+pub(crate) async fn sign_in(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, WorkspaceError> {
-    let request: SignIn = super::parse_json(body)?;
+    let request: SignIn = crate::http::parse_json(body)?;
     let (session, workspace_id) = auth::sign_in(&state, &request.api_key).await?;
     let info = info(&state, workspace_id).await?;
     let secure = state.config.public_url.scheme() == "https";
@@ -46,12 +32,12 @@ pub(super) async fn sign_in(
     Ok(r)
 }
 
-pub(super) async fn sign_out(
+pub(crate) async fn sign_out(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
 ) -> Result<Response, WorkspaceError> {
     if let Some(session) = auth::session_cookie(&headers) {
-        keys::delete_session(state.store.pool(), &token::hash(session)).await?;
+        keys::delete_session(state.store.pool(), &tokens::hash(session)).await?;
     }
     let mut r = StatusCode::NO_CONTENT.into_response();
     if let Ok(v) = HeaderValue::from_str(&auth::cookie_header("", false)) {
@@ -60,7 +46,7 @@ pub(super) async fn sign_out(
     Ok(r)
 }
 
-pub(super) async fn current(
+pub(crate) async fn current(
     State(state): State<Arc<AppState>>,
     caller: Caller,
 ) -> Result<Json<SessionInfo>, WorkspaceError> {

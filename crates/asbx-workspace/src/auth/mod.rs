@@ -6,29 +6,32 @@
 //! the caller's workspace id, so another workspace's chats, files and runs
 //! are simply not found.
 
+pub(crate) mod api;
+pub(crate) mod store;
+
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 
+use crate::auth::store as keys;
 use crate::error::WorkspaceError;
 use crate::state::AppState;
-use crate::store::keys;
-use crate::token;
+use crate::tokens;
 
 /// Prefix of workspace API keys.
-pub const KEY_PREFIX: &str = "asbx_key_";
+pub(crate) const KEY_PREFIX: &str = "asbx_key_";
 /// Prefix of browser session ids (the cookie value).
-pub const SESSION_PREFIX: &str = "asbx_ses_";
+pub(crate) const SESSION_PREFIX: &str = "asbx_ses_";
 /// The browser session cookie.
-pub const SESSION_COOKIE: &str = "asbx_session";
+pub(crate) const SESSION_COOKIE: &str = "asbx_session";
 /// How long a browser session lasts, in milliseconds (7 days).
-pub const SESSION_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
+pub(crate) const SESSION_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
 
 /// The workspace a request acts in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
+pub(crate) struct Caller {
     pub workspace_id: String,
 }
 
@@ -40,15 +43,15 @@ impl FromRequestParts<Arc<AppState>> for Caller {
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
         if parts.headers.contains_key(header::AUTHORIZATION) {
-            let key = token::bearer(&parts.headers).ok_or(WorkspaceError::Unauthorized)?;
-            let workspace_id = keys::key_workspace(state.store.pool(), &token::hash(key))
+            let key = tokens::bearer(&parts.headers).ok_or(WorkspaceError::Unauthorized)?;
+            let workspace_id = keys::key_workspace(state.store.pool(), &tokens::hash(key))
                 .await?
                 .ok_or(WorkspaceError::Unauthorized)?;
             return Ok(Caller { workspace_id });
         }
         if let Some(session) = session_cookie(&parts.headers)
             && let Some(workspace_id) =
-                keys::session_workspace(state.store.pool(), &token::hash(session), state.now_ms())
+                keys::session_workspace(state.store.pool(), &tokens::hash(session), state.now_ms())
                     .await?
         {
             return Ok(Caller { workspace_id });
@@ -63,7 +66,7 @@ impl FromRequestParts<Arc<AppState>> for Caller {
 }
 
 /// The value of the session cookie, if any.
-pub fn session_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
+pub(crate) fn session_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -75,11 +78,14 @@ pub fn session_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
 }
 
 /// Signs in with an API key: returns the session id to put in the cookie.
-pub async fn sign_in(state: &AppState, api_key: &str) -> Result<(String, String), WorkspaceError> {
-    let workspace_id = keys::key_workspace(state.store.pool(), &token::hash(api_key))
+pub(crate) async fn sign_in(
+    state: &AppState,
+    api_key: &str,
+) -> Result<(String, String), WorkspaceError> {
+    let workspace_id = keys::key_workspace(state.store.pool(), &tokens::hash(api_key))
         .await?
         .ok_or(WorkspaceError::Unauthorized)?;
-    let session = token::mint(SESSION_PREFIX);
+    let session = tokens::mint(SESSION_PREFIX);
     let now = state.now_ms();
     keys::insert_session(
         state.store.pool(),
@@ -93,7 +99,7 @@ pub async fn sign_in(state: &AppState, api_key: &str) -> Result<(String, String)
 }
 
 /// The `Set-Cookie` value for a session (empty value: sign out).
-pub fn cookie_header(value: &str, secure: bool) -> String {
+pub(crate) fn cookie_header(value: &str, secure: bool) -> String {
     let max_age = if value.is_empty() {
         0
     } else {

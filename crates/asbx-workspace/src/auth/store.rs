@@ -4,7 +4,7 @@ use sqlx::{Any, Executor, Row as _};
 
 use crate::error::WorkspaceError;
 
-pub async fn create_workspace<'c, E>(
+pub(crate) async fn create_workspace<'c, E>(
     db: E,
     id: &str,
     name: &str,
@@ -22,7 +22,7 @@ where
     Ok(())
 }
 
-pub async fn workspace_name<'c, E>(db: E, id: &str) -> Result<Option<String>, WorkspaceError>
+pub(crate) async fn workspace_name<'c, E>(db: E, id: &str) -> Result<Option<String>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -33,7 +33,7 @@ where
     Ok(row.map(|r| r.try_get("name")).transpose()?)
 }
 
-pub async fn insert_key<'c, E>(
+pub(crate) async fn insert_key<'c, E>(
     db: E,
     hash: &str,
     workspace_id: &str,
@@ -57,7 +57,10 @@ where
 }
 
 /// The workspace of an unrevoked key.
-pub async fn key_workspace<'c, E>(db: E, hash: &str) -> Result<Option<String>, WorkspaceError>
+pub(crate) async fn key_workspace<'c, E>(
+    db: E,
+    hash: &str,
+) -> Result<Option<String>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -69,7 +72,7 @@ where
     Ok(row.map(|r| r.try_get("workspace_id")).transpose()?)
 }
 
-pub async fn insert_session<'c, E>(
+pub(crate) async fn insert_session<'c, E>(
     db: E,
     hash: &str,
     workspace_id: &str,
@@ -93,7 +96,7 @@ where
 }
 
 /// The workspace of an unexpired browser session.
-pub async fn session_workspace<'c, E>(
+pub(crate) async fn session_workspace<'c, E>(
     db: E,
     hash: &str,
     now_ms: i64,
@@ -110,7 +113,7 @@ where
     Ok(row.map(|r| r.try_get("workspace_id")).transpose()?)
 }
 
-pub async fn delete_session<'c, E>(db: E, hash: &str) -> Result<(), WorkspaceError>
+pub(crate) async fn delete_session<'c, E>(db: E, hash: &str) -> Result<(), WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {

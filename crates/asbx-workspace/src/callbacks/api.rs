@@ -11,12 +11,12 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 
 use crate::callbacks;
+use crate::callbacks::writeback::{self, MAX_RESULTS_BODY};
 use crate::error::WorkspaceError;
 use crate::state::AppState;
-use crate::token::{TokenKind, bearer};
-use crate::writeback::{self, MAX_RESULTS_BODY};
+use crate::tokens::{TokenKind, bearer};
 
-pub(super) async fn env(
+pub(crate) async fn env(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,
     headers: HeaderMap,
@@ -26,7 +26,7 @@ pub(super) async fn env(
     Ok(Json(env))
 }
 
-pub(super) async fn config(
+pub(crate) async fn config(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,
     headers: HeaderMap,
@@ -36,14 +36,14 @@ pub(super) async fn config(
     Ok(Json(config))
 }
 
-pub(super) async fn results(
+pub(crate) async fn results(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ResultsResponse>, WorkspaceError> {
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
-    let body = super::body_bytes(body, MAX_RESULTS_BODY)?;
+    let body = crate::http::body_bytes(body, MAX_RESULTS_BODY)?;
     let stored = writeback::store_results(&state, &session_id, token, &body).await?;
     Ok(Json(stored))
 }

@@ -1,15 +1,23 @@
-//! Redeeming the setup and run tokens for the payloads stored at dispatch.
+//! The sandbox callback routes (CONTRACT section 3): `/env` and `/config`
+//! redeem their one-time token for the payload stored at dispatch;
+//! `/results` (the `writeback` module) stores the files a run sends back.
+//!
+//! Uses `runs` (the run row) and `files` (where written-back files go).
+
+pub(crate) mod api;
+pub(crate) mod writeback;
 
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
 use serde::de::DeserializeOwned;
 
 use crate::error::WorkspaceError;
+use crate::runs::store as runs;
 use crate::state::AppState;
-use crate::store::{runs, tokens};
-use crate::token::{self, TokenKind};
+use crate::tokens::store as token_store;
+use crate::tokens::{self, TokenKind};
 
 /// A callback payload stored on the run row.
-pub trait Payload: DeserializeOwned {
+pub(crate) trait Payload: DeserializeOwned {
     const KIND: TokenKind;
     fn stored(run: &runs::RunRow) -> &str;
 }
@@ -30,7 +38,7 @@ impl Payload for ConfigResponse {
 
 /// Redeems `token` (which must be of `kind`, for `session_id`, unused and
 /// unexpired) and returns the payload of that session.
-pub async fn redeem_payload<P: Payload>(
+pub(crate) async fn redeem_payload<P: Payload>(
     state: &AppState,
     session_id: &str,
     token: &str,
@@ -39,9 +47,9 @@ pub async fn redeem_payload<P: Payload>(
     if kind != P::KIND || !asbx_protocol::dispatch::is_valid_session_id(session_id) {
         return Err(WorkspaceError::OtpRejected);
     }
-    tokens::redeem(
+    token_store::redeem(
         state.store.pool(),
-        &token::hash(token),
+        &tokens::hash(token),
         kind,
         session_id,
         state.now_ms(),

@@ -12,16 +12,17 @@ use base64::Engine as _;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 use crate::error::WorkspaceError;
-use crate::paths;
+use crate::files::store::{self as files, FileOrigin, FileRow};
+use crate::runs::store as runs;
 use crate::state::AppState;
-use crate::store::files::{self, FileOrigin, FileRow};
-use crate::store::{runs, tokens};
-use crate::token::{self, TokenKind};
+use crate::tokens::store as token_store;
+use crate::tokens::{self, TokenKind};
+use crate::validate;
 
 /// Largest `/results` body.
-pub const MAX_RESULTS_BODY: usize = 64 * 1024 * 1024;
+pub(crate) const MAX_RESULTS_BODY: usize = 64 * 1024 * 1024;
 /// Most files in one `/results` call.
-pub const MAX_RESULT_FILES: usize = 1000;
+pub(crate) const MAX_RESULT_FILES: usize = 1000;
 
 /// Standard base64, padding optional.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -36,15 +37,15 @@ struct Decoded {
 }
 
 /// Handles one `/results` call end to end.
-pub async fn store_results(
+pub(crate) async fn store_results(
     state: &AppState,
     session_id: &str,
     bearer: &str,
     body: &[u8],
 ) -> Result<ResultsResponse, WorkspaceError> {
-    let hash = token::hash(bearer);
+    let hash = tokens::hash(bearer);
     if !asbx_protocol::dispatch::is_valid_session_id(session_id)
-        || !tokens::is_redeemable(
+        || !token_store::is_redeemable(
             state.store.pool(),
             &hash,
             TokenKind::Upload,
@@ -56,7 +57,7 @@ pub async fn store_results(
         return Err(WorkspaceError::OtpRejected);
     }
     let decoded = parse(body)?;
-    tokens::redeem(
+    token_store::redeem(
         state.store.pool(),
         &hash,
         TokenKind::Upload,
@@ -70,7 +71,7 @@ pub async fn store_results(
     let mut stored = Vec::with_capacity(decoded.len());
     for file in decoded {
         let sha = state.blobs.put(&file.bytes).await?;
-        let id = token::random_id();
+        let id = tokens::random_id();
         files::insert(
             state.store.pool(),
             &FileRow {
@@ -78,13 +79,12 @@ pub async fn store_results(
                 workspace_id: run.workspace_id.clone(),
                 run_id: Some(run.id.clone()),
                 chat_id: run.chat_id.clone(),
-                origin: FileOrigin::Writeback.as_str().to_owned(),
+                origin: FileOrigin::Writeback,
                 path: file.path.clone(),
                 mime_type: file.mime_type,
                 size: i64::try_from(file.bytes.len()).unwrap_or(i64::MAX),
                 sha256: sha,
                 created_at: state.now_ms(),
-                deleted_at: None,
             },
         )
         .await?;
@@ -112,7 +112,7 @@ fn parse(body: &[u8]) -> Result<Vec<Decoded>, WorkspaceError> {
     let mut out = Vec::with_capacity(request.files.len());
     for (i, file) in request.files.into_iter().enumerate() {
         let mut ok = true;
-        if let Err(m) = paths::check_relative_path(&file.path) {
+        if let Err(m) = validate::relative_path(&file.path) {
             errors.push(FieldError::new(&format!("files[{i}].path"), m));
             ok = false;
         } else if !seen.insert(file.path.clone()) {
@@ -124,7 +124,7 @@ fn parse(body: &[u8]) -> Result<Vec<Decoded>, WorkspaceError> {
         }
         let mime_type = match file.mime_type {
             Some(m) => {
-                if let Err(msg) = paths::check_mime_type(&m) {
+                if let Err(msg) = validate::mime_type(&m) {
                     errors.push(FieldError::new(&format!("files[{i}].mime_type"), msg));
                     ok = false;
                 }

@@ -14,20 +14,22 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::auth::Caller;
-use crate::chat::{self, TurnRequest, TurnStart};
-use crate::chat_view::{self, ChatDetail, ChatSummary, MAX_UPLOAD_BYTES};
+use crate::chats::live::{self as turns, KEEP_ALIVE, LiveTurn};
+use crate::chats::store as chats;
+use crate::chats::turn::{self as chat, TurnStart};
+use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
 use crate::error::WorkspaceError;
 use crate::state::AppState;
-use crate::store::{chats, files};
-use crate::turns::{self, KEEP_ALIVE, LiveTurn};
-use crate::wire::{CHAT_ID_HEADER, FileInfo, TURN_ID_HEADER};
+use crate::wire::{
+    CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatSummary, FileInfo, TURN_ID_HEADER, TurnRequest,
+};
 
-pub(super) async fn turn(
+pub(crate) async fn turn(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, WorkspaceError> {
-    let request: TurnRequest = super::parse_json(body)?;
+    let request: TurnRequest = crate::http::parse_json(body)?;
     match chat::start_turn(&state, &caller.workspace_id, request).await? {
         TurnStart::Live(turn) => Ok(sse_response(turn, 0)),
         TurnStart::Rejected {
@@ -50,7 +52,7 @@ pub(super) async fn turn(
 
 /// `GET /api/assistant/chats/{id}/stream`: re-attach to the turn in flight,
 /// after `Last-Event-ID` (or `?after=N`).
-pub(super) async fn resume(
+pub(crate) async fn resume(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(chat_id): Path<String>,
@@ -75,11 +77,11 @@ pub(super) async fn resume(
     Ok(sse_response(turn, cursor))
 }
 
-pub(super) async fn cancel(
+pub(crate) async fn cancel(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(chat_id): Path<String>,
-) -> Result<(StatusCode, Json<serde_json::Value>), WorkspaceError> {
+) -> Result<(StatusCode, Json<CancelAccepted>), WorkspaceError> {
     let turn = state
         .turns
         .for_chat(&chat_id, &caller.workspace_id)
@@ -88,18 +90,21 @@ pub(super) async fn cancel(
     turn.cancel();
     Ok((
         StatusCode::ACCEPTED,
-        Json(serde_json::json!({"chatId": chat_id, "turnId": turn.id})),
+        Json(CancelAccepted {
+            chat_id,
+            turn_id: turn.id.clone(),
+        }),
     ))
 }
 
-pub(super) async fn list(
+pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
     caller: Caller,
 ) -> Result<Json<Vec<ChatSummary>>, WorkspaceError> {
     Ok(Json(chat_view::list(&state, &caller.workspace_id).await?))
 }
 
-pub(super) async fn detail(
+pub(crate) async fn detail(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(chat_id): Path<String>,
@@ -110,7 +115,7 @@ pub(super) async fn detail(
 }
 
 /// Soft delete: the chat and its bag disappear; a turn in flight is cancelled.
-pub(super) async fn delete(
+pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(chat_id): Path<String>,
@@ -133,14 +138,14 @@ pub(super) async fn delete(
 
 /// `POST /api/assistant/files?name=report.pdf[&chatId=...]`, the raw bytes as
 /// the body and their type as `Content-Type`.
-pub(super) async fn upload(
+pub(crate) async fn upload(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<FileInfo>), WorkspaceError> {
-    let bytes = super::body_bytes(body, MAX_UPLOAD_BYTES)?;
+    let bytes = crate::http::body_bytes(body, MAX_UPLOAD_BYTES)?;
     let name = query
         .get("name")
         .ok_or_else(|| WorkspaceError::invalid("the name query parameter is required"))?;
@@ -157,25 +162,6 @@ pub(super) async fn upload(
     )
     .await?;
     Ok((StatusCode::CREATED, Json(info)))
-}
-
-pub(super) async fn delete_file(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
-    Path(id): Path<String>,
-) -> Result<StatusCode, WorkspaceError> {
-    if files::soft_delete(
-        state.store.pool(),
-        &id,
-        &caller.workspace_id,
-        state.now_ms(),
-    )
-    .await?
-    {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(WorkspaceError::NotFound(format!("file {id}")))
-    }
 }
 
 fn sse_response(turn: Arc<LiveTurn>, cursor: u64) -> Response {

@@ -18,17 +18,17 @@ use asbx_protocol::callback::Role;
 use asbx_protocol::{Event, Line};
 use axum::response::sse;
 use futures::{Stream, StreamExt as _};
-use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch;
-use crate::messages::{PersistedMessage, TraceBuilder};
-use crate::relay::OutcomeTap;
+use crate::chats::messages::TraceBuilder;
+use crate::chats::store as chats;
+use crate::runs::dispatch;
+use crate::runs::relay::OutcomeTap;
+use crate::runs::store::Outcome;
 use crate::state::AppState;
-use crate::store::chats;
-use crate::store::runs::Outcome;
-use crate::token;
+use crate::tokens;
+use crate::wire::{Done, PersistedMessage, TurnInfo, TurnStatus};
 
 /// Most bytes of SSE frames kept per turn for resumption; older frames are
 /// dropped first.
@@ -37,11 +37,11 @@ const MAX_BUFFERED_BYTES: usize = 32 * 1024 * 1024;
 /// its last frames and the `done` event.
 const LINGER: Duration = Duration::from_secs(60);
 /// Keep-alive comment interval on SSE streams.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// The turns in flight (and recently settled) in this process.
 #[derive(Debug, Default)]
-pub struct TurnHub {
+pub(crate) struct TurnHub {
     turns: Mutex<HashMap<String, Arc<LiveTurn>>>,
 }
 
@@ -59,7 +59,7 @@ impl TurnHub {
     }
 
     /// The newest turn of a chat in `workspace_id`, if one is attachable.
-    pub fn for_chat(&self, chat_id: &str, workspace_id: &str) -> Option<Arc<LiveTurn>> {
+    pub(crate) fn for_chat(&self, chat_id: &str, workspace_id: &str) -> Option<Arc<LiveTurn>> {
         let map = self.turns.lock().ok()?;
         map.values()
             .filter(|t| t.chat_id == chat_id && t.workspace_id == workspace_id)
@@ -76,28 +76,6 @@ struct Frame {
     data: Arc<str>,
 }
 
-/// The `done` event's payload.
-///
-/// - `status`: `succeeded`, `failed` or `cancelled`.
-/// - `messageId`: the persisted assistant message.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Done {
-    pub chat_id: String,
-    pub turn_id: String,
-    pub status: &'static str,
-    pub message_id: String,
-}
-
-/// The `turn` event's payload, first on every stream.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TurnInfo {
-    pub chat_id: String,
-    pub turn_id: String,
-    pub user_message_id: String,
-}
-
 #[derive(Debug, Default)]
 struct Frames {
     events: VecDeque<Frame>,
@@ -107,7 +85,7 @@ struct Frames {
 
 /// A turn other requests can attach to.
 #[derive(Debug)]
-pub struct LiveTurn {
+pub(crate) struct LiveTurn {
     pub id: String,
     pub chat_id: String,
     pub workspace_id: String,
@@ -121,7 +99,7 @@ pub struct LiveTurn {
 }
 
 impl LiveTurn {
-    pub fn new(
+    pub(crate) fn new(
         id: String,
         chat_id: String,
         workspace_id: String,
@@ -144,11 +122,11 @@ impl LiveTurn {
     }
 
     /// Asks the turn to stop; the driver cancels the sandbox and settles.
-    pub fn cancel(&self) {
+    pub(crate) fn cancel(&self) {
         self.cancel.cancel();
     }
 
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.frames.lock().map(|f| f.done.is_some()).unwrap_or(true)
     }
 
@@ -228,7 +206,7 @@ impl Drop for Subscription {
 
 /// The SSE events of a turn after `cursor` (a `Last-Event-ID`): a `turn`
 /// event, every runner line but `log` with `id: <seq>`, then `done`.
-pub fn subscribe(
+pub(crate) fn subscribe(
     turn: Arc<LiveTurn>,
     cursor: u64,
 ) -> impl Stream<Item = Result<sse::Event, Infallible>> + Send + 'static {
@@ -281,14 +259,14 @@ pub fn subscribe(
 
 /// What the driver needs besides the upstream response.
 #[derive(Debug)]
-pub struct TurnContext {
+pub(crate) struct TurnContext {
     pub state: Arc<AppState>,
     pub turn: Arc<LiveTurn>,
     pub lease: LeaseGuard,
 }
 
 /// Registers the turn and spawns its driver.
-pub fn spawn(ctx: TurnContext, response: reqwest::Response) {
+pub(crate) fn spawn(ctx: TurnContext, response: reqwest::Response) {
     ctx.state.turns.insert(Arc::clone(&ctx.turn));
     tokio::spawn(drive(ctx, response));
 }
@@ -354,16 +332,16 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     handle(tap.finish_input(), &mut trace, &mut last_seq);
 
     let (outcome, status) = match (tap.terminal().cloned(), cancelled) {
-        (Some(o @ Outcome::Succeeded { .. }), _) => (o, "succeeded"),
-        (Some(o @ Outcome::Failed { .. }), _) => (o, "failed"),
+        (Some(o @ Outcome::Succeeded { .. }), _) => (o, TurnStatus::Succeeded),
+        (Some(o @ Outcome::Failed { .. }), _) => (o, TurnStatus::Failed),
         (None, true) => (
             Outcome::Failed {
                 code: asbx_protocol::codes::CANCELLED.to_owned(),
                 message: "the turn was cancelled".to_owned(),
             },
-            "cancelled",
+            TurnStatus::Cancelled,
         ),
-        (None, false) => (tap.outcome(broken.as_deref()), "failed"),
+        (None, false) => (tap.outcome(broken.as_deref()), TurnStatus::Failed),
     };
     if tap.terminal().is_none() {
         // Tell subscribers how it ended with a line of the same shape as the
@@ -380,7 +358,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     }
 
     let message = PersistedMessage {
-        id: token::random_id(),
+        id: tokens::random_id(),
         role: Role::Assistant,
         content: trace.finish(),
         file_attachments: Vec::new(),
@@ -404,7 +382,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
 
 /// Holds a chat's lease for a turn; released explicitly, or on drop.
 #[derive(Debug)]
-pub struct LeaseGuard {
+pub(crate) struct LeaseGuard {
     state: Arc<AppState>,
     chat_id: String,
     turn_id: String,
@@ -412,7 +390,7 @@ pub struct LeaseGuard {
 }
 
 impl LeaseGuard {
-    pub fn new(state: Arc<AppState>, chat_id: String, turn_id: String) -> Self {
+    pub(crate) fn new(state: Arc<AppState>, chat_id: String, turn_id: String) -> Self {
         LeaseGuard {
             state,
             chat_id,
@@ -421,7 +399,7 @@ impl LeaseGuard {
         }
     }
 
-    pub async fn release(mut self) {
+    pub(crate) async fn release(mut self) {
         self.held = false;
         release(&self.state, &self.chat_id, &self.turn_id).await;
     }
@@ -448,6 +426,6 @@ async fn release(state: &AppState, chat_id: &str, turn_id: &str) {
 }
 
 /// A duration in milliseconds, as `i64`.
-pub fn ms(d: Duration) -> i64 {
+pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -1,129 +1,22 @@
-//! Persisted chat messages (seed 003) and the fold of a turn's lines into
-//! the assistant message, so a reloaded thread renders like the live stream.
+//! The fold of a turn's lines into the assistant message (seed 003), so a
+//! reloaded thread renders like the live stream. The message types are
+//! `wire::PersistedMessage` and `wire::ContentBlock`.
 
-use asbx_protocol::callback::{ChatTurn, Role};
 use asbx_protocol::{Event, Line, StepStatus};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-/// One message of a chat.
-///
-/// - `id`: stable message id.
-/// - `role`: `user` or `assistant`.
-/// - `content`: the content blocks, in display order.
-/// - `fileAttachments`: bag files the user attached to this message.
-/// - `createdAt`: Unix epoch ms.
-/// - `turnId`: the turn (run) this message belongs to.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PersistedMessage {
-    pub id: String,
-    pub role: Role,
-    pub content: Vec<ContentBlock>,
-    #[serde(default)]
-    pub file_attachments: Vec<FileAttachment>,
-    pub created_at: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn_id: Option<String>,
-}
-
-/// A content block.
-///
-/// - `text`: message text (the user's message, or the `result` line).
-/// - `step`: one step of the trace, its `running` and final line merged;
-///   `result` is the tool's structured output.
-/// - `error`: the turn failed with this code and message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    tag = "type",
-    rename_all = "snake_case",
-    rename_all_fields = "camelCase"
-)]
-pub enum ContentBlock {
-    Text {
-        text: String,
-    },
-    Step {
-        id: String,
-        name: String,
-        status: StepStatus,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        args: Option<Value>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        result: Option<Value>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        error: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        duration_ms: Option<u64>,
-    },
-    Error {
-        code: String,
-        message: String,
-    },
-}
-
-/// A bag file attached to a user message, denormalized so history renders
-/// the chip without another lookup.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FileAttachment {
-    pub id: String,
-    pub name: String,
-    pub mime_type: String,
-    pub size: i64,
-}
-
-impl PersistedMessage {
-    /// The text this message contributes to the replayed conversation.
-    pub fn replay_text(&self) -> String {
-        let mut text = String::new();
-        let mut error = None;
-        for block in &self.content {
-            match block {
-                ContentBlock::Text { text: t } => {
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(t);
-                }
-                ContentBlock::Error { code, message } => error = Some((code, message)),
-                ContentBlock::Step { .. } => {}
-            }
-        }
-        if !self.file_attachments.is_empty() {
-            let names: Vec<_> = self
-                .file_attachments
-                .iter()
-                .map(|f| f.name.as_str())
-                .collect();
-            text.push_str(&format!("\n[attached: {}]", names.join(", ")));
-        }
-        match (text.is_empty(), error) {
-            (true, Some((code, message))) => format!("(this turn failed: {code}: {message})"),
-            _ => text,
-        }
-    }
-
-    pub fn to_chat_turn(&self) -> ChatTurn {
-        ChatTurn {
-            role: self.role,
-            content: self.replay_text(),
-            ts: u64::try_from(self.created_at).unwrap_or(0),
-        }
-    }
-}
+use crate::wire::ContentBlock;
 
 /// Folds a turn's lines into content blocks: steps merged by id in order of
 /// first appearance, then the result text or the error.
 #[derive(Debug, Default, Clone)]
-pub struct TraceBuilder {
+pub(crate) struct TraceBuilder {
     blocks: Vec<ContentBlock>,
     deltas: String,
     terminal: bool,
 }
 
 impl TraceBuilder {
-    pub fn push(&mut self, line: &Line) {
+    pub(crate) fn push(&mut self, line: &Line) {
         match &line.event {
             Event::Step(step) => {
                 let existing = self.blocks.iter_mut().find_map(|b| match b {
@@ -190,7 +83,7 @@ impl TraceBuilder {
     }
 
     /// Records a failure the workspace saw itself (cancelled, runner gone).
-    pub fn push_error(&mut self, code: &str, message: &str) {
+    pub(crate) fn push_error(&mut self, code: &str, message: &str) {
         self.terminal = true;
         if !self.deltas.is_empty() {
             let text = std::mem::take(&mut self.deltas);
@@ -202,13 +95,9 @@ impl TraceBuilder {
         });
     }
 
-    pub fn is_terminal(&self) -> bool {
-        self.terminal
-    }
-
     /// The blocks; steps still `running` at the end are marked `failed`, so
     /// history never shows a step spinning forever.
-    pub fn finish(mut self) -> Vec<ContentBlock> {
+    pub(crate) fn finish(mut self) -> Vec<ContentBlock> {
         if !self.terminal && !self.deltas.is_empty() {
             let text = std::mem::take(&mut self.deltas);
             self.blocks.push(ContentBlock::Text { text });
@@ -228,7 +117,9 @@ impl TraceBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::wire::PersistedMessage;
+    use asbx_protocol::callback::Role;
+    use serde_json::{Value, json};
 
     fn line(v: Value) -> Line {
         let mut v = v;

@@ -9,25 +9,22 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Executor, Row as _};
 
 use crate::error::WorkspaceError;
-use crate::messages::PersistedMessage;
+use crate::wire::PersistedMessage;
 
 /// A stored chat.
 #[derive(Debug, Clone)]
-pub struct ChatRow {
+pub(crate) struct ChatRow {
     pub id: String,
-    pub workspace_id: String,
     pub title: String,
-    pub conversation_id: Option<String>,
     pub lease_turn_id: Option<String>,
     pub lease_expires_at: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
-    pub deleted_at: Option<i64>,
 }
 
 impl ChatRow {
     /// The turn holding an unexpired lease at `now_ms`.
-    pub fn active_turn(&self, now_ms: i64) -> Option<&str> {
+    pub(crate) fn active_turn(&self, now_ms: i64) -> Option<&str> {
         match (&self.lease_turn_id, self.lease_expires_at) {
             (Some(turn), Some(exp)) if exp > now_ms => Some(turn),
             _ => None,
@@ -35,11 +32,10 @@ impl ChatRow {
     }
 }
 
-const COLUMNS: &str = "id, workspace_id, title, conversation_id, lease_turn_id, \
-    lease_expires_at, created_at, updated_at, deleted_at";
+const COLUMNS: &str = "id, title, lease_turn_id, lease_expires_at, created_at, updated_at";
 
 /// Creates a chat whose lease is already held by `turn_id`.
-pub async fn create_leased<'c, E>(
+pub(crate) async fn create_leased<'c, E>(
     db: E,
     id: &str,
     workspace_id: &str,
@@ -68,7 +64,7 @@ where
 }
 
 /// Takes the lease of a live chat of `workspace_id` if it is free or expired.
-pub async fn try_lease<'c, E>(
+pub(crate) async fn try_lease<'c, E>(
     db: E,
     chat_id: &str,
     workspace_id: &str,
@@ -95,7 +91,7 @@ where
 }
 
 /// Extends the lease while `turn_id` still holds it; false if it lost it.
-pub async fn renew_lease<'c, E>(
+pub(crate) async fn renew_lease<'c, E>(
     db: E,
     chat_id: &str,
     turn_id: &str,
@@ -115,7 +111,7 @@ where
 }
 
 /// Clears the lease if `turn_id` holds it.
-pub async fn release_lease<'c, E>(
+pub(crate) async fn release_lease<'c, E>(
     db: E,
     chat_id: &str,
     turn_id: &str,
@@ -137,7 +133,7 @@ where
 }
 
 /// A live (not deleted) chat of `workspace_id`.
-pub async fn get<'c, E>(
+pub(crate) async fn get<'c, E>(
     db: E,
     id: &str,
     workspace_id: &str,
@@ -156,7 +152,7 @@ where
 }
 
 /// Live chats of a workspace, most recently updated first.
-pub async fn list<'c, E>(db: E, workspace_id: &str) -> Result<Vec<ChatRow>, WorkspaceError>
+pub(crate) async fn list<'c, E>(db: E, workspace_id: &str) -> Result<Vec<ChatRow>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -171,7 +167,7 @@ where
 }
 
 /// Soft-deletes a chat and its bag files.
-pub async fn soft_delete(
+pub(crate) async fn soft_delete(
     pool: &sqlx::AnyPool,
     id: &str,
     workspace_id: &str,
@@ -207,7 +203,7 @@ pub async fn soft_delete(
 /// Only the lease holder appends, so the position computed from the current
 /// maximum cannot race; the `UNIQUE (chat_id, position)` constraint would
 /// refuse it if it ever did.
-pub async fn append_message<'c, E>(
+pub(crate) async fn append_message<'c, E>(
     db: E,
     chat_id: &str,
     message: &PersistedMessage,
@@ -241,7 +237,7 @@ where
 }
 
 /// Sets the chat's conversation id (the first user message id) if unset.
-pub async fn set_conversation_id<'c, E>(
+pub(crate) async fn set_conversation_id<'c, E>(
     db: E,
     chat_id: &str,
     message_id: &str,
@@ -258,7 +254,7 @@ where
 }
 
 /// The last `limit` messages of a chat, oldest first.
-pub async fn recent_messages<'c, E>(
+pub(crate) async fn recent_messages<'c, E>(
     db: E,
     chat_id: &str,
     limit: i64,
@@ -283,7 +279,7 @@ where
 }
 
 /// Every message of a chat, oldest first.
-pub async fn all_messages<'c, E>(
+pub(crate) async fn all_messages<'c, E>(
     db: E,
     chat_id: &str,
 ) -> Result<Vec<PersistedMessage>, WorkspaceError>
@@ -323,13 +319,10 @@ fn message_from_row(r: &AnyRow) -> Result<PersistedMessage, WorkspaceError> {
 fn from_row(r: &AnyRow) -> Result<ChatRow, WorkspaceError> {
     Ok(ChatRow {
         id: r.try_get("id")?,
-        workspace_id: r.try_get("workspace_id")?,
         title: r.try_get("title")?,
-        conversation_id: r.try_get("conversation_id")?,
         lease_turn_id: r.try_get("lease_turn_id")?,
         lease_expires_at: r.try_get("lease_expires_at")?,
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
-        deleted_at: r.try_get("deleted_at")?,
     })
 }

@@ -10,45 +10,28 @@ use axum::http::{HeaderValue, StatusCode};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
-use crate::dispatch::{self, RunSpec, Started};
+use crate::chats::live::{self as turns, LeaseGuard, LiveTurn, TurnContext};
+use crate::chats::store as chats;
 use crate::error::WorkspaceError;
-use crate::messages::{ContentBlock, FileAttachment, PersistedMessage};
-use crate::paths::ascii_file_name;
-use crate::run_request::check_prompt;
+use crate::files::ascii_file_name;
+use crate::files::store::{self as files, FileRow};
+use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::state::AppState;
-use crate::store::chats;
-use crate::store::files::{self, FileRow};
-use crate::store::runs::RunKind;
-use crate::token;
-use crate::turns::{self, LeaseGuard, LiveTurn, TurnContext};
+use crate::tokens;
+use crate::validate;
+use crate::wire::{ContentBlock, FileAttachment, PersistedMessage, RunKind, TurnRequest};
 
 /// Most attachments on one message.
-pub const MAX_ATTACHMENTS: usize = 20;
+pub(crate) const MAX_ATTACHMENTS: usize = 20;
 /// Most attachment bytes placed in one sandbox.
-pub const MAX_ATTACHMENT_BYTES: i64 = 16 * 1024 * 1024;
+pub(crate) const MAX_ATTACHMENT_BYTES: i64 = 16 * 1024 * 1024;
 /// Folder (in the sandbox's working directory) attachments are written to.
-pub const ATTACHMENT_DIR: &str = "attachments";
-
-/// `POST /api/assistant/chat/stream`.
-///
-/// - `chatId`: the chat to continue; absent: the turn creates a chat.
-/// - `message`: the user's message, non-empty.
-/// - `attachmentIds`: bag files (`POST /api/assistant/files`) to attach.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TurnRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chat_id: Option<String>,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub attachment_ids: Vec<String>,
-}
+pub(crate) const ATTACHMENT_DIR: &str = "attachments";
 
 /// A started turn.
 #[derive(Debug)]
-pub enum TurnStart {
+pub(crate) enum TurnStart {
     /// The runner streams; subscribe to the live turn.
     Live(Arc<LiveTurn>),
     /// The runner refused before streaming; pass its answer through. The
@@ -62,13 +45,13 @@ pub enum TurnStart {
     },
 }
 
-pub async fn start_turn(
+pub(crate) async fn start_turn(
     state: &Arc<AppState>,
     workspace_id: &str,
     request: TurnRequest,
 ) -> Result<TurnStart, WorkspaceError> {
     let mut errors = Vec::new();
-    check_prompt(&request.message, "message", &mut errors);
+    validate::prompt(&request.message, "message", &mut errors);
     if request.attachment_ids.len() > MAX_ATTACHMENTS {
         errors.push(FieldError::new(
             "attachmentIds",
@@ -91,7 +74,7 @@ pub async fn start_turn(
     )
     .await?;
 
-    let turn_id = token::random_id();
+    let turn_id = tokens::random_id();
     let now = state.now_ms();
     let lease_until = now.saturating_add(turns::ms(state.config.lease_ttl));
     let chat_id = match &request.chat_id {
@@ -117,7 +100,7 @@ pub async fn start_turn(
             chat_id.clone()
         }
         None => {
-            let chat_id = token::random_id();
+            let chat_id = tokens::random_id();
             chats::create_leased(
                 state.store.pool(),
                 &chat_id,
@@ -139,7 +122,7 @@ pub async fn start_turn(
     let history =
         chats::recent_messages(state.store.pool(), &chat_id, REPLAY_TURN_LIMIT as i64).await?;
     let user_message = PersistedMessage {
-        id: token::random_id(),
+        id: tokens::random_id(),
         role: Role::User,
         content: vec![ContentBlock::Text {
             text: request.message.clone(),
@@ -210,7 +193,9 @@ pub async fn start_turn(
             let (code, message) = match serde_json::from_slice::<asbx_protocol::Problem>(&body) {
                 Ok(p) => (p.code, p.detail),
                 Err(_) => (
-                    crate::error::codes::UPSTREAM_FAILED.to_owned(),
+                    crate::error::ProblemCode::UpstreamFailed
+                        .as_str()
+                        .to_owned(),
                     format!("the sandbox runner answered {status}"),
                 ),
             };
@@ -229,7 +214,7 @@ pub async fn start_turn(
                 state,
                 &chat_id,
                 &turn_id,
-                crate::error::codes::UPSTREAM_FAILED,
+                crate::error::ProblemCode::UpstreamFailed.as_str(),
                 "the sandbox runner could not be reached",
             )
             .await?;
@@ -247,7 +232,7 @@ async fn persist_failure(
     message: &str,
 ) -> Result<(), WorkspaceError> {
     let failed = PersistedMessage {
-        id: token::random_id(),
+        id: tokens::random_id(),
         role: Role::Assistant,
         content: vec![ContentBlock::Error {
             code: code.to_owned(),

@@ -1,43 +1,17 @@
-//! Read side of chats: the list, one chat with its thread and bag, uploads.
+//! Read side of chats: the list, one chat with its thread and bag; and
+//! uploads to a bag.
 
-use serde::{Deserialize, Serialize};
-
+use crate::chats::store::{self as chats, ChatRow};
 use crate::error::WorkspaceError;
-use crate::messages::PersistedMessage;
-use crate::paths;
-use crate::runs_view::file_info;
+use crate::files::file_info;
+use crate::files::store::{self as files, FileOrigin, FileRow};
 use crate::state::AppState;
-use crate::store::chats::{self, ChatRow};
-use crate::store::files::{self, FileOrigin, FileRow};
-use crate::token;
-use crate::wire::FileInfo;
+use crate::tokens;
+use crate::validate;
+use crate::wire::{ChatDetail, ChatSummary, FileInfo};
 
 /// Largest upload to a bag.
-pub const MAX_UPLOAD_BYTES: usize = 32 * 1024 * 1024;
-
-/// A chat in the list.
-///
-/// - `activeTurnId`: the turn holding the chat's lease, if one is in flight.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ChatSummary {
-    pub id: String,
-    pub title: String,
-    pub created_at: i64,
-    pub updated_at: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub active_turn_id: Option<String>,
-}
-
-/// One chat: its thread and its bag.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ChatDetail {
-    #[serde(flatten)]
-    pub chat: ChatSummary,
-    pub messages: Vec<PersistedMessage>,
-    pub files: Vec<FileInfo>,
-}
+pub(crate) const MAX_UPLOAD_BYTES: usize = 32 * 1024 * 1024;
 
 fn summary(c: &ChatRow, now_ms: i64) -> ChatSummary {
     ChatSummary {
@@ -49,7 +23,7 @@ fn summary(c: &ChatRow, now_ms: i64) -> ChatSummary {
     }
 }
 
-pub async fn list(
+pub(crate) async fn list(
     state: &AppState,
     workspace_id: &str,
 ) -> Result<Vec<ChatSummary>, WorkspaceError> {
@@ -61,7 +35,7 @@ pub async fn list(
         .collect())
 }
 
-pub async fn detail(
+pub(crate) async fn detail(
     state: &AppState,
     workspace_id: &str,
     chat_id: &str,
@@ -79,7 +53,7 @@ pub async fn detail(
 }
 
 /// Stores an upload in the workspace's bag (in a chat's bag with `chat_id`).
-pub async fn upload(
+pub(crate) async fn upload(
     state: &AppState,
     workspace_id: &str,
     name: &str,
@@ -88,11 +62,11 @@ pub async fn upload(
     bytes: &[u8],
 ) -> Result<FileInfo, WorkspaceError> {
     let mut errors = Vec::new();
-    if let Err(m) = paths::check_relative_path(name) {
+    if let Err(m) = validate::relative_path(name) {
         errors.push(asbx_protocol::FieldError::new("name", m));
     }
     let mime = match mime_type.map(|m| m.trim()).filter(|m| !m.is_empty()) {
-        Some(m) => match paths::check_mime_type(m) {
+        Some(m) => match validate::mime_type(m) {
             Ok(()) => m.to_owned(),
             Err(msg) => {
                 errors.push(asbx_protocol::FieldError::new("content-type", msg));
@@ -114,17 +88,16 @@ pub async fn upload(
     }
     let sha = state.blobs.put(bytes).await?;
     let row = FileRow {
-        id: token::random_id(),
+        id: tokens::random_id(),
         workspace_id: workspace_id.to_owned(),
         run_id: None,
         chat_id: chat_id.map(str::to_owned),
-        origin: FileOrigin::Upload.as_str().to_owned(),
+        origin: FileOrigin::Upload,
         path: name.to_owned(),
         mime_type: mime,
         size: i64::try_from(bytes.len()).unwrap_or(i64::MAX),
         sha256: sha,
         created_at: state.now_ms(),
-        deleted_at: None,
     };
     files::insert(state.store.pool(), &row).await?;
     Ok(file_info(&row))

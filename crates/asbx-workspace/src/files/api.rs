@@ -1,20 +1,20 @@
-//! `GET /api/files/{id}`: download a stored file.
+//! `GET /api/files/{id}` (download a stored file) and `DELETE /api/files/{id}`.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use tokio_util::io::ReaderStream;
 
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
-use crate::paths::ascii_file_name;
+use crate::files::ascii_file_name;
+use crate::files::store as files;
 use crate::state::AppState;
-use crate::store::files;
 
-pub(super) async fn download(
+pub(crate) async fn download(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
@@ -47,4 +47,24 @@ pub(super) async fn download(
         HeaderValue::from_static("sandbox"),
     );
     Ok(response)
+}
+
+/// Soft delete: the file is never found again (its blob may be shared).
+pub(crate) async fn delete(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, WorkspaceError> {
+    if files::soft_delete(
+        state.store.pool(),
+        &id,
+        &caller.workspace_id,
+        state.now_ms(),
+    )
+    .await?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(WorkspaceError::NotFound(format!("file {id}")))
+    }
 }

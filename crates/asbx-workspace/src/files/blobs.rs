@@ -4,20 +4,20 @@
 //! same bytes share one blob. A blob is written to a temporary file in the
 //! same folder and renamed into place, so a reader never sees half a blob.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::WorkspaceError;
 
 #[derive(Debug, Clone)]
-pub struct BlobStore {
+pub(crate) struct BlobStore {
     root: PathBuf,
 }
 
 impl BlobStore {
     /// Uses (and creates) `root`.
-    pub async fn open(root: PathBuf) -> Result<BlobStore, WorkspaceError> {
+    pub(crate) async fn open(root: PathBuf) -> Result<BlobStore, WorkspaceError> {
         tokio::fs::create_dir_all(root.join("tmp"))
             .await
             .map_err(|e| WorkspaceError::io(&root, e))?;
@@ -25,7 +25,7 @@ impl BlobStore {
     }
 
     /// Stores `bytes` and returns their SHA-256 (hex).
-    pub async fn put(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
+    pub(crate) async fn put(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
         let sha = hex::encode(Sha256::digest(bytes));
         let path = self.path_of(&sha);
         if tokio::fs::try_exists(&path).await.unwrap_or(false) {
@@ -38,7 +38,7 @@ impl BlobStore {
         let tmp = self
             .root
             .join("tmp")
-            .join(format!("{sha}.{}", crate::token::random_id()));
+            .join(format!("{sha}.{}", crate::tokens::random_id()));
         tokio::fs::write(&tmp, bytes)
             .await
             .map_err(|e| WorkspaceError::io(&tmp, e))?;
@@ -50,7 +50,7 @@ impl BlobStore {
     }
 
     /// Opens a blob for reading.
-    pub async fn open_blob(&self, sha: &str) -> Result<tokio::fs::File, WorkspaceError> {
+    pub(crate) async fn open_blob(&self, sha: &str) -> Result<tokio::fs::File, WorkspaceError> {
         if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(WorkspaceError::Corrupt(format!("blob name {sha:?}")));
         }
@@ -61,7 +61,7 @@ impl BlobStore {
     }
 
     /// Reads a whole blob.
-    pub async fn read(&self, sha: &str) -> Result<Vec<u8>, WorkspaceError> {
+    pub(crate) async fn read(&self, sha: &str) -> Result<Vec<u8>, WorkspaceError> {
         use tokio::io::AsyncReadExt as _;
         let mut file = self.open_blob(sha).await?;
         let mut out = Vec::new();
@@ -69,10 +69,6 @@ impl BlobStore {
             .await
             .map_err(|e| WorkspaceError::io(self.path_of(sha), e))?;
         Ok(out)
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.root
     }
 
     fn path_of(&self, sha: &str) -> PathBuf {

@@ -7,7 +7,7 @@ use crate::error::WorkspaceError;
 
 /// Where a file came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileOrigin {
+pub(crate) enum FileOrigin {
     /// Written back by a run through `/results`.
     Writeback,
     /// Uploaded by a user to a chat's bag.
@@ -15,33 +15,41 @@ pub enum FileOrigin {
 }
 
 impl FileOrigin {
-    pub fn as_str(self) -> &'static str {
+    fn as_str(self) -> &'static str {
         match self {
             FileOrigin::Writeback => "writeback",
             FileOrigin::Upload => "upload",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, WorkspaceError> {
+        match s {
+            "writeback" => Ok(FileOrigin::Writeback),
+            "upload" => Ok(FileOrigin::Upload),
+            other => Err(WorkspaceError::Corrupt(format!("file origin {other:?}"))),
         }
     }
 }
 
 /// A stored file.
 #[derive(Debug, Clone)]
-pub struct FileRow {
+pub(crate) struct FileRow {
     pub id: String,
     pub workspace_id: String,
     pub run_id: Option<String>,
     pub chat_id: Option<String>,
-    pub origin: String,
+    pub origin: FileOrigin,
     pub path: String,
     pub mime_type: String,
     pub size: i64,
     pub sha256: String,
     pub created_at: i64,
-    pub deleted_at: Option<i64>,
 }
 
-const COLUMNS: &str = "id, workspace_id, run_id, chat_id, origin, path, mime_type, size, sha256, created_at, deleted_at";
+const COLUMNS: &str =
+    "id, workspace_id, run_id, chat_id, origin, path, mime_type, size, sha256, created_at";
 
-pub async fn insert<'c, E>(db: E, f: &FileRow) -> Result<(), WorkspaceError>
+pub(crate) async fn insert<'c, E>(db: E, f: &FileRow) -> Result<(), WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -53,7 +61,7 @@ where
     .bind(&f.workspace_id)
     .bind(f.run_id.as_deref())
     .bind(f.chat_id.as_deref())
-    .bind(&f.origin)
+    .bind(f.origin.as_str())
     .bind(&f.path)
     .bind(&f.mime_type)
     .bind(f.size)
@@ -64,22 +72,8 @@ where
     Ok(())
 }
 
-/// A file that is not deleted.
-pub async fn get<'c, E>(db: E, id: &str) -> Result<Option<FileRow>, WorkspaceError>
-where
-    E: Executor<'c, Database = Any>,
-{
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM files WHERE id = $1 AND deleted_at IS NULL"
-    ))
-    .bind(id)
-    .fetch_optional(db)
-    .await?;
-    row.map(|r| from_row(&r)).transpose()
-}
-
 /// Files a run wrote back, oldest first.
-pub async fn list_for_run<'c, E>(db: E, run_id: &str) -> Result<Vec<FileRow>, WorkspaceError>
+pub(crate) async fn list_for_run<'c, E>(db: E, run_id: &str) -> Result<Vec<FileRow>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -99,18 +93,17 @@ pub(crate) fn from_row(r: &AnyRow) -> Result<FileRow, WorkspaceError> {
         workspace_id: r.try_get("workspace_id")?,
         run_id: r.try_get("run_id")?,
         chat_id: r.try_get("chat_id")?,
-        origin: r.try_get("origin")?,
+        origin: FileOrigin::parse(&r.try_get::<String, _>("origin")?)?,
         path: r.try_get("path")?,
         mime_type: r.try_get("mime_type")?,
         size: r.try_get("size")?,
         sha256: r.try_get("sha256")?,
         created_at: r.try_get("created_at")?,
-        deleted_at: r.try_get("deleted_at")?,
     })
 }
 
 /// A live file of `workspace_id`.
-pub async fn get_in<'c, E>(
+pub(crate) async fn get_in<'c, E>(
     db: E,
     id: &str,
     workspace_id: &str,
@@ -129,7 +122,7 @@ where
 }
 
 /// A chat's bag: uploads and files its turns wrote back, oldest first.
-pub async fn list_for_chat<'c, E>(
+pub(crate) async fn list_for_chat<'c, E>(
     db: E,
     chat_id: &str,
     workspace_id: &str,
@@ -149,7 +142,7 @@ where
 }
 
 /// Puts an unattached upload into a chat's bag (a no-op if it is there).
-pub async fn claim_for_chat<'c, E>(
+pub(crate) async fn claim_for_chat<'c, E>(
     db: E,
     id: &str,
     workspace_id: &str,
@@ -171,7 +164,7 @@ where
 }
 
 /// Soft-deletes one file of a workspace.
-pub async fn soft_delete<'c, E>(
+pub(crate) async fn soft_delete<'c, E>(
     db: E,
     id: &str,
     workspace_id: &str,

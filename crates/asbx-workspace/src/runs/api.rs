@@ -11,18 +11,18 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::auth::Caller;
-use crate::dispatch::{self, RunSpec, Started};
 use crate::error::WorkspaceError;
+use crate::runs::dispatch::{self, RunSpec, Started};
+use crate::runs::{relay, request as run_request, view as runs_view};
 use crate::state::AppState;
 use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
-use crate::{relay, run_request, runs_view};
 
-pub(super) async fn create(
+pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, WorkspaceError> {
-    let request: CreateRunRequest = super::parse_json(body)?;
+    let request: CreateRunRequest = crate::http::parse_json(body)?;
     let spec = run_request::to_spec(
         request,
         &caller.workspace_id,
@@ -34,7 +34,7 @@ pub(super) async fn create(
 
 /// Dispatches `spec` and answers with the runner's NDJSON relayed unchanged
 /// (or its rejection passed through), the run id in `x-asbx-run-id`.
-pub(super) async fn stream_response(
+pub(crate) async fn stream_response(
     state: Arc<AppState>,
     spec: &RunSpec,
 ) -> Result<Response, WorkspaceError> {
@@ -70,7 +70,7 @@ pub(super) async fn stream_response(
     Ok(response)
 }
 
-pub(super) async fn get(
+pub(crate) async fn get(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,

@@ -15,13 +15,13 @@ use axum::body::Body;
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 
-use crate::dispatch;
+use crate::runs::dispatch;
+use crate::runs::store::Outcome;
 use crate::state::AppState;
-use crate::store::runs::Outcome;
 
 /// Learns a run's outcome from its lines.
 #[derive(Debug, Default)]
-pub struct OutcomeTap {
+pub(crate) struct OutcomeTap {
     decoder: LineDecoder,
     terminal: Option<Outcome>,
     bad_lines: u64,
@@ -29,13 +29,13 @@ pub struct OutcomeTap {
 
 impl OutcomeTap {
     /// Feeds a chunk; returns the lines it completed.
-    pub fn observe(&mut self, chunk: &[u8]) -> Vec<Line> {
+    pub(crate) fn observe(&mut self, chunk: &[u8]) -> Vec<Line> {
         let decoded = self.decoder.push(chunk);
         self.take(decoded)
     }
 
     /// Ends the input; returns a trailing line without newline, if any.
-    pub fn finish_input(&mut self) -> Vec<Line> {
+    pub(crate) fn finish_input(&mut self) -> Vec<Line> {
         let decoded = self.decoder.finish().into_iter().collect();
         self.take(decoded)
     }
@@ -69,20 +69,24 @@ impl OutcomeTap {
     }
 
     /// The terminal line's outcome, if one was seen.
-    pub fn terminal(&self) -> Option<&Outcome> {
+    pub(crate) fn terminal(&self) -> Option<&Outcome> {
         self.terminal.as_ref()
     }
 
     /// The outcome once the upstream stream has ended (cleanly or not).
-    pub fn outcome(&self, upstream_error: Option<&str>) -> Outcome {
+    pub(crate) fn outcome(&self, upstream_error: Option<&str>) -> Outcome {
         match (&self.terminal, upstream_error) {
             (Some(o), _) => o.clone(),
             (None, Some(e)) => Outcome::Failed {
-                code: crate::error::codes::UPSTREAM_FAILED.to_owned(),
+                code: crate::error::ProblemCode::UpstreamFailed
+                    .as_str()
+                    .to_owned(),
                 message: format!("the runner's stream broke: {e}"),
             },
             (None, None) => Outcome::Failed {
-                code: crate::error::codes::UPSTREAM_FAILED.to_owned(),
+                code: crate::error::ProblemCode::UpstreamFailed
+                    .as_str()
+                    .to_owned(),
                 message: "the runner's stream ended without a result or error line".to_owned(),
             },
         }
@@ -90,14 +94,14 @@ impl OutcomeTap {
 }
 
 /// Settles the run as cancelled if dropped before [`SettleGuard::disarm`].
-pub struct SettleGuard {
+pub(crate) struct SettleGuard {
     state: Arc<AppState>,
     run_id: String,
     armed: bool,
 }
 
 impl SettleGuard {
-    pub fn new(state: Arc<AppState>, run_id: String) -> Self {
+    pub(crate) fn new(state: Arc<AppState>, run_id: String) -> Self {
         SettleGuard {
             state,
             run_id,
@@ -105,7 +109,7 @@ impl SettleGuard {
         }
     }
 
-    pub fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
 }
@@ -136,7 +140,11 @@ struct RelayState {
 }
 
 /// The client's response body for a streaming run.
-pub fn ndjson_body(state: Arc<AppState>, run_id: String, response: reqwest::Response) -> Body {
+pub(crate) fn ndjson_body(
+    state: Arc<AppState>,
+    run_id: String,
+    response: reqwest::Response,
+) -> Body {
     let relay = RelayState {
         upstream: response.bytes_stream().boxed(),
         tap: OutcomeTap::default(),

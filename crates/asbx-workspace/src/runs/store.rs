@@ -4,93 +4,54 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Executor, Row as _};
 
 use crate::error::WorkspaceError;
+use crate::wire::{RunKind, RunStatus};
 
-/// What a run is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunKind {
-    /// `POST /api/runs`.
-    Run,
-    /// A chat turn.
-    Chat,
-    /// `POST /api/agents/{id}/runs`: a stored agent (a workflow's Agents block).
-    Agent,
+fn parse_status(s: &str) -> Result<RunStatus, WorkspaceError> {
+    RunStatus::parse(s).ok_or_else(|| WorkspaceError::Corrupt(format!("run status {s:?}")))
 }
 
-impl RunKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunKind::Run => "run",
-            RunKind::Chat => "chat",
-            RunKind::Agent => "agent",
-        }
-    }
-}
-
-/// The state of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunStatus {
-    Running,
-    Succeeded,
-    Failed,
-}
-
-impl RunStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Running => "running",
-            RunStatus::Succeeded => "succeeded",
-            RunStatus::Failed => "failed",
-        }
-    }
-
-    fn parse(s: &str) -> Result<Self, WorkspaceError> {
-        match s {
-            "running" => Ok(RunStatus::Running),
-            "succeeded" => Ok(RunStatus::Succeeded),
-            "failed" => Ok(RunStatus::Failed),
-            other => Err(WorkspaceError::Corrupt(format!("run status {other:?}"))),
-        }
-    }
+fn parse_kind(s: &str) -> Result<RunKind, WorkspaceError> {
+    RunKind::parse(s).ok_or_else(|| WorkspaceError::Corrupt(format!("run kind {s:?}")))
 }
 
 /// A new run, before it is dispatched.
 #[derive(Debug, Clone)]
-pub struct NewRun<'a> {
-    pub id: &'a str,
-    pub workspace_id: &'a str,
-    pub kind: RunKind,
-    pub chat_id: Option<&'a str>,
-    pub agent_id: Option<&'a str>,
-    pub prompt: &'a str,
-    pub model: &'a str,
-    pub env_json: &'a str,
-    pub config_json: &'a str,
-    pub now_ms: i64,
+pub(crate) struct NewRun<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) workspace_id: &'a str,
+    pub(crate) kind: RunKind,
+    pub(crate) chat_id: Option<&'a str>,
+    pub(crate) agent_id: Option<&'a str>,
+    pub(crate) prompt: &'a str,
+    pub(crate) model: &'a str,
+    pub(crate) env_json: &'a str,
+    pub(crate) config_json: &'a str,
+    pub(crate) now_ms: i64,
 }
 
 /// A stored run.
 #[derive(Debug, Clone)]
-pub struct RunRow {
-    pub id: String,
-    pub workspace_id: String,
-    pub kind: String,
-    pub chat_id: Option<String>,
-    pub agent_id: Option<String>,
-    pub status: RunStatus,
-    pub prompt: String,
-    pub model: String,
-    pub env_json: String,
-    pub config_json: String,
-    pub result: Option<String>,
-    pub error_code: Option<String>,
-    pub error_message: Option<String>,
-    pub created_at: i64,
-    pub ended_at: Option<i64>,
+pub(crate) struct RunRow {
+    pub(crate) id: String,
+    pub(crate) workspace_id: String,
+    pub(crate) kind: RunKind,
+    pub(crate) chat_id: Option<String>,
+    pub(crate) agent_id: Option<String>,
+    pub(crate) status: RunStatus,
+    pub(crate) prompt: String,
+    pub(crate) model: String,
+    pub(crate) env_json: String,
+    pub(crate) config_json: String,
+    pub(crate) result: Option<String>,
+    pub(crate) error_code: Option<String>,
+    pub(crate) error_message: Option<String>,
+    pub(crate) created_at: i64,
+    pub(crate) ended_at: Option<i64>,
 }
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Succeeded { message: String },
     Failed { code: String, message: String },
 }
@@ -98,7 +59,7 @@ pub enum Outcome {
 const COLUMNS: &str = "id, workspace_id, kind, chat_id, agent_id, status, prompt, model, env_json, \
     config_json, result, error_code, error_message, created_at, ended_at";
 
-pub async fn insert<'c, E>(db: E, run: &NewRun<'_>) -> Result<(), WorkspaceError>
+pub(crate) async fn insert<'c, E>(db: E, run: &NewRun<'_>) -> Result<(), WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -122,7 +83,7 @@ where
     Ok(())
 }
 
-pub async fn get<'c, E>(db: E, id: &str) -> Result<Option<RunRow>, WorkspaceError>
+pub(crate) async fn get<'c, E>(db: E, id: &str) -> Result<Option<RunRow>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
@@ -135,7 +96,7 @@ where
 
 /// Records how a run ended; only a running run changes, so the first
 /// recorded outcome wins.
-pub async fn finish<'c, E>(
+pub(crate) async fn finish<'c, E>(
     db: E,
     id: &str,
     outcome: &Outcome,
@@ -174,10 +135,10 @@ fn from_row(r: &AnyRow) -> Result<RunRow, WorkspaceError> {
     Ok(RunRow {
         id: r.try_get("id")?,
         workspace_id: r.try_get("workspace_id")?,
-        kind: r.try_get("kind")?,
+        kind: parse_kind(&r.try_get::<String, _>("kind")?)?,
         chat_id: r.try_get("chat_id")?,
         agent_id: r.try_get("agent_id")?,
-        status: RunStatus::parse(&r.try_get::<String, _>("status")?)?,
+        status: parse_status(&r.try_get::<String, _>("status")?)?,
         prompt: r.try_get("prompt")?,
         model: r.try_get("model")?,
         env_json: r.try_get("env_json")?,

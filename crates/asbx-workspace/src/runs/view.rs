@@ -1,13 +1,14 @@
 //! The public view of a run: its row and the files it wrote back.
 
 use crate::error::WorkspaceError;
+use crate::files::file_info;
+use crate::files::store as files;
+use crate::runs::store as runs;
 use crate::state::AppState;
-use crate::store::files::{self, FileRow};
-use crate::store::runs;
-use crate::wire::{FileInfo, RunError, RunRecord};
+use crate::wire::{RunError, RunRecord};
 
 /// Loads a run of `workspace_id`; another workspace's run is not found.
-pub async fn load(
+pub(crate) async fn load(
     state: &AppState,
     workspace_id: &str,
     id: &str,
@@ -30,7 +31,7 @@ pub async fn load(
         kind: run.kind,
         chat_id: run.chat_id,
         agent_id: run.agent_id,
-        status: run.status.as_str().to_owned(),
+        status: run.status,
         prompt: run.prompt,
         model: run.model,
         result: run.result,
@@ -39,15 +40,4 @@ pub async fn load(
         created_at: run.created_at,
         ended_at: run.ended_at,
     })
-}
-
-pub fn file_info(f: &FileRow) -> FileInfo {
-    FileInfo {
-        id: f.id.clone(),
-        path: f.path.clone(),
-        mime_type: f.mime_type.clone(),
-        size: f.size,
-        created_at: f.created_at,
-        url: format!("/api/files/{}", f.id),
-    }
 }

@@ -5,6 +5,8 @@
 //! (hex) is ever stored; the plaintext exists in memory while it is minted
 //! and sent, and nowhere else.
 
+pub(crate) mod store;
+
 use asbx_protocol::callback::{RUN_TOKEN_TTL_SECS, SETUP_TOKEN_TTL_SECS, UPLOAD_TOKEN_TTL_SECS};
 use axum::http::{HeaderMap, header};
 use base64::Engine as _;
@@ -13,11 +15,11 @@ use rand::RngCore as _;
 use sha2::{Digest, Sha256};
 
 /// Prefix of one-time callback tokens.
-pub const OTP_PREFIX: &str = "asbx_otp_";
+pub(crate) const OTP_PREFIX: &str = "asbx_otp_";
 
 /// What a one-time token may be redeemed for (CONTRACT section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenKind {
+pub(crate) enum TokenKind {
     /// `GET {agent_url}/env`.
     Setup,
     /// `GET {agent_url}/config`.
@@ -27,9 +29,9 @@ pub enum TokenKind {
 }
 
 impl TokenKind {
-    pub const ALL: [TokenKind; 3] = [TokenKind::Setup, TokenKind::Run, TokenKind::Upload];
+    pub(crate) const ALL: [TokenKind; 3] = [TokenKind::Setup, TokenKind::Run, TokenKind::Upload];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TokenKind::Setup => "setup",
             TokenKind::Run => "run",
@@ -38,7 +40,7 @@ impl TokenKind {
     }
 
     /// The token's lifetime in milliseconds.
-    pub fn ttl_ms(self) -> i64 {
+    pub(crate) fn ttl_ms(self) -> i64 {
         let secs = match self {
             TokenKind::Setup => SETUP_TOKEN_TTL_SECS,
             TokenKind::Run => RUN_TOKEN_TTL_SECS,
@@ -50,7 +52,7 @@ impl TokenKind {
 
 /// A freshly minted secret: the plaintext to hand out and the hash to store.
 #[derive(Clone)]
-pub struct Minted {
+pub(crate) struct Minted {
     pub plaintext: String,
     pub hash: String,
 }
@@ -64,7 +66,7 @@ impl std::fmt::Debug for Minted {
 }
 
 /// Mints a secret with the given prefix.
-pub fn mint(prefix: &str) -> Minted {
+pub(crate) fn mint(prefix: &str) -> Minted {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
     let plaintext = format!("{prefix}{}", URL_SAFE_NO_PAD.encode(bytes));
@@ -73,20 +75,20 @@ pub fn mint(prefix: &str) -> Minted {
 }
 
 /// The stored form of a secret: lowercase hex SHA-256 of the plaintext.
-pub fn hash(plaintext: &str) -> String {
+pub(crate) fn hash(plaintext: &str) -> String {
     hex::encode(Sha256::digest(plaintext.as_bytes()))
 }
 
 /// A random id of 128 bits as 32 lowercase hex characters; matches
 /// `^[A-Za-z0-9_-]{1,64}$`, so it is also a valid session id.
-pub fn random_id() -> String {
+pub(crate) fn random_id() -> String {
     let mut bytes = [0u8; 16];
     rand::rng().fill_bytes(&mut bytes);
     hex::encode(bytes)
 }
 
 /// The token of an `Authorization: Bearer <token>` header, if well formed.
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();

@@ -3,10 +3,10 @@
 use sqlx::{Any, Executor};
 
 use crate::error::WorkspaceError;
-use crate::token::{Minted, TokenKind};
+use crate::tokens::{Minted, TokenKind};
 
 /// Stores the hash of a freshly minted token bound to `session_id`.
-pub async fn insert<'c, E>(
+pub(crate) async fn insert<'c, E>(
     db: E,
     minted: &Minted,
     kind: TokenKind,
@@ -34,7 +34,7 @@ where
 ///
 /// Used to refuse a bad token before parsing a large body; the redemption
 /// itself is [`redeem`], which decides alone.
-pub async fn is_redeemable<'c, E>(
+pub(crate) async fn is_redeemable<'c, E>(
     db: E,
     hash: &str,
     kind: TokenKind,
@@ -60,7 +60,7 @@ where
 /// Redeems a token: one conditional `UPDATE`, so of two concurrent
 /// redemptions exactly one wins. Anything else (unknown, used, expired, other
 /// session, other kind) is [`WorkspaceError::OtpRejected`] and changes nothing.
-pub async fn redeem<'c, E>(
+pub(crate) async fn redeem<'c, E>(
     db: E,
     hash: &str,
     kind: TokenKind,
@@ -89,7 +89,7 @@ where
 
 /// Marks every unused token of a session used: once its stream has ended, the
 /// sandbox is gone and nothing may redeem them any more.
-pub async fn revoke_session<'c, E>(
+pub(crate) async fn revoke_session<'c, E>(
     db: E,
     session_id: &str,
     now_ms: i64,

@@ -216,8 +216,8 @@ async fn agents_are_created_listed_updated_and_deleted(db: Db) {
     assert_eq!(list["agents"].as_array().unwrap().len(), 1);
 }
 
-on_both!(sandbox_url_is_resolved_request_then_environment_then_server);
-async fn sandbox_url_is_resolved_request_then_environment_then_server(db: Db) {
+on_both!(sandbox_url_is_resolved_environment_then_server_never_request);
+async fn sandbox_url_is_resolved_environment_then_server_never_request(db: Db) {
     let from_request = FakeRunner::start(Mode::Full { files: vec![] }).await;
     let from_env = FakeRunner::start(Mode::Full { files: vec![] }).await;
     let from_server = FakeRunner::start(Mode::Full { files: vec![] }).await;
@@ -233,19 +233,22 @@ async fn sandbox_url_is_resolved_request_then_environment_then_server(db: Db) {
         .unwrap()
         .to_owned();
 
-    let cases = [
-        (&with_env, Some(&from_request), &from_request),
-        (&with_env, None, &from_env),
-        (&plain, None, &from_server),
-        (&plain, Some(&from_request), &from_request),
-    ];
-    for (i, (agent, requested, expected)) in cases.into_iter().enumerate() {
+    // Issue 13, item 2: a run request naming a runner is refused (400,
+    // nothing dispatched anywhere), whatever the agent.
+    for agent in [&with_env, &plain] {
+        let body = json!({"prompt": "x", "sandboxUrl": from_request.url.as_str()});
+        let p = problem(run(&ws, agent, body).await, 400).await;
+        assert!(p["detail"].as_str().unwrap().contains("sandboxUrl"), "{p}");
+    }
+    assert!(
+        [&from_request, &from_env, &from_server]
+            .iter()
+            .all(|r| r.dispatches().is_empty())
+    );
+    let cases = [(&with_env, &from_env), (&plain, &from_server)];
+    for (i, (agent, expected)) in cases.into_iter().enumerate() {
         let before = [&from_request, &from_env, &from_server].map(|r| r.dispatches().len());
-        let body = match requested {
-            Some(r) => json!({"prompt": "x", "sandboxUrl": r.url.as_str()}),
-            None => json!({"prompt": "x"}),
-        };
-        let resp = run(&ws, agent, body).await;
+        let resp = run(&ws, agent, json!({"prompt": "x"})).await;
         assert_eq!(resp.status(), 200, "case {i}");
         resp.bytes().await.unwrap();
         let after = [&from_request, &from_env, &from_server].map(|r| r.dispatches().len());
@@ -267,7 +270,7 @@ async fn an_agent_run_with_no_sandbox_url_fails_fast(db: Db) {
     assert_eq!(p["code"], "sandbox_url_missing");
     assert_eq!(p["agentId"], id.as_str());
     let detail = p["detail"].as_str().unwrap();
-    for hint in ["sandboxUrl", "agent's environment", "SANDBOX_URL"] {
+    for hint in ["agent's environment", "SANDBOX_URL"] {
         assert!(detail.contains(hint), "{hint} missing in {p}");
     }
     // Nothing was recorded or minted.
@@ -379,7 +382,7 @@ async fn bad_agent_bodies_name_every_bad_field() {
     let ws = TestWorkspace::start(None).await;
     let bad = json!({
         "name": "",
-        "systemPrompt": "x".repeat(asbx_workspace::run_request::MAX_SCRIPT_BYTES + 1),
+        "systemPrompt": "x".repeat((1 << 20) + 1),
         "model": "nocolon",
         "skills": [{"name": "../x", "files": {"/etc/passwd": "x"}}, {"name": "ok"}, {"name": "ok"}],
         "mcpServers": [{"name": "a b", "url": "ftp://x"}, {"name": "s", "command": " "}],
@@ -467,12 +470,8 @@ async fn bad_agent_bodies_name_every_bad_field() {
     }
 
     // A bad run request names its fields too.
-    let p = problem(
-        run(&ws, &id, json!({"prompt": " ", "sandboxUrl": "ftp://x"})).await,
-        400,
-    )
-    .await;
-    assert_eq!(fields(&p), ["prompt", "sandboxUrl"], "{p}");
+    let p = problem(run(&ws, &id, json!({"prompt": " "})).await, 400).await;
+    assert_eq!(fields(&p), ["prompt"], "{p}");
     let p = problem(
         run(&ws, &id, json!({"prompt": "x", "model": "a:b"})).await,
         400,

@@ -20,6 +20,17 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 use url::Url;
 
+/// The stored form of a secret: lowercase hex SHA-256.
+pub(crate) fn sha256_hex(plaintext: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(plaintext.as_bytes()))
+}
+
+/// 128 random bits as hex.
+pub(crate) fn random_hex() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}
+
 /// Binds 127.0.0.1 on a free port (never 2024, which tests must not touch).
 pub(crate) async fn bind_loopback() -> TcpListener {
     loop {
@@ -98,7 +109,7 @@ struct PgDatabase {
 impl PgDatabase {
     async fn create(server_url: &str) -> (PgDatabase, String) {
         sqlx::any::install_default_drivers();
-        let name = format!("asbx_test_{}", asbx_workspace::token::random_id());
+        let name = format!("asbx_test_{}", random_hex());
         let admin = sqlx::AnyPool::connect(server_url).await.unwrap();
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&admin)

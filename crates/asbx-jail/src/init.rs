@@ -33,7 +33,56 @@ use crate::sys::{self, Forked};
 use crate::{JailError, Plan, fsrules, ids, rootfs, seccomp};
 
 /// The init's exit code when set-up failed (the supervisor reports the message instead).
-const SETUP_FAILED: i32 = 125;
+const SETUP_FAILED: i32 = asbx_protocol::exit::SETUP_FAILED as i32;
+
+/// Resource bounds of the `namespaces` profile, which has no cgroups: rlimits,
+/// set by init and inherited by everything in the sandbox.
+///
+/// - `RLIMIT_NPROC` = `limits.pids`: processes and threads **per uid** of
+///   the sandbox (agent 1000, tools 1001, MCP servers 1002 are counted
+///   separately, so the sandbox as a whole may reach three times the bound);
+/// - `RLIMIT_DATA` = `limits.memory_bytes`: the data segment and private
+///   writable mappings (heap, anonymous `mmap`) **of each process**;
+/// - `RLIMIT_FSIZE` = `limits.disk_bytes`: the largest file a process may
+///   write (beyond it the writer gets `SIGXFSZ`, which kills it, or `EFBIG`
+///   if it ignores that signal).
+///
+/// What this still does **not** bound, unlike the `strict` profile's
+/// cgroups: the sum of memory over all processes (N processes may each use
+/// `memory_bytes`), shared mappings and `/dev/shm` beyond its 64 MiB tmpfs,
+/// page cache and kernel memory, CPU time (no quota: a spin takes a whole
+/// core), and no kill switch (teardown relies on the pid namespace alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RlimitBounds {
+    nproc: Option<u64>,
+    data: Option<u64>,
+    fsize: Option<u64>,
+}
+
+impl From<&asbx_protocol::jail::ResourceLimits> for RlimitBounds {
+    fn from(l: &asbx_protocol::jail::ResourceLimits) -> Self {
+        RlimitBounds {
+            nproc: l.pids,
+            data: l.memory_bytes,
+            fsize: l.disk_bytes,
+        }
+    }
+}
+
+impl RlimitBounds {
+    fn apply(&self) -> Result<(), JailError> {
+        for (res, value, name) in [
+            (Resource::RLIMIT_NPROC, self.nproc, "nproc"),
+            (Resource::RLIMIT_DATA, self.data, "data"),
+            (Resource::RLIMIT_FSIZE, self.fsize, "fsize"),
+        ] {
+            if let Some(n) = value {
+                setrlimit(res, n, n).map_err(|e| setup(&format!("rlimit {name}"), e))?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Run the sandbox side. Never returns.
 pub(crate) fn run(plan: &Plan, up: File, down: File) -> ! {
@@ -87,6 +136,10 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<(), JailError> {
     setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| setup("rlimit core", e))?;
 
     rootfs::build(&plan.root)?;
+    // After the copy into /work, which the file-size bound must not cut short.
+    if let Some(bounds) = &plan.rlimits {
+        bounds.apply()?;
+    }
     nix::unistd::sethostname("sandbox").map_err(|e| setup("sethostname", e))?;
     sys::loopback_up().map_err(|e| setup("loopback", e))?;
 

@@ -20,8 +20,7 @@
 
 // The jail is the one crate that must talk to the kernel directly: clone with
 // namespace flags, capability sets, ioctls. Each unsafe block is in `sys`
-// with a SAFETY note; the rest of the crate is safe code.
-#![allow(unsafe_code)]
+// (the only module that allows `unsafe_code`) with a SAFETY note.
 
 mod cgroup;
 mod check;
@@ -113,6 +112,8 @@ pub(crate) struct Plan {
     writable: Vec<PathBuf>,
     cgroup_procs: Vec<PathBuf>,
     nofile: Option<u64>,
+    /// Per-process bounds for a profile without cgroups; see [`init::RlimitBounds`].
+    rlimits: Option<init::RlimitBounds>,
 }
 
 /// The lowest host uid a sandbox may be mapped to.
@@ -168,6 +169,10 @@ impl Plan {
             writable,
             cgroup_procs: Vec::new(),
             nofile: policy.limits.nofile,
+            rlimits: match policy.profile {
+                JailProfile::Strict => None,
+                JailProfile::Namespaces => Some(init::RlimitBounds::from(&policy.limits)),
+            },
         })
     }
 }

@@ -10,6 +10,30 @@
 //! 2. a deny list compiled with seccompiler: everything listed fails with
 //!    `EPERM` (programs get a clear error instead of a kill), everything else
 //!    is allowed.
+//!
+//! **Sockets are an allow-list** (answered `EPERM` by the filter, so no
+//! protocol module is even loaded for a denied family):
+//! - `AF_UNIX`: stream, datagram and seqpacket;
+//! - `AF_INET`, `AF_INET6`: stream and datagram only, protocol 0, TCP or UDP
+//!   (no raw, SCTP, DCCP, UDP-Lite, MPTCP, ...);
+//! - `AF_NETLINK` with `NETLINK_ROUTE` only: `getifaddrs` (Node's
+//!   `os.networkInterfaces`, `ip addr`) and glibc's `getaddrinfo` with
+//!   `AI_ADDRCONFIG` read interfaces through it; in a network namespace the
+//!   host's user namespace owns, it can read but change nothing.
+//!
+//! Every other family (`AF_ALG`, `AF_TIPC`, `AF_RDS`, `AF_SMC`, `AF_VSOCK`,
+//! `AF_PACKET`, `AF_KEY`, Bluetooth, ...) fails with `EPERM`; `socketpair`
+//! only for `AF_UNIX`. Terminal `ioctl`s that inject input or change the
+//! line discipline (`TIOCSTI`, `TIOCLINUX`, `TIOCSETD`) fail with `EPERM`.
+//!
+//! Why a deny list for the other system calls rather than an allow-list:
+//! tools are arbitrary programs (interpreters, compilers, package managers,
+//! language runtimes that probe new calls), and an allow-list that misses a
+//! call breaks them in ways that are hard to diagnose; the calls that reach
+//! privileged kernel surface (namespaces, mounts, BPF, io_uring, keyrings,
+//! modules, perf, ptrace) are denied by name, and socket families and
+//! terminal ioctls, where the argument selects the attack surface, are
+//! allow-listed by argument.
 
 use std::collections::BTreeMap;
 
@@ -130,11 +154,21 @@ const BAD_PERSONALITY: [u64; 4] = [
     0x0400000, // READ_IMPLIES_EXEC
 ];
 
-const AF_PACKET: u64 = 17;
-const AF_VSOCK: u64 = 40;
+const AF_UNIX: u64 = libc::AF_UNIX as u64;
+const AF_INET: u64 = libc::AF_INET as u64;
+const AF_INET6: u64 = libc::AF_INET6 as u64;
+const AF_NETLINK: u64 = libc::AF_NETLINK as u64;
+const NETLINK_ROUTE: u64 = 0;
+/// The socket type without `SOCK_NONBLOCK`/`SOCK_CLOEXEC`.
 const SOCK_TYPE_MASK: u64 = 0xf;
+const SOCK_STREAM: u64 = libc::SOCK_STREAM as u64;
+const SOCK_DGRAM: u64 = libc::SOCK_DGRAM as u64;
+const SOCK_SEQPACKET: u64 = libc::SOCK_SEQPACKET as u64;
+const IPPROTO_TCP: u64 = libc::IPPROTO_TCP as u64;
+const IPPROTO_UDP: u64 = libc::IPPROTO_UDP as u64;
 const TIOCSTI: u64 = 0x5412;
 const TIOCLINUX: u64 = 0x541C;
+const TIOCSETD: u64 = 0x5423;
 
 /// Syscalls denied outright (no argument check).
 fn always_denied() -> Vec<libc::c_long> {
@@ -211,22 +245,10 @@ fn deny_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, JailError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_clone, clone_rules);
-    rules.insert(
-        libc::SYS_socket,
-        vec![
-            when(vec![cond(0, Len::Dword, Op::Eq, AF_VSOCK)?])?,
-            when(vec![cond(0, Len::Dword, Op::Eq, AF_PACKET)?])?,
-            when(vec![cond(
-                1,
-                Len::Dword,
-                Op::MaskedEq(SOCK_TYPE_MASK),
-                libc::SOCK_RAW as u64,
-            )?])?,
-        ],
-    );
+    rules.insert(libc::SYS_socket, socket_rules()?);
     rules.insert(
         libc::SYS_socketpair,
-        vec![when(vec![cond(0, Len::Dword, Op::Eq, AF_VSOCK)?])?],
+        vec![when(vec![cond(0, Len::Dword, Op::Ne, AF_UNIX)?])?],
     );
     rules.insert(
         libc::SYS_personality,
@@ -245,8 +267,49 @@ fn deny_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, JailError> {
         vec![
             when(vec![cond(1, Len::Dword, Op::Eq, TIOCSTI)?])?,
             when(vec![cond(1, Len::Dword, Op::Eq, TIOCLINUX)?])?,
+            when(vec![cond(1, Len::Dword, Op::Eq, TIOCSETD)?])?,
         ],
     );
+    Ok(rules)
+}
+
+/// Deny rules for `socket(family, type, protocol)`: the complement of the
+/// allow-list in the module docs, one rule per denied alternative.
+fn socket_rules() -> Result<Vec<SeccompRule>, JailError> {
+    let family = |f: u64| cond(0, Len::Dword, Op::Eq, f);
+    let not_family = |f: u64| cond(0, Len::Dword, Op::Ne, f);
+    let kind = |t: u64| cond(1, Len::Dword, Op::MaskedEq(SOCK_TYPE_MASK), t);
+    let not_proto = |p: u64| cond(2, Len::Dword, Op::Ne, p);
+    let mut rules = vec![
+        // Any family outside the allow-list.
+        when(vec![
+            not_family(AF_UNIX)?,
+            not_family(AF_INET)?,
+            not_family(AF_INET6)?,
+            not_family(AF_NETLINK)?,
+        ])?,
+        // Netlink: routing only.
+        when(vec![family(AF_NETLINK)?, not_proto(NETLINK_ROUTE)?])?,
+    ];
+    // No bitwise "not equal" in seccompiler: list the denied type values.
+    for t in 0..=SOCK_TYPE_MASK {
+        if t != SOCK_STREAM && t != SOCK_DGRAM && t != SOCK_SEQPACKET {
+            rules.push(when(vec![family(AF_UNIX)?, kind(t)?])?);
+        }
+        if t != SOCK_STREAM && t != SOCK_DGRAM {
+            for f in [AF_INET, AF_INET6] {
+                rules.push(when(vec![family(f)?, kind(t)?])?);
+            }
+        }
+    }
+    for f in [AF_INET, AF_INET6] {
+        rules.push(when(vec![
+            family(f)?,
+            not_proto(0)?,
+            not_proto(IPPROTO_TCP)?,
+            not_proto(IPPROTO_UDP)?,
+        ])?);
+    }
     Ok(rules)
 }
 

@@ -18,13 +18,27 @@
 //! SIGKILLed the pipe reaches end-of-file, the sandbox dies of its
 //! parent-death signal and the guard removes the cgroups the supervisor
 //! could not. In the normal path the supervisor tells it to just exit.
+//!
+//! **A sandbox never outlives its runner.** First thing, the supervisor
+//! opens a pidfd of its parent (the runner, or `asbx up`) and re-checks
+//! `getppid` (so a parent that died before the pidfd existed is noticed).
+//! While the sandbox runs, the supervisor polls that pidfd beside a
+//! signalfd of its termination signals: when the parent process ends,
+//! however it ended (SIGKILL included), the pidfd becomes readable and the
+//! supervisor kills init, which takes the whole pid namespace with it, then
+//! removes the cgroups as on any other exit. A pidfd watches the parent
+//! *process*, not the thread that spawned us, unlike `PR_SET_PDEATHSIG`,
+//! which fires when that thread exits (tokio's blocking threads come and
+//! go). Known gap: if the parent died in the microseconds before the
+//! supervisor read `getppid`, it watches the reaper that adopted it.
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use nix::fcntl::OFlag;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2};
 
@@ -117,6 +131,7 @@ impl Drop for Guard {
 
 /// See [`crate::run_jail`].
 pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
+    let parent = watch_parent()?;
     let mut plan = Plan::new(policy)?;
     if !nix::unistd::geteuid().is_root() {
         return Err(JailError::NotRoot);
@@ -161,6 +176,8 @@ pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
             Forked::Child => {
                 drop(up_r);
                 drop(down_w);
+                // The sandbox holds no descriptor of a host process.
+                drop(parent);
                 init::run(&plan, up_w, down_r)
             }
             Forked::Parent(pid) => pid,
@@ -182,12 +199,13 @@ pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
         return Err(e);
     }
 
-    let code = wait(init, &set);
+    let code = wait(init, &set, &parent);
     drop(down_w);
     let cleaned = match cgroups.as_mut().map(Cgroups::destroy) {
         Some(Err(e)) => {
-            // The run itself is over: report, and let the guard try again.
-            eprintln!("asbx jail: {e}");
+            // The run itself is over: report (stderr may be a closed pipe
+            // if the runner died), and let the guard try again.
+            let _ = writeln!(std::io::stderr(), "asbx jail: {e}");
             false
         }
         Some(Ok(())) | None => true,
@@ -230,10 +248,27 @@ fn child_error(bytes: &[u8]) -> JailError {
     JailError::Setup(text.strip_prefix('E').unwrap_or(&text).to_string())
 }
 
-/// Wait for init to end; a termination signal kills it (and the whole pid
-/// namespace) first. Returns init's code, or 128 + the signal received.
-fn wait(init: Pid, set: &SigSet) -> i32 {
+/// A pidfd of the process that started the supervisor; see the module docs.
+fn watch_parent() -> Result<OwnedFd, JailError> {
+    let ppid = nix::unistd::getppid();
+    let fd = sys::pidfd_open(ppid.as_raw())
+        .map_err(|e| JailError::Host(format!("pidfd of the parent {ppid}: {e}")))?;
+    if nix::unistd::getppid() != ppid {
+        return Err(JailError::Host(
+            "the process that started the jail is gone".into(),
+        ));
+    }
+    Ok(fd)
+}
+
+/// Wait for init to end; a termination signal, or the end of the parent
+/// process, kills it (and the whole pid namespace) first. Returns init's
+/// code, or 128 + the signal received (SIGKILL when the parent ended).
+fn wait(init: Pid, set: &SigSet, parent: &OwnedFd) -> i32 {
     let mut received: Option<Signal> = None;
+    // The signals are blocked since before `clone`: none is lost before this exists.
+    let signals = SignalFd::with_flags(set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).ok();
+    let mut parent_alive = true;
     loop {
         match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(_, code)) => {
@@ -246,9 +281,29 @@ fn wait(init: Pid, set: &SigSet) -> i32 {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => return 128 + received.map_or(libc::SIGKILL, |s| s as i32),
         }
-        match set.wait() {
-            Ok(Signal::SIGCHLD) | Err(_) => {}
-            Ok(sig) => {
+        let got = match &signals {
+            Some(sfd) => {
+                let mut fds = vec![sfd.as_fd()];
+                if parent_alive {
+                    fds.push(parent.as_fd());
+                }
+                let ready = sys::poll_readable(&fds).unwrap_or_default();
+                if parent_alive && ready.get(1).copied().unwrap_or(false) {
+                    parent_alive = false;
+                    received.get_or_insert(Signal::SIGKILL);
+                    let _ = kill(init, Signal::SIGKILL);
+                }
+                match sfd.read_signal() {
+                    Ok(Some(info)) => Signal::try_from(info.ssi_signo as i32).ok(),
+                    _ => None,
+                }
+            }
+            // No signalfd (descriptor limit): plain waiting, parent unwatched.
+            None => set.wait().ok(),
+        };
+        match got {
+            Some(Signal::SIGCHLD) | None => {}
+            Some(sig) => {
                 if received.is_none() {
                     received = Some(sig);
                 }

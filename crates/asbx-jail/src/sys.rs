@@ -1,10 +1,14 @@
 //! Thin wrappers over the few system calls nix does not cover: `clone` with
 //! namespace flags and fork semantics, capability sets, `close_range`,
-//! bringing up the loopback interface, and `_exit`.
+//! bringing up the loopback interface, `pidfd_open`, `poll`, and `_exit`.
 //!
 //! Every `unsafe` block of the crate lives here, each with a SAFETY note.
 
+// The one module allowed `unsafe`: every block below has a SAFETY note.
+#![allow(unsafe_code)]
+
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// Capability numbers (linux/capability.h) the jail deals with by name.
 pub(crate) const CAP_SETGID: u32 = 6;
@@ -301,4 +305,41 @@ pub(crate) fn scrub_cmdline() -> io::Result<()> {
         *((arg_end - 1) as *mut u8) = b' ';
     }
     Ok(())
+}
+
+/// A descriptor of process `pid` that becomes readable when it exits
+/// (`pidfd_open`, Linux 5.3). `pid` must be a thread-group leader.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as libc::c_int) })
+}
+
+/// Wait until at least one of `fds` is readable (or hung up); which ones are.
+/// Restarts on `EINTR`.
+pub(crate) fn poll_readable(fds: &[BorrowedFd<'_>]) -> io::Result<Vec<bool>> {
+    let mut set: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `set` is a valid array of `set.len()` pollfd structures that
+        // the kernel may write `revents` into; every fd is borrowed, so open.
+        let ret = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, -1) };
+        if ret >= 0 {
+            return Ok(set.iter().map(|p| p.revents != 0).collect());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }

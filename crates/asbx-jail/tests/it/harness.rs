@@ -9,22 +9,41 @@ use std::time::{Duration, Instant};
 
 use asbx_protocol::jail::{JailPolicy, JailProfile, ResourceLimits};
 
+/// The jail's exit code when set-up failed.
+pub const SETUP_FAILED: i32 = asbx_protocol::exit::SETUP_FAILED as i32;
+
 /// `it __jail <policy>`: be `asbx jail`.
 pub fn jail_main(args: &[String]) -> ! {
     let policy: JailPolicy = match args.get(2).map(|s| serde_json::from_str(s)) {
         Some(Ok(p)) => p,
         _ => {
             eprintln!("usage: it __jail <policy-json>");
-            std::process::exit(125)
+            std::process::exit(i32::from(asbx_protocol::exit::USAGE))
         }
     };
     match asbx_jail::run_jail(&policy) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("asbx jail: {e}");
-            std::process::exit(125)
+            std::process::exit(SETUP_FAILED)
         }
     }
+}
+
+/// `it __parent <policy>`: a stand-in runner that starts `it __jail
+/// <policy>` (stdio inherited) and waits for it, so a test can kill the
+/// jail's parent.
+pub fn parent_main(args: &[String]) -> ! {
+    let Some(policy) = args.get(2) else {
+        eprintln!("usage: it __parent <policy-json>");
+        std::process::exit(i32::from(asbx_protocol::exit::USAGE))
+    };
+    let status = Command::new(std::env::current_exe().unwrap())
+        .arg("__jail")
+        .arg(policy)
+        .status()
+        .unwrap();
+    std::process::exit(status.code().unwrap_or(1))
 }
 
 /// One test case: Ok, Err(reason) or Skip(reason).
@@ -184,6 +203,41 @@ impl Sbx {
         }
         drop(sin);
         child
+    }
+
+    /// Start the jail through `it __parent` (the returned child is that parent).
+    pub fn spawn_via_parent(&self) -> Child {
+        let json = serde_json::to_string(&self.policy).unwrap();
+        Command::new(std::env::current_exe().unwrap())
+            .arg("__parent")
+            .arg(json)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Host pids whose command line names this sandbox's cgroup: its
+    /// supervisor, the supervisor's cleanup guard, and `it __parent`.
+    pub fn supervisor_pids(&self) -> Vec<i32> {
+        let needle = format!("\"cgroup\":\"{}\"", self.policy.cgroup);
+        let me = std::process::id() as i32;
+        let mut v = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            if let Ok(cmd) = std::fs::read(e.path().join("cmdline"))
+                && String::from_utf8_lossy(&cmd).contains(&needle)
+            {
+                v.push(pid);
+            }
+        }
+        v
     }
 
     pub fn run(&self) -> Out {

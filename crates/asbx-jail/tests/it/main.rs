@@ -23,6 +23,9 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("__jail") {
         harness::jail_main(&args);
     }
+    if args.get(1).map(String::as_str) == Some("__parent") {
+        harness::parent_main(&args);
+    }
     if let Some(i) = args.iter().position(|a| a == "--bench-startup") {
         let n = args.get(i + 1).and_then(|s| s.parse().ok()).unwrap_or(200);
         bench::run(n);

@@ -33,6 +33,14 @@ pub fn cases() -> Vec<Case> {
             "vsock_packet_and_raw_sockets_fail",
             vsock_packet_and_raw_sockets_fail,
         ),
+        (
+            "socket_families_are_an_allow_list",
+            socket_families_are_an_allow_list,
+        ),
+        (
+            "tty_line_discipline_and_injection_fail",
+            tty_line_discipline_and_injection_fail,
+        ),
         ("host_loopback_is_unreachable", host_loopback_is_unreachable),
         ("fork_bomb_is_contained", fork_bomb_is_contained),
         (
@@ -58,6 +66,14 @@ pub fn cases() -> Vec<Case> {
         (
             "init_exits_with_main_and_kills_the_rest",
             init_exits_with_main_and_kills_the_rest,
+        ),
+        (
+            "sigkill_of_the_parent_kills_the_sandbox",
+            sigkill_of_the_parent_kills_the_sandbox,
+        ),
+        (
+            "namespaces_profile_gets_rlimits",
+            namespaces_profile_gets_rlimits,
         ),
     ]
 }
@@ -396,6 +412,86 @@ fn vsock_packet_and_raw_sockets_fail() -> R {
     pass()
 }
 
+/// Every socket family, type and protocol outside the allow-list fails
+/// with `EPERM` from the filter (not `EAFNOSUPPORT` from a kernel that
+/// happens to lack the module); the allowed ones (positive control) open.
+fn socket_families_are_an_allow_list() -> R {
+    const PROBE: &str = r#"
+import socket
+F = 0x80000 | 0x800  # SOCK_CLOEXEC | SOCK_NONBLOCK
+cases = [
+    ("alg", 38, 5, 0), ("tipc", 30, 4, 0), ("tipc_stream", 30, 1, 0), ("rds", 21, 5, 0),
+    ("smc", 43, 1, 0), ("key", 15, 3, 2), ("bluetooth", 31, 3, 1), ("can", 29, 3, 1),
+    ("vsock", 40, 1, 0), ("packet", 17, 3, 0), ("appletalk", 5, 2, 0), ("x25", 9, 5, 0),
+    ("dccp", 2, 6, 33), ("dccp6", 10, 6, 33), ("sctp", 2, 1, 132), ("sctp_seq", 2, 5, 132),
+    ("sctp6", 10, 1, 132), ("udplite", 2, 2, 136), ("mptcp", 2, 1, 262), ("raw4", 2, 3, 1),
+    ("raw4_flags", 2, 3 | F, 255), ("inet_rdm", 2, 4, 0), ("inet_seqpacket", 2, 5, 0),
+    ("unix_raw", 1, 3, 0), ("unix_rdm", 1, 4, 0), ("netlink_audit", 16, 3, 9),
+    ("netlink_uevent", 16, 2, 15), ("netlink_netfilter", 16, 3, 12), ("netlink_generic", 16, 3, 16),
+    ("netlink_xfrm", 16, 3, 6),
+    # allowed
+    ("ok_unix_stream", 1, 1, 0), ("ok_unix_dgram", 1, 2, 0), ("ok_unix_seqpacket", 1, 5, 0),
+    ("ok_tcp", 2, 1, 0), ("ok_tcp_explicit", 2, 1, 6), ("ok_tcp_flags", 2, 1 | F, 0),
+    ("ok_udp", 2, 2, 0), ("ok_udp_explicit", 2, 2, 17), ("ok_tcp6", 10, 1, 0),
+    ("ok_udp6", 10, 2 | F, 17), ("ok_netlink_route", 16, 3, 0), ("ok_netlink_route_dgram", 16, 2, 0),
+]
+for name, fam, typ, proto in cases:
+    try:
+        socket.socket(fam, typ, proto).close(); print(name, "OPEN")
+    except OSError as e:
+        print(name, e.errno)
+for name, fam in [("pair_inet", 2), ("pair_tipc", 30)]:
+    try:
+        socket.socketpair(fam, 1, 0); print(name, "OPEN")
+    except OSError as e:
+        print(name, e.errno)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+a.sendall(b"pair-ok"); print(b.recv(7).decode())
+"#;
+    let out = Sbx::argv(&["/usr/bin/python3", "-c", PROBE]).run().ok()?;
+    let mut seen = 0;
+    for line in out.stdout.lines() {
+        let Some((name, result)) = line.split_once(' ') else {
+            continue;
+        };
+        seen += 1;
+        let want = if name.starts_with("ok_") { "OPEN" } else { "1" };
+        ensure(
+            result == want,
+            format!("{name}: {result}, want {want}\n{}", out.stdout),
+        )?;
+    }
+    ensure(seen == 44, format!("{seen} results: {out:?}"))?;
+    ensure(out.stdout.ends_with("pair-ok\n"), format!("{out:?}"))?;
+    pass()
+}
+
+/// A tool with a terminal can't change its line discipline (`TIOCSETD`,
+/// the way into old line-discipline bugs) or inject input (`TIOCSTI`);
+/// reading the discipline and the window size (positive control) works.
+fn tty_line_discipline_and_injection_fail() -> R {
+    const PROBE: &str = r#"
+import fcntl, os, struct
+m, s = os.openpty()
+def t(name, fd, req, arg):
+    try:
+        fcntl.ioctl(fd, req, arg); print(name, "OK")
+    except OSError as e:
+        print(name, e.errno)
+t("getd", s, 0x5424, struct.pack("i", 0))      # TIOCGETD
+t("winsz", s, 0x5413, b"\0" * 8)              # TIOCGWINSZ
+t("setd_n_tty", s, 0x5423, struct.pack("i", 0)) # TIOCSETD N_TTY
+t("setd_slip", s, 0x5423, struct.pack("i", 1))  # TIOCSETD N_SLIP
+t("setd_master", m, 0x5423, struct.pack("i", 0))
+t("sti", s, 0x5412, b"x")                       # TIOCSTI
+t("linux", s, 0x541C, b"\x0b")                 # TIOCLINUX
+"#;
+    let out = Sbx::argv(&["/usr/bin/python3", "-c", PROBE]).run().ok()?;
+    let want = "getd OK\nwinsz OK\nsetd_n_tty 1\nsetd_slip 1\nsetd_master 1\nsti 1\nlinux 1\n";
+    ensure(out.stdout == want, format!("{out:?}"))?;
+    pass()
+}
+
 fn host_loopback_is_unreachable() -> R {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -694,6 +790,127 @@ fn init_exits_with_main_and_kills_the_rest() -> R {
             marked_pids(&sbx.marker).is_empty()
         }),
         "background processes survived",
+    )?;
+    pass()
+}
+
+/// The runner (here a stand-in parent) is SIGKILLed while its sandbox runs:
+/// within 5 s the supervisor, its guard, init, the main process and its
+/// background processes are gone and the cgroups removed (CONTRACT section 8).
+fn sigkill_of_the_parent_kills_the_sandbox() -> R {
+    let sbx = Sbx::new("sleep 300 & sleep 301 & echo ready; wait");
+    let mut parent = sbx.spawn_via_parent();
+    let mut line = String::new();
+    BufReader::new(parent.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // Positive control: everything is there before the kill.
+    let seen = eventually(Duration::from_secs(10), || {
+        marked_pids(&sbx.marker).len() >= 3
+    });
+    let supervisors = sbx.supervisor_pids();
+    let created = sbx.cgroup_dirs().iter().all(|d| d.exists());
+    kill(Pid::from_raw(parent.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = parent.wait();
+    ensure(line == "ready\n", format!("{line:?}"))?;
+    ensure(seen, "sandbox processes not found on the host")?;
+    ensure(
+        supervisors.len() >= 3,
+        format!("parent, supervisor, guard: {supervisors:?}"),
+    )?;
+    ensure(created, "cgroups not created")?;
+    let t = Instant::now();
+    let gone = eventually(Duration::from_secs(5), || {
+        marked_pids(&sbx.marker).is_empty()
+            && sbx.supervisor_pids().is_empty()
+            && sbx.cgroup_dirs().iter().all(|d| !d.exists())
+    });
+    ensure(
+        gone,
+        format!(
+            "5 s after the parent died: sandbox {:?}, supervisor {:?}, cgroups {:?}",
+            marked_pids(&sbx.marker),
+            sbx.supervisor_pids(),
+            sbx.cgroup_dirs()
+                .iter()
+                .filter(|d| d.exists())
+                .collect::<Vec<_>>()
+        ),
+    )?;
+    println!(
+        "    sandbox gone {} ms after its parent",
+        t.elapsed().as_millis()
+    );
+    pass()
+}
+
+/// The `namespaces` profile has no cgroups: its sandbox limits become
+/// rlimits. A memory hog and a process flood hit them; a modest allocation
+/// and a few processes (positive controls) still work; `strict` sets none.
+fn namespaces_profile_gets_rlimits() -> R {
+    const PROBE: &str = r#"
+import os, resource, subprocess
+print("nproc", resource.getrlimit(resource.RLIMIT_NPROC)[0])
+print("data", resource.getrlimit(resource.RLIMIT_DATA)[0])
+print("fsize", resource.getrlimit(resource.RLIMIT_FSIZE)[0])
+small = bytearray(8 << 20)
+print("small_alloc ok")
+try:
+    big = bytearray(200 << 20)
+    print("big_alloc ALLOWED")
+except MemoryError:
+    print("big_alloc denied")
+procs, failed = [], 0
+for _ in range(60):
+    try:
+        procs.append(subprocess.Popen(["sleep", "5"]))
+    except OSError:
+        failed += 1
+print("spawned", len(procs), "failed", failed)
+for p in procs:
+    p.kill(); p.wait()
+import signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+try:
+    with open("/tmp/big", "wb") as f:
+        f.write(b"x" * (2 << 20))
+    print("big_file ALLOWED")
+except OSError as e:
+    print("big_file denied", e.errno)
+"#;
+    let mut sbx = Sbx::argv(&["/usr/bin/python3", "-c", PROBE]);
+    sbx.policy.profile = JailProfile::Namespaces;
+    sbx.policy.limits.memory_bytes = Some(96 << 20);
+    sbx.policy.limits.pids = Some(24);
+    sbx.policy.limits.disk_bytes = Some(1 << 20);
+    let out = sbx.run().ok()?;
+    let o = &out.stdout;
+    ensure(o.contains("nproc 24\n"), o.clone())?;
+    ensure(o.contains(&format!("data {}\n", 96u64 << 20)), o.clone())?;
+    ensure(o.contains(&format!("fsize {}\n", 1u64 << 20)), o.clone())?;
+    ensure(o.contains("small_alloc ok"), o.clone())?;
+    ensure(o.contains("big_alloc denied"), o.clone())?;
+    ensure(o.contains("big_file denied 27"), o.clone())?; // EFBIG
+    let spawned: u32 = o
+        .lines()
+        .find_map(|l| l.strip_prefix("spawned "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    ensure(
+        (5..24).contains(&spawned),
+        format!("processes spawned under nproc 24: {spawned}: {o}"),
+    )?;
+    // The strict profile bounds with cgroups, not with these rlimits.
+    let strict = Sbx::argv(&[
+        "/usr/bin/python3",
+        "-c",
+        "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0])",
+    ]);
+    let out = strict.run().ok()?;
+    ensure(
+        out.stdout.trim() == "-1",
+        format!("strict data rlimit {out:?}"),
     )?;
     pass()
 }

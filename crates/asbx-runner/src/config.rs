@@ -82,6 +82,10 @@ pub struct RunnerConfig {
     pub max_line_bytes: usize,
     /// Extra environment passed to every agent (never provider keys).
     pub agent_env: Vec<(String, String)>,
+    /// Internal address ranges sandboxes may reach anyway, through the
+    /// egress proxy and as MCP servers (`ASBX_ALLOW_INTERNAL`); empty by
+    /// default.
+    pub allow_internal: Vec<crate::Cidr>,
 }
 
 impl RunnerConfig {
@@ -101,6 +105,7 @@ impl RunnerConfig {
             uid_base: 1_000_000,
             max_line_bytes: 1 << 20,
             agent_env: Vec::new(),
+            allow_internal: Vec::new(),
         }
     }
 }

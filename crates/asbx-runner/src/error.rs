@@ -117,18 +117,24 @@ impl IntoResponse for RunnerError {
         if problem.status >= 500 {
             tracing::error!(error = %self, "request failed");
         }
-        let status =
-            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
-        let mut res = (status, body).into_response();
-        res.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(Problem::CONTENT_TYPE),
-        );
+        let mut res = problem_response(&problem);
         if let RunnerError::AtCapacity(_) = self {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         res
     }
+}
+
+/// The runner's one problem+json writer: the service routes, the gateway
+/// and the egress proxy all answer through it.
+pub(crate) fn problem_response(problem: &Problem) -> Response {
+    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = serde_json::to_vec(problem).unwrap_or_default();
+    let mut res = (status, body).into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(Problem::CONTENT_TYPE),
+    );
+    res
 }

@@ -29,6 +29,7 @@ use axum::Router;
 use tokio::sync::Semaphore;
 
 pub use config::{Isolation, ProviderConfig, RunnerConfig};
+pub use egress::Cidr;
 pub use error::RunnerError;
 
 use crate::sandbox::{Jailed, Sandbox, Unconfined};
@@ -51,6 +52,7 @@ pub(crate) struct Inner {
     pub(crate) providers: Arc<Vec<ProviderConfig>>,
     pub(crate) client: reqwest::Client,
     pub(crate) pool: pool::Pool,
+    pub(crate) egress: egress::EgressSettings,
 }
 
 impl Runner {
@@ -84,6 +86,7 @@ impl Runner {
                 pool: pool::Pool::new(config.warm_pool),
                 providers: Arc::new(config.providers.clone()),
                 sessions: Sessions::default(),
+                egress: egress::EgressSettings::new(config.allow_internal.clone()),
                 sandbox,
                 client,
                 config,

@@ -249,6 +249,11 @@ fn connect(
     let proxy_listener = bind_socket(&slot.dirs.proxy_socket(), agent_uid)?;
     let gateway_stop = CancellationToken::new();
     let allow = Arc::new(crate::egress::AllowList::default());
+    let egress = Arc::new(crate::egress::Egress {
+        allow: Arc::clone(&allow),
+        settings: inner.egress.clone(),
+        stop: gateway_stop.clone(),
+    });
     crate::gateway::spawn(
         listener,
         Arc::clone(session),
@@ -258,7 +263,7 @@ fn connect(
         Arc::clone(&allow),
         gateway_stop.clone(),
     );
-    crate::egress::spawn(proxy_listener, allow, gateway_stop.clone());
+    crate::egress::spawn(proxy_listener, egress);
     let bootstrap = AgentBootstrap {
         session_id: session.id.clone(),
         protocol: req.protocol,

@@ -2,83 +2,287 @@
 //!
 //! An HTTP forward proxy on a Unix socket mounted into the sandbox (the agent
 //! relays `HTTP_PROXY`/`HTTPS_PROXY` connections from the sandbox's loopback
-//! to it). It speaks `CONNECT host:port` (HTTPS and anything tunnelled) and
-//! absolute-form plain HTTP requests. A destination is allowed only when
+//! to it). It speaks `CONNECT host:port` (TLS tunnels) and absolute-form
+//! plain HTTP requests. A destination is allowed only when
 //! - its host name matches the dispatch's `allowed_hosts` (exact, or
-//!   `*.example.com` for any subdomain), and
-//! - every address it resolves to is public: loopback, private, link-local
-//!   (cloud metadata), CGNAT, multicast, reserved and unspecified ranges are
-//!   refused, so an allowed name can't be pointed at the host or its network.
+//!   `*.example.com` for any subdomain) and its port is 443 or 80, or the
+//!   port the matching entry names as `host:port`;
+//! - every address it resolves to is public (see [`is_public`]) and none is
+//!   one of this host's own, unless the operator allows that internal range
+//!   (`ASBX_ALLOW_INTERNAL`), so an allowed name can't be pointed inside;
+//! - a plain request's `Host` header names its target, and a tunnel's TLS
+//!   ClientHello names the `CONNECT` host as its SNI (no domain fronting).
 //!
-//! The list comes from the workspace's `/env` answer as the gateway relays
-//! it, never from the sandbox.
+//! Policy refusals are `403` problem+json with a stable `code`; an upstream
+//! that can't be reached is `502`. Connections get a connect timeout and an
+//! idle timeout and end with their session. The list comes from the
+//! workspace's `/env` answer as the gateway relays it, never from the sandbox.
 
 pub mod parse;
+#[cfg(test)]
+mod tests;
 
+use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use asbx_protocol::Problem;
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-/// The hosts one dispatch may reach; set once, when `/env` passes the gateway.
-#[derive(Debug, Default)]
-pub(crate) struct AllowList(OnceLock<Vec<String>>);
+use self::parse::{ClientHello, client_hello_sni, host_header_matches, parse_authority};
 
-impl AllowList {
-    pub(crate) fn set(&self, hosts: Vec<String>) {
-        let hosts = hosts
-            .into_iter()
-            .map(|h| normalize(&h))
-            .filter(|h| !h.is_empty())
-            .collect();
-        let _ = self.0.set(hosts);
+/// Ports a `CONNECT` or plain request may use unless an entry names another.
+const DEFAULT_PORTS: [u16; 2] = [443, 80];
+
+/// One `allowed_hosts` entry: a name or `*.suffix`, and the port it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    pattern: String,
+    port: Option<u16>,
+}
+
+impl Entry {
+    fn parse(raw: &str) -> Option<Entry> {
+        let raw = raw.trim();
+        let (wild, rest) = match raw.strip_prefix("*.") {
+            Some(r) => (true, r),
+            None => (false, raw),
+        };
+        let a = parse_authority(rest).ok()?;
+        let pattern = if wild {
+            format!("*.{}", a.host)
+        } else {
+            a.host
+        };
+        Some(Entry {
+            pattern,
+            port: a.port,
+        })
     }
 
-    pub(crate) fn allows(&self, host: &str) -> bool {
-        let host = normalize(host);
-        self.0.get().is_some_and(|list| {
-            list.iter().any(|pat| match pat.strip_prefix("*.") {
-                Some(suffix) => {
-                    host.len() > suffix.len() + 1
-                        && host.ends_with(suffix)
-                        && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
-                }
-                None => *pat == host,
-            })
-        })
+    fn matches_host(&self, host: &str) -> bool {
+        match self.pattern.strip_prefix("*.") {
+            Some(suffix) => {
+                host.len() > suffix.len() + 1
+                    && host.ends_with(suffix)
+                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+            }
+            None => self.pattern == host,
+        }
+    }
+
+    fn allows_port(&self, port: u16) -> bool {
+        match self.port {
+            Some(p) => p == port,
+            None => DEFAULT_PORTS.contains(&port),
+        }
     }
 }
 
-fn normalize(h: &str) -> String {
-    h.trim().trim_end_matches('.').to_ascii_lowercase()
+/// The hosts one dispatch may reach; set once, when `/env` passes the gateway.
+#[derive(Debug, Default)]
+pub(crate) struct AllowList(OnceLock<Vec<Entry>>);
+
+impl AllowList {
+    pub(crate) fn set(&self, hosts: Vec<String>) {
+        let entries = hosts.iter().filter_map(|h| Entry::parse(h)).collect();
+        let _ = self.0.set(entries);
+    }
+
+    /// Whether `host` (normalized) may be reached on `port`.
+    fn check(&self, host: &str, port: u16) -> Result<(), Refusal> {
+        let host = parse::normalize_host(host);
+        let matching: Vec<&Entry> = self
+            .0
+            .get()
+            .map(|l| l.iter().filter(|e| e.matches_host(&host)).collect())
+            .unwrap_or_default();
+        if matching.is_empty() {
+            return Err(Refusal::NotAllowed(host));
+        }
+        if !matching.iter().any(|e| e.allows_port(port)) {
+            return Err(Refusal::PortNotAllowed(host, port));
+        }
+        Ok(())
+    }
+}
+
+/// Name resolution, pluggable so tests can map names to their own servers.
+pub(crate) trait Resolve: Send + Sync + std::fmt::Debug {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, std::io::Result<Vec<SocketAddr>>>;
+}
+
+/// The system resolver (`getaddrinfo`).
+#[derive(Debug)]
+pub(crate) struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, std::io::Result<Vec<SocketAddr>>> {
+        Box::pin(async move { Ok(tokio::net::lookup_host((host, port)).await?.collect()) })
+    }
+}
+
+/// An address range, `10.0.0.0/8` or `fd00::/8` (a bare address is `/32` or `/128`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (a, p) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.trim(), None),
+        };
+        let addr: IpAddr = a.parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max)?,
+            None => max,
+        };
+        Some(Cidr { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(a) & mask == u32::from(b) & mask
+            }
+            (IpAddr::V6(a), IpAddr::V6(b)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(a) & mask == u128::from(b) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The operator's egress settings, shared by every dispatch.
+#[derive(Debug, Clone)]
+pub(crate) struct EgressSettings {
+    pub(crate) resolver: Arc<dyn Resolve>,
+    /// Internal ranges the operator lets sandboxes reach anyway.
+    pub(crate) allow_internal: Arc<[Cidr]>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+}
+
+impl EgressSettings {
+    pub(crate) fn new(allow_internal: Vec<Cidr>) -> Self {
+        EgressSettings {
+            resolver: Arc::new(SystemResolver),
+            allow_internal: allow_internal.into(),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+
+    /// Refuses an address that is not public or is this host's own, unless
+    /// the operator allows its range.
+    pub(crate) fn check_addr(&self, host: &str, ip: IpAddr) -> Result<(), Refusal> {
+        if self.allow_internal.iter().any(|c| c.contains(ip)) {
+            return Ok(());
+        }
+        if !is_public(ip) || is_own_address(ip) {
+            return Err(Refusal::Internal(host.to_owned(), ip));
+        }
+        Ok(())
+    }
+
+    /// Resolves `host` once and checks every address: a name with one
+    /// internal record is refused whole, so a resolver can't be raced into
+    /// handing out the internal one. Callers connect to these addresses
+    /// only (pinned), never resolve again.
+    pub(crate) async fn resolve_checked(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, Refusal> {
+        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::time::timeout(self.connect_timeout, self.resolver.resolve(host, port))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .ok_or_else(|| Refusal::Resolve(host.to_owned()))?,
+        };
+        if addrs.is_empty() {
+            return Err(Refusal::Resolve(host.to_owned()));
+        }
+        for a in &addrs {
+            self.check_addr(host, a.ip())?;
+        }
+        Ok(addrs)
+    }
+}
+
+/// Whether `ip` is one of this host's interface addresses.
+fn is_own_address(ip: IpAddr) -> bool {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        // Can't tell: count it as own, so the check fails closed.
+        return true;
+    };
+    addrs.filter_map(|a| a.address).any(|a| {
+        a.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())) == Some(ip)
+            || a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())) == Some(ip)
+    })
 }
 
 /// Whether `ip` is a public unicast address a sandbox may reach.
 pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_public_v4(v4),
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_public_v4(v4);
-            }
-            let s = v6.segments();
-            !(v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00 // unique local
-                || (s[0] & 0xffc0) == 0xfe80 // link-local
-                || (s[0] == 0x64 && s[1] == 0xff9b) // NAT64
-                || (s[0] == 0x2001 && s[1] == 0xdb8) // documentation
-                || v6 == Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 1))
-        }
+        IpAddr::V6(v6) => is_public_v6(v6),
     }
+}
+
+fn is_public_v6(v6: Ipv6Addr) -> bool {
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return is_public_v4(v4); // ::ffff:0:0/96
+    }
+    let s = v6.segments();
+    if s[0] == 0x2002 {
+        // 6to4: the embedded v4 decides.
+        let o = v6.octets();
+        return is_public_v4(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
+    }
+    !(s[..6] == [0; 6] // IPv4-compatible ::/96, with :: and ::1
+        || v6.is_multicast()
+        || (s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
+        || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+        || (s[0] & 0xffc0) == 0xfec0 // site-local fec0::/10
+        || (s[0] == 0x64 && s[1] == 0xff9b && s[2] <= 1) // NAT64 64:ff9b::/96, 64:ff9b:1::/48
+        || (s[0] == 0x100 && s[1..4] == [0; 3]) // discard 100::/64
+        || (s[0] == 0x2001 && s[1] == 0) // Teredo 2001::/32
+        || (s[0] == 0x2001 && (s[1] & 0xfff0) == 0x10) // ORCHID 2001:10::/28
+        || (s[0] == 0x2001 && s[1] == 2 && s[2] == 0) // benchmarking 2001:2::/48
+        || (s[0] == 0x2001 && s[1] == 0xdb8) // documentation
+        || (s[0] & 0xe000) != 0x2000) // outside global unicast 2000::/3
 }
 
 fn is_public_v4(ip: Ipv4Addr) -> bool {
@@ -92,182 +296,305 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
         || o[0] == 0
         || (o[0] == 100 && (o[1] & 0xc0) == 64) // CGNAT 100.64/10
         || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
+        || (o[0] == 192 && o[1] == 0 && o[2] == 2) // TEST-NET-1
+        || (o[0] == 198 && o[1] == 51 && o[2] == 100) // TEST-NET-2
+        || (o[0] == 203 && o[1] == 0 && o[2] == 113) // TEST-NET-3
+        || (o[0] == 192 && o[1] == 88 && o[2] == 99) // 6to4 relay anycast
         || (o[0] == 198 && (o[1] & 0xfe) == 18) // benchmarking 198.18/15
-        || o[0] >= 240) // reserved
+        || o[0] >= 240) // reserved 240/4 and broadcast
 }
 
+/// Why the proxy refused a request or could not serve it.
 #[derive(Debug, thiserror::Error)]
-enum Refusal {
+pub(crate) enum Refusal {
     #[error("host {0} is not in this sandbox's allowed hosts")]
     NotAllowed(String),
-    #[error("host {0} resolves to a non-public address {1}")]
+    #[error(
+        "port {1} is not allowed for {0}: 443 and 80 only, unless an allowed entry names the port"
+    )]
+    PortNotAllowed(String, u16),
+    #[error("host {0} resolves to an internal address {1}")]
     Internal(String, IpAddr),
+    #[error("the Host header {host:?} does not name the request's target {target}")]
+    HostMismatch { target: String, host: String },
     #[error("could not resolve {0}")]
     Resolve(String),
     #[error("bad proxy request: {0}")]
     Bad(String),
     #[error("could not connect to {0}: {1}")]
-    Connect(String, std::io::Error),
+    Connect(String, String),
 }
 
 impl Refusal {
-    fn status(&self) -> StatusCode {
-        match self {
-            Refusal::NotAllowed(_) | Refusal::Internal(..) => StatusCode::FORBIDDEN,
-            Refusal::Bad(_) => StatusCode::BAD_REQUEST,
-            Refusal::Resolve(_) | Refusal::Connect(..) => StatusCode::BAD_GATEWAY,
-        }
+    pub(crate) fn problem(&self) -> Problem {
+        let (status, code, title) = match self {
+            Refusal::NotAllowed(_) => (403, "egress_host_not_allowed", "Host not allowed"),
+            Refusal::PortNotAllowed(..) => (403, "egress_port_not_allowed", "Port not allowed"),
+            Refusal::Internal(..) => (403, "egress_internal_address", "Internal address"),
+            Refusal::HostMismatch { .. } => (403, "egress_host_mismatch", "Host header mismatch"),
+            Refusal::Bad(_) => (400, "invalid_request", "Bad proxy request"),
+            Refusal::Resolve(_) => (502, "upstream_unresolvable", "Upstream not resolvable"),
+            Refusal::Connect(..) => (502, "upstream_unreachable", "Upstream unreachable"),
+        };
+        Problem::new(status, code, title, self.to_string())
     }
 }
 
-/// Resolves and connects, refusing names outside the allow list and
-/// addresses that are not public.
-async fn connect(allow: &AllowList, host: &str, port: u16) -> Result<TcpStream, Refusal> {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if !allow.allows(host) {
-        return Err(Refusal::NotAllowed(host.to_owned()));
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        tracing::debug!(refusal = %self, "egress refused");
+        crate::error::problem_response(&self.problem())
     }
-    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|_| Refusal::Resolve(host.to_owned()))?
-            .collect(),
-    };
-    if addrs.is_empty() {
-        return Err(Refusal::Resolve(host.to_owned()));
-    }
-    // Every address must be public: a name with one internal record is refused
-    // whole, so a resolver can't be raced into handing out the internal one.
-    if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
-        return Err(Refusal::Internal(host.to_owned(), bad.ip()));
-    }
-    let mut last = None;
-    for a in addrs {
-        match TcpStream::connect(a).await {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(Refusal::Connect(
-        host.to_owned(),
-        last.unwrap_or_else(|| std::io::Error::other("no address")),
-    ))
 }
 
-type ProxyBody = BoxBody<Bytes, hyper::Error>;
+/// The TLS alert a tunnel gets when its SNI is refused: fatal, access_denied.
+pub(crate) const ALERT_ACCESS_DENIED: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31];
 
-fn text(status: StatusCode, msg: String) -> Response<ProxyBody> {
-    let mut res = Response::new(
-        Full::new(Bytes::from(msg + "\n"))
-            .map_err(|e| match e {})
-            .boxed(),
-    );
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain"),
-    );
-    res
+/// One dispatch's proxy: its allow list and the operator's settings.
+#[derive(Debug)]
+pub(crate) struct Egress {
+    pub(crate) allow: Arc<AllowList>,
+    pub(crate) settings: EgressSettings,
+    pub(crate) stop: CancellationToken,
 }
 
-async fn handle(
-    allow: Arc<AllowList>,
-    req: Request<Incoming>,
-) -> Result<Response<ProxyBody>, hyper::Error> {
-    let res = if req.method() == Method::CONNECT {
-        tunnel(allow, req).await
-    } else {
-        forward_plain(allow, req).await
-    };
-    Ok(res.unwrap_or_else(|refusal| {
-        tracing::debug!(%refusal, "egress refused");
-        text(refusal.status(), refusal.to_string())
-    }))
-}
-
-async fn tunnel(
-    allow: Arc<AllowList>,
-    req: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Refusal> {
-    let authority = req
-        .uri()
-        .authority()
-        .ok_or_else(|| Refusal::Bad("CONNECT needs host:port".into()))?
-        .clone();
-    let port = authority
-        .port_u16()
-        .ok_or_else(|| Refusal::Bad("CONNECT needs a port".into()))?;
-    let mut upstream = connect(&allow, authority.host(), port).await?;
-    tokio::spawn(async move {
-        match hyper::upgrade::on(req).await {
-            Ok(upgraded) => {
-                let mut client = TokioIo::new(upgraded);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+impl Egress {
+    async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
+        self.allow.check(host, port)?;
+        let addrs = self.settings.resolve_checked(host, port).await?;
+        let mut last = String::from("no address");
+        for a in addrs {
+            match tokio::time::timeout(self.settings.connect_timeout, TcpStream::connect(a)).await {
+                Ok(Ok(s)) => return Ok(s),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "connect timed out".to_owned(),
             }
-            Err(e) => tracing::debug!(error = %e, "egress upgrade failed"),
         }
-    });
-    Ok(Response::new(
-        http_body_util::Empty::new().map_err(|e| match e {}).boxed(),
-    ))
-}
-
-async fn forward_plain(
-    allow: Arc<AllowList>,
-    mut req: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Refusal> {
-    let uri = req.uri().clone();
-    if uri.scheme_str() != Some("http") {
-        return Err(Refusal::Bad("only absolute http:// URLs or CONNECT".into()));
+        Err(Refusal::Connect(host.to_owned(), last))
     }
-    let host = uri
-        .host()
-        .ok_or_else(|| Refusal::Bad("no host".into()))?
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(80);
-    let stream = connect(&allow, &host, port).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| Refusal::Connect(host.clone(), std::io::Error::other(e)))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_owned();
-    *req.uri_mut() = path.parse().map_err(|_| Refusal::Bad("bad path".into()))?;
-    req.headers_mut().remove("proxy-authorization");
-    req.headers_mut().remove("proxy-connection");
-    let res = sender
-        .send_request(req)
-        .await
-        .map_err(|e| Refusal::Connect(host, std::io::Error::other(e)))?;
-    Ok(res.map(|b| b.boxed()))
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response {
+        let res = if req.method() == Method::CONNECT {
+            self.tunnel(req).await
+        } else {
+            self.forward_plain(req).await
+        };
+        res.unwrap_or_else(IntoResponse::into_response)
+    }
+
+    async fn tunnel(self: Arc<Self>, req: Request<Incoming>) -> Result<Response, Refusal> {
+        let target = req
+            .uri()
+            .authority()
+            .ok_or_else(|| Refusal::Bad("CONNECT needs host:port".into()))?
+            .as_str()
+            .to_owned();
+        let a = parse_authority(&target).map_err(|e| Refusal::Bad(e.to_string()))?;
+        let port = a
+            .port
+            .ok_or_else(|| Refusal::Bad("CONNECT needs a port".into()))?;
+        let upstream = self.connect(&a.host, port).await?;
+        let host = a.host;
+        tokio::spawn(async move {
+            let upgraded = tokio::select! {
+                u = hyper::upgrade::on(req) => u,
+                _ = self.stop.cancelled() => return,
+            };
+            match upgraded {
+                Ok(upgraded) => {
+                    self.splice_tls(TokioIo::new(upgraded), upstream, &host)
+                        .await
+                }
+                Err(e) => tracing::debug!(error = %e, "egress upgrade failed"),
+            }
+        });
+        Ok(StatusCode::OK.into_response())
+    }
+
+    /// Reads the tunnel's first TLS record, refuses it unless its SNI is the
+    /// `CONNECT` host, then relays both ways until idle, closed or stopped.
+    async fn splice_tls<C>(&self, mut client: C, mut upstream: TcpStream, host: &str)
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut buf = Vec::with_capacity(1024);
+        let verdict = loop {
+            match client_hello_sni(&buf) {
+                Ok(ClientHello::Incomplete { needed }) => {
+                    let old = buf.len();
+                    buf.resize(needed, 0);
+                    let read = tokio::select! {
+                        r = tokio::time::timeout(self.settings.connect_timeout, client.read(&mut buf[old..])) => r,
+                        _ = self.stop.cancelled() => return,
+                    };
+                    match read {
+                        Ok(Ok(n)) if n > 0 => buf.truncate(old + n),
+                        _ => return,
+                    }
+                }
+                Ok(ClientHello::Sni(sni)) => break sni_allowed(host, Some(&sni)),
+                Ok(ClientHello::NoSni) => break sni_allowed(host, None),
+                Err(e) => {
+                    tracing::debug!(error = %e, host, "egress tunnel is not TLS");
+                    break false;
+                }
+            }
+        };
+        if !verdict {
+            tracing::debug!(
+                host,
+                "egress refused: TLS SNI does not name the CONNECT host"
+            );
+            let _ = client.write_all(&ALERT_ACCESS_DENIED).await;
+            let _ = client.shutdown().await;
+            return;
+        }
+        if upstream.write_all(&buf).await.is_err() {
+            return;
+        }
+        relay(client, upstream, self.settings.idle_timeout, &self.stop).await;
+    }
+
+    async fn forward_plain(
+        self: Arc<Self>,
+        mut req: Request<Incoming>,
+    ) -> Result<Response, Refusal> {
+        let uri = req.uri().clone();
+        if uri.scheme_str() != Some("http") {
+            return Err(Refusal::Bad("only absolute http:// URLs or CONNECT".into()));
+        }
+        let target = uri
+            .authority()
+            .ok_or_else(|| Refusal::Bad("no host".into()))?
+            .as_str()
+            .to_owned();
+        let a = parse_authority(&target).map_err(|e| Refusal::Bad(e.to_string()))?;
+        if let Some(h) = req.headers().get(hyper::header::HOST) {
+            let h = h
+                .to_str()
+                .map_err(|_| Refusal::Bad("bad Host header".into()))?;
+            if !host_header_matches(&target, h, 80).unwrap_or(false) {
+                return Err(Refusal::HostMismatch {
+                    target,
+                    host: h.chars().take(256).collect(),
+                });
+            }
+        }
+        let port = a.port.unwrap_or(80);
+        let stream = self.connect(&a.host, port).await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Refusal::Connect(a.host.clone(), e.to_string()))?;
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+        let path = uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_owned();
+        *req.uri_mut() = path.parse().map_err(|_| Refusal::Bad("bad path".into()))?;
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&target) {
+            req.headers_mut().insert(hyper::header::HOST, v);
+        }
+        req.headers_mut().remove("proxy-authorization");
+        req.headers_mut().remove("proxy-connection");
+        let res = tokio::time::timeout(self.settings.idle_timeout, sender.send_request(req))
+            .await
+            .map_err(|_| Refusal::Connect(a.host.clone(), "no answer".into()))?
+            .map_err(|e| Refusal::Connect(a.host, e.to_string()))?;
+        Ok(res.map(Body::new))
+    }
 }
 
-/// Serves the proxy on `listener` until `stop` is cancelled.
-pub(crate) fn spawn(listener: UnixListener, allow: Arc<AllowList>, stop: CancellationToken) {
+/// A tunnel to `host` may carry the SNI `host` only; an IP-literal target
+/// (which TLS can't name) may also carry none.
+fn sni_allowed(host: &str, sni: Option<&str>) -> bool {
+    match sni {
+        Some(s) => s == host,
+        None => host.parse::<IpAddr>().is_ok(),
+    }
+}
+
+/// Copies both ways until either side closes, nothing moves for `idle`, or
+/// `stop` is cancelled.
+async fn relay<C>(client: C, upstream: TcpStream, idle: Duration, stop: &CancellationToken)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut ur, mut uw) = upstream.into_split();
+    let up = copy_noting(&mut cr, &mut uw, &last, start);
+    let down = copy_noting(&mut ur, &mut cw, &last, start);
+    let watchdog = async {
+        loop {
+            tokio::time::sleep(idle / 4).await;
+            let since = start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+            if since >= idle {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        _ = watchdog => tracing::debug!("egress tunnel idle, closed"),
+        _ = stop.cancelled() => {}
+    }
+}
+
+async fn copy_noting<R, W>(r: &mut R, w: &mut W, last: &AtomicU64, start: Instant)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if w.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+/// Serves the proxy on `listener` until `egress.stop` is cancelled.
+pub(crate) fn spawn(listener: UnixListener, egress: Arc<Egress>) {
     let listener = crate::limit::LimitedListener::new(listener, crate::limit::MAX_CONNECTIONS);
     tokio::spawn(async move {
         loop {
             let (stream, _) = tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = egress.stop.cancelled() => return,
                 accepted = listener.accept_limited() => match accepted {
                     Ok(s) => s,
                     Err(_) => {
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;
                     }
                 },
             };
-            let allow = Arc::clone(&allow);
-            let stop = stop.clone();
+            let egress = Arc::clone(&egress);
             tokio::spawn(async move {
-                let svc = service_fn(move |req| handle(Arc::clone(&allow), req));
+                let stop = egress.stop.clone();
+                let idle = egress.settings.idle_timeout;
+                let svc = service_fn(move |req| {
+                    let egress = Arc::clone(&egress);
+                    async move { Ok::<_, Infallible>(egress.handle(req).await) }
+                });
                 let conn = hyper::server::conn::http1::Builder::new()
+                    .header_read_timeout(idle)
+                    .timer(hyper_util::rt::TokioTimer::new())
                     .serve_connection(TokioIo::new(stream), svc)
                     .with_upgrades();
                 tokio::select! {
@@ -277,67 +604,4 @@ pub(crate) fn spawn(listener: UnixListener, allow: Arc<AllowList>, stop: Cancell
             });
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn allow_list_matches_exact_and_subdomains_only() {
-        let a = AllowList::default();
-        a.set(vec!["PyPI.org.".into(), "*.example.com".into()]);
-        assert!(a.allows("pypi.org"));
-        assert!(a.allows("files.example.com"));
-        assert!(a.allows("a.b.example.com"));
-        assert!(!a.allows("example.com"));
-        assert!(!a.allows("evilexample.com"));
-        assert!(!a.allows("pypi.org.evil.net"));
-        assert!(!AllowList::default().allows("pypi.org"), "default: nothing");
-    }
-
-    #[test]
-    fn internal_addresses_are_not_public() {
-        for ip in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "255.255.255.255",
-            "224.0.0.1",
-            "::1",
-            "::",
-            "fe80::1",
-            "fd00::1",
-            "::ffff:127.0.0.1",
-            "::ffff:10.0.0.1",
-            "64:ff9b::a00:1",
-        ] {
-            assert!(!is_public(ip.parse().unwrap()), "{ip} counted as public");
-        }
-        for ip in ["1.1.1.1", "151.101.0.223", "2606:4700::1111"] {
-            assert!(is_public(ip.parse().unwrap()), "{ip} counted as internal");
-        }
-    }
-
-    #[tokio::test]
-    async fn allowed_names_pointing_inside_are_refused() {
-        let a = AllowList::default();
-        a.set(vec!["localhost".into(), "127.0.0.1".into()]);
-        assert!(matches!(
-            connect(&a, "localhost", 80).await,
-            Err(Refusal::Internal(..))
-        ));
-        assert!(matches!(
-            connect(&a, "127.0.0.1", 80).await,
-            Err(Refusal::Internal(..))
-        ));
-        assert!(matches!(
-            connect(&a, "pypi.org", 443).await,
-            Err(Refusal::NotAllowed(_))
-        ));
-    }
 }

@@ -230,7 +230,7 @@ fn summarize(v: &serde_json::Value) -> String {
     if s.chars().count() > 72 {
         format!("{}…", s.chars().take(72).collect::<String>())
     } else {
-        s
+        s.into_owned()
     }
 }
 

@@ -303,4 +303,42 @@ mod tests {
         assert!(components(w, "/work/dirx/y").is_err());
         assert!(components(w, "/work/dir/../x").is_err());
     }
+
+    #[tokio::test]
+    async fn write_file_leaves_files_and_folders_the_tools_can_edit() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // What a jail's agent typically has; the modes must not depend on it.
+        let old = nix::sys::stat::umask(Mode::from_bits_truncate(0o022));
+        let ctx = ToolContext {
+            workdir: dir.path().to_path_buf(),
+            variables: Default::default(),
+            tool_user: None,
+            timeout: std::time::Duration::from_secs(5),
+            output_bytes: 1024,
+            emitter: crate::emit::Emitter::new(tokio::io::sink(), asbx_protocol::Protocol::V1),
+            cgroup_root: super::super::process::CgroupRoot(dir.path().join("none")),
+        };
+        let out = write_file(&ctx, "out/deep/a.txt", "hi").await;
+        nix::sys::stat::umask(old);
+        assert!(!out.is_error(), "{out:?}");
+        let mode = |p: &str| {
+            std::fs::metadata(dir.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("out/deep/a.txt"), 0o664);
+        assert_eq!(mode("out"), 0o775);
+        assert_eq!(mode("out/deep"), 0o775);
+        // An existing file of the agent's, made private, is opened up again.
+        std::fs::set_permissions(
+            dir.path().join("out/deep/a.txt"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        assert!(!write_file(&ctx, "out/deep/a.txt", "again").await.is_error());
+        assert_eq!(mode("out/deep/a.txt"), 0o664);
+    }
 }

@@ -433,3 +433,286 @@ pub(crate) fn join_failure(exit_code: Option<i32>, stderr: &[u8]) -> Option<Stri
         .find_map(|l| l.strip_prefix(JOIN_FAILED_MARKER))
         .map(|path| format!("the tool could not join its cgroup ({path}); it did not run"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use asbx_protocol::Protocol;
+
+    use super::*;
+    use crate::emit::Emitter;
+    use crate::tools::context::{ToolContext, ToolOutput};
+    use crate::tools::shell;
+
+    fn ctx(workdir: &Path, cgroup_root: &Path, timeout_ms: u64) -> ToolContext {
+        ToolContext {
+            workdir: workdir.to_path_buf(),
+            variables: BTreeMap::new(),
+            tool_user: None,
+            timeout: Duration::from_millis(timeout_ms),
+            output_bytes: 64 * 1024,
+            emitter: Emitter::new(tokio::io::sink(), Protocol::V1),
+            cgroup_root: CgroupRoot(cgroup_root.to_path_buf()),
+        }
+    }
+
+    /// A `sleep` argument no other process has: `1000.<random digits>`.
+    fn marker() -> String {
+        format!("1000.{}", rand::random::<u32>())
+    }
+
+    /// Pids whose command line contains `needle`.
+    fn with_cmdline(needle: &str) -> Vec<i32> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let zombie =
+                std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| s.contains(") Z "));
+            if !zombie && String::from_utf8_lossy(&cmd).contains(needle) {
+                out.push(pid);
+            }
+        }
+        out
+    }
+
+    /// Polls until `f` holds or 5 s pass.
+    async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if f() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        f()
+    }
+
+    fn error_of(out: &ToolOutput) -> String {
+        out.display.clone().err().unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn without_a_cgroup_a_timed_out_tool_and_all_it_started_are_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (marker(), marker(), marker());
+        // A background child, one that left the process group, the foreground.
+        let cmd = format!("sleep {a} & setsid sleep {b} & sleep {c}");
+        let ctx = ctx(dir.path(), &dir.path().join("no-cgroups"), 300);
+        // Positive control: the processes do start (seen while the tool runs).
+        let watch = {
+            let (a, b, c) = (a.clone(), b.clone(), c.clone());
+            tokio::spawn(async move {
+                eventually(|| [&a, &b, &c].iter().all(|m| !with_cmdline(m).is_empty())).await
+            })
+        };
+        let started = Instant::now();
+        let out = shell::run(&ctx, "step_1", &cmd).await;
+        assert!(
+            watch.await.unwrap(),
+            "the tool's processes were never seen running"
+        );
+        let err = error_of(&out);
+        assert!(err.contains("timed out after 300 ms"), "{err}");
+        assert!(err.contains("was killed"), "{err}");
+        assert!(err.contains("process group and its descendants"), "{err}");
+        assert!(!err.contains("survived"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        for m in [&a, &b, &c] {
+            assert!(
+                eventually(|| with_cmdline(m).is_empty()).await,
+                "sleep {m} is still running: {:?}",
+                with_cmdline(m)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_cgroup_every_process_of_the_tool_uid_is_killed() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED the tool-uid check: it needs root to run a tool as another uid");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let uid = 61000 + rand::random::<u32>() % 4000;
+        let mut ctx = ctx(dir.path(), &dir.path().join("no-cgroups"), 300);
+        ctx.tool_user = Some((uid, uid));
+        let (a, b) = (marker(), marker());
+        // `a` is orphaned at once (its parent subshell exits): only the uid
+        // finds it.
+        let cmd = format!("(setsid sleep {a} &) ; sleep {b}");
+        let seen = {
+            let a = a.clone();
+            tokio::spawn(async move { eventually(|| !with_cmdline(&a).is_empty()).await })
+        };
+        let out = shell::run(&ctx, "step_1", &cmd).await;
+        assert!(
+            seen.await.unwrap(),
+            "the orphan never ran (no positive control)"
+        );
+        let err = error_of(&out);
+        assert!(err.contains("every process of the tool user"), "{err}");
+        assert!(!err.contains("survived"), "{err}");
+        for m in [&a, &b] {
+            assert!(
+                eventually(|| with_cmdline(m).is_empty()).await,
+                "sleep {m} survived"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tool_that_ends_leaves_its_background_processes_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = marker();
+        let ctx = ctx(dir.path(), &dir.path().join("no-cgroups"), 5000);
+        let out = shell::run(&ctx, "step_1", &format!("sleep {m} >/dev/null 2>&1 &")).await;
+        assert!(!out.is_error(), "{out:?}");
+        assert!(
+            eventually(|| with_cmdline(&m).len() == 1).await,
+            "the background sleep must still run"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pids = with_cmdline(&m);
+        assert_eq!(pids.len(), 1, "the background sleep must still run");
+        let _ = kill(Pid::from_raw(pids[0]), Signal::SIGKILL);
+    }
+
+    /// Real cgroup v1 children (memory, pids, freezer) for one test, linked
+    /// under a temporary root in the sandbox's layout; removed on drop.
+    struct TestCgroups {
+        root: tempfile::TempDir,
+        dirs: Vec<PathBuf>,
+    }
+
+    impl TestCgroups {
+        fn new() -> Option<TestCgroups> {
+            let name = format!("asbx-agent-test-{:08x}", rand::random::<u32>());
+            let root = tempfile::tempdir().unwrap();
+            std::fs::create_dir(root.path().join("tools")).unwrap();
+            let mut dirs = Vec::new();
+            for ctl in ["memory", "pids", "freezer"] {
+                let d = Path::new("/sys/fs/cgroup").join(ctl).join(&name);
+                if let Err(e) = std::fs::create_dir(&d) {
+                    eprintln!(
+                        "SKIPPED the cgroup check: cannot create {}: {e}",
+                        d.display()
+                    );
+                    for d in &dirs {
+                        let _ = std::fs::remove_dir(d);
+                    }
+                    return None;
+                }
+                std::os::unix::fs::symlink(&d, root.path().join("tools").join(ctl)).unwrap();
+                dirs.push(d);
+            }
+            Some(TestCgroups { root, dirs })
+        }
+
+        fn procs(&self) -> String {
+            std::fs::read_to_string(self.dirs[0].join("cgroup.procs")).unwrap()
+        }
+    }
+
+    impl Drop for TestCgroups {
+        fn drop(&mut self) {
+            for d in &self.dirs {
+                if let Ok(p) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                    for pid in p.lines().filter_map(|l| l.parse().ok()) {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
+                }
+                let _ = std::fs::write(d.join("freezer.state"), "THAWED");
+            }
+            for d in &self.dirs {
+                for _ in 0..100 {
+                    if std::fs::remove_dir(d).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn with_a_cgroup_the_tool_joins_it_and_a_timeout_empties_it() {
+        let Some(cg) = TestCgroups::new() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ctx(dir.path(), cg.root.path(), 300);
+        // Positive control: a quick tool runs inside the cgroup.
+        let out = shell::run(&ctx, "step_1", "cat /proc/self/cgroup").await;
+        let text = out.model_text.clone();
+        for ctl in ["memory", "pids", "freezer"] {
+            let want = format!(
+                ":{ctl}:/{}",
+                cg.dirs[0].file_name().unwrap().to_string_lossy()
+            );
+            assert!(text.contains(&want), "{ctl} not joined: {text}");
+        }
+        let (a, b) = (marker(), marker());
+        let cmd = format!("setsid sleep {a} & (sleep {b} &) ; sleep 1000");
+        let out = shell::run(&ctx, "step_2", &cmd).await;
+        let err = error_of(&out);
+        assert!(err.contains("timed out after 300 ms"), "{err}");
+        assert!(err.contains("tools cgroup"), "{err}");
+        assert!(!err.contains("survived"), "{err}");
+        assert_eq!(cg.procs().trim(), "", "the tools cgroup must be empty");
+        for m in [&a, &b] {
+            assert!(
+                eventually(|| with_cmdline(m).is_empty()).await,
+                "sleep {m} survived"
+            );
+        }
+        let state = std::fs::read_to_string(cg.dirs[2].join("freezer.state")).unwrap();
+        assert_eq!(state.trim(), "THAWED", "the cgroup is left thawed");
+    }
+
+    #[tokio::test]
+    async fn a_tool_that_cannot_join_its_cgroup_does_not_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        // A `cgroup.procs` no one can write: a folder.
+        std::fs::create_dir_all(root.path().join("tools/memory/cgroup.procs")).unwrap();
+        let ctx = ctx(dir.path(), root.path(), 5000);
+        let out = shell::run(&ctx, "step_1", "touch ran").await;
+        let err = error_of(&out);
+        assert!(err.contains("could not join its cgroup"), "{err}");
+        assert!(
+            !dir.path().join("ran").exists(),
+            "the command ran outside its cgroup"
+        );
+        // Positive control: without the tools folder it runs.
+        let ctx2 = ToolContext {
+            cgroup_root: CgroupRoot(root.path().join("none")),
+            ..ctx
+        };
+        assert!(!shell::run(&ctx2, "step_2", "touch ran").await.is_error());
+        assert!(dir.path().join("ran").exists());
+        // An empty tools folder is a broken layout, not "no cgroups".
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::create_dir(empty.path().join("tools")).unwrap();
+        let ctx3 = ToolContext {
+            cgroup_root: CgroupRoot(empty.path().to_path_buf()),
+            ..ctx2
+        };
+        assert!(shell::run(&ctx3, "step_3", "true").await.is_error());
+    }
+
+    #[test]
+    fn mcp_servers_run_as_their_own_uid() {
+        assert_eq!(Slot::Mcp.user(Some((1001, 1000))), Some((MCP_UID, 1000)));
+        assert_eq!(Slot::Tools.user(Some((1001, 1000))), Some((1001, 1000)));
+        assert_eq!(Slot::Mcp.user(None), None);
+    }
+}

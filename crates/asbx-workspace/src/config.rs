@@ -4,6 +4,7 @@
 //! sleeping: a [`ManualClock`] is advanced by hand.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -28,7 +29,16 @@ use url::Url;
 ///   before it is cancelled (zero: cancel on close).
 /// - `lease_ttl`: how long a chat's single-flight lease lasts without renewal.
 /// - `require_auth`: refuse requests without an API key or session cookie
-///   (otherwise they act in the default workspace).
+///   (otherwise they act in the default workspace). Required when `listen`
+///   is not a loopback address ([`crate::WorkspaceError::AuthRequired`]).
+/// - `listen`: the address the server listens on, when known. On loopback
+///   the server also answers to `localhost`, `127.0.0.1` and `[::1]` with
+///   its port (CONTRACT section 8); elsewhere only to `public_url`'s host.
+///   Unknown (`None`): loopback names are answered when `public_url` is on
+///   loopback.
+/// - `runner_token`: `ASBX_RUNNER_TOKEN`, sent as `Authorization: Bearer`
+///   on every request to a runner the operator configured (`sandbox_url`);
+///   never to a runner a stored agent names itself.
 #[derive(Clone)]
 pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
@@ -40,6 +50,8 @@ pub struct WorkspaceConfig {
     pub detach_grace: Duration,
     pub lease_ttl: Duration,
     pub require_auth: bool,
+    pub listen: Option<SocketAddr>,
+    pub runner_token: Option<String>,
 }
 
 impl WorkspaceConfig {
@@ -55,6 +67,8 @@ impl WorkspaceConfig {
             detach_grace: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(120),
             require_auth: false,
+            listen: None,
+            runner_token: None,
         }
     }
 }
@@ -75,6 +89,9 @@ impl fmt::Debug for WorkspaceConfig {
             .field("detach_grace", &self.detach_grace)
             .field("lease_ttl", &self.lease_ttl)
             .field("require_auth", &self.require_auth)
+            .field("listen", &self.listen)
+            // Never the token itself.
+            .field("runner_token", &self.runner_token.as_ref().map(|_| "<set>"))
             .finish_non_exhaustive()
     }
 }

@@ -7,8 +7,10 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request};
+use axum::http::{HeaderMap, header};
+use axum::middleware;
 use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -16,7 +18,7 @@ use serde::de::DeserializeOwned;
 use crate::callbacks::writeback::MAX_RESULTS_BODY;
 use crate::error::WorkspaceError;
 use crate::state::AppState;
-use crate::{agents, auth, callbacks, chats, files, pages, runs};
+use crate::{agents, auth, callbacks, chats, files, guard, pages, runs};
 
 /// Largest JSON body of the ordinary API routes.
 pub(crate) const MAX_JSON_BODY: usize = 8 * 1024 * 1024;
@@ -76,6 +78,11 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         )
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard::host_and_origin,
+        ))
+        .layer(middleware::map_response(guard::problem_errors))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
@@ -94,11 +101,41 @@ pub(crate) fn body_bytes(
     })
 }
 
-/// Parses a JSON body, naming the problem on failure.
-pub(crate) fn parse_json<T: DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, WorkspaceError> {
-    let bytes = body_bytes(body, MAX_JSON_BODY)?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| WorkspaceError::invalid(format!("invalid JSON body: {e}")))
+/// A JSON request body: `Content-Type: application/json` (else `415`,
+/// before the body is read), at most the route's body limit (else `413`),
+/// parsed into `T` (else `400` naming the problem).
+#[derive(Debug)]
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = WorkspaceError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        require_json(req.headers())?;
+        let body = Bytes::from_request(req, state).await;
+        let bytes = body_bytes(body, MAX_JSON_BODY)?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| WorkspaceError::invalid(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// `415` unless the request says its body is `application/json` (with
+/// parameters such as `charset` allowed).
+pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), WorkspaceError> {
+    let found = match headers.get(header::CONTENT_TYPE) {
+        None => "no content type".to_owned(),
+        Some(v) => {
+            let text = v.to_str().unwrap_or("(not text)");
+            let essence = text.split(';').next().unwrap_or("").trim();
+            if essence.eq_ignore_ascii_case("application/json") {
+                return Ok(());
+            }
+            text.chars()
+                .filter(|c| !c.is_control())
+                .take(100)
+                .collect()
+        }
+    };
+    Err(WorkspaceError::UnsupportedMediaType { found })
 }

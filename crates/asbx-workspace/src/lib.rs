@@ -13,6 +13,7 @@
 mod auth;
 mod config;
 mod error;
+mod guard;
 mod http;
 mod pages;
 mod state;
@@ -51,7 +52,16 @@ pub struct Workspace {
 
 impl Workspace {
     /// Creates the data folder, connects the database, runs the migrations.
+    ///
+    /// Refuses ([`WorkspaceError::AuthRequired`]) to serve a non-loopback
+    /// `listen` address without `require_auth` (CONTRACT section 8).
     pub async fn open(config: WorkspaceConfig) -> Result<Workspace, WorkspaceError> {
+        if let Some(listen) = config.listen
+            && !listen.ip().is_loopback()
+            && !config.require_auth
+        {
+            return Err(WorkspaceError::AuthRequired { listen });
+        }
         if !matches!(config.public_url.scheme(), "http" | "https") {
             return Err(WorkspaceError::Config(
                 "public_url must be an http(s) URL".to_owned(),
@@ -64,11 +74,12 @@ impl Workspace {
         let blobs = BlobStore::open(config.data_dir.join("blobs")).await?;
         if config.sandbox_url.is_none() {
             tracing::warn!(
-                "no SANDBOX_URL configured: runs must name their sandboxUrl, chat turns will fail"
+                "no SANDBOX_URL configured: runs and chat turns will fail unless a stored agent names its runner"
             );
         }
         let state = AppState {
-            dispatcher: Dispatcher::new()?,
+            dispatcher: Dispatcher::new(config.runner_token.as_deref())?,
+            authority: guard::Authority::from_config(&config),
             config,
             store,
             blobs,

@@ -2,6 +2,7 @@
 
 use crate::chats::live::TurnHub;
 use crate::config::WorkspaceConfig;
+use crate::guard::Authority;
 use crate::files::blobs::BlobStore;
 use crate::runs::dispatch::Dispatcher;
 use crate::store::Store;
@@ -13,6 +14,8 @@ pub(crate) struct AppState {
     pub blobs: BlobStore,
     pub dispatcher: Dispatcher,
     pub turns: TurnHub,
+    /// The `Host`s and origins this server answers to.
+    pub authority: Authority,
 }
 
 impl AppState {

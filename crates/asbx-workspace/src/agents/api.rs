@@ -4,24 +4,22 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
-use bytes::Bytes;
 
 use crate::agents;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
+use crate::http::JsonBody;
 use crate::state::AppState;
 use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, AgentRunRequest};
 
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(definition): JsonBody<AgentDefinition>,
 ) -> Result<(StatusCode, Json<AgentRecord>), WorkspaceError> {
-    let definition: AgentDefinition = crate::http::parse_json(body)?;
     let agent = agents::create(&state, &caller.workspace_id, definition).await?;
     Ok((StatusCode::CREATED, Json(agent)))
 }
@@ -46,9 +44,8 @@ pub(crate) async fn update(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(definition): JsonBody<AgentDefinition>,
 ) -> Result<Json<AgentRecord>, WorkspaceError> {
-    let definition: AgentDefinition = crate::http::parse_json(body)?;
     let agent = agents::update(&state, &caller.workspace_id, &id, definition).await?;
     Ok(Json(agent))
 }
@@ -66,9 +63,8 @@ pub(crate) async fn run(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(request): JsonBody<AgentRunRequest>,
 ) -> Result<Response, WorkspaceError> {
-    let request: AgentRunRequest = crate::http::parse_json(body)?;
     let spec = agents::run_spec(&state, &caller.workspace_id, &id, request).await?;
     let agent_id = HeaderValue::from_str(spec.agent_id.as_deref().unwrap_or_default())
         .map_err(|_| WorkspaceError::Corrupt("agent id".into()))?;

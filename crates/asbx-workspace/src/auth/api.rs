@@ -5,23 +5,21 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 
 use crate::auth::store as keys;
 use crate::auth::{self, Caller};
 use crate::error::WorkspaceError;
+use crate::http::JsonBody;
 use crate::state::AppState;
 use crate::tokens;
 use crate::wire::{SessionInfo, SignIn};
 
 pub(crate) async fn sign_in(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(request): JsonBody<SignIn>,
 ) -> Result<Response, WorkspaceError> {
-    let request: SignIn = crate::http::parse_json(body)?;
     let (session, workspace_id) = auth::sign_in(&state, &request.api_key).await?;
     let info = info(&state, workspace_id).await?;
     let secure = state.config.public_url.scheme() == "https";

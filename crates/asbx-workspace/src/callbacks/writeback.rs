@@ -1,6 +1,6 @@
 //! Writeback: validating and storing the files a run sends to `/results`.
 //!
-//! The upload token is checked before the body is parsed, and redeemed only
+//! The upload token is checked before the body is read, and redeemed only
 //! after the body has been validated in full, so a malformed body is answered
 //! with 400 and leaves the token usable for a corrected retry.
 
@@ -36,13 +36,13 @@ struct Decoded {
     bytes: Vec<u8>,
 }
 
-/// Handles one `/results` call end to end.
-pub(crate) async fn store_results(
+/// Refuses an upload token that could not be redeemed now, without
+/// redeeming it: called before the body is read.
+pub(crate) async fn check_upload_token(
     state: &AppState,
     session_id: &str,
     bearer: &str,
-    body: &[u8],
-) -> Result<ResultsResponse, WorkspaceError> {
+) -> Result<(), WorkspaceError> {
     let hash = tokens::hash(bearer);
     if !asbx_protocol::dispatch::is_valid_session_id(session_id)
         || !token_store::is_redeemable(
@@ -56,6 +56,18 @@ pub(crate) async fn store_results(
     {
         return Err(WorkspaceError::OtpRejected);
     }
+    Ok(())
+}
+
+/// Validates a `/results` body in full, then redeems the upload token (the
+/// redemption alone decides) and stores the files.
+pub(crate) async fn store_results(
+    state: &AppState,
+    session_id: &str,
+    bearer: &str,
+    body: &[u8],
+) -> Result<ResultsResponse, WorkspaceError> {
+    let hash = tokens::hash(bearer);
     let decoded = parse(body)?;
     token_store::redeem(
         state.store.pool(),

@@ -19,6 +19,7 @@ use crate::chats::store as chats;
 use crate::chats::turn::{self as chat, TurnStart};
 use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
 use crate::error::WorkspaceError;
+use crate::http::JsonBody;
 use crate::state::AppState;
 use crate::wire::{
     CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatSummary, FileInfo, TURN_ID_HEADER, TurnRequest,
@@ -27,9 +28,8 @@ use crate::wire::{
 pub(crate) async fn turn(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(request): JsonBody<TurnRequest>,
 ) -> Result<Response, WorkspaceError> {
-    let request: TurnRequest = crate::http::parse_json(body)?;
     match chat::start_turn(&state, &caller.workspace_id, request).await? {
         TurnStart::Live(turn) => Ok(sse_response(turn, 0)),
         TurnStart::Rejected {

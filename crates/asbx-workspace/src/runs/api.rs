@@ -4,14 +4,13 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
+use crate::http::JsonBody;
 use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::runs::{relay, request as run_request, view as runs_view};
 use crate::state::AppState;
@@ -20,9 +19,8 @@ use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(request): JsonBody<CreateRunRequest>,
 ) -> Result<Response, WorkspaceError> {
-    let request: CreateRunRequest = crate::http::parse_json(body)?;
     let spec = run_request::to_spec(
         request,
         &caller.workspace_id,

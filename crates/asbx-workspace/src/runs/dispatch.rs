@@ -23,14 +23,25 @@ use crate::wire::RunKind;
 /// Most bytes of a non-200 runner answer kept for pass-through.
 const MAX_REJECTION_BYTES: usize = 64 * 1024;
 
-/// The HTTP client that talks to runners.
-#[derive(Debug, Clone)]
+/// The HTTP client that talks to runners, and the runner token it sends.
+#[derive(Clone)]
 pub(crate) struct Dispatcher {
     client: reqwest::Client,
+    /// `Authorization: Bearer {runner_token}` on every request to a runner
+    /// the operator configured.
+    runner_token: Option<String>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("runner_token", &self.runner_token.as_ref().map(|_| "<set>"))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Dispatcher {
-    pub(crate) fn new() -> Result<Dispatcher, WorkspaceError> {
+    pub(crate) fn new(runner_token: Option<&str>) -> Result<Dispatcher, WorkspaceError> {
         // No overall timeout: a turn may legitimately stream for hours (the
         // runner enforces the cap). Proxies from the environment are ignored:
         // runners are addressed directly.
@@ -39,7 +50,12 @@ impl Dispatcher {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| WorkspaceError::Config(format!("http client: {e}")))?;
-        Ok(Dispatcher { client })
+        Ok(Dispatcher {
+            client,
+            runner_token: runner_token
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned),
+        })
     }
 }
 
@@ -117,14 +133,21 @@ pub(crate) async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, W
         encryption: None,
     };
     let endpoint = stream_endpoint(&spec.sandbox_url);
-    let sent = state
+    let mut post = state
         .dispatcher
         .client
         .post(endpoint)
         .header(http::header::ACCEPT, "application/x-ndjson")
-        .json(&request)
-        .send()
-        .await;
+        .json(&request);
+    // The runner token goes to the operator's runner only: a stored agent's
+    // own SANDBOX_URL is the agent author's choice, not a place the
+    // operator's secret may go.
+    if let Some(token) = &state.dispatcher.runner_token
+        && state.config.sandbox_url.as_ref() == Some(&spec.sandbox_url)
+    {
+        post = post.bearer_auth(token);
+    }
+    let sent = post.send().await;
     drop(request);
     let response = match sent {
         Ok(r) => r,

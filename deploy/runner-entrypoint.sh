@@ -18,7 +18,7 @@
 #   Sandboxes therefore stay inside the pod's cgroup: the pod's memory and
 #   CPU limits bound all of its sandboxes together, and the kubelet sees them.
 # cgroup v1: each controller is a read-only bind of the container's cgroup;
-#   remount memory, pids and cpu read-write.
+#   remount memory, pids, cpu and (when there) freezer read-write.
 #
 # Only the `strict` profile uses cgroups; `namespaces` skips all of this.
 set -eu
@@ -48,7 +48,12 @@ if [ "${ASBX_PROFILE:-strict}" = strict ]; then
         done
         log "cgroup v2: $CG writable, controllers: $(cat "$CG/cgroup.controllers")"
     else
-        for c in memory pids cpu; do
+        for c in memory pids cpu freezer; do
+            # freezer is optional (the jail uses it for tool cgroups when present).
+            if [ ! -e "$CG/$c" ]; then
+                [ "$c" = freezer ] && continue
+                log "cgroup v1 without the $c controller"; exit 1
+            fi
             mp=$(readlink -f "$CG/$c")
             if ! writable "$mp"; then
                 mount -o remount,bind,rw "$mp" 2>/dev/null \
@@ -56,7 +61,7 @@ if [ "${ASBX_PROFILE:-strict}" = strict ]; then
                     || { log "cannot make $mp writable"; exit 1; }
             fi
         done
-        log "cgroup v1: memory, pids and cpu writable"
+        log "cgroup v1: memory, pids, cpu (and freezer, if present) writable"
     fi
 fi
 

@@ -40,7 +40,16 @@ else
     venv=$tmp/venv
 fi
 if ! "$venv/bin/python" -c "import kubernetes_validate" >/dev/null 2>&1; then
-    python3 -m venv "$venv"
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+        # Some images have ensurepip but not a working venv: install it and retry.
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq
+            apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+        fi
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+    fi
     "$venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$KV_VERSION"
 fi
 installed=$SECONDS

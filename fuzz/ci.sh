@@ -12,7 +12,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 seconds="${FUZZ_SECONDS:-5}"
-targets=(agent_line ndjson_decoder dispatch_request callback_payloads sse_framing)
+targets=(agent_line ndjson_decoder dispatch_request callback_payloads sse_framing egress_parse)
 if (($# > 0)); then targets=("$@"); fi
 
 if ! command -v c++ >/dev/null 2>&1; then
@@ -38,7 +38,7 @@ cargo build --locked --release --target "$host" "${bins[@]}"
 mkdir -p artifacts
 fail=0
 for t in "${targets[@]}"; do
-    bin="target/$host/release/$t"
+    bin="${CARGO_TARGET_DIR:-target}/$host/release/$t"
     work="$(mktemp -d)"
     # Fuzz into a scratch copy: the checked-in corpus only grows by a merge.
     cp -r "corpus/$t/." "$work/" 2>/dev/null || true

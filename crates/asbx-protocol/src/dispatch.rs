@@ -483,4 +483,18 @@ mod tests {
         let errs = DispatchRequest::parse(b"{").unwrap_err();
         assert!(errs[0].message.contains("not valid JSON"));
     }
+
+    #[test]
+    fn numbers_in_client_tool_schemas_survive_a_round_trip() {
+        // Found by fuzz/dispatch_request: without serde_json's
+        // `float_roundtrip`, `1.03e50` parsed one ULP off, so a request
+        // re-serialized by the runner changed on the way to the agent.
+        let body = r#"{"agent_url":"http://h","otp_setup":"a","otp_run":"b","prompt":"x","protocol":2,
+            "client_tools":[{"name":"t","parameters":{"n":1.03e50,"m":0.1,"k":2.2250738585072014e-308}}]}"#;
+        let r = DispatchRequest::parse(body.as_bytes()).unwrap();
+        let n = r.client_tools[0].parameters["n"].as_f64().unwrap();
+        assert_eq!(n, 1.03e50, "the closest double to 1.03e50");
+        let again = DispatchRequest::parse(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert_eq!(again, r);
+    }
 }

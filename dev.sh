@@ -59,6 +59,11 @@ case "${1:-}" in
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
     cargo test --workspace --locked "$@"
+    # Coverage-guided fuzzing: every target a few seconds from its checked-in
+    # corpus (fuzz/README.md has the long offline runs).
+    bash fuzz/ci.sh
+    # The Kubernetes manifests against the Kubernetes schemas, offline.
+    bash deploy/validate.sh
     # The end-to-end browser test: the real `asbx up` (target/debug/asbx,
     # built by cargo test) driven by Debian's headless chromium through
     # playwright-core. No browser is downloaded.

@@ -207,10 +207,9 @@ fn code_of(status: StatusCode) -> (ProblemCode, &'static str) {
         StatusCode::NOT_FOUND => (ProblemCode::NotFound, "Not found"),
         StatusCode::METHOD_NOT_ALLOWED => (ProblemCode::MethodNotAllowed, "Method not allowed"),
         StatusCode::PAYLOAD_TOO_LARGE => (ProblemCode::PayloadTooLarge, "Payload too large"),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
-            ProblemCode::UnsupportedMediaType,
-            "Unsupported media type",
-        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            (ProblemCode::UnsupportedMediaType, "Unsupported media type")
+        }
         s if s.is_server_error() => (ProblemCode::Internal, "Internal error"),
         _ => (ProblemCode::InvalidRequest, "Invalid request"),
     }
@@ -236,10 +235,21 @@ mod tests {
     #[test]
     fn loopback_listener_answers_to_loopback_names_only() {
         let a = Authority::from_config(&config("http://127.0.0.1:8080", Some("127.0.0.1:8080")));
-        for ok in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080", "[::1]:8080"] {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "LOCALHOST:8080",
+            "[::1]:8080",
+        ] {
             assert!(a.allows_host(ok), "{ok}");
         }
-        for bad in ["evil.example:8080", "127.0.0.1:8081", "localhost", "", "127.0.0.1"] {
+        for bad in [
+            "evil.example:8080",
+            "127.0.0.1:8081",
+            "localhost",
+            "",
+            "127.0.0.1",
+        ] {
             assert!(!a.allows_host(bad), "{bad}");
         }
         assert!(a.allows_origin("http://localhost:8080"));

@@ -131,10 +131,7 @@ pub(crate) fn require_json(headers: &HeaderMap) -> Result<(), WorkspaceError> {
             if essence.eq_ignore_ascii_case("application/json") {
                 return Ok(());
             }
-            text.chars()
-                .filter(|c| !c.is_control())
-                .take(100)
-                .collect()
+            text.chars().filter(|c| !c.is_control()).take(100).collect()
         }
     };
     Err(WorkspaceError::UnsupportedMediaType { found })

@@ -2,8 +2,8 @@
 
 use crate::chats::live::TurnHub;
 use crate::config::WorkspaceConfig;
-use crate::guard::Authority;
 use crate::files::blobs::BlobStore;
+use crate::guard::Authority;
 use crate::runs::dispatch::Dispatcher;
 use crate::store::Store;
 

@@ -52,9 +52,7 @@ impl Dispatcher {
             .map_err(|e| WorkspaceError::Config(format!("http client: {e}")))?;
         Ok(Dispatcher {
             client,
-            runner_token: runner_token
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned),
+            runner_token: runner_token.filter(|t| !t.is_empty()).map(str::to_owned),
         })
     }
 }

@@ -8,5 +8,6 @@ mod agents;
 mod callbacks;
 mod chats;
 mod runs;
+mod security;
 mod support;
 mod tokens;

@@ -249,6 +249,8 @@ pub(crate) struct FakeRunner {
 pub(crate) struct Shared {
     pub(crate) mode: Mutex<Mode>,
     pub(crate) dispatches: Mutex<Vec<DispatchRequest>>,
+    /// The `Authorization` header of each dispatch, in order.
+    pub(crate) authorizations: Mutex<Vec<Option<String>>>,
     pub(crate) callbacks: Mutex<Vec<Callback>>,
     /// Every byte the runner wrote to its response bodies.
     pub(crate) sent: Mutex<Vec<u8>>,
@@ -262,6 +264,7 @@ impl FakeRunner {
         let shared = Arc::new(Shared {
             mode: Mutex::new(mode),
             dispatches: Mutex::new(Vec::new()),
+            authorizations: Mutex::new(Vec::new()),
             callbacks: Mutex::new(Vec::new()),
             sent: Mutex::new(Vec::new()),
             release: Notify::new(),
@@ -282,6 +285,10 @@ impl FakeRunner {
 
     pub(crate) fn dispatches(&self) -> Vec<DispatchRequest> {
         self.shared.dispatches.lock().unwrap().clone()
+    }
+
+    pub(crate) fn authorizations(&self) -> Vec<Option<String>> {
+        self.shared.authorizations.lock().unwrap().clone()
     }
 
     pub(crate) fn callbacks(&self) -> Vec<Callback> {
@@ -349,13 +356,21 @@ impl Drop for DropSignal {
     }
 }
 
-async fn stream(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn stream(
+    State(shared): State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let authorization = headers
+        .get("authorization")
+        .map(|v| v.to_str().unwrap().to_owned());
     let d = match DispatchRequest::parse(&body) {
         Ok(d) => d,
         Err(errors) => {
             return (StatusCode::BAD_REQUEST, format!("{errors:?}")).into_response();
         }
     };
+    shared.authorizations.lock().unwrap().push(authorization);
     shared.dispatches.lock().unwrap().push(d.clone());
     shared.dispatched.notify_waiters();
     let mode = shared.mode.lock().unwrap().clone();

@@ -12,12 +12,30 @@
 //! `clone`; the sandbox's init joins them by writing `0` (itself) to each
 //! `cgroup.procs` before anything else runs. The shared parent `asbx`
 //! directory is left in place; the per-sandbox directory is removed.
+//!
+//! **Child cgroups** (cgroup v1, when the host has the memory, pids and
+//! freezer hierarchies): under each sandbox directory of those three, one
+//! child per [`CGROUP_CHILDREN`] (`tools`, `mcp`), with memory (+swap) and
+//! pids bounds below the sandbox's ([`child_memory`], [`child_pids`]), so a
+//! tool's memory use can't get the agent OOM-killed. Their `cgroup.procs`
+//! belong to the sandbox's group (host gid `host_uid`, mode 0664), their
+//! `freezer.state` to the agent (host uid `host_uid`, mode 0644); every other
+//! file stays root's. The sandbox sees them at [`TOOL_CGROUP_IN_JAIL`] (see
+//! its doc comment; bound by [`crate::rootfs`]). On cgroup v2 the sandbox's
+//! processes live in the sandbox directory itself, which the "no internal
+//! processes" rule forbids giving children: no child cgroups there yet, so
+//! the folders are absent (the layout's documented "no cgroups" case).
+//! Teardown removes the children before their parent.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use asbx_protocol::jail::ResourceLimits;
+use std::os::unix::fs::{PermissionsExt, chown};
+
+#[cfg(doc)]
+use asbx_protocol::jail::TOOL_CGROUP_IN_JAIL;
+use asbx_protocol::jail::{CGROUP_CHILDREN, ResourceLimits};
 
 use crate::JailError;
 
@@ -36,6 +54,8 @@ pub(crate) enum Layout {
         memory: PathBuf,
         pids: PathBuf,
         cpu: PathBuf,
+        /// The freezer hierarchy, when mounted: child cgroups need it.
+        freezer: Option<PathBuf>,
     },
     /// The unified hierarchy.
     V2 { root: PathBuf },
@@ -73,7 +93,14 @@ impl Layout {
             .map(|p| p.display().to_string())
             .collect();
         if missing.is_empty() {
-            Ok(Layout::V1 { memory, pids, cpu })
+            let freezer = root.join("freezer");
+            let freezer = freezer.join("cgroup.procs").exists().then_some(freezer);
+            Ok(Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            })
         } else {
             Err(format!(
                 "no cgroup v1 controllers: missing {}",
@@ -85,8 +112,14 @@ impl Layout {
     /// The per-sandbox directories for `name`, one per hierarchy.
     pub(crate) fn dirs(&self, name: &str) -> Vec<PathBuf> {
         match self {
-            Layout::V1 { memory, pids, cpu } => [memory, pids, cpu]
-                .iter()
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
+                .into_iter()
+                .flatten()
                 .map(|h| h.join(PARENT).join(name))
                 .collect(),
             Layout::V2 { root } => vec![root.join(PARENT).join(name)],
@@ -113,11 +146,40 @@ pub(crate) fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
+/// The memory bound of a child cgroup: the sandbox's, less a reserve for
+/// the agent of max(64 MiB, 1/8), the reserve at most half.
+pub(crate) fn child_memory(sandbox: u64) -> u64 {
+    sandbox - (64u64 << 20).max(sandbox / 8).min(sandbox / 2)
+}
+
+/// The pids bound of a child cgroup: the sandbox's, less max(8, 1/8), at most half.
+pub(crate) fn child_pids(sandbox: u64) -> u64 {
+    sandbox - 8u64.max(sandbox / 8).min(sandbox / 2)
+}
+
+/// One child cgroup directory on the host and where it appears in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChildMount {
+    /// One of [`CGROUP_CHILDREN`].
+    pub(crate) child: &'static str,
+    /// `memory`, `pids` or `freezer`.
+    pub(crate) controller: &'static str,
+    /// The host directory.
+    pub(crate) host: PathBuf,
+}
+
 /// The cgroups of one sandbox. Dropping it kills what is left and removes them.
 #[derive(Debug)]
 pub(crate) struct Cgroups {
     layout: Layout,
     dirs: Vec<PathBuf>,
+    children: Vec<ChildMount>,
+}
+
+fn set_owner(path: &Path, uid: Option<u32>, gid: Option<u32>, mode: u32) -> Result<(), JailError> {
+    let e = |e: io::Error| JailError::Cgroup(format!("{}: {e}", path.display()));
+    chown(path, uid, gid).map_err(e)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(e)
 }
 
 fn write(path: &Path, value: &str) -> Result<(), JailError> {
@@ -134,10 +196,13 @@ fn mkdir(path: &Path) -> Result<bool, JailError> {
 
 impl Cgroups {
     /// Create the sandbox's cgroups and write its limits.
+    /// `host_uid` owns the children's `freezer.state`, and is the group of
+    /// their `cgroup.procs`.
     pub(crate) fn create(
         layout: Layout,
         name: &str,
         limits: &ResourceLimits,
+        host_uid: u32,
     ) -> Result<Cgroups, JailError> {
         if !valid_name(name) {
             return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
@@ -145,10 +210,19 @@ impl Cgroups {
         let mut me = Cgroups {
             layout,
             dirs: Vec::new(),
+            children: Vec::new(),
         };
         match me.layout.clone() {
-            Layout::V1 { memory, pids, cpu } => {
-                for h in [&memory, &pids, &cpu] {
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            } => {
+                for h in [Some(&memory), Some(&pids), Some(&cpu), freezer.as_ref()]
+                    .into_iter()
+                    .flatten()
+                {
                     mkdir(&h.join(PARENT))?;
                     let dir = h.join(PARENT).join(name);
                     if !mkdir(&dir)? {
@@ -174,6 +248,10 @@ impl Cgroups {
                     write(&c.join("cpu.cfs_period_us"), "100000")?;
                     let quota = u64::from(pct.max(1)) * 1000;
                     write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                }
+                if let Some(f) = me.dirs.get(3).cloned() {
+                    let (m, p) = (m.clone(), p.clone());
+                    me.create_children_v1(&m, &p, &f, limits, host_uid)?;
                 }
             }
             Layout::V2 { root } => {
@@ -208,6 +286,61 @@ impl Cgroups {
         Ok(me)
     }
 
+    /// The `tools` and `mcp` children under the memory, pids and freezer
+    /// sandbox directories; see the module docs.
+    fn create_children_v1(
+        &mut self,
+        memory: &Path,
+        pids: &Path,
+        freezer: &Path,
+        limits: &ResourceLimits,
+        host_uid: u32,
+    ) -> Result<(), JailError> {
+        for child in CGROUP_CHILDREN {
+            for (controller, parent) in [("memory", memory), ("pids", pids), ("freezer", freezer)] {
+                let dir = parent.join(child);
+                mkdir(&dir)?;
+                self.children.push(ChildMount {
+                    child,
+                    controller,
+                    host: dir.clone(),
+                });
+                match controller {
+                    "memory" => {
+                        if let Some(bytes) = limits.memory_bytes {
+                            let v = child_memory(bytes).to_string();
+                            write(&dir.join("memory.limit_in_bytes"), &v)?;
+                            let memsw = dir.join("memory.memsw.limit_in_bytes");
+                            if memsw.exists() {
+                                write(&memsw, &v)?;
+                            }
+                        }
+                        // World-writable on some kernels (eventfd registration).
+                        let events = dir.join("cgroup.event_control");
+                        if events.exists() {
+                            set_owner(&events, Some(0), Some(0), 0o200)?;
+                        }
+                    }
+                    "pids" => {
+                        if let Some(n) = limits.pids {
+                            write(&dir.join("pids.max"), &child_pids(n).to_string())?;
+                        }
+                    }
+                    _ => {
+                        set_owner(&dir.join("freezer.state"), Some(host_uid), Some(0), 0o644)?;
+                    }
+                }
+                set_owner(&dir.join("cgroup.procs"), Some(0), Some(host_uid), 0o664)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The child cgroup directories the sandbox gets to see.
+    pub(crate) fn child_mounts(&self) -> &[ChildMount] {
+        &self.children
+    }
+
     /// The `cgroup.procs` files the sandbox's init writes itself into.
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
@@ -230,6 +363,7 @@ impl Cgroups {
         }
         destroy_dirs(&self.layout, &self.dirs)?;
         self.dirs.clear();
+        self.children.clear();
         Ok(())
     }
 }
@@ -255,8 +389,28 @@ fn kill_members(dir: &Path) -> bool {
     any
 }
 
-/// Kill what is left in `dirs` and remove them. Missing directories are fine.
+/// The child cgroups (subdirectories) of `dir`, deepest first.
+fn subcgroups(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
+    if depth > 4 {
+        return;
+    }
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            subcgroups(&e.path(), depth + 1, out);
+            out.push(e.path());
+        }
+    }
+}
+
+/// Kill what is left in `dirs` (and their child cgroups) and remove them,
+/// children first. Missing directories are fine.
 pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), JailError> {
+    let mut all = Vec::new();
+    for dir in dirs {
+        subcgroups(dir, 0, &mut all);
+        all.push(dir.clone());
+    }
+    let dirs = &all[..];
     let mut last_err = None;
     for dir in dirs {
         if !dir.exists() {
@@ -341,7 +495,7 @@ mod tests {
         let layout = Layout::detect(root).unwrap();
         assert!(matches!(layout, Layout::V1 { .. }));
         let limits = ResourceLimits::default();
-        let mut cg = Cgroups::create(layout, "t1", &limits).unwrap();
+        let mut cg = Cgroups::create(layout, "t1", &limits, 10_000).unwrap();
         let mem = root.join("memory/asbx/t1/memory.limit_in_bytes");
         assert_eq!(fs::read_to_string(mem).unwrap(), (512u64 << 20).to_string());
         assert_eq!(
@@ -360,6 +514,16 @@ mod tests {
         }
         cg.destroy().unwrap();
         assert!(!root.join("memory/asbx/t1").exists());
+    }
+
+    #[test]
+    fn child_bounds_leave_the_agent_a_reserve() {
+        assert_eq!(child_memory(512 << 20), 448 << 20);
+        assert_eq!(child_memory(1 << 30), (1 << 30) - (128 << 20));
+        assert_eq!(child_memory(96 << 20), 48 << 20);
+        assert_eq!(child_pids(256), 224);
+        assert_eq!(child_pids(20), 12);
+        assert_eq!(child_pids(4), 2);
     }
 
     #[test]

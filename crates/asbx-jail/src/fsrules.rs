@@ -1,7 +1,10 @@
 //! Landlock rules: the whole (read-only) sandbox tree may be read and
 //! executed; only `/work`, `/tmp`, `/dev/shm` and writable binds may be
 //! written; device nodes under `/dev` and `/proc/self` files may be written
-//! (file permissions still apply). Signals and abstract Unix sockets are
+//! (file permissions still apply); the child cgroups' files under
+//! `TOOL_CGROUP_IN_JAIL` may be written but nothing created there (file
+//! permissions decide which: `cgroup.procs`, the agent's `freezer.state`).
+//! Signals and abstract Unix sockets are
 //! scoped to the sandbox's own domain (ABI 6+): the agent can still signal
 //! its tools (same domain), pathname Unix sockets such as the gateway's are
 //! not affected.
@@ -35,7 +38,11 @@ fn rule(path: &Path, access: BitFlags<AccessFs>) -> Result<PathBeneath<PathFd>, 
 
 /// Restrict the calling process (and everything it starts). With `required`,
 /// a kernel without Landlock is an error.
-pub(crate) fn restrict(writable: &[PathBuf], required: bool) -> Result<(), JailError> {
+pub(crate) fn restrict(
+    writable: &[PathBuf],
+    cgroup_dir: Option<&Path>,
+    required: bool,
+) -> Result<(), JailError> {
     let abi = TARGET_ABI;
     let read = AccessFs::from_read(abi);
     let device = read | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
@@ -49,6 +56,9 @@ pub(crate) fn restrict(writable: &[PathBuf], required: bool) -> Result<(), JailE
     ];
     for w in writable {
         rules.push(rule(w, AccessFs::from_all(abi))?);
+    }
+    if let Some(dir) = cgroup_dir {
+        rules.push(rule(dir, read | AccessFs::WriteFile | AccessFs::Truncate)?);
     }
     let status = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)

@@ -1,14 +1,18 @@
 //! Users inside the sandbox and the capabilities they keep.
 //!
-//! The sandbox's user namespace maps two ids (uid and gid alike):
-//! `1000 → host_uid` (the agent, [`AGENT_UID`]) and `1001 → host_uid + 1`
-//! (its tools, [`TOOL_UID`]); the group 1000 is shared. Every other id,
+//! The sandbox's user namespace maps [`HOST_IDS_PER_SANDBOX`] ids (uid and
+//! gid alike): `1000 → host_uid` (the agent, [`AGENT_UID`]), `1001 →
+//! host_uid + 1` (its tools, [`TOOL_UID`]) and `1002 → host_uid + 2` (stdio
+//! MCP servers, [`MCP_UID`]); the group 1000 is shared. Every other id,
 //! host root included, is unmapped. The supervisor (host root, in the parent
 //! namespace) writes the maps; no `newuidmap` is needed.
 //!
-//! The agent runs as 1000 with exactly `CAP_SETUID` and `CAP_SETGID`
-//! (bounding set reduced to those two, `no_new_privs` set), carried across its
-//! `execve` by the ambient set, so that it can start tools as 1001. Those
+//! The agent runs as 1000 with exactly `CAP_SETUID`, `CAP_SETGID` and
+//! `CAP_KILL` (bounding set reduced to those three, `no_new_privs` set),
+//! carried across its `execve` by the ambient set, so that it can start
+//! tools as 1001 and MCP servers as 1002 and kill every process of a
+//! timed-out tool. `CAP_KILL` counts in the sandbox's user namespace only:
+//! it reaches the sandbox's own processes, never a host process. Those
 //! capabilities only count inside its user namespace, which owns nothing
 //! but itself: the mount, pid, net, ipc, uts and cgroup namespaces belong to
 //! the host's user namespace, so not even the agent can mount, configure
@@ -19,19 +23,23 @@
 //! capabilities stay with the agent process but are lost by anything it
 //! `exec`s. A tool started with `Command::uid(1001).gid(1000)` then has no
 //! capability at all, cannot signal, trace or read the agent's `/proc`
-//! entries, and cannot switch back.
+//! entries, and cannot switch back. (`CAP_KILL` sits in the ambient set only
+//! between init and the agent's first instruction, like the other two.)
 
 use std::fs;
 
 use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid};
 
 use asbx_protocol::jail::{AGENT_GID, AGENT_UID, HOST_IDS_PER_SANDBOX};
+#[cfg(doc)]
+use asbx_protocol::jail::{MCP_UID, TOOL_UID};
 
 use crate::JailError;
 use crate::sys;
 
 /// The capabilities the agent keeps.
-pub(crate) const AGENT_CAPS: u64 = (1 << sys::CAP_SETUID) | (1 << sys::CAP_SETGID);
+pub(crate) const AGENT_CAPS: u64 =
+    (1 << sys::CAP_SETUID) | (1 << sys::CAP_SETGID) | (1 << sys::CAP_KILL);
 
 /// Write the uid and gid maps of the user namespace of `pid` (supervisor side).
 pub(crate) fn write_maps(pid: libc::pid_t, host_uid: u32) -> Result<(), JailError> {
@@ -57,7 +65,7 @@ pub(crate) fn become_agent() -> Result<(), JailError> {
     nix::sys::prctl::set_keepcaps(false).map_err(|e| setup("keepcaps", e))?;
     sys::drop_bounding_except(AGENT_CAPS, sys::last_cap()).map_err(|e| setup("capbset", e))?;
     sys::capset(AGENT_CAPS, AGENT_CAPS, AGENT_CAPS).map_err(|e| setup("capset", e))?;
-    for cap in [sys::CAP_SETUID, sys::CAP_SETGID] {
+    for cap in [sys::CAP_SETUID, sys::CAP_SETGID, sys::CAP_KILL] {
         sys::ambient_raise(cap).map_err(|e| setup("ambient", e))?;
     }
     Ok(())

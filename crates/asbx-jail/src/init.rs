@@ -163,7 +163,7 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<(), JailError> {
     nix::sys::prctl::set_dumpable(false).map_err(|e| setup("dumpable", e))?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| setup("no_new_privs", e))?;
     if plan.landlock {
-        fsrules::restrict(&plan.writable, true)?;
+        fsrules::restrict(&plan.writable, plan.cgroup_dir.as_deref(), true)?;
     }
     seccomp::install(&plan.filters)?;
     Ok(())

@@ -8,8 +8,9 @@
 //! ```text
 //! asbx jail (supervisor, host root)          ── cleanup guard (host, see supervisor)
 //!   └─ init (pid 1 of the sandbox, uid 1000, no exec)
-//!        └─ main process: policy.argv (uid 1000, CAP_SETUID+CAP_SETGID only)
-//!             └─ tools (uid 1001, no capabilities)
+//!        └─ main process: policy.argv (uid 1000, CAP_SETUID+CAP_SETGID+CAP_KILL only)
+//!             ├─ tools (uid 1001, no capabilities, cgroup `tools`)
+//!             └─ stdio MCP servers (uid 1002, no capabilities, cgroup `mcp`)
 //! ```
 //!
 //! Modules, in the order a run uses them: [`supervisor`] (host side),
@@ -35,7 +36,9 @@ mod sys;
 use std::ffi::CString;
 use std::path::PathBuf;
 
-use asbx_protocol::jail::{JailPolicy, JailProfile, LayerReport};
+use asbx_protocol::jail::{
+    HOST_IDS_PER_SANDBOX, JailPolicy, JailProfile, LayerReport, TOOL_CGROUP_IN_JAIL,
+};
 
 pub use asbx_protocol::jail::{AGENT_GID, AGENT_UID, TOOL_GID, TOOL_UID};
 pub use cgroup::remove_leftover_cgroups;
@@ -69,8 +72,9 @@ pub enum JailError {
 ///
 /// The runner must:
 /// - run this as root, in a fresh single-threaded process;
-/// - give each live sandbox its own `host_uid` range of two ids
-///   (`host_uid`, `host_uid + 1`, both ≥ 10000 and used by nothing else),
+/// - give each live sandbox its own `host_uid` range of
+///   [`HOST_IDS_PER_SANDBOX`] ids (agent, tools, MCP servers, all ≥ 10000
+///   and used by nothing else),
 ///   and a unique `cgroup` name (`[A-Za-z0-9_.-]`);
 /// - put input files in `policy.workdir` before starting: they are copied
 ///   into the sandbox's `/work` (a tmpfs of `limits.disk_bytes`); nothing is
@@ -93,8 +97,8 @@ pub fn check(profile: JailProfile) -> LayerReport {
 }
 
 /// For the agent, first thing after start: drop the ambient and inheritable
-/// capability sets, so `CAP_SETUID`/`CAP_SETGID` stay with the agent process
-/// but nothing it `exec`s (its tools) inherits them. Harmless outside a jail.
+/// capability sets, so `CAP_SETUID`/`CAP_SETGID`/`CAP_KILL` stay with the
+/// agent process but nothing it `exec`s (its tools) inherits them. Harmless outside a jail.
 pub fn seal_agent() -> Result<(), JailError> {
     let err = |e: std::io::Error| JailError::Host(format!("capabilities: {e}"));
     sys::ambient_clear().map_err(err)?;
@@ -111,6 +115,8 @@ pub(crate) struct Plan {
     landlock: bool,
     writable: Vec<PathBuf>,
     cgroup_procs: Vec<PathBuf>,
+    /// [`TOOL_CGROUP_IN_JAIL`] when the sandbox has child cgroups.
+    cgroup_dir: Option<PathBuf>,
     nofile: Option<u64>,
     /// Per-process bounds for a profile without cgroups; see [`init::RlimitBounds`].
     rlimits: Option<init::RlimitBounds>,
@@ -124,13 +130,19 @@ fn cstring(s: &str, what: &str) -> Result<CString, JailError> {
 }
 
 impl Plan {
+    /// The child cgroups to show in the sandbox, and let it write.
+    fn set_child_cgroups(&mut self, mounts: Vec<cgroup::ChildMount>) {
+        self.cgroup_dir = (!mounts.is_empty()).then(|| PathBuf::from(TOOL_CGROUP_IN_JAIL));
+        self.root.cgroup_mounts = mounts;
+    }
+
     fn new(policy: &JailPolicy) -> Result<Plan, JailError> {
         if policy.argv.is_empty() {
             return Err(JailError::Policy("argv is empty".into()));
         }
         if policy.host_uid < MIN_HOST_UID
-            || policy.host_uid >= u32::MAX - 2
-            || policy.host_uid == 65534
+            || policy.host_uid >= u32::MAX - HOST_IDS_PER_SANDBOX
+            || (policy.host_uid..policy.host_uid + HOST_IDS_PER_SANDBOX).contains(&65534)
         {
             return Err(JailError::Policy(format!(
                 "host_uid {} must be at least {MIN_HOST_UID}",
@@ -168,6 +180,7 @@ impl Plan {
             landlock: matches!(policy.profile, JailProfile::Strict),
             writable,
             cgroup_procs: Vec::new(),
+            cgroup_dir: None,
             nofile: policy.limits.nofile,
             rlimits: match policy.profile {
                 JailProfile::Strict => None,

@@ -27,9 +27,12 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
-use asbx_protocol::jail::{AGENT_GID, AGENT_UID, JailPolicy, TOOL_UID, WORKDIR_IN_JAIL};
+use asbx_protocol::jail::{
+    AGENT_GID, AGENT_UID, JailPolicy, MCP_UID, TOOL_CGROUP_IN_JAIL, TOOL_UID, WORKDIR_IN_JAIL,
+};
 
 use crate::JailError;
+use crate::cgroup::ChildMount;
 
 /// Where the host tree sits while the sandbox root is being built.
 const OLD: &str = "/.oldroot";
@@ -113,6 +116,8 @@ pub(crate) struct RootPlan {
     work_uid: u32,
     /// Host gid of the shared group.
     work_gid: u32,
+    /// The child cgroups bound under `TOOL_CGROUP_IN_JAIL` (set by the supervisor).
+    pub(crate) cgroup_mounts: Vec<ChildMount>,
 }
 
 fn policy_err(msg: String) -> JailError {
@@ -186,6 +191,7 @@ impl RootPlan {
             disk_bytes: policy.limits.disk_bytes,
             work_uid: policy.host_uid + 1,
             work_gid: policy.host_uid,
+            cgroup_mounts: Vec::new(),
         })
     }
 
@@ -314,6 +320,25 @@ pub(crate) fn build(plan: &RootPlan) -> Result<(), JailError> {
 
     mkdir(Path::new("/run"), 0o755)?;
     mkdir(Path::new("/home"), 0o755)?;
+    for m in &plan.cgroup_mounts {
+        let target = Path::new(TOOL_CGROUP_IN_JAIL)
+            .join(m.child)
+            .join(m.controller);
+        fs::create_dir_all(&target).map_err(|e| sys("mkdir", &target, e))?;
+        // Writable (cgroup.procs, freezer.state: file modes decide), nothing executable.
+        mnt(Some(&old(&m.host)), &target, None, MsFlags::MS_BIND, None)?;
+        mnt(
+            None,
+            &target,
+            None,
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None,
+        )?;
+    }
     let root_dev = fs::metadata(root).map_err(|e| sys("stat", root, e))?.dev();
     for b in &plan.binds {
         make_mount_point(&b.target, b.is_dir, root_dev)?;
@@ -379,12 +404,13 @@ fn build_etc() -> Result<(), JailError> {
             "root:x:0:0:root:/root:/usr/sbin/nologin\n\
              agent:x:{AGENT_UID}:{AGENT_GID}:asbx agent:{WORKDIR_IN_JAIL}:/bin/bash\n\
              tool:x:{TOOL_UID}:{AGENT_GID}:asbx tool:{WORKDIR_IN_JAIL}:/bin/bash\n\
+             mcp:x:{MCP_UID}:{AGENT_GID}:asbx mcp server:{WORKDIR_IN_JAIL}:/bin/bash\n\
              nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
         ),
     )?;
     write_file(
         &etc.join("group"),
-        &format!("root:x:0:\nagent:x:{AGENT_GID}:tool\nnogroup:x:65534:\n"),
+        &format!("root:x:0:\nagent:x:{AGENT_GID}:tool,mcp\nnogroup:x:65534:\n"),
     )?;
     write_file(
         &etc.join("hosts"),

@@ -140,7 +140,12 @@ pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
         JailProfile::Strict => {
             let layout =
                 Layout::detect(std::path::Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
-            Some(Cgroups::create(layout, &policy.cgroup, &policy.limits)?)
+            Some(Cgroups::create(
+                layout,
+                &policy.cgroup,
+                &policy.limits,
+                policy.host_uid,
+            )?)
         }
         JailProfile::Namespaces => None,
     };
@@ -148,6 +153,12 @@ pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
         .as_ref()
         .map(Cgroups::procs_files)
         .unwrap_or_default();
+    plan.set_child_cgroups(
+        cgroups
+            .as_ref()
+            .map(|c| c.child_mounts().to_vec())
+            .unwrap_or_default(),
+    );
 
     let mut set = SigSet::empty();
     for s in [

@@ -11,6 +11,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// Capability numbers (linux/capability.h) the jail deals with by name.
+pub(crate) const CAP_KILL: u32 = 5;
 pub(crate) const CAP_SETGID: u32 = 6;
 pub(crate) const CAP_SETUID: u32 = 7;
 pub(crate) const CAP_SETPCAP: u32 = 8;

@@ -15,16 +15,17 @@ pub const AGENT_UID: u32 = 1000;
 /// Gid of the agent and of its tools inside the sandbox (host gid `host_uid`).
 pub const AGENT_GID: u32 = 1000;
 /// Uid tools spawned by the agent run as (host uid `host_uid + 1`). The agent
-/// keeps `CAP_SETUID`/`CAP_SETGID` (and nothing else) to switch to it.
+/// keeps `CAP_SETUID`/`CAP_SETGID` to switch to it and `CAP_KILL` to end
+/// every process of a timed-out tool (and nothing else).
 pub const TOOL_UID: u32 = 1001;
 /// Gid tools run as; shared with the agent so both can write the working directory.
 pub const TOOL_GID: u32 = 1000;
 /// Uid stdio MCP servers run as (host uid `host_uid + 2`): not the tools'
 /// uid, so a tool can't read a server's environment (its tokens) from `/proc`.
 pub const MCP_UID: u32 = 1002;
-/// Host uids (and gids) one sandbox uses: `host_uid .. host_uid + HOST_IDS_PER_SANDBOX`.
-/// Not yet widened to cover [`MCP_UID`]; the jail does that with the uid map.
-pub const HOST_IDS_PER_SANDBOX: u32 = 2;
+/// Host uids (and gids) one sandbox uses: `host_uid .. host_uid + HOST_IDS_PER_SANDBOX`
+/// (agent, tools, MCP servers); the runner leases ranges of this size.
+pub const HOST_IDS_PER_SANDBOX: u32 = 3;
 
 /// Where the sandbox's child cgroups appear inside it. Tools and stdio MCP
 /// servers run in child cgroups of the sandbox's cgroup, with their own

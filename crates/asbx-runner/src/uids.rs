@@ -1,5 +1,6 @@
-//! Host uid ranges for sandboxes: each live sandbox gets its own range of two
-//! unprivileged host uids (agent, tools), so no two sandboxes share an identity.
+//! Host uid ranges for sandboxes: each live sandbox gets its own range of
+//! `HOST_IDS_PER_SANDBOX` unprivileged host uids (agent, tools, MCP servers),
+//! so no two sandboxes share an identity.
 
 use std::sync::{Arc, Mutex};
 
@@ -38,7 +39,7 @@ impl UidPool {
 impl UidLease {
     /// The first host uid of this range.
     pub(crate) fn host_uid(&self) -> u32 {
-        self.pool.base + 2 * self.slot as u32
+        self.pool.base + asbx_protocol::jail::HOST_IDS_PER_SANDBOX * self.slot as u32
     }
 }
 

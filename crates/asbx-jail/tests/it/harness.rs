@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use asbx_protocol::jail::{JailPolicy, JailProfile, ResourceLimits};
+use asbx_protocol::jail::{HOST_IDS_PER_SANDBOX, JailPolicy, JailProfile, ResourceLimits};
 
 /// The jail's exit code when set-up failed.
 pub const SETUP_FAILED: i32 = asbx_protocol::exit::SETUP_FAILED as i32;
@@ -175,7 +175,7 @@ impl Sbx {
                 ("LANG".into(), "C.UTF-8".into()),
                 ("ASBX_IT_MARKER".into(), marker.clone()),
             ],
-            host_uid: 300_000 + 2 * ((pid % 5000) * 100 + n),
+            host_uid: 300_000 + HOST_IDS_PER_SANDBOX * ((pid % 5000) * 100 + n),
             limits: ResourceLimits::default(),
             cgroup: format!("asbx-it-{pid}-{n}"),
             profile: JailProfile::Strict,

@@ -75,6 +75,14 @@ pub fn cases() -> Vec<Case> {
             "namespaces_profile_gets_rlimits",
             namespaces_profile_gets_rlimits,
         ),
+        (
+            "child_cgroups_join_but_nothing_else",
+            child_cgroups_join_but_nothing_else,
+        ),
+        (
+            "tool_memory_hog_dies_agent_survives",
+            tool_memory_hog_dies_agent_survives,
+        ),
     ]
 }
 
@@ -93,7 +101,7 @@ libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
 pid = os.fork()
 if pid == 0:
     os.setgid(1000)
-    os.setuid(1001)
+    os.setuid(int(os.environ.get("AS_UID", "1001")))
     os.execv(sys.argv[1], sys.argv[1:])
 _, st = os.waitpid(pid, 0)
 sys.exit(os.waitstatus_to_exitcode(st))
@@ -158,8 +166,9 @@ fn identity_and_hardening() -> R {
     )
     .run()
     .ok()?;
-    let want = "1000\n1000\n1000\nsandbox\n/work\n0002\nCapEff:\t00000000000000c0\n\
-                CapBnd:\t00000000000000c0\nCapAmb:\t00000000000000c0\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+    // CAP_SETUID, CAP_SETGID, CAP_KILL (the agent seals the ambient set itself).
+    let want = "1000\n1000\n1000\nsandbox\n/work\n0002\nCapEff:\t00000000000000e0\n\
+                CapBnd:\t00000000000000e0\nCapAmb:\t00000000000000e0\nNoNewPrivs:\t1\nSeccomp:\t2\n";
     ensure(out.stdout == want, format!("got {:?}", out.stdout))?;
     pass()
 }
@@ -385,8 +394,8 @@ fn setuid_programs_gain_nothing() -> R {
         )?;
     }
     let want = "Uid:\t1001\t1001\t1001\t1001\nGid:\t1000\t1000\t1000\t1000\n\
-                CapInh:\t00000000000000c0\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
-                CapBnd:\t00000000000000c0\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n";
+                CapInh:\t00000000000000e0\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
+                CapBnd:\t00000000000000e0\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n";
     ensure(
         out.stdout.ends_with(want),
         format!("tool status: {:?}", out.stdout),
@@ -911,6 +920,98 @@ except OSError as e:
     ensure(
         out.stdout.trim() == "-1",
         format!("strict data rlimit {out:?}"),
+    )?;
+    pass()
+}
+
+/// The `tools` and `mcp` child cgroups (v1 with a freezer hierarchy): a tool
+/// (uid 1001) joins `tools` by writing `0`, and an MCP server (uid 1002)
+/// joins `mcp`; neither can change a limit, create a cgroup, reach the
+/// sandbox's own cgroup or freeze; the agent (positive control) can freeze.
+fn child_cgroups_join_but_nothing_else() -> R {
+    if !std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        return Ok(Outcome::Skip(
+            "no cgroup v1 freezer hierarchy: the jail makes no child cgroups".into(),
+        ));
+    }
+    const SCRIPT: &str = r#"
+C=/run/asbx-cgroup
+try() { if ( eval "$2" ) 2>/dev/null; then echo "$1=ALLOWED"; else echo "$1=denied"; fi; }
+echo children=$(ls $C | tr '\n' ' ') controllers=$(ls $C/tools | tr '\n' ' ')
+cat $C/tools/memory/memory.limit_in_bytes $C/tools/memory/memory.memsw.limit_in_bytes $C/mcp/pids/pids.max
+python3 /work/as_tool.py /bin/bash -c '
+try() { if ( eval "$2" ) 2>/dev/null; then echo "$1=ALLOWED"; else echo "$1=denied"; fi; }
+C=/run/asbx-cgroup
+for c in memory pids freezer; do echo 0 > $C/tools/$c/cgroup.procs && echo join_$c=ok; done
+echo cgroups=$(grep -E ":(memory|pids|freezer):" /proc/self/cgroup | cut -d: -f3 | sort -u | tr "\n" " ")
+echo capeff=$(awk "/^CapEff/ {print \$2}" /proc/self/status)
+try limit "echo 1048576 > $C/tools/memory/memory.limit_in_bytes"
+try pidsmax "echo 100000 > $C/tools/pids/pids.max"
+try mkdir "mkdir $C/tools/memory/sub"
+try tool_freeze "echo FROZEN > $C/tools/freezer/freezer.state"
+try events "echo 1 > $C/tools/memory/cgroup.event_control"
+try parent "echo 0 > $C/tools/memory/../cgroup.procs"
+try sysfs "echo 0 > /sys/fs/cgroup/memory/cgroup.procs"
+try mount_cgroup "mount -t cgroup -o memory none /tmp"
+'
+AS_UID=1002 python3 /work/as_tool.py /bin/bash -c '
+echo mcp_uid=$(id -u) mcp_name=$(id -un)
+echo 0 > /run/asbx-cgroup/mcp/memory/cgroup.procs && echo mcp_join=ok
+touch /tmp/mcp-file; echo mcp_owner=$(stat -c %u /tmp/mcp-file)
+'
+try agent_freeze "echo FROZEN > $C/tools/freezer/freezer.state && echo THAWED > $C/tools/freezer/freezer.state"
+"#;
+    let mut sbx = Sbx::new(SCRIPT);
+    sbx.policy.limits.memory_bytes = Some(512 << 20);
+    sbx.policy.limits.pids = Some(256);
+    with_tool_helper(&sbx);
+    let out = sbx.run().ok()?;
+    let o = &out.stdout;
+    for want in [
+        "children=mcp tools controllers=freezer memory pids\n",
+        &format!("{}\n{}\n224\n", 448u64 << 20, 448u64 << 20),
+        "join_memory=ok\njoin_pids=ok\njoin_freezer=ok\n",
+        "cgroups=/tools\n",
+        "capeff=0000000000000000\n",
+        "limit=denied\npidsmax=denied\nmkdir=denied\ntool_freeze=denied\nevents=denied\n\
+         parent=denied\nsysfs=denied\nmount_cgroup=denied\n",
+        "mcp_uid=1002 mcp_name=mcp\nmcp_join=ok\nmcp_owner=1002\n",
+        "agent_freeze=ALLOWED\n",
+    ] {
+        ensure(
+            o.contains(want),
+            format!("want {want:?} in\n{o}\n{}", out.stderr),
+        )?;
+    }
+    pass()
+}
+
+/// A tool in `tools` that allocates more than the child's bound (but less
+/// than the sandbox's) is OOM-killed, and the agent-like parent outside it
+/// lives on; the same allocation outside `tools` (positive control) fits.
+fn tool_memory_hog_dies_agent_survives() -> R {
+    if !std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        return Ok(Outcome::Skip(
+            "no cgroup v1 freezer hierarchy: the jail makes no child cgroups".into(),
+        ));
+    }
+    // 1 GiB sandbox: `tools` gets 896 MiB; the hog wants 940 MiB.
+    const SCRIPT: &str = r#"
+HOG='b = b"x" * (940 << 20); print("hog lived")'
+python3 /work/as_tool.py /bin/bash -c "echo 0 > /run/asbx-cgroup/tools/memory/cgroup.procs; exec python3 -c '$HOG'"
+echo tool_exit=$?
+python3 /work/as_tool.py /usr/bin/python3 -c "$HOG"
+echo control_exit=$?
+echo agent alive
+"#;
+    let mut sbx = Sbx::new(SCRIPT);
+    sbx.policy.limits.memory_bytes = Some(1 << 30);
+    with_tool_helper(&sbx);
+    let out = sbx.run_with(None, Duration::from_secs(120)).ok()?;
+    ensure(
+        // 247: the helper's exit code for a child killed by SIGKILL (-9).
+        out.stdout == "tool_exit=247\nhog lived\ncontrol_exit=0\nagent alive\n",
+        format!("{out:?}"),
     )?;
     pass()
 }

@@ -28,7 +28,11 @@ fuzz_target!(|data: &[u8]| {
             String::from_utf8_lossy(data)
         )
     });
-    assert_eq!(event.kind(), kind, "validator and serde disagree on the type");
+    assert_eq!(
+        event.kind(),
+        kind,
+        "validator and serde disagree on the type"
+    );
 
     // The runner's path: trim, must start with `{`, stamp by splicing.
     let line = data.trim_ascii();

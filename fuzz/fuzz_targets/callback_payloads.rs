@@ -15,9 +15,8 @@ use serde::de::DeserializeOwned;
 
 fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(v: &T) {
     let bytes = serde_json::to_vec(v).unwrap_or_else(|e| panic!("serialize: {e}"));
-    let again: T = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!("re-parse of {:?}: {e}", String::from_utf8_lossy(&bytes))
-    });
+    let again: T = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("re-parse of {:?}: {e}", String::from_utf8_lossy(&bytes)));
     assert_eq!(&again, v, "round trip changed the payload");
 }
 

@@ -33,7 +33,11 @@ use egress_parse::{
 fn check_authority(s: &str) -> Option<Authority> {
     let a = parse_authority(s).ok()?;
     assert!(!a.host.is_empty(), "{s:?}: empty host accepted");
-    assert_eq!(a.host, normalize_host(&a.host), "{s:?}: host not normalized");
+    assert_eq!(
+        a.host,
+        normalize_host(&a.host),
+        "{s:?}: host not normalized"
+    );
     assert!(
         a.host
             .bytes()
@@ -72,7 +76,11 @@ fn check_hello(buf: &[u8], cut: usize) {
     let whole = client_hello_sni(buf);
     match &whole {
         Ok(ClientHello::Incomplete { needed }) => {
-            assert!(*needed > buf.len(), "asks for {needed} having {}", buf.len());
+            assert!(
+                *needed > buf.len(),
+                "asks for {needed} having {}",
+                buf.len()
+            );
             assert!(*needed <= RECORD_HEADER + MAX_RECORD, "asks for {needed}");
         }
         Ok(ClientHello::Sni(name)) => {
@@ -98,7 +106,11 @@ fn check_hello(buf: &[u8], cut: usize) {
     if !matches!(whole, Ok(ClientHello::Incomplete { .. })) {
         let mut longer = buf.to_vec();
         longer.extend_from_slice(&buf[..k]);
-        assert_eq!(client_hello_sni(&longer), whole, "trailing bytes changed the answer");
+        assert_eq!(
+            client_hello_sni(&longer),
+            whole,
+            "trailing bytes changed the answer"
+        );
     }
 }
 
@@ -124,7 +136,11 @@ fuzz_target!(|bytes: &[u8]| {
         "Host check not symmetric"
     );
     if t.is_some() {
-        assert_eq!(host_header_matches(target, target, port), Ok(true), "not reflexive");
+        assert_eq!(
+            host_header_matches(target, target, port),
+            Ok(true),
+            "not reflexive"
+        );
     }
 
     check_hello(hello, usize::from(cut));
@@ -146,5 +162,8 @@ fuzz_target!(|bytes: &[u8]| {
         }
         check_hello(&test_client_hello(Some(target)), usize::from(cut));
     }
-    assert_eq!(client_hello_sni(&test_client_hello(None)), Ok(ClientHello::NoSni));
+    assert_eq!(
+        client_hello_sni(&test_client_hello(None)),
+        Ok(ClientHello::NoSni)
+    );
 });

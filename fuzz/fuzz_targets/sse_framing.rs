@@ -39,9 +39,15 @@ fuzz_target!(|bytes: &[u8]| {
             let want = vec![SseEvent {
                 id: id.map(|n| n.to_string()),
                 event: event.to_owned(),
-                data: String::from_utf8(data.to_vec()).unwrap_or_else(|e| panic!("framed non-UTF-8: {e}")),
+                data: String::from_utf8(data.to_vec())
+                    .unwrap_or_else(|e| panic!("framed non-UTF-8: {e}")),
             }];
-            assert_eq!(Parser::new().push(&out), want, "frame {:?}", String::from_utf8_lossy(&out));
+            assert_eq!(
+                Parser::new().push(&out),
+                want,
+                "frame {:?}",
+                String::from_utf8_lossy(&out)
+            );
             assert_eq!(parse_cut(&out, usize::from(cut)), want, "cut frame");
         }
         Err(e) => {
@@ -63,5 +69,9 @@ fuzz_target!(|bytes: &[u8]| {
 
     // The reader on arbitrary bytes: no panic, and cutting changes nothing.
     let whole = Parser::new().push(bytes);
-    assert_eq!(parse_cut(bytes, usize::from(cut)), whole, "reader depends on the cut");
+    assert_eq!(
+        parse_cut(bytes, usize::from(cut)),
+        whole,
+        "reader depends on the cut"
+    );
 });

@@ -191,6 +191,10 @@ pub(crate) struct WorkspaceArgs {
     pub(crate) database_url: Option<String>,
     #[arg(long, env = "ASBX_MODEL")]
     pub(crate) model: Option<String>,
+    /// Bearer token sent to the runner (`SANDBOX_URL`) on every dispatch:
+    /// the runner's own `ASBX_RUNNER_TOKEN`.
+    #[arg(long, env = "ASBX_RUNNER_TOKEN", hide_env_values = true)]
+    pub(crate) runner_token: Option<String>,
     #[command(flatten)]
     pub(crate) opts: WorkspaceOpts,
 }

@@ -32,6 +32,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 WorkspaceConfig::new(data.join("workspace"), format!("http://{addr}").parse()?);
             config.sandbox_url = Some(runner_url.parse()?);
             config.default_model = model.clone();
+            config.listen = Some(addr);
+            config.runner_token = args.runner.token.clone();
             apply_workspace_opts(&mut config, &args.workspace);
             let workspace = Workspace::open(config)
                 .await
@@ -79,6 +81,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.database_url = args.database_url;
             config.sandbox_url = args.sandbox_url.or(args.assistant_sandbox_url);
             config.default_model = model;
+            config.listen = Some(addr);
+            config.runner_token = args.runner_token;
             apply_workspace_opts(&mut config, &args.opts);
             let workspace = Workspace::open(config)
                 .await

@@ -13,3 +13,4 @@ mod protocol2;
 mod startup;
 mod system;
 mod tidy;
+mod web_security;

@@ -38,7 +38,12 @@ fn workspace(
         Some(url) => Ok((child, url.to_owned())),
         None => {
             let mut err = String::new();
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             Err((child.wait().unwrap(), err))
         }
     }
@@ -115,7 +120,14 @@ async fn foreign_hosts_other_origins_and_non_json_are_refused() {
         .unwrap();
     assert_eq!(resp.status(), 415);
 
-    let list: Value = client.get(&agents).send().await.unwrap().json().await.unwrap();
+    let list: Value = client
+        .get(&agents)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(list["agents"].as_array().unwrap().len(), 0, "{list}");
 
     // Positive control: same origin, JSON.
@@ -128,7 +140,14 @@ async fn foreign_hosts_other_origins_and_non_json_are_refused() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 201);
-    let list: Value = client.get(&agents).send().await.unwrap().json().await.unwrap();
+    let list: Value = client
+        .get(&agents)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(list["agents"].as_array().unwrap().len(), 1, "{list}");
     stop(child);
 }

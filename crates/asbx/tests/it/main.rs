@@ -7,6 +7,7 @@ mod harness;
 
 mod agent_features;
 mod dispatch;
+mod hostile;
 mod isolation;
 mod models;
 mod protocol2;

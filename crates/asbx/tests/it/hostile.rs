@@ -1,0 +1,148 @@
+//! Hostile end-to-end cases for the jail (issue 13, "Security, round two"):
+//! the real runner, real jailed sandboxes, and an attack on the one thing a
+//! sandbox must never do: outlive the runner that started it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use asbx_protocol::{Event, StepStatus};
+use serde_json::json;
+
+use crate::harness::*;
+
+/// Host pids whose command line or environment contains `needle`.
+fn host_pids_with(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let hit = ["cmdline", "environ"].iter().any(|f| {
+            std::fs::read(e.path().join(f))
+                .is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle))
+        });
+        if hit {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Sandbox cgroup folders (any hierarchy) whose name contains one of `needles`.
+fn cgroups_named(needles: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for c in std::fs::read_dir(h.path().join("asbx"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = c.file_name().to_string_lossy().into_owned();
+            if needles.iter().any(|n| name.contains(n.as_str())) {
+                out.push(c.path().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// CONTRACT section 8: SIGKILL the runner mid-turn; 5 s later no process of
+/// its sandboxes (the tool's `sleep`, the agent, init, the supervisors of
+/// the turn and of the warm pool) and none of their cgroups is left.
+#[tokio::test]
+async fn sandboxes_die_with_a_sigkilled_runner() {
+    if !Path::new("/sys/fs/cgroup").exists() || profile() != "strict" {
+        println!(
+            "skipped: needs the strict profile (ASBX_TEST_PROFILE={})",
+            profile()
+        );
+        return;
+    }
+    let mut runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let marker = format!("hostile{}", rand::random::<u32>());
+    let t = ws.mint(&session_id("orphan"));
+    let command = format!("export {marker}=1; sleep 300 & sleep 301; echo never");
+    let body = ws.body(
+        &t,
+        &script(json!([{"tool": "shell", "args": {"command": command}}])),
+    );
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let stream = crate::dispatch::read_until(
+        res,
+        |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),
+    )
+    .await;
+    let data = runner.data.path().canonicalize().unwrap();
+    let data = data.display().to_string();
+    let warm = format!("asbx-warm-{}-", runner.pid());
+    let needles = vec![t.session.clone(), warm];
+    // Positive control: the tool runs, supervisors exist, cgroups exist.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host_pids_with(&marker).len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tools = host_pids_with(&marker);
+    let supervisors = host_pids_with(&data);
+    let cgroups = cgroups_named(&needles);
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(runner.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(stream);
+    let killed = Instant::now();
+    let mut left = (Vec::new(), Vec::new(), Vec::new());
+    while killed.elapsed() < Duration::from_secs(5) {
+        left = (
+            host_pids_with(&marker),
+            host_pids_with(&data),
+            cgroups_named(&needles),
+        );
+        if left.0.is_empty() && left.1.is_empty() && left.2.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let gone_after = killed.elapsed();
+    // Whatever is left is this test's own doing: end the supervisors (by
+    // PID) so a failure leaves nothing behind, then report.
+    for pid in &left.1 {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    runner.terminate();
+    assert!(tools.len() >= 2, "the tool's sleeps never ran: {tools:?}");
+    assert!(
+        supervisors.len() >= 2,
+        "no supervisor seen before the kill: {supervisors:?}"
+    );
+    assert!(!cgroups.is_empty(), "no sandbox cgroup before the kill");
+    assert!(
+        left.0.is_empty() && left.1.is_empty() && left.2.is_empty(),
+        "5 s after SIGKILL of the runner: tools {:?}, supervisors {:?}, cgroups {:?}",
+        left.0,
+        left.1,
+        left.2
+    );
+    println!(
+        "sandboxes gone {} ms after the runner",
+        gone_after.as_millis()
+    );
+}

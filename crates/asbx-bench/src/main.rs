@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use asbx_runner::{Isolation, Runner, RunnerConfig};
+use asbx_protocol::jail::IsolationProfile;
+use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
 
 fn main() -> anyhow::Result<()> {
@@ -95,7 +96,7 @@ fn body(agent_url: &str, prompt: &str) -> serde_json::Value {
 async fn throughput() -> anyhow::Result<()> {
     let state = tempdir("throughput")?;
     let mut config = RunnerConfig::new(sibling("asbx-firehose")?, state.clone());
-    config.isolation = Isolation::Unconfined;
+    config.isolation = IsolationProfile::Unconfined;
     let lines: u64 = 4_000_000;
     config
         .agent_env
@@ -175,7 +176,7 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
             Some(p) => (p, true),
             None => (profile, false),
         };
-        config.isolation = Isolation::from_name(name).context("profile")?;
+        config.isolation = IsolationProfile::parse(name).context("profile")?;
         if cold {
             config.warm_pool = 0;
         }

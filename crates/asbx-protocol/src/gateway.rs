@@ -29,6 +29,8 @@ pub const MODEL_PREFIX: &str = "/model/";
 pub const CLIENT_TOOL_PREFIX: &str = "/client-tool/";
 /// `POST /usage` [`Usage`]: the agent's token counts, for `session_ended` stats.
 pub const USAGE: &str = "/usage";
+/// `GET|POST|DELETE /mcp/{name}`: a streamable-HTTP MCP server by name.
+pub const MCP_PREFIX: &str = "/mcp/";
 
 /// What the agent reports of its model use before its last line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -82,6 +84,17 @@ pub enum ProviderKind {
     Openai,
     /// Anthropic Messages (`/messages`).
     Anthropic,
+}
+
+impl ProviderKind {
+    /// The one path under `/model/{provider}/` the gateway forwards for
+    /// this wire format; any other is refused.
+    pub const fn path(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "chat/completions",
+            ProviderKind::Anthropic => "messages",
+        }
+    }
 }
 
 /// The runner's ceilings for per-run limits, and the defaults when `/config` is silent.

@@ -3,38 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use asbx_protocol::FieldError;
 use asbx_protocol::gateway::{MaxLimits, ProviderKind};
-use asbx_protocol::jail::{JailProfile, ResourceLimits};
 
-/// How dispatches are isolated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    /// A full jail through `asbx jail`, with the given profile.
-    Jail(JailProfile),
-    /// No isolation at all: the agent runs as a plain child process. For
-    /// development on hosts without namespaces; reported on every start and
-    /// in `/healthz`.
-    Unconfined,
-}
-
-impl Isolation {
-    pub fn name(self) -> &'static str {
-        match self {
-            Isolation::Jail(JailProfile::Strict) => "strict",
-            Isolation::Jail(JailProfile::Namespaces) => "namespaces",
-            Isolation::Unconfined => "unconfined",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "strict" => Some(Isolation::Jail(JailProfile::Strict)),
-            "namespaces" => Some(Isolation::Jail(JailProfile::Namespaces)),
-            "unconfined" => Some(Isolation::Unconfined),
-            _ => None,
-        }
-    }
-}
+use crate::RunnerError;
+use asbx_protocol::jail::{IsolationProfile, JailProfile, ResourceLimits};
 
 /// A model provider the gateway forwards to. The key stays in the runner.
 #[derive(Clone)]
@@ -62,7 +35,7 @@ pub struct RunnerConfig {
     pub asbx_exe: PathBuf,
     /// Where per-session folders (working directory, gateway socket) live.
     pub state_dir: PathBuf,
-    pub isolation: Isolation,
+    pub isolation: IsolationProfile,
     /// Bearer token required on every route, when set.
     pub token: Option<String>,
     pub providers: Vec<ProviderConfig>,
@@ -86,6 +59,9 @@ pub struct RunnerConfig {
     /// egress proxy and as MCP servers (`ASBX_ALLOW_INTERNAL`); empty by
     /// default.
     pub allow_internal: Vec<crate::Cidr>,
+    /// Origins (`scheme://host[:port]`) a dispatch's `agent_url` may point
+    /// at (`ASBX_WORKSPACE_ORIGINS`); empty means loopback origins only.
+    pub workspace_origins: Vec<String>,
 }
 
 impl RunnerConfig {
@@ -93,7 +69,7 @@ impl RunnerConfig {
         RunnerConfig {
             asbx_exe,
             state_dir,
-            isolation: Isolation::Jail(JailProfile::Strict),
+            isolation: IsolationProfile::Jail(JailProfile::Strict),
             token: None,
             providers: Vec::new(),
             max_sandboxes: 1024,
@@ -106,6 +82,124 @@ impl RunnerConfig {
             max_line_bytes: 1 << 20,
             agent_env: Vec::new(),
             allow_internal: Vec::new(),
+            workspace_origins: Vec::new(),
         }
+    }
+
+    /// Refuses to serve on a non-loopback address without a token: anyone
+    /// who reaches the runner could start sandboxes on the operator's keys.
+    pub fn check_listen(&self, addr: std::net::SocketAddr) -> Result<(), RunnerError> {
+        if addr.ip().is_loopback() || self.token.as_deref().is_some_and(|t| !t.is_empty()) {
+            Ok(())
+        } else {
+            Err(RunnerError::TokenRequired(addr))
+        }
+    }
+
+    /// Whether `agent_url` points at a configured workspace origin (by
+    /// default: a loopback one).
+    pub(crate) fn check_agent_url(&self, agent_url: &str) -> Result<(), FieldError> {
+        let bad = |why: &str| FieldError::new("agent_url", why.to_owned());
+        let url = url::Url::parse(agent_url).map_err(|_| bad("must be an http(s) URL"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(bad("must be an http(s) URL"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(bad("must not carry credentials"));
+        }
+        let origin = url.origin().ascii_serialization();
+        let allowed = if self.workspace_origins.is_empty() {
+            match url.host() {
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                None => false,
+            }
+        } else {
+            self.workspace_origins.iter().any(|o| {
+                url::Url::parse(o)
+                    .map(|u| u.origin().ascii_serialization() == origin)
+                    .unwrap_or(false)
+            })
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(bad(
+                "must point at a configured workspace origin (ASBX_WORKSPACE_ORIGINS; loopback by default)",
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_required_off_loopback() {
+        let mut c = RunnerConfig::new("asbx".into(), "/tmp".into());
+        assert!(c.check_listen("127.0.0.1:80".parse().unwrap()).is_ok());
+        assert!(c.check_listen("[::1]:80".parse().unwrap()).is_ok());
+        for addr in ["0.0.0.0:80", "10.0.0.1:80", "[::]:80"] {
+            assert!(
+                matches!(
+                    c.check_listen(addr.parse().unwrap()),
+                    Err(RunnerError::TokenRequired(_))
+                ),
+                "{addr}"
+            );
+        }
+        c.token = Some(String::new());
+        assert!(
+            c.check_listen("0.0.0.0:80".parse().unwrap()).is_err(),
+            "empty token"
+        );
+        c.token = Some("t".into());
+        assert!(c.check_listen("0.0.0.0:80".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn agent_url_must_be_a_workspace_origin() {
+        let mut c = RunnerConfig::new("asbx".into(), "/tmp".into());
+        for ok in [
+            "http://127.0.0.1:8080/api/x",
+            "http://localhost/x",
+            "http://[::1]:1/x",
+            "http://127.9.9.9/",
+        ] {
+            assert!(c.check_agent_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://169.254.169.254/latest",
+            "http://10.0.0.1/x",
+            "http://evil.test/x",
+            "http://u:p@127.0.0.1/x",
+            "file:///etc/passwd",
+        ] {
+            assert_eq!(
+                c.check_agent_url(bad).unwrap_err().field,
+                "agent_url",
+                "{bad}"
+            );
+        }
+        c.workspace_origins = vec![
+            "https://ws.example.com".into(),
+            "http://10.0.0.5:8080".into(),
+        ];
+        assert!(c.check_agent_url("https://ws.example.com/api/s/1").is_ok());
+        assert!(c.check_agent_url("http://10.0.0.5:8080/api").is_ok());
+        assert!(
+            c.check_agent_url("http://10.0.0.5:8081/api").is_err(),
+            "other port"
+        );
+        assert!(
+            c.check_agent_url("http://ws.example.com/api").is_err(),
+            "other scheme"
+        );
+        assert!(
+            c.check_agent_url("http://127.0.0.1/api").is_err(),
+            "loopback no longer implied"
+        );
     }
 }

@@ -396,7 +396,13 @@ impl State {
             && let Some(id) = &ev.call_id
         {
             // Known before the client can see it, so its answer is accepted.
-            self.session.announce_call(id);
+            if !self.session.announce_call(id) {
+                self.reject(&format!(
+                    "a tool_call past the {} open calls a session may hold",
+                    crate::session::MAX_OPEN_CALLS
+                ));
+                return;
+            }
         }
         if self.filter.as_ref().is_none_or(|f| f.passes(kind)) {
             self.stamper

@@ -10,6 +10,10 @@ pub enum RunnerError {
     InvalidRequest(Vec<FieldError>),
     #[error("runner token missing or wrong")]
     Unauthorized,
+    #[error(
+        "refusing to listen on {0} without a runner token (set ASBX_RUNNER_TOKEN, or listen on loopback)"
+    )]
+    TokenRequired(std::net::SocketAddr),
     #[error("session {0} already exists")]
     SessionTaken(String),
     #[error("session {0} not found")]
@@ -101,12 +105,14 @@ impl RunnerError {
                 self.to_string(),
             )
             .with("oldestSeq", *oldest),
-            RunnerError::Spawn(_) | RunnerError::Io { .. } => Problem::new(
-                500,
-                "internal",
-                "Internal error",
-                "the runner could not start the sandbox; see the runner's log",
-            ),
+            RunnerError::TokenRequired(_) | RunnerError::Spawn(_) | RunnerError::Io { .. } => {
+                Problem::new(
+                    500,
+                    "internal",
+                    "Internal error",
+                    "the runner could not start the sandbox; see the runner's log",
+                )
+            }
         }
     }
 }

@@ -4,18 +4,27 @@
 //! - `/callback/{env,config,results}` to this dispatch's `agent_url` and
 //!   nowhere else, passing the agent's `Authorization` header through;
 //! - `POST /model/{provider}/{path}` to that provider's base URL, adding the
-//!   provider's key, so keys never enter the sandbox;
+//!   provider's key, so keys never enter the sandbox: only the kind's one
+//!   path ([`ProviderKind::path`]) and only the model the workspace's
+//!   `/config` answer named, so a sandbox can't spend the key on another;
 //! - `/mcp/{name}` (GET, POST, DELETE) to the streamable-HTTP MCP server of
-//!   that name, learned from the workspace's `/config` answer as it passes;
+//!   that name, learned from the `/config` answer as it passes, resolved
+//!   once, checked like egress (no internal address unless the operator
+//!   allows it) and pinned to that address;
 //! - `GET /client-tool/{callId}` (protocol 2): held open until the client
 //!   answers the call through `POST /v1/sessions/{id}/tool-result`.
 //!
-//! Everything else gets 404.
+//! Routes come from the constants in `asbx_protocol::gateway`; everything
+//! else gets 404. No forward follows a redirect.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use asbx_protocol::Problem;
-use asbx_protocol::gateway::ProviderKind;
+use asbx_protocol::gateway::{
+    CALLBACK_CONFIG, CALLBACK_ENV, CALLBACK_RESULTS, CLIENT_TOOL_PREFIX, MCP_PREFIX, MODEL_PREFIX,
+    ProviderKind, USAGE,
+};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -27,55 +36,161 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProviderConfig;
-use crate::egress::AllowList;
+use crate::egress::{AllowList, EgressSettings, Refusal};
+use crate::session::{Session, ToolAnswer, WaitError};
 
 /// Largest body the agent may send through the gateway (results uploads).
 const MAX_GATEWAY_BODY: usize = 96 << 20;
-
-#[derive(Debug)]
-struct GatewayState {
-    session: Arc<crate::session::Session>,
-    agent_url: String,
-    providers: Arc<Vec<ProviderConfig>>,
-    client: reqwest::Client,
-    allow: Arc<AllowList>,
-    /// Streamable-HTTP MCP servers by name, from the `/config` answer.
-    mcp: std::sync::OnceLock<std::collections::HashMap<String, String>>,
-}
-
 /// Largest `/env` answer the gateway reads to learn `allowed_hosts`.
 const MAX_ENV_BODY: usize = 4 << 20;
 /// Largest `/config` answer the gateway reads (skills travel in it).
 const MAX_CONFIG_BODY: usize = 32 << 20;
+/// Largest model request (the conversation so far).
+const MAX_MODEL_BODY: usize = 32 << 20;
 
-/// Serves the gateway on `listener` until `stop` is cancelled.
-pub(crate) fn spawn(
-    listener: UnixListener,
-    session: Arc<crate::session::Session>,
-    agent_url: &str,
+/// Everything the gateway refuses or fails at, each with a stable code.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GatewayError {
+    #[error("no such gateway route")]
+    NoRoute,
+    #[error("no such provider {0}")]
+    UnknownProvider(String),
+    #[error("provider {provider} takes only /{allowed}")]
+    ModelPath {
+        provider: String,
+        allowed: &'static str,
+    },
+    #[error("this dispatch may use model {pinned} only, not {asked}")]
+    ModelNotAllowed { pinned: String, asked: String },
+    #[error("bad model request: {0}")]
+    BadModelRequest(String),
+    #[error("no such MCP server {0}")]
+    UnknownMcpServer(String),
+    #[error("MCP server {name}: {refusal}")]
+    McpRefused { name: String, refusal: Refusal },
+    #[error("the session ended before an answer")]
+    SessionEnded,
+    #[error("this session holds too many open client-tool calls")]
+    TooManyCalls,
+    #[error("bad usage report: {0}")]
+    BadUsage(String),
+    #[error("{0} answer too large")]
+    AnswerTooLarge(&'static str),
+    #[error("upstream unreachable: {0}")]
+    Unreachable(String),
+    #[error("invalid upstream response")]
+    UpstreamInvalid,
+}
+
+impl GatewayError {
+    fn problem(&self) -> Problem {
+        let (status, code, title) = match self {
+            GatewayError::NoRoute => (404, "not_found", "Not found"),
+            GatewayError::UnknownProvider(_) => (404, "unknown_provider", "Unknown provider"),
+            GatewayError::ModelPath { .. } => (403, "model_path_not_allowed", "Path not allowed"),
+            GatewayError::ModelNotAllowed { .. } => (403, "model_not_allowed", "Model not allowed"),
+            GatewayError::BadModelRequest(_) | GatewayError::BadUsage(_) => {
+                (400, "invalid_request", "Invalid request")
+            }
+            GatewayError::UnknownMcpServer(_) => (404, "unknown_mcp_server", "Unknown MCP server"),
+            GatewayError::McpRefused { refusal, .. } => {
+                let p = refusal.problem();
+                return Problem::new(p.status, &p.code, &p.title, self.to_string());
+            }
+            GatewayError::SessionEnded => (410, "session_ended", "Session ended"),
+            GatewayError::TooManyCalls => (429, "too_many_calls", "Too many open calls"),
+            GatewayError::AnswerTooLarge(_) | GatewayError::UpstreamInvalid => {
+                (502, "upstream_invalid", "Invalid upstream answer")
+            }
+            GatewayError::Unreachable(_) => (502, "upstream_unreachable", "Upstream unreachable"),
+        };
+        Problem::new(status, code, title, self.to_string())
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        tracing::debug!(error = %self, "gateway refused");
+        crate::error::problem_response(&self.problem())
+    }
+}
+
+/// An HTTP MCP server as `/config` named it: pinned to the addresses it
+/// resolved to then, or refused.
+#[derive(Debug)]
+enum McpTarget {
+    Pinned {
+        url: String,
+        client: reqwest::Client,
+    },
+    Refused(Refusal),
+}
+
+/// The model `/config` named: `provider:model`.
+#[derive(Debug)]
+struct PinnedModel {
+    provider: String,
+    model: String,
+}
+
+#[derive(Debug)]
+struct GatewayState {
+    session: Arc<Session>,
+    agent_url: String,
     providers: Arc<Vec<ProviderConfig>>,
     client: reqwest::Client,
     allow: Arc<AllowList>,
-    stop: CancellationToken,
-) {
+    egress: EgressSettings,
+    /// Streamable-HTTP MCP servers by name, from the `/config` answer.
+    mcp: OnceLock<HashMap<String, McpTarget>>,
+    model: OnceLock<PinnedModel>,
+}
+
+/// What one dispatch's gateway is given.
+pub(crate) struct GatewaySpec {
+    pub(crate) session: Arc<Session>,
+    pub(crate) agent_url: String,
+    pub(crate) providers: Arc<Vec<ProviderConfig>>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) allow: Arc<AllowList>,
+    pub(crate) egress: EgressSettings,
+}
+
+fn app(spec: GatewaySpec) -> Router {
     let state = Arc::new(GatewayState {
-        session,
-        agent_url: agent_url.trim_end_matches('/').to_owned(),
-        providers,
-        client,
-        allow,
-        mcp: std::sync::OnceLock::new(),
+        session: spec.session,
+        agent_url: spec.agent_url.trim_end_matches('/').to_owned(),
+        providers: spec.providers,
+        client: spec.client,
+        allow: spec.allow,
+        egress: spec.egress,
+        mcp: OnceLock::new(),
+        model: OnceLock::new(),
     });
-    let app = Router::new()
-        .route("/callback/env", get(callback_env))
-        .route("/callback/config", get(callback_config))
-        .route("/callback/results", post(callback_results))
-        .route("/model/{provider}/{*path}", post(model))
-        .route("/mcp/{name}", get(mcp).post(mcp).delete(mcp))
-        .route("/client-tool/{call_id}", get(client_tool))
-        .route(asbx_protocol::gateway::USAGE, post(usage))
-        .fallback(|| async { problem(StatusCode::NOT_FOUND, "not_found", "no such gateway route") })
-        .with_state(state);
+    Router::new()
+        .route(CALLBACK_ENV, get(callback_env))
+        .route(CALLBACK_CONFIG, get(callback_config))
+        .route(CALLBACK_RESULTS, post(callback_results))
+        .route(
+            &format!("{MODEL_PREFIX}{{provider}}/{{*path}}"),
+            post(model),
+        )
+        .route(
+            &format!("{MCP_PREFIX}{{name}}"),
+            get(mcp).post(mcp).delete(mcp),
+        )
+        .route(
+            &format!("{CLIENT_TOOL_PREFIX}{{call_id}}"),
+            get(client_tool),
+        )
+        .route(USAGE, post(usage))
+        .fallback(|| async { GatewayError::NoRoute })
+        .with_state(state)
+}
+
+/// Serves the gateway on `listener` until `stop` is cancelled.
+pub(crate) fn spawn(listener: UnixListener, spec: GatewaySpec, stop: CancellationToken) {
+    let app = app(spec);
     tokio::spawn(async move {
         let listener = crate::limit::LimitedListener::new(listener, crate::limit::MAX_CONNECTIONS);
         let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
@@ -85,38 +200,16 @@ pub(crate) fn spawn(
     });
 }
 
-fn problem(status: StatusCode, code: &str, detail: &str) -> Response {
-    let p = Problem::new(
-        status.as_u16(),
-        code,
-        status.canonical_reason().unwrap_or(""),
-        detail,
-    );
-    let mut res = (status, serde_json::to_vec(&p).unwrap_or_default()).into_response();
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(Problem::CONTENT_TYPE),
-    );
-    res
-}
-
 /// Relays `/env` and keeps its `allowed_hosts` for the egress proxy: the list
 /// comes from the workspace's answer, never from the sandbox.
 async fn callback_env(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
-    let res = forward_callback(&s, "env", req).await;
+    let res = forward_callback(&s, CALLBACK_ENV, req).await;
     if !res.status().is_success() {
         return res;
     }
     let (parts, body) = res.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_ENV_BODY).await {
-        Ok(b) => b,
-        Err(_) => {
-            return problem(
-                StatusCode::BAD_GATEWAY,
-                "upstream_invalid",
-                "/env answer too large",
-            );
-        }
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_ENV_BODY).await else {
+        return GatewayError::AnswerTooLarge("/env").into_response();
     };
     if let Ok(env) = serde_json::from_slice::<asbx_protocol::callback::EnvResponse>(&bytes) {
         s.allow.set(env.allowed_hosts);
@@ -124,61 +217,97 @@ async fn callback_env(State(s): State<Arc<GatewayState>>, req: Request) -> Respo
     Response::from_parts(parts, Body::from(bytes))
 }
 
-/// Relays `/config` and keeps the URLs of its streamable-HTTP MCP servers,
-/// which the sandbox then reaches by name only.
+/// Relays `/config`; keeps the model it names and pins the URLs of its
+/// streamable-HTTP MCP servers, which the sandbox then reaches by name only.
 async fn callback_config(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
-    let res = forward_callback(&s, "config", req).await;
+    let res = forward_callback(&s, CALLBACK_CONFIG, req).await;
     if !res.status().is_success() {
         return res;
     }
     let (parts, body) = res.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, MAX_CONFIG_BODY).await else {
-        return problem(
-            StatusCode::BAD_GATEWAY,
-            "upstream_invalid",
-            "/config answer too large",
-        );
+        return GatewayError::AnswerTooLarge("/config").into_response();
     };
     if let Ok(cfg) = serde_json::from_slice::<asbx_protocol::callback::ConfigResponse>(&bytes) {
-        let servers = cfg
-            .mcp_servers
-            .into_iter()
-            .filter_map(|m| match m {
-                asbx_protocol::callback::McpServer::Http { name, url } => Some((name, url)),
-                asbx_protocol::callback::McpServer::Stdio { .. } => None,
-            })
-            .collect();
+        if let Some((provider, model)) = cfg.model.split_once(':') {
+            let _ = s.model.set(PinnedModel {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+            });
+        }
+        let mut servers = HashMap::new();
+        for m in cfg.mcp_servers {
+            if let asbx_protocol::callback::McpServer::Http { name, url } = m {
+                let target = pin_mcp(&s, &url).await;
+                servers.insert(name, target);
+            }
+        }
         let _ = s.mcp.set(servers);
     }
     Response::from_parts(parts, Body::from(bytes))
 }
 
+/// Resolves an MCP server's host once, checks every address like egress
+/// does, and returns a client that connects to those addresses only.
+async fn pin_mcp(s: &GatewayState, raw: &str) -> McpTarget {
+    let url = match url::Url::parse(raw) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => u,
+        _ => return McpTarget::Refused(Refusal::Bad("MCP URL is not http(s)".into())),
+    };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return McpTarget::Refused(Refusal::Bad("MCP URL has no host".into()));
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let addrs = match s.egress.resolve_checked(&host, port).await {
+        Ok(a) => a,
+        Err(refusal) => return McpTarget::Refused(refusal),
+    };
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(s.egress.connect_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy();
+    if host.parse::<std::net::IpAddr>().is_err() {
+        builder = builder.resolve_to_addrs(&host, &addrs);
+    }
+    match builder.build() {
+        Ok(client) => McpTarget::Pinned {
+            url: url.into(),
+            client,
+        },
+        Err(e) => McpTarget::Refused(Refusal::Connect(host, e.to_string())),
+    }
+}
+
 /// Protocol 2: the agent waits here for the client's answer to a call it
 /// announced with a `tool_call` line.
-async fn client_tool(State(s): State<Arc<GatewayState>>, Path(call_id): Path<String>) -> Response {
-    use crate::session::ToolAnswer;
+async fn client_tool(
+    State(s): State<Arc<GatewayState>>,
+    Path(call_id): Path<String>,
+) -> Result<Response, GatewayError> {
     match s.session.wait_call(&call_id).await {
-        Some(ToolAnswer::Result(v)) => {
-            axum::Json(serde_json::json!({ "result": v })).into_response()
+        Ok(ToolAnswer::Result(v)) => {
+            Ok(axum::Json(serde_json::json!({ "result": v })).into_response())
         }
-        Some(ToolAnswer::Error(e)) => axum::Json(serde_json::json!({ "error": e })).into_response(),
-        None => problem(
-            StatusCode::GONE,
-            "session_ended",
-            "the session ended before an answer",
-        ),
+        Ok(ToolAnswer::Error(e)) => {
+            Ok(axum::Json(serde_json::json!({ "error": e })).into_response())
+        }
+        Err(WaitError::Ended) => Err(GatewayError::SessionEnded),
+        Err(WaitError::TooManyCalls) => Err(GatewayError::TooManyCalls),
     }
 }
 
 /// The agent's token counts, kept for the session's stats.
-async fn usage(State(s): State<Arc<GatewayState>>, body: axum::body::Bytes) -> Response {
-    match serde_json::from_slice::<asbx_protocol::gateway::Usage>(&body) {
-        Ok(u) => {
-            s.session.set_usage(u);
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => problem(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
-    }
+async fn usage(
+    State(s): State<Arc<GatewayState>>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, GatewayError> {
+    let u = serde_json::from_slice::<asbx_protocol::gateway::Usage>(&body)
+        .map_err(|e| GatewayError::BadUsage(e.to_string()))?;
+    s.session.set_usage(u);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Forwards one streamable-HTTP MCP request to the named server.
@@ -186,16 +315,20 @@ async fn mcp(
     State(s): State<Arc<GatewayState>>,
     Path(name): Path<String>,
     req: Request,
-) -> Response {
-    let Some(url) = s.mcp.get().and_then(|m| m.get(&name)).cloned() else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "unknown_mcp_server",
-            "no such MCP server",
-        );
+) -> Result<Response, GatewayError> {
+    let (url, client) = match s.mcp.get().and_then(|m| m.get(&name)) {
+        None => return Err(GatewayError::UnknownMcpServer(name)),
+        Some(McpTarget::Refused(refusal)) => {
+            tracing::warn!(server = %name, %refusal, "MCP server refused");
+            return Err(GatewayError::McpRefused {
+                name,
+                refusal: refusal.clone(),
+            });
+        }
+        Some(McpTarget::Pinned { url, client }) => (url.clone(), client.clone()),
     };
     let mut headers = HeaderMap::new();
-    for name in [
+    for h in [
         header::CONTENT_TYPE.as_str(),
         header::ACCEPT.as_str(),
         "mcp-session-id",
@@ -203,65 +336,90 @@ async fn mcp(
         "last-event-id",
     ] {
         if let (Some(v), Ok(n)) = (
-            req.headers().get(name),
-            header::HeaderName::from_bytes(name.as_bytes()),
+            req.headers().get(h),
+            header::HeaderName::from_bytes(h.as_bytes()),
         ) {
             headers.insert(n, v.clone());
         }
     }
-    forward(&s, req.method().clone(), url, headers, req.into_body()).await
+    forward(&client, req.method().clone(), url, headers, req.into_body()).await
 }
 
 async fn callback_results(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
-    forward_callback(&s, "results", req).await
+    forward_callback(&s, CALLBACK_RESULTS, req).await
 }
 
+/// Forwards to this dispatch's own `agent_url` and nowhere else.
 async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Response {
-    let url = format!("{}/{route}", s.agent_url);
+    let name = route.rsplit('/').next().unwrap_or(route);
+    let url = format!("{}/{name}", s.agent_url);
     let mut headers = HeaderMap::new();
-    for name in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
-        if let Some(v) = req.headers().get(&name) {
-            headers.insert(name, v.clone());
+    for h in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(v) = req.headers().get(&h) {
+            headers.insert(h, v.clone());
         }
     }
-    forward(s, req.method().clone(), url, headers, req.into_body()).await
+    forward(
+        &s.client,
+        req.method().clone(),
+        url,
+        headers,
+        req.into_body(),
+    )
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(serde::Deserialize)]
+struct ModelField<'a> {
+    #[serde(borrow)]
+    model: std::borrow::Cow<'a, str>,
 }
 
 async fn model(
     State(s): State<Arc<GatewayState>>,
     Path((provider, path)): Path<(String, String)>,
     req: Request,
-) -> Response {
+) -> Result<Response, GatewayError> {
     let Some(p) = s.providers.iter().find(|p| p.name == provider) else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "unknown_provider",
-            "no such provider",
-        );
+        return Err(GatewayError::UnknownProvider(provider));
     };
-    let path_ok = !path.is_empty()
-        && path.len() <= 256
-        && path
-            .split('/')
-            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
-        && path
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-:".contains(&b));
-    if !path_ok {
-        return problem(StatusCode::BAD_REQUEST, "invalid_path", "bad provider path");
+    if path != p.kind.path() {
+        return Err(GatewayError::ModelPath {
+            provider,
+            allowed: p.kind.path(),
+        });
+    }
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, MAX_MODEL_BODY)
+        .await
+        .map_err(|e| GatewayError::BadModelRequest(e.to_string()))?;
+    let asked = serde_json::from_slice::<ModelField<'_>>(&body)
+        .map_err(|e| GatewayError::BadModelRequest(e.to_string()))?
+        .model;
+    match s.model.get() {
+        Some(pin) if pin.provider == provider && pin.model == asked => {}
+        pin => {
+            return Err(GatewayError::ModelNotAllowed {
+                pinned: pin
+                    .map(|m| format!("{}:{}", m.provider, m.model))
+                    .unwrap_or_else(|| "(none: /config has not passed)".into()),
+                asked: format!("{provider}:{}", asked.chars().take(128).collect::<String>()),
+            });
+        }
     }
     let url = format!("{}/{path}", p.base_url.trim_end_matches('/'));
     let mut headers = HeaderMap::new();
-    for name in [header::CONTENT_TYPE, header::ACCEPT] {
-        if let Some(v) = req.headers().get(&name) {
-            headers.insert(name, v.clone());
+    for h in [header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(v) = parts.headers.get(&h) {
+            headers.insert(h, v.clone());
         }
     }
     // Anthropic's version and beta headers are chosen by the agent; nothing
     // else from the sandbox is passed on, above all no credentials.
-    for name in ["anthropic-version", "anthropic-beta"] {
-        if let Some(v) = req.headers().get(name) {
-            headers.insert(name, v.clone());
+    for h in ["anthropic-version", "anthropic-beta"] {
+        if let Some(v) = parts.headers.get(h) {
+            headers.insert(h, v.clone());
         }
     }
     match (p.kind, &p.api_key) {
@@ -280,52 +438,42 @@ async fn model(
         }
         (_, None) => {}
     }
-    forward(&s, Method::POST, url, headers, req.into_body()).await
+    forward(&s.client, Method::POST, url, headers, Body::from(body)).await
 }
 
 async fn forward(
-    s: &GatewayState,
+    client: &reqwest::Client,
     method: Method,
     url: String,
     headers: HeaderMap,
     body: Body,
-) -> Response {
+) -> Result<Response, GatewayError> {
     let limited = http_body_util::Limited::new(body, MAX_GATEWAY_BODY);
     let stream = http_body_util::BodyDataStream::new(limited);
-    let upstream = s
-        .client
+    let upstream = client
         .request(method, &url)
         .headers(headers)
         .body(reqwest::Body::wrap_stream(stream))
         .send()
-        .await;
-    let upstream = match upstream {
-        Ok(r) => r,
-        Err(e) => {
+        .await
+        .map_err(|e| {
             tracing::debug!(%url, error = %e, "gateway upstream failed");
-            return problem(
-                StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
-                &e.to_string(),
-            );
-        }
-    };
+            GatewayError::Unreachable(e.to_string())
+        })?;
     let status = upstream.status();
     let mut res = Response::builder().status(status.as_u16());
-    if let Some(ct) = upstream.headers().get(header::CONTENT_TYPE) {
-        res = res.header(header::CONTENT_TYPE, ct.as_bytes());
-    }
-    for name in [header::RETRY_AFTER.as_str(), "mcp-session-id"] {
+    for name in [
+        header::CONTENT_TYPE.as_str(),
+        header::RETRY_AFTER.as_str(),
+        "mcp-session-id",
+    ] {
         if let Some(v) = upstream.headers().get(name) {
             res = res.header(name, v.as_bytes());
         }
     }
     let body = Body::from_stream(upstream.bytes_stream().map_err(std::io::Error::other));
-    res.body(body).unwrap_or_else(|_| {
-        problem(
-            StatusCode::BAD_GATEWAY,
-            "upstream_invalid",
-            "invalid upstream response",
-        )
-    })
+    res.body(body).map_err(|_| GatewayError::UpstreamInvalid)
 }
+
+#[cfg(test)]
+mod tests;

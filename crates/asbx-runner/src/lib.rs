@@ -25,10 +25,11 @@ mod uids;
 
 use std::sync::Arc;
 
+use asbx_protocol::jail::IsolationProfile;
 use axum::Router;
 use tokio::sync::Semaphore;
 
-pub use config::{Isolation, ProviderConfig, RunnerConfig};
+pub use config::{ProviderConfig, RunnerConfig};
 pub use egress::Cidr;
 pub use error::RunnerError;
 
@@ -64,16 +65,18 @@ impl Runner {
             std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(dir.display(), e))?;
         }
         let sandbox: Box<dyn Sandbox> = match config.isolation {
-            Isolation::Jail(profile) => Box::new(Jailed {
+            IsolationProfile::Jail(profile) => Box::new(Jailed {
                 exe: config.asbx_exe.clone(),
                 profile,
             }),
-            Isolation::Unconfined => Box::new(Unconfined {
+            IsolationProfile::Unconfined => Box::new(Unconfined {
                 exe: config.asbx_exe.clone(),
             }),
         };
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(10))
+            // A redirect would lead the gateway somewhere it never checked.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| RunnerError::Spawn(format!("http client: {e}")))?;
         Ok(Runner {
@@ -94,9 +97,14 @@ impl Runner {
         })
     }
 
+    /// Refuses a non-loopback listen address without a runner token.
+    pub fn check_listen(&self, addr: std::net::SocketAddr) -> Result<(), RunnerError> {
+        self.inner.config.check_listen(addr)
+    }
+
     /// The isolation profile in force.
     pub fn profile(&self) -> &'static str {
-        self.inner.sandbox.profile()
+        self.inner.sandbox.profile().as_str()
     }
 
     pub fn router(&self) -> Router {

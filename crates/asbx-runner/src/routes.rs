@@ -66,7 +66,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn healthz(State(inner): State<Arc<Inner>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "status": "ok",
-        "profile": inner.sandbox.profile(),
+        "profile": inner.sandbox.profile().as_str(),
         "sessions": inner.sessions.running(),
         "capacity": inner.config.max_sandboxes,
     }))
@@ -131,6 +131,10 @@ async fn stream(
         }
     })?;
     let req = DispatchRequest::parse(&bytes).map_err(RunnerError::InvalidRequest)?;
+    inner
+        .config
+        .check_agent_url(&req.agent_url)
+        .map_err(|e| RunnerError::InvalidRequest(vec![e]))?;
     let session_id = req.session_id.clone().unwrap_or_else(random_id);
     let session = inner.sessions.insert(
         &session_id,
@@ -256,11 +260,14 @@ fn connect(
     });
     crate::gateway::spawn(
         listener,
-        Arc::clone(session),
-        &req.agent_url,
-        Arc::clone(&inner.providers),
-        inner.client.clone(),
-        Arc::clone(&allow),
+        crate::gateway::GatewaySpec {
+            session: Arc::clone(session),
+            agent_url: req.agent_url.clone(),
+            providers: Arc::clone(&inner.providers),
+            client: inner.client.clone(),
+            allow: Arc::clone(&allow),
+            egress: inner.egress.clone(),
+        },
         gateway_stop.clone(),
     );
     crate::egress::spawn(proxy_listener, egress);

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use asbx_protocol::jail::{
-    BindMount, JailPolicy, JailProfile, RUN_DIR_IN_JAIL, ResourceLimits, TOOL_GID, TOOL_UID,
-    WORKDIR_IN_JAIL,
+    BindMount, IsolationProfile, JailPolicy, JailProfile, RUN_DIR_IN_JAIL, ResourceLimits,
+    TOOL_GID, TOOL_UID, WORKDIR_IN_JAIL,
 };
 use tokio::process::Command;
 
@@ -93,8 +93,8 @@ pub struct Prepared {
 
 /// One way of isolating a dispatch.
 pub trait Sandbox: Send + Sync + std::fmt::Debug {
-    /// The profile name reported on start and in `/healthz`.
-    fn profile(&self) -> &'static str;
+    /// The profile reported on start and in `/healthz`.
+    fn profile(&self) -> IsolationProfile;
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError>;
     /// Removes what a sandbox may leave behind if its supervisor was killed hard.
     fn cleanup(&self, spec: &SandboxSpec<'_>);
@@ -119,11 +119,8 @@ pub struct Jailed {
 }
 
 impl Sandbox for Jailed {
-    fn profile(&self) -> &'static str {
-        match self.profile {
-            JailProfile::Strict => "strict",
-            JailProfile::Namespaces => "namespaces",
-        }
+    fn profile(&self) -> IsolationProfile {
+        IsolationProfile::Jail(self.profile)
     }
 
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError> {
@@ -209,8 +206,8 @@ pub struct Unconfined {
 }
 
 impl Sandbox for Unconfined {
-    fn profile(&self) -> &'static str {
-        "unconfined"
+    fn profile(&self) -> IsolationProfile {
+        IsolationProfile::Unconfined
     }
 
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError> {

@@ -72,12 +72,39 @@ pub(crate) enum ToolAnswer {
     Error(String),
 }
 
+/// Most client-tool calls one session holds unanswered; a sandbox can't
+/// grow the call map past this (or past [`MAX_CALLS`] in all).
+pub(crate) const MAX_OPEN_CALLS: usize = 64;
+/// Most calls one session remembers, answered ones included (a late
+/// duplicate answer must still get 409).
+pub(crate) const MAX_CALLS: usize = 1024;
+
 #[derive(Debug, Default)]
 struct Call {
     /// Seen in one of the agent's `tool_call` lines.
     announced: bool,
     answer: Option<ToolAnswer>,
     waiter: Option<oneshot::Sender<ToolAnswer>>,
+}
+
+/// The call `call_id`, made if the bounds leave room for it.
+fn call_slot<'a>(calls: &'a mut HashMap<String, Call>, call_id: &str) -> Option<&'a mut Call> {
+    if !calls.contains_key(call_id) {
+        let open = calls.values().filter(|c| c.answer.is_none()).count();
+        if open >= MAX_OPEN_CALLS || calls.len() >= MAX_CALLS {
+            return None;
+        }
+    }
+    Some(calls.entry(call_id.to_owned()).or_default())
+}
+
+/// Why the agent's wait for an answer ended without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitError {
+    /// The session ended first.
+    Ended,
+    /// The session already holds [`MAX_OPEN_CALLS`] unanswered calls.
+    TooManyCalls,
 }
 
 /// Why a tool result was refused.
@@ -226,9 +253,17 @@ impl Session {
     }
 
     /// The agent announced a client-tool call (its `tool_call` line).
-    pub(crate) fn announce_call(&self, call_id: &str) {
+    /// `false` when the session already holds too many calls: the line is
+    /// then dropped.
+    pub(crate) fn announce_call(&self, call_id: &str) -> bool {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        calls.entry(call_id.to_owned()).or_default().announced = true;
+        match call_slot(&mut calls, call_id) {
+            Some(call) => {
+                call.announced = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The client's answer to an announced call.
@@ -253,20 +288,20 @@ impl Session {
 
     /// The agent waits for the answer to `call_id`; `None` if the session
     /// ends first.
-    pub(crate) async fn wait_call(&self, call_id: &str) -> Option<ToolAnswer> {
+    pub(crate) async fn wait_call(&self, call_id: &str) -> Result<ToolAnswer, WaitError> {
         let rx = {
             let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-            let call = calls.entry(call_id.to_owned()).or_default();
+            let call = call_slot(&mut calls, call_id).ok_or(WaitError::TooManyCalls)?;
             if let Some(a) = &call.answer {
-                return Some(a.clone());
+                return Ok(a.clone());
             }
             let (tx, rx) = oneshot::channel();
             call.waiter = Some(tx);
             rx
         };
         tokio::select! {
-            a = rx => a.ok(),
-            _ = self.cancel.cancelled() => None,
+            a = rx => a.map_err(|_| WaitError::Ended),
+            _ = self.cancel.cancelled() => Err(WaitError::Ended),
         }
     }
 
@@ -422,12 +457,33 @@ mod tests {
             s.answer_call("c1", answer.clone()),
             Err(AnswerError::Unknown)
         );
-        s.announce_call("c1");
+        assert!(s.announce_call("c1"));
         assert_eq!(s.answer_call("c1", answer.clone()), Ok(()));
         assert_eq!(
             s.answer_call("c1", answer.clone()),
             Err(AnswerError::AlreadyAnswered)
         );
-        assert_eq!(waiter.await.unwrap(), Some(answer));
+        assert_eq!(waiter.await.unwrap(), Ok(answer));
+    }
+
+    #[tokio::test]
+    async fn a_session_holds_a_bounded_number_of_open_calls() {
+        let sessions = Sessions::default();
+        let s = sessions
+            .insert("s", Protocol::V2, Duration::from_secs(1))
+            .unwrap();
+        for i in 0..MAX_OPEN_CALLS {
+            assert!(s.announce_call(&format!("c{i}")), "call {i}");
+        }
+        // A flood of announcements or waits for unknown ids is refused...
+        assert!(!s.announce_call("one-too-many"));
+        assert_eq!(s.wait_call("waits-too").await, Err(WaitError::TooManyCalls));
+        // ...but known calls still work, and an answer frees a slot.
+        assert!(s.announce_call("c0"), "a known call is not a new one");
+        let answer = ToolAnswer::Result(serde_json::json!(1));
+        assert_eq!(s.answer_call("c0", answer.clone()), Ok(()));
+        assert_eq!(s.wait_call("c0").await, Ok(answer));
+        assert!(s.announce_call("next"));
+        assert!(!s.announce_call("and-no-more"));
     }
 }

@@ -77,6 +77,14 @@ pub(crate) struct RunnerOpts {
     /// Sandboxes kept booted ahead of dispatches (0 boots each on demand).
     #[arg(long, env = "ASBX_WARM_POOL", default_value_t = 2)]
     pub(crate) warm_pool: usize,
+    /// Origins a dispatch's `agent_url` may point at, comma-separated
+    /// (`https://ws.example.com`); loopback origins only when unset.
+    #[arg(long, env = "ASBX_WORKSPACE_ORIGINS", value_delimiter = ',')]
+    pub(crate) workspace_origins: Vec<String>,
+    /// Internal address ranges (CIDR, comma-separated) sandboxes may reach
+    /// anyway, through the egress proxy and as HTTP MCP servers.
+    #[arg(long, env = "ASBX_ALLOW_INTERNAL", value_delimiter = ',')]
+    pub(crate) allow_internal: Vec<String>,
     /// Memory cap of one sandbox, in MiB.
     #[arg(long, env = "ASBX_SANDBOX_MEMORY_MB", default_value_t = 512)]
     pub(crate) memory_mb: u64,

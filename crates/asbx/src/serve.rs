@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use asbx_protocol::jail::{JailProfile, LayerReport, ResourceLimits};
-use asbx_runner::{Isolation, Runner, RunnerConfig};
+use asbx_protocol::jail::{IsolationProfile, JailProfile, LayerReport, ResourceLimits};
+use asbx_runner::{Runner, RunnerConfig};
 use asbx_workspace::{Workspace, WorkspaceConfig};
 use tokio::net::TcpListener;
 
@@ -18,7 +18,6 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Up(args) => {
             let data = absolute_data_dir(&args.data)?;
-            let runner = start_runner(&args.runner, &data)?;
             let runner_listener = TcpListener::bind("127.0.0.1:0")
                 .await
                 .context("binding the runner to a loopback port")?;
@@ -27,6 +26,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 format!("binding {} (set --listen or ASBX_LISTEN)", args.listen)
             })?;
             let addr = listener.local_addr()?;
+            // Sandboxes call this workspace back: its origin is the runner's.
+            let runner = start_runner(&args.runner, &data, Some(format!("http://{addr}")))?;
             let model = default_model(args.model.as_deref(), &args.runner);
             let mut config =
                 WorkspaceConfig::new(data.join("workspace"), format!("http://{addr}").parse()?);
@@ -55,7 +56,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Runner(args) => {
             let data = absolute_data_dir(&args.data)?;
-            let runner = start_runner(&args.runner, &data)?;
+            let runner = start_runner(&args.runner, &data, None)?;
+            runner.check_listen(args.listen)?;
             let listener = bind(args.listen).await?;
             print_line(&format!(
                 "asbx runner listening on http://{} (isolation: {})",
@@ -221,29 +223,42 @@ fn raise_nofile() {
     }
 }
 
-fn start_runner(opts: &RunnerOpts, data: &Path) -> anyhow::Result<Runner> {
+fn start_runner(
+    opts: &RunnerOpts,
+    data: &Path,
+    workspace_origin: Option<String>,
+) -> anyhow::Result<Runner> {
     raise_nofile();
     let exe = sandbox_exe()?;
-    let isolation = Isolation::from_name(&opts.profile).with_context(|| {
+    let isolation = IsolationProfile::parse(&opts.profile).with_context(|| {
         format!(
             "unknown profile {:?}: use strict, namespaces or unconfined",
             opts.profile
         )
     })?;
     match isolation {
-        Isolation::Jail(profile) => check_isolation(&exe, profile, &opts.profile)?,
-        Isolation::Unconfined => tracing::warn!(
+        IsolationProfile::Jail(profile) => check_isolation(&exe, profile, &opts.profile)?,
+        IsolationProfile::Unconfined => tracing::warn!(
             "isolation profile `unconfined`: sandboxes are NOT isolated from this host; use it for development only"
         ),
     }
-    if isolation != Isolation::Jail(JailProfile::Strict) {
+    if isolation != IsolationProfile::Jail(JailProfile::Strict) {
         tracing::warn!(
-            profile = isolation.name(),
+            profile = isolation.as_str(),
             "running with a weaker isolation profile"
         );
     }
     let mut config = RunnerConfig::new(exe, data.join("runner"));
     config.isolation = isolation;
+    config.workspace_origins = opts.workspace_origins.clone();
+    config.workspace_origins.extend(workspace_origin);
+    for range in &opts.allow_internal {
+        config.allow_internal.push(
+            asbx_runner::Cidr::parse(range).with_context(|| {
+                format!("ASBX_ALLOW_INTERNAL: {range:?} is not an address range")
+            })?,
+        );
+    }
     config.token = opts.token.clone();
     config.max_runtime = Duration::from_secs(opts.max_runtime_sec);
     config.runtime_grace = Duration::from_secs(opts.runtime_grace_sec);

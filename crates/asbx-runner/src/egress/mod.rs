@@ -305,7 +305,7 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
 }
 
 /// Why the proxy refused a request or could not serve it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum Refusal {
     #[error("host {0} is not in this sandbox's allowed hosts")]
     NotAllowed(String),

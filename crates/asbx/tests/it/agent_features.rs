@@ -29,7 +29,9 @@ fn finished_steps(lines: &[Line]) -> Vec<(String, StepStatus, String)> {
 
 #[tokio::test]
 async fn skills_and_mcp_servers_work_inside_the_jail() {
-    let runner = RunnerProc::start(&[]);
+    // The HTTP MCP server listens on loopback, which the gateway refuses
+    // unless the operator allows it.
+    let runner = RunnerProc::start(&[("ASBX_ALLOW_INTERNAL", "127.0.0.1/32")]);
     let http_mcp = McpHttpServer::start().await;
     let skill = Skill {
         name: "mcpkit".into(),

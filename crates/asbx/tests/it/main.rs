@@ -11,6 +11,7 @@ mod hostile;
 mod isolation;
 mod models;
 mod protocol2;
+mod runner_auth;
 mod startup;
 mod system;
 mod tidy;

@@ -1,6 +1,6 @@
 //! The agent's one error enum and its mapping to stable `error` line codes.
 
-use asbx_protocol::codes;
+use asbx_protocol::ErrorCode;
 
 use crate::providers::ModelError;
 
@@ -27,16 +27,16 @@ pub(crate) enum AgentError {
 
 impl AgentError {
     /// The stable `code` of the `error` line (CONTRACT section 2).
-    pub(crate) fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> ErrorCode {
         match self {
-            AgentError::OtpRejected(_) => codes::OTP_REJECTED,
-            AgentError::Bootstrap(_) => codes::BOOTSTRAP_FAILED,
-            AgentError::SetupFailed { .. } => codes::SETUP_FAILED,
+            AgentError::OtpRejected(_) => ErrorCode::OtpRejected,
+            AgentError::Bootstrap(_) => ErrorCode::BootstrapFailed,
+            AgentError::SetupFailed { .. } => ErrorCode::SetupFailed,
             AgentError::Model(e) => e.code(),
-            AgentError::StepLimit(_) => codes::STEP_LIMIT_EXCEEDED,
-            AgentError::ToolLimit(_) => codes::TOOL_LIMIT_EXCEEDED,
-            AgentError::DurationLimit(_) => codes::DURATION_LIMIT_EXCEEDED,
-            AgentError::Output(_) => codes::INTERNAL,
+            AgentError::StepLimit(_) => ErrorCode::StepLimitExceeded,
+            AgentError::ToolLimit(_) => ErrorCode::ToolLimitExceeded,
+            AgentError::DurationLimit(_) => ErrorCode::DurationLimitExceeded,
+            AgentError::Output(_) => ErrorCode::Internal,
         }
     }
 }

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use asbx_protocol::gateway::AgentBootstrap;
 use asbx_protocol::line::ResultLine;
-use asbx_protocol::{Event, LogLevel, codes};
+use asbx_protocol::{ErrorCode, Event, LogLevel};
 use tokio::io::AsyncWrite;
 
 pub use providers::{HttpSettings, RetryPolicy};
@@ -54,7 +54,7 @@ use crate::tools::process::CgroupRoot;
 use crate::tools::{Sources, ToolContext, Toolbox};
 
 /// The environment variable naming the model stall timeout in ms.
-pub const STALL_TIMEOUT_ENV: &str = "ASBX_MODEL_STALL_TIMEOUT_MS";
+pub(crate) const STALL_TIMEOUT_ENV: &str = "ASBX_MODEL_STALL_TIMEOUT_MS";
 
 /// Tunables that are not part of the bootstrap.
 #[derive(Debug, Clone, Default)]
@@ -64,7 +64,7 @@ pub struct AgentOptions {
 
 impl AgentOptions {
     /// Defaults, with [`STALL_TIMEOUT_ENV`] applied when set.
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         let mut o = AgentOptions::default();
         if let Some(ms) = std::env::var(STALL_TIMEOUT_ENV)
             .ok()
@@ -112,7 +112,7 @@ pub fn run_agent() -> ExitCode {
                 let emitter = Emitter::new(tokio::io::stdout(), Default::default());
                 let _ = emitter
                     .emit(&Event::error(
-                        codes::BOOTSTRAP_FAILED,
+                        ErrorCode::BootstrapFailed.as_str(),
                         format!("invalid bootstrap: {e}"),
                     ))
                     .await;
@@ -139,7 +139,7 @@ pub async fn run(
     let final_line = match outcome {
         Ok(text) => Event::Result(ResultLine { message: text }),
         Err(AgentError::Output(e)) => return Err(e),
-        Err(e) => Event::error(e.code(), e.to_string()),
+        Err(e) => Event::error(e.code().as_str(), e.to_string()),
     };
     if counters.model_calls > 0 {
         // Token counts for the runner's session_ended stats; best effort.

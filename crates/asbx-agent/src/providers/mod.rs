@@ -18,7 +18,7 @@ pub(crate) mod sse;
 
 use std::time::Duration;
 
-use asbx_protocol::codes;
+use asbx_protocol::ErrorCode;
 use asbx_protocol::gateway::{ProviderInfo, ProviderKind};
 use futures::future::BoxFuture;
 use serde::Serialize;
@@ -91,7 +91,7 @@ pub(crate) struct ModelTurn {
 
 /// Why a model call failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ModelError {
+pub(crate) enum ModelError {
     #[error("model provider error ({status}): {message}")]
     Status {
         status: u16,
@@ -116,21 +116,21 @@ pub enum ModelError {
 
 impl ModelError {
     /// The `error` line code for this failure.
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> ErrorCode {
         match self {
-            ModelError::Stalled(_) => codes::MODEL_TIMEOUT,
+            ModelError::Stalled(_) => ErrorCode::ModelTimeout,
             ModelError::Status { .. }
             | ModelError::Connect(_)
             | ModelError::StreamCut(_)
             | ModelError::Provider(_)
             | ModelError::Protocol(_)
             | ModelError::UnknownProvider(_)
-            | ModelError::BadModel(_) => codes::MODEL_ERROR,
+            | ModelError::BadModel(_) => ErrorCode::ModelError,
         }
     }
 
     /// Whether trying the same request again may succeed.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             ModelError::Status { status, .. } => *status == 429 || *status >= 500,
             ModelError::Connect(_) | ModelError::StreamCut(_) => true,

@@ -39,7 +39,7 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// The wait before retry number `retry` (1-based), without `Retry-After`.
-    pub fn backoff(&self, retry: u32) -> Duration {
+    pub(crate) fn backoff(&self, retry: u32) -> Duration {
         let exp = self
             .base_delay
             .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
@@ -52,7 +52,7 @@ impl RetryPolicy {
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or the bounds are hit.
-    pub async fn run<T, F, Fut>(&self, mut attempt: F) -> Result<T, ModelError>
+    pub(crate) async fn run<T, F, Fut>(&self, mut attempt: F) -> Result<T, ModelError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, ModelError>>,

@@ -281,11 +281,15 @@ pub(crate) async fn run(ctx: &ToolContext, step_id: &str, command: &str) -> Tool
         cut(&out.stdout, out.stdout_total, cap / 2),
         cut(&out.stderr, out.stderr_total, cap / 2),
     );
-    let display = json!({
+    let mut display = json!({
         "exitCode": out.exit_code,
         "stdout": cut(&out.stdout, out.stdout_total, DISPLAY_BYTES.min(cap / 2)),
         "stderr": cut(&out.stderr, out.stderr_total, DISPLAY_BYTES.min(cap / 2)),
     });
+    if let Some(sig) = out.signal {
+        // Killed by a signal (SIGKILL from the OOM killer, say): say which.
+        display["signal"] = json!(sig);
+    }
     ToolOutput {
         model_text,
         display: Ok(display),

@@ -15,4 +15,5 @@ mod runner_auth;
 mod startup;
 mod system;
 mod tidy;
+mod tool_kill;
 mod web_security;

@@ -503,3 +503,119 @@ async fn client_disconnect_cancels_the_agent_run_upstream() {
     assert_eq!(record["status"], "failed");
     assert_eq!(record["error"]["code"], "cancelled");
 }
+
+/// Task A: a stored agent that is accepted (`201`) runs with everything it
+/// was accepted with. A definition at the shared limits
+/// (`asbx_protocol::rules`) is stored, and what the sandbox's `/config`
+/// receives is that definition, passing the very checks the agent applies;
+/// definitions the agent would refuse are refused at the API with `400`
+/// naming the field, and nothing is stored.
+#[tokio::test]
+async fn an_accepted_agent_runs_with_everything_it_was_accepted_with() {
+    use asbx_protocol::callback::{McpServer, Skill};
+    use asbx_protocol::rules::{mcp, skills};
+
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+
+    // At the limits: the most skills; one with the most files; one with
+    // the largest file under the longest path; names of the longest length;
+    // the most MCP servers, stdio and HTTP.
+    let longest_path = format!("d/{}", "p".repeat(skills::MAX_PATH_BYTES - 2));
+    let mut at_limits: Vec<Value> = (0..skills::MAX_SKILLS)
+        .map(|i| json!({"name": format!("skill-{i}"), "description": "d", "files": {"SKILL.md": "# x"}}))
+        .collect();
+    at_limits[0]["name"] = "s".repeat(skills::MAX_NAME_BYTES).into();
+    at_limits[1]["files"] = (0..skills::MAX_FILES_PER_SKILL)
+        .map(|i| (format!("f/{i}.txt"), Value::from("x")))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    at_limits[2]["files"] = json!({ longest_path.clone(): "y".repeat(skills::MAX_FILE_BYTES) });
+    let servers: Vec<Value> = (0..mcp::MAX_SERVERS)
+        .map(|i| {
+            if i % 2 == 0 {
+                json!({"name": format!("stdio_{i}"), "command": "server", "args": ["--x"], "env": {"TOKEN_1": "v"}})
+            } else {
+                json!({"name": format!("http-{i}"), "url": "https://mcp.example.com/mcp"})
+            }
+        })
+        .collect();
+    let mut servers = servers;
+    servers[0]["name"] = "m".repeat(mcp::MAX_NAME_BYTES).into();
+    let definition = json!({"name": "at-limits", "skills": at_limits, "mcpServers": servers});
+    let created = create(&ws, &definition).await;
+    let id = created["id"].as_str().unwrap().to_owned();
+
+    let resp = run(&ws, &id, json!({"prompt": "go"})).await;
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    let config = runner
+        .callbacks()
+        .into_iter()
+        .find(|(route, _, _)| route == "config")
+        .expect("the sandbox fetched /config");
+    assert_eq!(config.1, 200);
+    let got_skills: Vec<Skill> = serde_json::from_value(config.2["skills"].clone()).unwrap();
+    let got_servers: Vec<McpServer> =
+        serde_json::from_value(config.2["mcp_servers"].clone()).unwrap();
+    let mut errors = Vec::new();
+    skills::check_skills(&got_skills, "skills", &mut errors);
+    mcp::check_servers(&got_servers, "mcpServers", &mut errors);
+    assert!(errors.is_empty(), "{errors:?}");
+    // Everything it was accepted with, nothing dropped on the way.
+    let sent_skills: Vec<Skill> = serde_json::from_value(definition["skills"].clone()).unwrap();
+    let sent_servers: Vec<McpServer> =
+        serde_json::from_value(definition["mcpServers"].clone()).unwrap();
+    assert_eq!(got_skills, sent_skills);
+    assert_eq!(got_servers, sent_servers);
+    assert_eq!(
+        got_skills[2].files[&longest_path].len(),
+        skills::MAX_FILE_BYTES
+    );
+
+    // What the agent would refuse, refused at the API, naming the field.
+    let long = "q".repeat(300);
+    let cases = [
+        (
+            json!({"name": "a", "skills": [{"name": ".hidden", "files": {}}]}),
+            "skills[0].name".to_owned(),
+        ),
+        (
+            json!({"name": "a", "skills": [{"name": "p", "files": { long.clone(): "x" }}]}),
+            format!("skills[0].files.{long}"),
+        ),
+        (
+            json!({"name": "a", "skills": [{"name": "big", "files": {"a.bin": "z".repeat(2 << 20)}}]}),
+            "skills[0].files.a.bin".to_owned(),
+        ),
+        (
+            json!({"name": "a", "skills": (0..=skills::MAX_SKILLS)
+                .map(|i| json!({"name": format!("s{i}")}))
+                .collect::<Vec<_>>()}),
+            "skills".to_owned(),
+        ),
+        (
+            json!({"name": "a", "mcpServers": [{"name": "dot.name", "url": "https://x.example/mcp"}]}),
+            "mcpServers[0].name".to_owned(),
+        ),
+    ];
+    for (body, field) in cases {
+        let resp = client()
+            .post(ws.url("/api/agents"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let p = problem(resp, 400).await;
+        assert_eq!(fields(&p), vec![field], "{p}");
+    }
+    let list: Value = client()
+        .get(ws.url("/api/agents"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["agents"].as_array().unwrap().len(), 1);
+}

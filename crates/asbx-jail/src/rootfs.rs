@@ -43,8 +43,10 @@ const BASE: &str = "/tmp";
 const SYSTEM: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32"];
 
 /// `/etc` entries taken from the host: files are copied, folders bound
-/// read-only, symlinks recreated. Nothing else of the host's `/etc` is visible.
-const ETC: [&str; 30] = [
+/// read-only, symlinks recreated. Nothing else of the host's `/etc` is
+/// visible. Deliberately absent: `environment`, `profile.d` and `gitconfig`,
+/// where operators put proxies, tokens and credential helpers.
+const ETC: [&str; 27] = [
     "nsswitch.conf",
     "ld.so.cache",
     "ld.so.conf",
@@ -53,9 +55,7 @@ const ETC: [&str; 30] = [
     "timezone",
     "bash.bashrc",
     "profile",
-    "profile.d",
     "inputrc",
-    "environment",
     "mime.types",
     "protocols",
     "services",
@@ -74,7 +74,6 @@ const ETC: [&str; 30] = [
     "alternatives",
     "python3",
     "python3.11",
-    "gitconfig",
 ];
 
 /// `/proc` entries remounted read-only.
@@ -249,8 +248,11 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), JailError> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| sys("chmod", path, e))
 }
 
+/// Write a root-owned file of the sandbox root, mode 0644 (init runs with
+/// umask 0, and the root is remounted read-only only afterwards).
 fn write_file(path: &Path, content: &str) -> Result<(), JailError> {
-    fs::write(path, content).map_err(|e| sys("write", path, e))
+    fs::write(path, content).map_err(|e| sys("write", path, e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(|e| sys("chmod", path, e))
 }
 
 /// Build the sandbox root and enter it. Ends with the cwd at `/work`, the
@@ -295,16 +297,16 @@ pub(crate) fn build(plan: &RootPlan) -> Result<(), JailError> {
     };
     let work = Path::new(WORKDIR_IN_JAIL);
     mkdir(work, 0o755)?;
+    // Owner set by chown, not by mount options, which `/proc/self/mountinfo`
+    // would show: the sandbox need not learn its host uid range.
     tmpfs(
         work,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!(
-            "{},mode=2775,uid={},gid={}",
-            size("size=50%"),
-            plan.work_uid,
-            plan.work_gid
-        ),
+        &format!("{},mode=2775", size("size=50%")),
     )?;
+    lchown(work, Some(plan.work_uid), Some(plan.work_gid)).map_err(|e| sys("chown", work, e))?;
+    fs::set_permissions(work, fs::Permissions::from_mode(0o2775))
+        .map_err(|e| sys("chmod", work, e))?;
     copy_tree(&old(&plan.workdir), work, plan.work_uid, plan.work_gid, 0)?;
 
     let tmp = Path::new("/tmp");
@@ -391,7 +393,9 @@ fn make_mount_point(target: &Path, is_dir: bool, root_dev: u64) -> Result<(), Ja
     } else {
         fs::File::create(target)
             .map(drop)
-            .map_err(|e| sys("create", target, e))
+            .map_err(|e| sys("create", target, e))?;
+        fs::set_permissions(target, fs::Permissions::from_mode(0o644))
+            .map_err(|e| sys("chmod", target, e))
     }
 }
 
@@ -431,6 +435,8 @@ fn build_etc() -> Result<(), JailError> {
             bind(&host, &dst, false)?;
         } else if meta.is_file() {
             fs::copy(&host, &dst).map_err(|e| sys("copy", &host, e))?;
+            fs::set_permissions(&dst, fs::Permissions::from_mode(0o644))
+                .map_err(|e| sys("chmod", &dst, e))?;
         }
     }
     Ok(())
@@ -492,6 +498,12 @@ fn build_dev(plan: &RootPlan) -> Result<(), JailError> {
     )
 }
 
+/// A fresh `/proc` with `hidepid=invisible` (2): each uid of the sandbox
+/// sees only its own processes (a tool can't read the agent's or an MCP
+/// server's command line or environment, nor even see them exist). No `gid=`
+/// exemption: the agent and its tools share gid 1000, so it would exempt
+/// the tools too. The agent finds its tools' pids in the child cgroups'
+/// `cgroup.procs` instead, and signals them with `CAP_KILL`.
 fn build_proc() -> Result<(), JailError> {
     let proc_ = Path::new("/proc");
     mkdir(proc_, 0o555)?;
@@ -500,7 +512,7 @@ fn build_proc() -> Result<(), JailError> {
         proc_,
         Some("proc"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None,
+        Some("hidepid=invisible"),
     )?;
     for name in PROC_READ_ONLY {
         let p = proc_.join(name);

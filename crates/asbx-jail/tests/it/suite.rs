@@ -83,6 +83,7 @@ pub fn cases() -> Vec<Case> {
             "tool_memory_hog_dies_agent_survives",
             tool_memory_hog_dies_agent_survives,
         ),
+        ("no_secrets_from_etc_or_proc", no_secrets_from_etc_or_proc),
     ]
 }
 
@@ -1013,5 +1014,55 @@ echo agent alive
         out.stdout == "tool_exit=247\nhog lived\ncontrol_exit=0\nagent alive\n",
         format!("{out:?}"),
     )?;
+    pass()
+}
+
+/// Item 8 of issue 13: root files are 0644 (not writable by anyone before
+/// the read-only remount made it moot), the host's `/etc/environment`,
+/// `/etc/gitconfig` and `/etc/profile.d` stay outside, mount options don't
+/// show the host uid range, and `/proc` hides
+/// other uids' processes: a tool can't see init or the agent, let alone read
+/// the agent's environment, while the agent (positive control) sees and
+/// reads itself.
+fn no_secrets_from_etc_or_proc() -> R {
+    const SCRIPT: &str = r#"
+stat -L -c '%a %n' /etc/passwd /etc/group /etc/hosts /etc/hostname /etc/nsswitch.conf
+for f in /etc/environment /etc/gitconfig /etc/profile.d; do test -e $f && echo "leak $f"; done
+grep -E '[ ,](uid|gid)=[0-9]{5}' /proc/self/mountinfo | sed 's/^/leak /'
+echo agent_sees_self=$(test -e /proc/$$ && echo yes)
+echo agent_reads_self=$(grep -c ASBX_IT_MARKER /proc/$$/environ)
+python3 /work/as_tool.py /bin/bash -c "
+echo tool_sees_init=\$(test -e /proc/1 && echo yes || echo no)
+echo tool_sees_agent=\$(test -e /proc/$$ && echo yes || echo no)
+echo tool_reads_agent=\$(cat /proc/$$/environ 2>/dev/null | grep -c ASBX_IT_MARKER)
+echo tool_pids=\$(ls /proc | grep -c '^[0-9]')
+"
+"#;
+    let sbx = Sbx::new(SCRIPT);
+    with_tool_helper(&sbx);
+    let out = sbx.run().ok()?;
+    let want = "644 /etc/passwd\n644 /etc/group\n644 /etc/hosts\n644 /etc/hostname\n\
+                644 /etc/nsswitch.conf\nagent_sees_self=yes\nagent_reads_self=1\n\
+                tool_sees_init=no\ntool_sees_agent=no\ntool_reads_agent=0\n";
+    ensure(out.stdout.starts_with(want), format!("{out:?}"))?;
+    // The tool sees its own (bash, the substitution's subshell, ls, grep), never
+    // init, the agent or the helper that started it.
+    let tool_pids: u32 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tool_pids="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    ensure(
+        (1..=4).contains(&tool_pids),
+        format!("tool sees {tool_pids} pids: {out:?}"),
+    )?;
+    let host_has = ["/etc/environment", "/etc/gitconfig", "/etc/profile.d"]
+        .iter()
+        .filter(|f| std::path::Path::new(f).exists())
+        .count();
+    if host_has == 0 {
+        println!("    (host has none of /etc/environment, gitconfig, profile.d: absence only)");
+    }
     pass()
 }

@@ -16,8 +16,14 @@ use crate::cli::{Command, RunnerOpts};
 
 pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Up(args) => {
+        Command::Up(mut args) => {
             let data = absolute_data_dir(&args.data)?;
+            // The runner is never open to every local process: without an
+            // operator's token, `up` makes a fresh one that only its own
+            // workspace holds.
+            args.runner
+                .token
+                .get_or_insert_with(|| hex::encode(rand::random::<[u8; 32]>()));
             let runner_listener = TcpListener::bind("127.0.0.1:0")
                 .await
                 .context("binding the runner to a loopback port")?;

@@ -547,3 +547,10 @@ impl Drop for UpProc {
         stop(&mut self.child);
     }
 }
+
+impl UpProc {
+    /// The `asbx up` process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}

@@ -182,3 +182,76 @@ async fn asbx_run_shows_escape_sequences_from_the_model_escaped() {
         }
     }
 }
+
+/// TCP ports process `pid` listens on (its socket inodes matched against
+/// `/proc/net/tcp`).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            l.to_string_lossy()
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .map(str::to_owned)
+        })
+        .collect();
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let listening = f.get(3) == Some(&"0A");
+            let port = f.get(1)?.rsplit(':').next()?;
+            (listening && inodes.iter().any(|i| Some(&i.as_str()) == f.get(9)))
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn asbx_ups_runner_takes_only_its_own_workspaces_token() {
+    let up = UpProc::start(&[]);
+    let ws_port: u16 = up.url.rsplit(':').next().unwrap().parse().unwrap();
+    let runner_port = listening_ports(up.pid())
+        .into_iter()
+        .find(|p| *p != ws_port)
+        .expect("the runner's loopback port");
+    let client = reqwest::Client::new();
+    let runner = format!("http://127.0.0.1:{runner_port}");
+    for (method, path) in [("GET", "/v1/sessions"), ("POST", "/stream")] {
+        let status = client
+            .request(method.parse().unwrap(), format!("{runner}{path}"))
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 401, "{path} without the token");
+    }
+    let status = client
+        .get(format!("{runner}/v1/sessions"))
+        .bearer_auth("a-guess")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 401, "a wrong token");
+    // Positive control: the workspace holds the token, so its runs go through.
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({ "prompt": script(json!([{"say": "through"}])) }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let lines: Vec<_> = LineDecoder::default()
+        .push(&res.bytes().await.unwrap())
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect();
+    assert!(matches!(terminal(&lines), Event::Result(r) if r.message == "through"));
+}

@@ -2,22 +2,27 @@
 //! streams what the agent in it does as NDJSON.
 //!
 //! - [`Runner::new`] takes a [`RunnerConfig`]; [`Runner::router`] serves it.
-//! - `routes` holds the thin HTTP handlers; `drive` is the per-dispatch task;
-//!   `gateway` is the sandbox's only way out; `sandbox` starts the jail.
+//! - `routes` holds the thin HTTP handlers (auth is the `auth` extractor);
+//!   `dispatch` owns a dispatch's start, socket binding and teardown;
+//!   `drive` is the per-dispatch task; `session` the registry and the
+//!   response-body guards; `gateway` is the sandbox's only way out; `egress`
+//!   its proxy; `sandbox` starts the jail.
 
-pub mod config;
+mod auth;
+mod config;
+mod dispatch;
 mod drive;
 mod egress;
 /// The egress proxy's pure parsing, for the fuzz targets.
 #[doc(hidden)]
 pub use egress::parse as egress_parse;
-pub mod error;
+mod error;
 mod gateway;
 mod limit;
 mod pool;
 mod resume;
 mod routes;
-pub mod sandbox;
+mod sandbox;
 mod session;
 mod stamp;
 mod stderr;

@@ -24,9 +24,9 @@ use serde::Deserialize;
 use tokio::sync::watch;
 
 use crate::Inner;
+use crate::auth::Authorized;
 use crate::error::RunnerError;
-use crate::routes::{SessionGuard, check_token};
-use crate::session::{AnswerError, Backlog, LoggedLine, Session, ToolAnswer};
+use crate::session::{AnswerError, Backlog, LoggedLine, Session, SessionGuard, ToolAnswer};
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct EventsQuery {
@@ -45,12 +45,12 @@ fn v2_session(inner: &Inner, id: String) -> Result<Arc<Session>, RunnerError> {
 }
 
 pub(crate) async fn events(
+    _: Authorized,
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> Result<Response, RunnerError> {
-    check_token(&inner, &headers)?;
     let session = v2_session(&inner, id)?;
     let sse = headers
         .get(header::ACCEPT)
@@ -160,12 +160,11 @@ struct ToolResultBody {
 }
 
 pub(crate) async fn tool_result(
+    _: Authorized,
     State(inner): State<Arc<Inner>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, RunnerError> {
-    check_token(&inner, &headers)?;
     let session = v2_session(&inner, id)?;
     let parsed: ToolResultBody = serde_json::from_slice(&body).map_err(|e| {
         RunnerError::InvalidRequest(vec![FieldError::new("", format!("invalid body: {e}"))])

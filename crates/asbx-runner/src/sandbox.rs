@@ -17,25 +17,25 @@ use tokio::process::Command;
 use crate::error::RunnerError;
 
 /// Where the `asbx` binary appears inside a jail.
-pub const EXE_IN_JAIL: &str = "/opt/asbx/bin/asbx";
+pub(crate) const EXE_IN_JAIL: &str = "/opt/asbx/bin/asbx";
 /// The gateway socket's file name, inside the run folder.
-pub const GATEWAY_SOCKET: &str = "gateway.sock";
+pub(crate) const GATEWAY_SOCKET: &str = "gateway.sock";
 /// The egress proxy socket's file name, inside the run folder.
-pub const PROXY_SOCKET: &str = "proxy.sock";
+pub(crate) const PROXY_SOCKET: &str = "proxy.sock";
 
 /// The host folders of one session.
 #[derive(Debug, Clone)]
-pub struct SessionDirs {
-    pub root: PathBuf,
+pub(crate) struct SessionDirs {
+    pub(crate) root: PathBuf,
     /// The working directory (`/work` in a jail).
-    pub work: PathBuf,
+    pub(crate) work: PathBuf,
     /// Holds the gateway socket (`/run/asbx` in a jail).
-    pub run: PathBuf,
+    pub(crate) run: PathBuf,
 }
 
 impl SessionDirs {
     /// Creates `parent/name/{work,run}`.
-    pub fn create(parent: &Path, name: &str) -> Result<Self, RunnerError> {
+    pub(crate) fn create(parent: &Path, name: &str) -> Result<Self, RunnerError> {
         let root = parent.join(name);
         let dirs = SessionDirs {
             work: root.join("work"),
@@ -48,16 +48,16 @@ impl SessionDirs {
         Ok(dirs)
     }
 
-    pub fn gateway_socket(&self) -> PathBuf {
+    pub(crate) fn gateway_socket(&self) -> PathBuf {
         self.run.join(GATEWAY_SOCKET)
     }
 
-    pub fn proxy_socket(&self) -> PathBuf {
+    pub(crate) fn proxy_socket(&self) -> PathBuf {
         self.run.join(PROXY_SOCKET)
     }
 
     /// Removes everything; errors are logged, not raised (teardown goes on).
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         if let Err(e) = std::fs::remove_dir_all(&self.root)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -68,31 +68,31 @@ impl SessionDirs {
 
 /// What a sandbox needs to start.
 #[derive(Debug)]
-pub struct SandboxSpec<'a> {
+pub(crate) struct SandboxSpec<'a> {
     /// Unique among live sandboxes; names the cgroups (`asbx-<name>`).
-    pub name: &'a str,
-    pub dirs: &'a SessionDirs,
-    pub host_uid: u32,
-    pub resources: &'a ResourceLimits,
-    pub env: &'a [(String, String)],
+    pub(crate) name: &'a str,
+    pub(crate) dirs: &'a SessionDirs,
+    pub(crate) host_uid: u32,
+    pub(crate) resources: &'a ResourceLimits,
+    pub(crate) env: &'a [(String, String)],
 }
 
 /// A ready-to-spawn command and what the agent must be told about its world.
 #[derive(Debug)]
-pub struct Prepared {
-    pub command: Command,
+pub(crate) struct Prepared {
+    pub(crate) command: Command,
     /// The gateway socket path as the agent sees it.
-    pub gateway_socket: String,
+    pub(crate) gateway_socket: String,
     /// The egress proxy socket path as the agent sees it.
-    pub proxy_socket: String,
+    pub(crate) proxy_socket: String,
     /// The working directory as the agent sees it.
-    pub workdir: String,
+    pub(crate) workdir: String,
     /// Uid and gid for tools, when the sandbox provides a separate one.
-    pub tool_user: Option<(u32, u32)>,
+    pub(crate) tool_user: Option<(u32, u32)>,
 }
 
 /// One way of isolating a dispatch.
-pub trait Sandbox: Send + Sync + std::fmt::Debug {
+pub(crate) trait Sandbox: Send + Sync + std::fmt::Debug {
     /// The profile reported on start and in `/healthz`.
     fn profile(&self) -> IsolationProfile;
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError>;
@@ -113,9 +113,9 @@ fn base_command(program: &Path) -> Command {
 
 /// Every layer, through `asbx jail`.
 #[derive(Debug)]
-pub struct Jailed {
-    pub exe: PathBuf,
-    pub profile: JailProfile,
+pub(crate) struct Jailed {
+    pub(crate) exe: PathBuf,
+    pub(crate) profile: JailProfile,
 }
 
 impl Sandbox for Jailed {
@@ -201,8 +201,8 @@ fn remove_leftover_cgroups(name: &str) {
 
 /// No isolation: a plain child process in the working directory.
 #[derive(Debug)]
-pub struct Unconfined {
-    pub exe: PathBuf,
+pub(crate) struct Unconfined {
+    pub(crate) exe: PathBuf,
 }
 
 impl Sandbox for Unconfined {

@@ -400,6 +400,52 @@ impl Sessions {
     }
 }
 
+// The response-body guards: what a client going away does to its session.
+
+/// What dropping the response body (client gone) does to the session.
+pub(crate) struct CancelOnDrop(pub(crate) Arc<Session>);
+
+impl CancelOnDrop {
+    pub(crate) fn into_guard(self) -> SessionGuard {
+        if self.0.protocol == asbx_protocol::Protocol::V2 {
+            self.0.attach();
+        }
+        SessionGuard(Some(self.0))
+    }
+}
+
+/// Protocol 1: cancels at once. Protocol 2: detaches; the session lives on
+/// for its detach grace so a client can resume from `/events`.
+pub(crate) struct SessionGuard(pub(crate) Option<Arc<Session>>);
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            match s.protocol {
+                asbx_protocol::Protocol::V1 => s.cancel(CancelCause::ClientGone),
+                asbx_protocol::Protocol::V2 => s.detach(),
+            }
+        }
+    }
+}
+
+/// The response body: the drive task's chunks, cancelling on drop.
+pub(crate) struct GuardedStream {
+    pub(crate) rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    pub(crate) _guard: SessionGuard,
+}
+
+impl futures::Stream for GuardedStream {
+    type Item = Result<bytes::Bytes, std::convert::Infallible>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|o| o.map(Ok))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

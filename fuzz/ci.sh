@@ -7,6 +7,7 @@
 #
 #   fuzz/ci.sh                 # build + 5 s per target
 #   FUZZ_SECONDS=600 fuzz/ci.sh agent_line   # longer, one target
+#   FUZZ_ARGS=-runs=10000000 fuzz/ci.sh ...    # more libFuzzer flags (later ones win)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,7 +46,8 @@ for t in "${targets[@]}"; do
     mkdir -p "artifacts/$t"
     log="$(mktemp)"
     if "$bin" "$work" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
-        -rss_limit_mb=1024 -artifact_prefix="artifacts/$t/" -print_final_stats=1 >"$log" 2>&1; then
+        -rss_limit_mb=1024 -artifact_prefix="artifacts/$t/" -print_final_stats=1 \
+        ${FUZZ_ARGS:-} >"$log" 2>&1; then
         status=ok
     else
         status=CRASH
@@ -53,7 +55,7 @@ for t in "${targets[@]}"; do
         tail -n 40 "$log" >&2
     fi
     runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")"
-    cov="$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)"
+    cov="$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2 || true)"
     printf 'fuzz %-18s %-5s executions=%s coverage=%s seconds=%s\n' "$t" "$status" "${runs:-?}" "${cov:-?}" "$seconds"
     rm -rf "$work" "$log"
 done

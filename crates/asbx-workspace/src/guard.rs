@@ -26,9 +26,9 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use crate::AppState;
 use crate::config::WorkspaceConfig;
 use crate::error::{ProblemCode, WorkspaceError, problem_response};
-use crate::state::AppState;
 
 /// Most bytes of a non-problem error body kept as the problem's `detail`.
 const MAX_DETAIL_BYTES: usize = 1024;

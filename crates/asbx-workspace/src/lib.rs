@@ -16,7 +16,6 @@ mod error;
 mod guard;
 mod http;
 mod pages;
-mod state;
 mod store;
 mod tokens;
 mod validate;
@@ -36,9 +35,17 @@ use std::sync::Arc;
 pub use config::{Clock, ManualClock, SystemClock, WorkspaceConfig};
 pub use error::WorkspaceError;
 
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::routing::{get, post};
+
+use crate::callbacks::writeback::MAX_RESULTS_BODY;
+use crate::chats::live::TurnHub;
 use crate::files::blobs::BlobStore;
+use crate::guard::Authority;
+use crate::http::MAX_JSON_BODY;
 use crate::runs::dispatch::Dispatcher;
-use crate::state::AppState;
 use crate::store::Store;
 
 /// The workspace every request without other credentials belongs to.
@@ -79,7 +86,7 @@ impl Workspace {
         }
         let state = AppState {
             dispatcher: Dispatcher::new(config.runner_token.as_deref())?,
-            authority: guard::Authority::from_config(&config),
+            authority: Authority::from_config(&config),
             config,
             store,
             blobs,
@@ -92,7 +99,7 @@ impl Workspace {
 
     /// The HTTP routes.
     pub fn router(&self) -> axum::Router {
-        http::router(Arc::clone(&self.state))
+        router(Arc::clone(&self.state))
     }
 
     pub fn config(&self) -> &WorkspaceConfig {
@@ -125,4 +132,92 @@ impl Workspace {
         .await?;
         Ok(key.plaintext)
     }
+}
+
+/// The state every handler shares, passed explicitly as `Arc<AppState>`.
+/// It lives here, at the root, because it holds a part of several features
+/// (the runner client, the live chat turns, the blob folder): the features
+/// use it, it uses them, and no feature module depends on another through it.
+#[derive(Debug)]
+pub(crate) struct AppState {
+    pub(crate) config: WorkspaceConfig,
+    pub(crate) store: Store,
+    pub(crate) blobs: BlobStore,
+    pub(crate) dispatcher: Dispatcher,
+    pub(crate) turns: TurnHub,
+    /// The `Host`s and origins this server answers to.
+    pub(crate) authority: Authority,
+}
+
+impl AppState {
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.config.clock.now_ms()
+    }
+}
+
+/// The router over every feature's handlers (here, above the features, so
+/// no feature depends on another through it), with the guards of
+/// [`guard`] around all of it.
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/", get(pages::index))
+        .route("/assets/app.js", get(pages::app_js))
+        .route("/assets/app.css", get(pages::app_css))
+        .route("/healthz", get(pages::healthz))
+        .route("/api/runs", post(runs::api::create))
+        .route(
+            "/api/agents",
+            get(agents::api::list).post(agents::api::create),
+        )
+        .route(
+            "/api/agents/{id}",
+            get(agents::api::get)
+                .put(agents::api::update)
+                .delete(agents::api::delete),
+        )
+        .route("/api/agents/{id}/runs", post(agents::api::run))
+        .route("/api/runs/{id}", get(runs::api::get))
+        .route(
+            "/api/files/{id}",
+            get(files::api::download).delete(files::api::delete),
+        )
+        .route(
+            "/api/session",
+            get(auth::api::current)
+                .post(auth::api::sign_in)
+                .delete(auth::api::sign_out),
+        )
+        .route("/api/assistant/chat/stream", post(chats::api::turn))
+        .route("/api/assistant/chats", get(chats::api::list))
+        .route(
+            "/api/assistant/chats/{id}",
+            get(chats::api::detail).delete(chats::api::delete),
+        )
+        .route("/api/assistant/chats/{id}/stream", get(chats::api::resume))
+        .route("/api/assistant/chats/{id}/cancel", post(chats::api::cancel))
+        .route(
+            "/api/assistant/files",
+            post(chats::api::upload).layer(DefaultBodyLimit::max(chats::view::MAX_UPLOAD_BYTES)),
+        )
+        .route(
+            "/api/assistant/sandbox/{session_id}/env",
+            get(callbacks::api::env),
+        )
+        .route(
+            "/api/assistant/sandbox/{session_id}/config",
+            get(callbacks::api::config),
+        )
+        .route(
+            "/api/assistant/sandbox/{session_id}/results",
+            post(callbacks::api::results).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
+        )
+        .fallback(pages::not_found)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard::host_and_origin,
+        ))
+        .layer(middleware::map_response(guard::problem_errors))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
 }

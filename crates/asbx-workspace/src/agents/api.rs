@@ -8,11 +8,11 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 
+use crate::AppState;
 use crate::agents;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
-use crate::state::AppState;
 use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, AgentRunRequest};
 
 pub(crate) async fn create(

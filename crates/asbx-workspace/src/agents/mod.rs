@@ -18,10 +18,10 @@ pub(crate) mod store;
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
 use url::Url;
 
+use crate::AppState;
 use crate::agents::store::{self as agent_store, AgentRow};
 use crate::error::WorkspaceError;
 use crate::runs::dispatch::RunSpec;
-use crate::state::AppState;
 use crate::tokens;
 use crate::validate::{self, SANDBOX_URL_VARIABLE};
 use crate::wire::{AgentDefinition, AgentRecord, AgentRunRequest, RunKind};

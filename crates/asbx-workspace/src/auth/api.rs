@@ -8,11 +8,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::AppState;
 use crate::auth::store as keys;
 use crate::auth::{self, Caller};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
-use crate::state::AppState;
 use crate::tokens;
 use crate::wire::{SessionInfo, SignIn};
 

@@ -15,9 +15,9 @@ use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 
+use crate::AppState;
 use crate::auth::store as keys;
 use crate::error::WorkspaceError;
-use crate::state::AppState;
 use crate::tokens;
 
 /// Prefix of workspace API keys.

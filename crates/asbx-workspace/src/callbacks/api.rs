@@ -9,11 +9,11 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 
+use crate::AppState;
 use crate::callbacks;
 use crate::callbacks::writeback::{self, MAX_RESULTS_BODY};
 use crate::error::WorkspaceError;
 use crate::http::require_json;
-use crate::state::AppState;
 use crate::tokens::{TokenKind, bearer};
 
 pub(crate) async fn env(

@@ -10,9 +10,9 @@ pub(crate) mod writeback;
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
 use serde::de::DeserializeOwned;
 
+use crate::AppState;
 use crate::error::WorkspaceError;
 use crate::runs::store as runs;
-use crate::state::AppState;
 use crate::tokens::store as token_store;
 use crate::tokens::{self, TokenKind};
 

@@ -11,10 +11,10 @@ use asbx_protocol::callback::{ResultsRequest, ResultsResponse, StoredFile};
 use base64::Engine as _;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
+use crate::AppState;
 use crate::error::WorkspaceError;
 use crate::files::store::{self as files, FileOrigin, FileRow};
 use crate::runs::store as runs;
-use crate::state::AppState;
 use crate::tokens::store as token_store;
 use crate::tokens::{self, TokenKind};
 use crate::validate;

@@ -13,6 +13,7 @@ use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
+use crate::AppState;
 use crate::auth::Caller;
 use crate::chats::live::{self as turns, KEEP_ALIVE, LiveTurn};
 use crate::chats::store as chats;
@@ -20,7 +21,6 @@ use crate::chats::turn::{self as chat, TurnStart};
 use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
-use crate::state::AppState;
 use crate::wire::{
     CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatSummary, FileInfo, TURN_ID_HEADER, TurnRequest,
 };

@@ -21,12 +21,12 @@ use futures::{Stream, StreamExt as _};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::AppState;
 use crate::chats::messages::TraceBuilder;
 use crate::chats::store as chats;
 use crate::runs::dispatch;
 use crate::runs::relay::OutcomeTap;
 use crate::runs::store::Outcome;
-use crate::state::AppState;
 use crate::tokens;
 use crate::wire::{Done, PersistedMessage, TurnInfo, TurnStatus};
 

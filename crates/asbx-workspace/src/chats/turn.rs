@@ -11,13 +11,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 
+use crate::AppState;
 use crate::chats::live::{self as turns, LeaseGuard, LiveTurn, TurnContext};
 use crate::chats::store as chats;
 use crate::error::WorkspaceError;
 use crate::files::ascii_file_name;
 use crate::files::store::{self as files, FileRow};
 use crate::runs::dispatch::{self, RunSpec, Started};
-use crate::state::AppState;
 use crate::tokens;
 use crate::validate;
 use crate::wire::{ContentBlock, FileAttachment, PersistedMessage, RunKind, TurnRequest};

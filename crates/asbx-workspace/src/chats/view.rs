@@ -1,11 +1,11 @@
 //! Read side of chats: the list, one chat with its thread and bag; and
 //! uploads to a bag.
 
+use crate::AppState;
 use crate::chats::store::{self as chats, ChatRow};
 use crate::error::WorkspaceError;
 use crate::files::file_info;
 use crate::files::store::{self as files, FileOrigin, FileRow};
-use crate::state::AppState;
 use crate::tokens;
 use crate::validate;
 use crate::wire::{ChatDetail, ChatSummary, FileInfo};

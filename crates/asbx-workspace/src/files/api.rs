@@ -8,11 +8,11 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use tokio_util::io::ReaderStream;
 
+use crate::AppState;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::files::ascii_file_name;
 use crate::files::store as files;
-use crate::state::AppState;
 
 pub(crate) async fn download(
     State(state): State<Arc<AppState>>,

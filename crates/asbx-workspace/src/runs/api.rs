@@ -8,12 +8,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::AppState;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
 use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::runs::{relay, request as run_request, view as runs_view};
-use crate::state::AppState;
 use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
 
 pub(crate) async fn create(

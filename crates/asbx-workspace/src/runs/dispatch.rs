@@ -13,9 +13,9 @@ use axum::http::{HeaderValue, StatusCode};
 use bytes::{Bytes, BytesMut};
 use url::Url;
 
+use crate::AppState;
 use crate::error::WorkspaceError;
 use crate::runs::store::{self as runs, NewRun, Outcome};
-use crate::state::AppState;
 use crate::tokens::store as token_store;
 use crate::tokens::{self, OTP_PREFIX, TokenKind};
 use crate::wire::RunKind;

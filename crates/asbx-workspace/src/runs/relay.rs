@@ -15,9 +15,9 @@ use axum::body::Body;
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 
+use crate::AppState;
 use crate::runs::dispatch;
 use crate::runs::store::Outcome;
-use crate::state::AppState;
 
 /// Learns a run's outcome from its lines.
 #[derive(Debug, Default)]

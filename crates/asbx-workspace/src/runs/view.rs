@@ -1,10 +1,10 @@
 //! The public view of a run: its row and the files it wrote back.
 
+use crate::AppState;
 use crate::error::WorkspaceError;
 use crate::files::file_info;
 use crate::files::store as files;
 use crate::runs::store as runs;
-use crate::state::AppState;
 use crate::wire::{RunError, RunRecord};
 
 /// Loads a run of `workspace_id`; another workspace's run is not found.

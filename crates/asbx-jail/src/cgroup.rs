@@ -108,23 +108,6 @@ impl Layout {
             ))
         }
     }
-
-    /// The per-sandbox directories for `name`, one per hierarchy.
-    pub(crate) fn dirs(&self, name: &str) -> Vec<PathBuf> {
-        match self {
-            Layout::V1 {
-                memory,
-                pids,
-                cpu,
-                freezer,
-            } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
-                .into_iter()
-                .flatten()
-                .map(|h| h.join(PARENT).join(name))
-                .collect(),
-            Layout::V2 { root } => vec![root.join(PARENT).join(name)],
-        }
-    }
 }
 
 // The statfs type is a c_long whose width varies by platform.
@@ -454,17 +437,6 @@ pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), Jail
         )),
         false => Ok(()),
     }
-}
-
-/// Remove the cgroups of sandbox `name`, killing what is left in them. For
-/// the runner to call after a supervisor was SIGKILLed (it could not clean up).
-pub fn remove_leftover_cgroups(name: &str) -> Result<(), JailError> {
-    if !valid_name(name) {
-        return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
-    }
-    let layout = Layout::detect(Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
-    let dirs = layout.dirs(name);
-    destroy_dirs(&layout, &dirs)
 }
 
 #[cfg(test)]

@@ -40,9 +40,6 @@ use asbx_protocol::jail::{
     HOST_IDS_PER_SANDBOX, JailPolicy, JailProfile, LayerReport, TOOL_CGROUP_IN_JAIL,
 };
 
-pub use asbx_protocol::jail::{AGENT_GID, AGENT_UID, TOOL_GID, TOOL_UID};
-pub use cgroup::remove_leftover_cgroups;
-
 /// Everything that can go wrong building or running a sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum JailError {
@@ -85,7 +82,9 @@ pub enum JailError {
 ///   `/run/asbx/bin/asbx` inside the bound run folder, or on its own path;
 /// - call [`seal_agent`] first thing in `asbx agent`;
 /// - after a supervisor was SIGKILLed, its cleanup guard removes the
-///   cgroups; [`remove_leftover_cgroups`] is there if the guard was killed too.
+///   cgroups; if the guard was killed too, the runner removes what is left
+///   under `/sys/fs/cgroup/*/asbx/<cgroup>`, child cgroups (`tools`, `mcp`)
+///   first.
 pub fn run_jail(policy: &JailPolicy) -> Result<i32, JailError> {
     supervisor::run(policy)
 }
@@ -123,7 +122,7 @@ pub(crate) struct Plan {
 }
 
 /// The lowest host uid a sandbox may be mapped to.
-pub const MIN_HOST_UID: u32 = 10_000;
+const MIN_HOST_UID: u32 = 10_000;
 
 fn cstring(s: &str, what: &str) -> Result<CString, JailError> {
     CString::new(s).map_err(|_| JailError::Policy(format!("{what} contains a NUL byte")))

@@ -1,14 +1,16 @@
 //! A timed-out tool dies with everything it started, inside a real jail
 //! (issue 13, item 5), and a tool that outgrows the tools cgroup's memory is
-//! killed alone: the agent survives and the turn ends normally.
+//! killed alone: the agent survives and the turn ends normally. A stdio MCP
+//! server runs as its own uid, so a tool can't read its environment (item 8).
 //!
 //! These depend on the jail's child cgroups (`tools`, `mcp` under
 //! `/run/asbx-cgroup`, cgroup v1 with the freezer) and on the agent keeping
 //! `CAP_KILL`.
 
-use asbx_protocol::callback::{ConfigResponse, RunLimits};
+use asbx_protocol::callback::{ConfigResponse, McpServer, RunLimits, Skill};
 use asbx_protocol::line::Step;
 use asbx_protocol::{Event, Line, StepStatus};
+use asbx_test_support::echo_server_source;
 use serde_json::json;
 
 use crate::harness::*;
@@ -135,5 +137,97 @@ async fn a_tool_over_the_tools_memory_is_killed_and_the_agent_survives() {
     assert_eq!(results.len(), 1, "one writeback");
     let files: Vec<&str> = results[0].files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(files, ["kept.txt"], "the writeback is intact");
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn a_tool_cannot_read_an_mcp_servers_environment() {
+    let runner = RunnerProc::start(&[]);
+    let secret = format!("mcp-secret-{}", rand::random::<u64>());
+    let visible = format!("tool-visible-{}", rand::random::<u64>());
+    let config = ConfigResponse {
+        skills: vec![Skill {
+            name: "srv".into(),
+            description: "an MCP server".into(),
+            files: [("server.py".to_owned(), echo_server_source().to_owned())].into(),
+        }],
+        mcp_servers: vec![McpServer::Stdio {
+            name: "kit".into(),
+            command: "python3".into(),
+            args: vec![".skills/srv/server.py".into()],
+            env: [("KIT_TOKEN".to_owned(), secret.clone())].into(),
+        }],
+        ..scripted("scripted:test")
+    };
+    let ws = FakeWorkspace::start(config).await;
+    let t = ws.mint(&session_id("mcpenv"));
+    let bg = marker();
+    // What a tool can read: every environment it can open.
+    let read_all = "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' \
+                    | grep -a -e '^VISIBLE=' -e '^KIT_TOKEN=' || true";
+    let prompt = script(json!([
+        {"tool": "kit__add", "args": {"a": 1, "b": 2}},
+        // Positive control: another tool process's environment is readable.
+        {"tool": "shell", "args": {"command":
+            format!("VISIBLE={visible} sleep {bg} >/dev/null 2>&1 & sleep 0.3; {read_all}")}},
+        // Time for the host to look at both processes.
+        {"sleep_ms": 1500},
+        {"say": "read"}
+    ]));
+    let url = runner.url.clone();
+    let body = ws.body(&t, &prompt);
+    let run = tokio::spawn(async move { dispatch(&url, &body).await });
+    // From the host: the server runs as the sandbox's MCP uid (host_uid + 2),
+    // the tool as the tool uid (host_uid + 1).
+    let host_uid = |pid: i32| -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let mut uids = None;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while uids.is_none() && std::time::Instant::now() < until {
+        let server = pids_with(".skills/srv/server.py")
+            .into_iter()
+            .find_map(host_uid);
+        let tool = pids_with(&bg).into_iter().find_map(host_uid);
+        if let (Some(s), Some(t)) = (server, tool) {
+            uids = Some((s, t));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, lines, _) = run.await.unwrap();
+    let (server_uid, tool_uid) = uids.expect("saw the MCP server and the tool from the host");
+    assert_eq!(
+        server_uid,
+        tool_uid + 1,
+        "the MCP server runs as the MCP uid"
+    );
+    assert_well_formed(&lines);
+    assert!(
+        matches!(terminal(&lines), Event::Result(r) if r.message == "read"),
+        "{lines:?}"
+    );
+    let steps = finished(&lines);
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    assert_eq!(
+        steps[0].status,
+        StepStatus::Succeeded,
+        "the server runs: {steps:?}"
+    );
+    let seen = steps[1].result.clone().unwrap_or_default()["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(seen.contains(&visible), "the reader works: {seen}");
+    assert!(
+        !seen.contains(&secret),
+        "a tool read the MCP server's environment"
+    );
     runner.assert_clean().await;
 }

@@ -507,6 +507,9 @@ fn decode_status(status: Option<std::process::ExitStatus>) -> (Option<i32>, Opti
 
 fn crash_message(code: Option<i32>, signal: Option<i32>, last: Option<&str>) -> String {
     let how = match (code, signal) {
+        (Some(c), _) if c == i32::from(asbx_protocol::exit::SETUP_FAILED) => {
+            format!("could not be set up (exit code {c})")
+        }
         (Some(c), _) => format!("exited with code {c}"),
         (None, Some(s)) => format!("was killed by signal {s}"),
         (None, None) => "ended".to_owned(),

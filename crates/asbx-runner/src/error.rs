@@ -108,7 +108,7 @@ impl RunnerError {
             RunnerError::TokenRequired(_) | RunnerError::Spawn(_) | RunnerError::Io { .. } => {
                 Problem::new(
                     500,
-                    "internal",
+                    asbx_protocol::codes::INTERNAL,
                     "Internal error",
                     "the runner could not start the sandbox; see the runner's log",
                 )

@@ -7,6 +7,7 @@ mod harness;
 
 mod agent_features;
 mod dispatch;
+mod egress;
 mod hostile;
 mod isolation;
 mod models;

@@ -15,6 +15,12 @@ use crate::error::WorkspaceError;
 
 /// Largest JSON body of the ordinary API routes.
 pub(crate) const MAX_JSON_BODY: usize = 8 * 1024 * 1024;
+/// Largest body of a route that carries skill bundles (`POST /api/runs`,
+/// stored agents): room for `asbx_protocol::rules::skills::MAX_TOTAL_BYTES`
+/// of bundles twice over (JSON escaping), plus the rest of the definition,
+/// so the API never refuses by size what the agent would install.
+pub(crate) const MAX_DEFINITION_BODY: usize =
+    2 * asbx_protocol::rules::skills::MAX_TOTAL_BYTES + MAX_JSON_BODY;
 
 /// The body bytes, or 413 / 400 as problem+json.
 pub(crate) fn body_bytes(
@@ -34,15 +40,31 @@ pub(crate) fn body_bytes(
 /// before the body is read), at most the route's body limit (else `413`),
 /// parsed into `T` (else `400` naming the problem).
 #[derive(Debug)]
-pub(crate) struct JsonBody<T>(pub(crate) T);
+///
+/// `LIMIT` is the route's body limit in bytes (default [`MAX_JSON_BODY`]).
+pub(crate) struct JsonBody<T, const LIMIT: usize = MAX_JSON_BODY>(pub(crate) T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<S: Send + Sync, T: DeserializeOwned, const LIMIT: usize> FromRequest<S>
+    for JsonBody<T, LIMIT>
+{
     type Rejection = WorkspaceError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
         require_json(req.headers())?;
-        let body = Bytes::from_request(req, state).await;
-        let bytes = body_bytes(body, MAX_JSON_BODY)?;
+        // This extractor's own limit (the router's `DefaultBodyLimit` only
+        // binds axum's own body extractors).
+        let body = http_body_util::Limited::new(req.into_body(), LIMIT);
+        let bytes = http_body_util::BodyExt::collect(body)
+            .await
+            .map(http_body_util::Collected::to_bytes)
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    WorkspaceError::PayloadTooLarge { limit: LIMIT }
+                } else {
+                    WorkspaceError::invalid(format!("could not read the body: {e}"))
+                }
+            })?;
+
         serde_json::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|e| WorkspaceError::invalid(format!("invalid JSON body: {e}")))

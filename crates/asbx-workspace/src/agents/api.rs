@@ -12,13 +12,13 @@ use crate::AppState;
 use crate::agents;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
-use crate::http::JsonBody;
+use crate::http::{JsonBody, MAX_DEFINITION_BODY};
 use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, AgentRunRequest};
 
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    JsonBody(definition): JsonBody<AgentDefinition>,
+    JsonBody(definition): JsonBody<AgentDefinition, MAX_DEFINITION_BODY>,
 ) -> Result<(StatusCode, Json<AgentRecord>), WorkspaceError> {
     let agent = agents::create(&state, &caller.workspace_id, definition).await?;
     Ok((StatusCode::CREATED, Json(agent)))
@@ -44,7 +44,7 @@ pub(crate) async fn update(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
-    JsonBody(definition): JsonBody<AgentDefinition>,
+    JsonBody(definition): JsonBody<AgentDefinition, MAX_DEFINITION_BODY>,
 ) -> Result<Json<AgentRecord>, WorkspaceError> {
     let agent = agents::update(&state, &caller.workspace_id, &id, definition).await?;
     Ok(Json(agent))

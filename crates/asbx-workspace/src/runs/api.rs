@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
-use crate::http::JsonBody;
+use crate::http::{JsonBody, MAX_DEFINITION_BODY};
 use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::runs::{relay, request as run_request, view as runs_view};
 use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
@@ -19,7 +19,7 @@ use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    JsonBody(request): JsonBody<CreateRunRequest>,
+    JsonBody(request): JsonBody<CreateRunRequest, MAX_DEFINITION_BODY>,
 ) -> Result<Response, WorkspaceError> {
     let spec = run_request::to_spec(
         request,

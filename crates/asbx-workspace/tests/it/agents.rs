@@ -531,6 +531,10 @@ async fn an_accepted_agent_runs_with_everything_it_was_accepted_with() {
         .collect::<serde_json::Map<_, _>>()
         .into();
     at_limits[2]["files"] = json!({ longest_path.clone(): "y".repeat(skills::MAX_FILE_BYTES) });
+    // Near the total: 14 MiB of bundles, more than an ordinary JSON body.
+    for skill in &mut at_limits[3..16] {
+        skill["files"]["big.txt"] = "b".repeat(skills::MAX_FILE_BYTES).into();
+    }
     let servers: Vec<Value> = (0..mcp::MAX_SERVERS)
         .map(|i| {
             if i % 2 == 0 {

@@ -213,8 +213,8 @@ async fn every_error_is_problem_json() {
     assert_eq!(p["code"], "not_found");
     problem_snapshot!("not_found", p);
 
-    let huge = format!("{{\"prompt\": \"{}\"}}", "x".repeat(9 << 20));
-    let req = post(&ws, "/api/runs")
+    let huge = format!("{{\"message\": \"{}\"}}", "x".repeat(9 << 20));
+    let req = post(&ws, "/api/assistant/chat/stream")
         .header("content-type", "application/json")
         .body(Body::from(huge))
         .unwrap();

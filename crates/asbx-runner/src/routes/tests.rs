@@ -57,16 +57,21 @@ fn assert_problem(got: &(u16, String, serde_json::Value), status: u16, code: &st
     assert_eq!(got.2["code"], code, "{:?}", got.2);
 }
 
+/// The whole problem body, pinned: a change to any field shows in review.
+macro_rules! problem_snapshot {
+    ($name:expr, $got:expr) => {
+        insta::assert_json_snapshot!($name, $got.2)
+    };
+}
+
 #[tokio::test]
 async fn stream_needs_the_token_before_reading_anything() {
     let (r, _d) = runner(Some("t0ken"));
     let body = dispatch_body("s1", "http://127.0.0.1:1/ws");
     for token in [None, Some("wrong"), Some("t0ke"), Some("t0kenn")] {
-        assert_problem(
-            &send(&r, stream(body.clone(), token)).await,
-            401,
-            "unauthorized",
-        );
+        let got = send(&r, stream(body.clone(), token)).await;
+        assert_problem(&got, 401, "unauthorized");
+        problem_snapshot!("stream_401", got);
     }
     for path in ["/v1/sessions", "/v1/sessions/x", "/v1/sessions/x/events"] {
         let req = Request::get(path).body(Body::empty()).unwrap();
@@ -96,8 +101,11 @@ async fn stream_refuses_bad_bodies_with_problems() {
         .filter_map(|e| e["field"].as_str())
         .collect();
     assert!(fields.contains(&"agent_url"), "{fields:?}");
+    problem_snapshot!("stream_400_fields", got);
     let huge = vec![b'x'; (2 << 20) + 1];
-    assert_problem(&send(&r, stream(huge, None)).await, 413, "body_too_large");
+    let got = send(&r, stream(huge, None)).await;
+    assert_problem(&got, 413, "body_too_large");
+    problem_snapshot!("stream_413", got);
     let got = send(
         &r,
         stream(dispatch_body("s1", "http://169.254.169.254/x"), None),
@@ -105,6 +113,7 @@ async fn stream_refuses_bad_bodies_with_problems() {
     .await;
     assert_problem(&got, 400, "invalid_request");
     assert_eq!(got.2["errors"][0]["field"], "agent_url");
+    problem_snapshot!("stream_400_agent_url", got);
 }
 
 #[tokio::test]
@@ -125,6 +134,7 @@ async fn a_taken_session_id_is_409_and_unknown_sessions_404() {
     .await;
     assert_problem(&got, 409, "session_exists");
     assert_eq!(got.2["sessionId"], "taken");
+    problem_snapshot!("stream_409", got);
     for (method, path) in [
         ("GET", "/v1/sessions/nope"),
         ("DELETE", "/v1/sessions/nope"),
@@ -135,7 +145,9 @@ async fn a_taken_session_id_is_409_and_unknown_sessions_404() {
             .uri(path)
             .body(Body::empty())
             .unwrap();
-        assert_problem(&send(&r, req).await, 404, "not_found");
+        let got = send(&r, req).await;
+        assert_problem(&got, 404, "not_found");
+        problem_snapshot!("sessions_404", got);
     }
     let req = Request::get("/v1/sessions/taken")
         .body(Body::empty())

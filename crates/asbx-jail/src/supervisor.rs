@@ -14,7 +14,8 @@
 //! 7. remove the cgroups, stop the guard, return the exit code.
 //!
 //! The cleanup guard is a plain fork of the supervisor, outside every
-//! namespace, holding the read end of a pipe. If the supervisor is
+//! namespace and in its own process group (so a `killpg` of the
+//! supervisor's group spares it), holding the read end of a pipe. If the supervisor is
 //! SIGKILLed the pipe reaches end-of-file, the sandbox dies of its
 //! parent-death signal and the guard removes the cgroups the supervisor
 //! could not. In the normal path the supervisor tells it to just exit.
@@ -83,6 +84,10 @@ impl Guard {
         match sys::clone_fork(0).map_err(|e| JailError::Host(format!("fork: {e}")))? {
             Forked::Child => {
                 drop(w);
+                // Its own process group: a runner that kills the supervisor's
+                // group (killpg) must not take the guard, the only one left
+                // to remove the cgroups, children first.
+                let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
                 // Hold none of the runner's pipes open.
                 if let Ok(null) = std::fs::OpenOptions::new()
                     .read(true)

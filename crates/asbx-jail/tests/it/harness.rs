@@ -205,6 +205,21 @@ impl Sbx {
         child
     }
 
+    /// Start the jail in its own process group, the way the runner does.
+    pub fn spawn_in_group(&self) -> Child {
+        use std::os::unix::process::CommandExt;
+        let json = serde_json::to_string(&self.policy).unwrap();
+        Command::new(std::env::current_exe().unwrap())
+            .arg("__jail")
+            .arg(json)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    }
+
     /// Start the jail through `it __parent` (the returned child is that parent).
     pub fn spawn_via_parent(&self) -> Child {
         let json = serde_json::to_string(&self.policy).unwrap();

@@ -84,6 +84,10 @@ pub fn cases() -> Vec<Case> {
             tool_memory_hog_dies_agent_survives,
         ),
         ("no_secrets_from_etc_or_proc", no_secrets_from_etc_or_proc),
+        (
+            "killpg_of_the_supervisor_removes_child_cgroups",
+            killpg_of_the_supervisor_removes_child_cgroups,
+        ),
     ]
 }
 
@@ -1064,5 +1068,42 @@ echo tool_pids=\$(ls /proc | grep -c '^[0-9]')
     if host_has == 0 {
         println!("    (host has none of /etc/environment, gitconfig, profile.d: absence only)");
     }
+    pass()
+}
+
+/// The runner ends a sandbox with `killpg(SIGKILL)` of the supervisor's
+/// process group: the cleanup guard (its own group) survives it and removes
+/// every cgroup, the `tools` and `mcp` children first, within 5 s.
+fn killpg_of_the_supervisor_removes_child_cgroups() -> R {
+    let sbx = Sbx::new(
+        "echo 0 > /run/asbx-cgroup/tools/memory/cgroup.procs; sleep 300 & echo ready; wait",
+    );
+    let mut child = sbx.spawn_in_group();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let children = sbx.cgroup_dirs()[0].join("tools").exists();
+    let seen = eventually(Duration::from_secs(10), || {
+        marked_pids(&sbx.marker).len() >= 2
+    });
+    nix::sys::signal::killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = child.wait();
+    ensure(line == "ready\n", format!("{line:?}"))?;
+    ensure(seen, "sandbox processes not found")?;
+    ensure(children, "no tools child cgroup before the kill")?;
+    ensure(
+        eventually(Duration::from_secs(5), || {
+            marked_pids(&sbx.marker).is_empty() && sbx.cgroup_dirs().iter().all(|d| !d.exists())
+        }),
+        format!(
+            "after killpg: processes {:?}, cgroups {:?}",
+            marked_pids(&sbx.marker),
+            sbx.cgroup_dirs()
+                .iter()
+                .filter(|d| d.exists())
+                .collect::<Vec<_>>()
+        ),
+    )?;
     pass()
 }

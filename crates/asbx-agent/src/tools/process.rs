@@ -207,6 +207,9 @@ pub(crate) struct Killed {
     pub(crate) left: usize,
     /// The last error met, if any.
     pub(crate) error: Option<String>,
+    /// Without a cgroup, the agent could not see the tool's process in
+    /// `/proc` (mounted with `hidepid`): what it started can't be found.
+    pub(crate) blind: bool,
 }
 
 impl std::fmt::Display for Killed {
@@ -217,6 +220,13 @@ impl std::fmt::Display for Killed {
         }
         if let Some(e) = &self.error {
             write!(f, " ({e})")?;
+        }
+        if self.blind {
+            write!(
+                f,
+                "; the agent can't see the tool's processes in /proc, so what it started in \
+                 the background may still run"
+            )?;
         }
         Ok(())
     }
@@ -254,6 +264,10 @@ impl Reaper {
     pub(crate) async fn kill(&mut self) -> Killed {
         self.armed = false;
         let started = Instant::now();
+        let blind = self.cgroup.is_none()
+            && self
+                .pid
+                .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
         let mut known: HashSet<i32> = HashSet::new();
         loop {
             let (left, error) = self.pass(&mut known);
@@ -262,6 +276,7 @@ impl Reaper {
                     how: self.how(),
                     left,
                     error,
+                    blind,
                 };
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -521,7 +536,10 @@ mod tests {
         assert!(err.contains("timed out after 300 ms"), "{err}");
         assert!(err.contains("was killed"), "{err}");
         assert!(err.contains("process group and its descendants"), "{err}");
-        assert!(!err.contains("survived"), "{err}");
+        assert!(
+            !err.contains("survived") && !err.contains("can't see"),
+            "{err}"
+        );
         assert!(started.elapsed() < Duration::from_secs(5));
         for m in [&a, &b, &c] {
             assert!(

@@ -119,7 +119,7 @@ pub(crate) async fn run_process(
         None => {
             let killed = reaper.kill().await;
             let _ = child.wait().await;
-            if killed.left > 0 || killed.error.is_some() {
+            if killed.left > 0 || killed.error.is_some() || killed.blind {
                 tracing::warn!("timed-out tool: {killed}");
             }
             Some(killed)

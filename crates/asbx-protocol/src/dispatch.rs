@@ -150,10 +150,7 @@ impl FieldError {
 
 /// Whether `id` matches `^[A-Za-z0-9_-]{1,64}$`.
 pub fn is_valid_session_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    crate::rules::names::valid_tool_name(id)
 }
 
 const KNOWN_FIELDS: &[&str] = &[
@@ -367,11 +364,9 @@ fn check_client_tools(v: &Value, errors: &mut Vec<FieldError>) {
             errors.push(FieldError::new(&field, e.to_string()));
             continue;
         }
-        let name_ok = item["name"].as_str().is_some_and(|n| {
-            (1..=64).contains(&n.len())
-                && n.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        });
+        let name_ok = item["name"]
+            .as_str()
+            .is_some_and(crate::rules::names::valid_tool_name);
         if !name_ok {
             errors.push(FieldError::new(
                 &field,

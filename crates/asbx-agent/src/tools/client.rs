@@ -58,12 +58,7 @@ pub(crate) struct ClientTools {
 }
 
 /// Whether `name` is a wire-safe tool name for every provider.
-pub(crate) fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
+pub(crate) use asbx_protocol::rules::names::valid_tool_name as valid_name;
 
 /// A fresh call id: `call_<n>_<16 hex>`, within `^[A-Za-z0-9_-]{1,64}$`.
 pub(crate) fn call_id(n: u32) -> String {

@@ -99,6 +99,13 @@ pub fn check_host(host: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `name` is a tool name every provider accepts (client tools, and
+/// the wire names of MCP tools): `^[A-Za-z0-9_-]{1,64}$`. Session ids and
+/// call ids follow the same pattern.
+pub fn valid_tool_name(name: &str) -> bool {
+    is_name(name, 64, b"_-")
+}
+
 /// `1..=max` ASCII letters, digits, or one of `extra`.
 pub(crate) fn is_name(name: &str, max: usize, extra: &[u8]) -> bool {
     (1..=max).contains(&name.len())

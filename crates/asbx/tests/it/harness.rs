@@ -422,7 +422,9 @@ pub async fn dispatch(url: &str, body: &serde_json::Value) -> (u16, Vec<Line>, S
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let bytes = tokio::time::timeout(Duration::from_secs(60), res.bytes())
+    // Generous: a probe that greps the whole sandbox filesystem takes ~35 s
+    // on a loaded 2-core machine.
+    let bytes = tokio::time::timeout(Duration::from_secs(180), res.bytes())
         .await
         .expect("stream finished in time")
         .expect("body");

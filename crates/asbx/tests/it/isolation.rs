@@ -183,7 +183,7 @@ async fn another_sandbox_and_the_host_loopback_are_out_of_reach() {
     // A long-running neighbour whose working directory the probe hunts for.
     let t1 = ws.mint(&session_id("neighbour"));
     let neighbour_body =
-        ws.body(&t1, &script(json!([{"tool": "shell", "args": {"command": "echo neighbour-secret > mine.txt; sleep 20"}}])));
+        ws.body(&t1, &script(json!([{"tool": "shell", "args": {"command": "echo neighbour-secret > mine.txt; sleep 110"}}])));
     let res = reqwest::Client::new()
         .post(format!("{}/stream", runner.url))
         .json(&neighbour_body)

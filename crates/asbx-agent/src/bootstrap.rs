@@ -1,4 +1,4 @@
-//! Bootstrap (CONTRACT section 3): redeem the setup token at `/callback/env`,
+//! Bootstrap (docs/protocol.md §3): redeem the setup token at `/callback/env`,
 //! run the setup script, redeem the run token at `/callback/config`, and work
 //! out the run's limits.
 //!

@@ -26,7 +26,7 @@ pub(crate) enum AgentError {
 }
 
 impl AgentError {
-    /// The stable `code` of the `error` line (CONTRACT section 2).
+    /// The stable `code` of the `error` line (docs/protocol.md §2).
     pub(crate) fn code(&self) -> ErrorCode {
         match self {
             AgentError::OtpRejected(_) => ErrorCode::OtpRejected,

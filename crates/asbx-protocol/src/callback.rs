@@ -1,17 +1,17 @@
 //! Payloads of the workspace callback routes the sandbox redeems its tokens at
-//! (CONTRACT section 3). Field names are snake_case on this wire.
+//! (docs/protocol.md §3). Field names are snake_case on this wire.
 
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Token lifetimes (CONTRACT section 3), in seconds.
+/// Token lifetimes (docs/protocol.md §3), in seconds.
 pub const SETUP_TOKEN_TTL_SECS: u64 = 600;
 pub const RUN_TOKEN_TTL_SECS: u64 = 600;
 pub const UPLOAD_TOKEN_TTL_SECS: u64 = 3600;
 
-/// Turns of history sent to the sandbox (seed 000, 003).
+/// Turns of history sent to the sandbox (docs/protocol.md §3).
 pub const REPLAY_TURN_LIMIT: usize = 20;
 
 /// `GET {agent_url}/env`.

@@ -1,4 +1,4 @@
-//! The dispatch request, `POST {SANDBOX_URL}/stream` (CONTRACT section 1).
+//! The dispatch request, `POST {SANDBOX_URL}/stream` (docs/protocol.md §1).
 //!
 //! [`DispatchRequest::parse`] checks the body field by field, so a bad request
 //! is answered with every bad field named at once, not just the first one

@@ -6,7 +6,7 @@
 //! runner hands the agent, and the policy the runner hands the jail.
 //!
 //! Architecture invariant: serde and pure functions only. No tokio, no HTTP,
-//! no business logic. See `CONTRACT.md` (shared) for the rules these types encode.
+//! no business logic. See `docs/protocol.md` for the rules these types encode.
 
 pub mod callback;
 pub mod decode;
@@ -26,7 +26,7 @@ pub use dispatch::{DispatchRequest, FieldError, Filter, Protocol};
 pub use line::{Event, EventKind, Line, LogLevel, StepStatus};
 pub use problem::Problem;
 
-/// Error codes of `error` lines (CONTRACT section 2): stable snake_case.
+/// Error codes of `error` lines (docs/protocol.md §2): stable snake_case.
 #[derive(
     Debug,
     Clone,

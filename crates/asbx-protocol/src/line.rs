@@ -1,4 +1,4 @@
-//! The NDJSON line types (CONTRACT sections 2 and 4).
+//! The NDJSON line types (docs/protocol.md §2 and §4).
 //!
 //! On the wire a line is one flat JSON object:
 //! `{"type":"step","seq":3,"ts":1700000000123,"sessionId":"s1","id":"step_1",...}`.
@@ -85,7 +85,7 @@ impl Event {
     }
 }
 
-/// The one list of line types (CONTRACT sections 2 and 4). Every other part
+/// The one list of line types (docs/protocol.md §2 and §4). Every other part
 /// names a type through this enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -104,7 +104,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// Every kind, in the order of CONTRACT sections 2 and 4.
+    /// Every kind, in the order of docs/protocol.md §2 and §4.
     pub const ALL: [EventKind; 11] = [
         EventKind::Log,
         EventKind::Step,
@@ -141,7 +141,7 @@ impl EventKind {
         EventKind::ALL.into_iter().find(|k| k.as_str() == name)
     }
 
-    /// Whether protocol 1 carries this kind (seed 000's four).
+    /// Whether protocol 1 carries this kind (protocol 1's four).
     pub const fn in_protocol1(self) -> bool {
         matches!(
             self,
@@ -163,7 +163,7 @@ impl EventKind {
         )
     }
 
-    /// Whether a filter always lets this kind through (CONTRACT section 4).
+    /// Whether a filter always lets this kind through (docs/protocol.md §4).
     pub const fn always_passes_filter(self) -> bool {
         matches!(
             self,

@@ -1,4 +1,4 @@
-//! Session termination metadata (seed 004, CONTRACT section 4) and session info.
+//! Session termination metadata (docs/protocol.md §4) and session info.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -42,7 +42,7 @@ pub enum TerminatedBy {
     Daemon,
 }
 
-/// Head and tail of a process's stderr (seed 004): 50 lines each, each line at
+/// Head and tail of a process's stderr (`session_ended`, docs/protocol.md §4): 50 lines each, each line at
 /// most 500 bytes, cut on a UTF-8 character boundary.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

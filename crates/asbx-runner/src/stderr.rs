@@ -1,4 +1,4 @@
-//! Head and tail capture of a sandbox's stderr (seed 004).
+//! Head and tail capture of a sandbox's stderr (`session_ended`, docs/protocol.md §4).
 //!
 //! Keeps the first 50 and the last 50 lines, each cut to 500 bytes on a
 //! UTF-8 boundary, and counts every line, in bounded memory whatever the

@@ -33,7 +33,7 @@ use url::Url;
 ///   is not a loopback address ([`crate::WorkspaceError::AuthRequired`]).
 /// - `listen`: the address the server listens on, when known. On loopback
 ///   the server also answers to `localhost`, `127.0.0.1` and `[::1]` with
-///   its port (CONTRACT section 8); elsewhere only to `public_url`'s host.
+///   its port (docs/protocol.md §8); elsewhere only to `public_url`'s host.
 ///   Unknown (`None`): loopback names are answered when `public_url` is on
 ///   loopback.
 /// - `runner_token`: `ASBX_RUNNER_TOKEN`, sent as `Authorization: Bearer`

@@ -1,4 +1,4 @@
-//! The browser-facing security posture of every route (CONTRACT section 8,
+//! The browser-facing security posture of every route (docs/protocol.md §8,
 //! issue 13 item 4), applied once around the whole router:
 //!
 //! - **Host** (DNS rebinding): a request whose `Host` is not one this server

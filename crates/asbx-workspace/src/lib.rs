@@ -61,7 +61,7 @@ impl Workspace {
     /// Creates the data folder, connects the database, runs the migrations.
     ///
     /// Refuses ([`WorkspaceError::AuthRequired`]) to serve a non-loopback
-    /// `listen` address without `require_auth` (CONTRACT section 8).
+    /// `listen` address without `require_auth` (docs/protocol.md §8).
     pub async fn open(config: WorkspaceConfig) -> Result<Workspace, WorkspaceError> {
         if let Some(listen) = config.listen
             && !listen.ip().is_loopback()

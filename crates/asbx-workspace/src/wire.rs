@@ -117,7 +117,7 @@ pub(crate) const TURN_ID_HEADER: &str = "x-asbx-turn-id";
 /// - `description`: free text.
 /// - `systemPrompt`: sent to the sandbox in `/config`.
 /// - `model`: `provider:model`; absent: the server's default model at run time.
-/// - `skills`: bundles (CONTRACT section 3), sent in `/config`; unique names
+/// - `skills`: bundles (docs/protocol.md §3), sent in `/config`; unique names
 ///   matching `^[A-Za-z0-9_.-]{1,64}$`, file paths relative.
 /// - `mcpServers`: stdio commands or streamable-HTTP URLs, sent in `/config`;
 ///   unique names matching `^[A-Za-z0-9_-]{1,64}$`.
@@ -148,7 +148,7 @@ pub(crate) struct AgentDefinition {
 /// - `name`: the environment's name (for example `staging`); optional.
 /// - `variables`: set in the sandbox; names match `^[A-Za-z_][A-Za-z0-9_]{0,127}$`.
 ///   A `SANDBOX_URL` variable also picks the runner of the agent's runs
-///   (CONTRACT section 6), before the server's. The workspace's runner token
+///   (docs/protocol.md §7), before the server's. The workspace's runner token
 ///   goes only to runners the operator configured, not to this URL.
 /// - `setupScript`: bash, run before the first model call.
 /// - `allowedHosts`: what the sandbox's tools may reach (default none).

@@ -1,4 +1,4 @@
-//! Client tools (protocol 2, CONTRACT section 4): tools the client executes.
+//! Client tools (protocol 2, docs/protocol.md §4): tools the client executes.
 //!
 //! The dispatch's `client_tools` reach the agent in the bootstrap. In
 //! protocol 2 they are offered to the model beside the built-in, skill and

@@ -810,7 +810,7 @@ fn init_exits_with_main_and_kills_the_rest() -> R {
 
 /// The runner (here a stand-in parent) is SIGKILLed while its sandbox runs:
 /// within 5 s the supervisor, its guard, init, the main process and its
-/// background processes are gone and the cgroups removed (CONTRACT section 8).
+/// background processes are gone and the cgroups removed (docs/protocol.md §8).
 fn sigkill_of_the_parent_kills_the_sandbox() -> R {
     let sbx = Sbx::new("sleep 300 & sleep 301 & echo ready; wait");
     let mut parent = sbx.spawn_via_parent();

@@ -1,4 +1,4 @@
-//! Stored agents (the Agents block of seeds 000 and 001): validation, CRUD,
+//! Stored agents (the Agents block, docs/protocol.md §7): validation, CRUD,
 //! and the dispatch one run of an agent turns into.
 //!
 //! An agent is a definition (system prompt, model, skills, MCP servers, a
@@ -7,7 +7,7 @@
 //! stored definition is what `/config` returns, and the runner's NDJSON is
 //! relayed unchanged, as for `POST /api/runs`.
 //!
-//! `SANDBOX_URL` resolution (CONTRACT section 6): the agent environment's
+//! `SANDBOX_URL` resolution (docs/protocol.md §7): the agent environment's
 //! `SANDBOX_URL` variable (the workflow environment), then the server's;
 //! with none the run fails before anything is recorded. A run request
 //! cannot name a runner (issue 13, item 2: see `wire::CreateRunRequest`).

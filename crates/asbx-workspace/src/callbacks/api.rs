@@ -1,4 +1,4 @@
-//! The sandbox callback routes (CONTRACT section 3): `/env`, `/config`,
+//! The sandbox callback routes (docs/protocol.md §3): `/env`, `/config`,
 //! `/results`, each redeeming its one-time token.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The sandbox callback routes (CONTRACT section 3): `/env` and `/config`
+//! The sandbox callback routes (docs/protocol.md §3): `/env` and `/config`
 //! redeem their one-time token for the payload stored at dispatch;
 //! `/results` (the `writeback` module) stores the files a run sends back.
 //!

@@ -1,4 +1,4 @@
-//! The fold of a turn's lines into the assistant message (seed 003), so a
+//! The fold of a turn's lines into the assistant message (docs/protocol.md §7), so a
 //! reloaded thread renders like the live stream. The message types are
 //! `wire::PersistedMessage` and `wire::ContentBlock`.
 

@@ -1,4 +1,4 @@
-//! Assistant chats (CONTRACT section 6, seed 003): turns with a per-chat
+//! Assistant chats (docs/protocol.md §7): turns with a per-chat
 //! lease as the single-flight lock, live SSE with resume, persisted
 //! messages, the list and thread views, and the chat's file bag.
 //!

@@ -1,4 +1,4 @@
-//! Starting a chat turn (CONTRACT section 6, seed 003): take the chat's
+//! Starting a chat turn (docs/protocol.md §7): take the chat's
 //! lease (creating the chat on the first turn), persist the user message,
 //! replay the last 20 messages, put attachments in the sandbox, dispatch.
 

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 /// Prefix of one-time callback tokens.
 pub(crate) const OTP_PREFIX: &str = "asbx_otp_";
 
-/// What a one-time token may be redeemed for (CONTRACT section 3).
+/// What a one-time token may be redeemed for (docs/protocol.md §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TokenKind {
     /// `GET {agent_url}/env`.

@@ -217,7 +217,7 @@ async fn an_agent_that_crashes_gives_sandbox_crashed_with_its_exit_code() {
         }
         other => panic!("expected an error, got {other:?}"),
     }
-    // Termination metadata is kept on the session (seed 004).
+    // Termination metadata is kept on the session (`session_ended`, docs/protocol.md §4).
     let info: serde_json::Value = reqwest::get(format!("{}/v1/sessions/{}", runner.url, t.session))
         .await
         .unwrap()

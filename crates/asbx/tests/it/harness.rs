@@ -446,7 +446,7 @@ pub async fn dispatch(url: &str, body: &serde_json::Value) -> (u16, Vec<Line>, S
     (status, lines, String::new())
 }
 
-/// Checks the stream invariants of CONTRACT section 2 for protocol 1.
+/// Checks the stream invariants of docs/protocol.md §2 for protocol 1.
 pub fn assert_well_formed(lines: &[Line]) {
     assert!(!lines.is_empty(), "no lines");
     let sid = &lines[0].session_id;

@@ -54,7 +54,7 @@ fn cgroups_named(needles: &[String]) -> Vec<String> {
     out
 }
 
-/// CONTRACT section 8: SIGKILL the runner mid-turn; 5 s later no process of
+/// docs/protocol.md §8: SIGKILL the runner mid-turn; 5 s later no process of
 /// its sandboxes (the tool's `sleep`, the agent, init, the supervisors of
 /// the turn and of the warm pool) and none of their cgroups is left.
 #[tokio::test]

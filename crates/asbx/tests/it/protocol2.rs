@@ -1,4 +1,4 @@
-//! Protocol 2 over the real runner (CONTRACT section 4): session_init first,
+//! Protocol 2 over the real runner (docs/protocol.md §4): session_init first,
 //! deltas, session_ended last with stats; filters keep seq; a dropped client
 //! resumes from `/events` (NDJSON and SSE with Last-Event-ID) within the
 //! detach grace, and a grace of 0 cancels at once; heartbeats fill silence.

@@ -1,5 +1,5 @@
 //! The workspace's web security posture through the real `asbx` binary
-//! (CONTRACT section 8, issue 13 items 3 and 4): a public listen address
+//! (docs/protocol.md §8, issue 13 items 3 and 4): a public listen address
 //! needs `ASBX_REQUIRE_AUTH`; a foreign `Host`, another origin's state
 //! change and a non-JSON body are refused; the legitimate request works.
 

@@ -174,6 +174,35 @@ pub(crate) async fn read_file(ctx: &ToolContext, path: &str) -> ToolOutput {
     }
 }
 
+/// Opens `name` in `dir` for writing, created with `mode` or truncated,
+/// never through a symlink and never blocking on a FIFO; refuses anything
+/// but a regular file. `shown` names the path in errors.
+pub(crate) fn create_regular(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    mode: u32,
+    shown: &str,
+) -> Result<(OwnedFd, nix::sys::stat::FileStat), String> {
+    let fd = openat(
+        dir.as_fd(),
+        name,
+        OFlag::O_WRONLY
+            | OFlag::O_CREAT
+            | OFlag::O_TRUNC
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC
+            // A FIFO without a reader fails with ENXIO instead of blocking.
+            | OFlag::O_NONBLOCK,
+        Mode::from_bits_truncate(mode),
+    )
+    .map_err(|e| errno_msg(shown, e))?;
+    let st = fstat(fd.as_fd()).map_err(|e| errno_msg(shown, e))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{shown}: not a regular file"));
+    }
+    Ok((fd, st))
+}
+
 fn write_blocking(
     workdir: PathBuf,
     path: String,
@@ -185,23 +214,7 @@ fn write_blocking(
         return Err(format!("{path}: is a directory"));
     };
     let dir = open_dir(open_root(&workdir)?, dirs, Some(DIR_MODE), &path)?;
-    let fd = openat(
-        dir.as_fd(),
-        name.as_os_str(),
-        OFlag::O_WRONLY
-            | OFlag::O_CREAT
-            | OFlag::O_TRUNC
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_CLOEXEC
-            // A FIFO without a reader fails with ENXIO instead of blocking.
-            | OFlag::O_NONBLOCK,
-        Mode::from_bits_truncate(FILE_MODE),
-    )
-    .map_err(|e| errno_msg(&path, e))?;
-    let st = fstat(fd.as_fd()).map_err(|e| errno_msg(&path, e))?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(format!("{path}: not a regular file"));
-    }
+    let (fd, st) = create_regular(&dir, name, FILE_MODE, &path)?;
     if st.st_uid == nix::unistd::geteuid().as_raw() {
         // Group-writable whatever the umask, so the tools (same gid) can edit it.
         fchmod(fd.as_fd(), Mode::from_bits_truncate(FILE_MODE)).map_err(|e| errno_msg(&path, e))?;

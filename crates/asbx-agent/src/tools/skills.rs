@@ -29,12 +29,11 @@ use asbx_protocol::LogLevel;
 use asbx_protocol::callback::Skill;
 use asbx_protocol::rules::skills::{self as rules, INSTRUCTIONS, MAX_SKILLS, MAX_TOTAL_BYTES};
 use asbx_protocol::rules::truncate_with_marker;
-use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{Mode, fchmod, fstat};
+use nix::sys::stat::{Mode, fchmod};
 use serde_json::{Value, json};
 
 use super::context::{DISPLAY_BYTES, ToolOutput, cut};
-use super::files::{components, errno_msg, open_dir, open_root};
+use super::files::{components, create_regular, errno_msg, open_dir, open_root};
 use crate::emit::Emitter;
 use crate::providers::ToolSpec;
 
@@ -79,22 +78,7 @@ fn write_bundle(workdir: &Path, skill: &Skill) -> Result<(), String> {
         } else {
             0o644
         };
-        let fd = openat(
-            dir.as_fd(),
-            name.as_os_str(),
-            OFlag::O_WRONLY
-                | OFlag::O_CREAT
-                | OFlag::O_TRUNC
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_CLOEXEC
-                | OFlag::O_NONBLOCK,
-            Mode::from_bits_truncate(mode),
-        )
-        .map_err(|e| errno_msg(&full, e))?;
-        let st = fstat(fd.as_fd()).map_err(|e| errno_msg(&full, e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(format!("{full}: not a regular file"));
-        }
+        let (fd, _) = create_regular(&dir, name, mode, &full)?;
         // The umask may have taken bits away; scripts must be executable.
         fchmod(fd.as_fd(), Mode::from_bits_truncate(mode)).map_err(|e| errno_msg(&full, e))?;
         let mut f = std::fs::File::from(fd);

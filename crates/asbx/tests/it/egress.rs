@@ -2,28 +2,12 @@
 //! `HTTP_PROXY`; refusals are 403 problem+json with their codes.
 
 use asbx_protocol::callback::EnvResponse;
-use serde_json::json;
 
-use crate::harness::{
-    FakeWorkspace, RunnerProc, assert_well_formed, dispatch, script, scripted, session_id,
-};
+use crate::harness::{FakeWorkspace, RunnerProc, scripted};
 
 /// Runs `command` as the sandbox's shell tool and returns its stdout.
 async fn shell(runner: &RunnerProc, ws: &FakeWorkspace, command: &str) -> String {
-    let t = ws.mint(&session_id("egress"));
-    let body = ws.body(
-        &t,
-        &script(json!([{"tool": "shell", "args": {"command": command}}, {"say": "ok"}])),
-    );
-    let (status, lines, err) = dispatch(&runner.url, &body).await;
-    assert_eq!(status, 200, "{err}");
-    assert_well_formed(&lines);
-    let out = lines
-        .iter()
-        .filter_map(|l| serde_json::to_value(&l.event).ok())
-        .filter(|v| v["type"] == "step" && v["status"] == "succeeded")
-        .find_map(|v| v["result"]["stdout"].as_str().map(str::to_owned));
-    out.unwrap_or_else(|| format!("no shell output in {lines:?}"))
+    crate::harness::shell(runner, ws, command).await.0
 }
 
 /// Asks the proxy for `url`, with `host` as the `Host` header; prints

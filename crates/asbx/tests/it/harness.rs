@@ -556,3 +556,33 @@ impl UpProc {
         self.child.id()
     }
 }
+
+/// The `result` values of the finished `shell` steps, in order.
+pub fn shell_results(lines: &[Line]) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Step(s) if s.status == StepStatus::Succeeded => s.result.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs `command` in a fresh sandbox and returns its stdout.
+pub async fn shell(runner: &RunnerProc, ws: &FakeWorkspace, command: &str) -> (String, Vec<Line>) {
+    let t = ws.mint(&session_id("sh"));
+    let body = ws.body(
+        &t,
+        &script(
+            serde_json::json!([{"tool": "shell", "args": {"command": command}}, {"say": "ok"}]),
+        ),
+    );
+    let (status, lines, err) = dispatch(&runner.url, &body).await;
+    assert_eq!(status, 200, "{err}");
+    assert_well_formed(&lines);
+    let out = shell_results(&lines)
+        .first()
+        .map(|r| r["stdout"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    (out, lines)
+}

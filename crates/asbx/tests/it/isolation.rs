@@ -5,38 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use asbx_protocol::callback::EnvResponse;
-use asbx_protocol::{Event, Line, StepStatus};
-use serde_json::{Value, json};
+use asbx_protocol::{Event, StepStatus};
+use serde_json::json;
 
 use crate::harness::*;
-
-/// The `result` values of the finished `shell` steps, in order.
-fn shell_results(lines: &[Line]) -> Vec<Value> {
-    lines
-        .iter()
-        .filter_map(|l| match &l.event {
-            Event::Step(s) if s.status == StepStatus::Succeeded => s.result.clone(),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Runs `command` in a fresh sandbox and returns its stdout.
-async fn shell(runner: &RunnerProc, ws: &FakeWorkspace, command: &str) -> (String, Vec<Line>) {
-    let t = ws.mint(&session_id("iso"));
-    let body = ws.body(
-        &t,
-        &script(json!([{"tool": "shell", "args": {"command": command}}, {"say": "ok"}])),
-    );
-    let (status, lines, err) = dispatch(&runner.url, &body).await;
-    assert_eq!(status, 200, "{err}");
-    assert_well_formed(&lines);
-    let out = shell_results(&lines)
-        .first()
-        .map(|r| r["stdout"].as_str().unwrap_or_default().to_owned())
-        .unwrap_or_default();
-    (out, lines)
-}
 
 /// Parses `name=value` lines printed by a probe script.
 fn verdicts(out: &str) -> HashMap<String, String> {

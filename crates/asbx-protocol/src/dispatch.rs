@@ -132,21 +132,8 @@ pub struct ClientTool {
     pub parameters: Value,
 }
 
-/// One bad field of a request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
+pub use crate::problem::FieldError;
 
-impl FieldError {
-    pub fn new(field: &str, message: impl Into<String>) -> Self {
-        FieldError {
-            field: field.to_owned(),
-            message: message.into(),
-        }
-    }
-}
 
 /// Whether `id` matches `^[A-Za-z0-9_-]{1,64}$`.
 pub fn is_valid_session_id(id: &str) -> bool {

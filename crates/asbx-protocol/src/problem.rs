@@ -3,7 +3,6 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::dispatch::FieldError;
 
 /// An `application/problem+json` body.
 ///
@@ -51,5 +50,21 @@ impl Problem {
     pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
         self.extra.insert(key.to_owned(), value.into());
         self
+    }
+}
+
+/// One bad field of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: &str, message: impl Into<String>) -> Self {
+        FieldError {
+            field: field.to_owned(),
+            message: message.into(),
+        }
     }
 }

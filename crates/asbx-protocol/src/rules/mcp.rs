@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::callback::McpServer;
-use crate::dispatch::FieldError;
+use crate::problem::FieldError;
 
 /// Most MCP servers per run.
 pub const MAX_SERVERS: usize = 32;

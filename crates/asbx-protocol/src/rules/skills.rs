@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::callback::Skill;
-use crate::dispatch::FieldError;
+use crate::problem::FieldError;
 
 /// Most skills per run.
 pub const MAX_SKILLS: usize = 64;

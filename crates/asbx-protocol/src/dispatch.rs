@@ -134,7 +134,6 @@ pub struct ClientTool {
 
 pub use crate::problem::FieldError;
 
-
 /// Whether `id` matches `^[A-Za-z0-9_-]{1,64}$`.
 pub fn is_valid_session_id(id: &str) -> bool {
     crate::rules::names::valid_tool_name(id)

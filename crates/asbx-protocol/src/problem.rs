@@ -3,7 +3,6 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-
 /// An `application/problem+json` body.
 ///
 /// - `type`: a URI naming the problem kind (`urn:asbx:problem:<code>`).

@@ -335,6 +335,101 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// One line of every kind, as the wire carries it (one NDJSON line
+    /// each): a change to any field name, tag or order shows in the snapshot.
+    #[test]
+    fn every_line_kind_on_the_wire() {
+        use crate::session::{EndReason, SessionStats, StderrOutput, TerminatedBy, Termination};
+        let events = vec![
+            Event::log(LogLevel::Info, "loaded 2 skills"),
+            Event::Step(Step {
+                id: "step_1".into(),
+                name: "shell".into(),
+                status: StepStatus::Running,
+                args: Some(json!({"command": "ls"})),
+                result: None,
+                error: None,
+                duration_ms: None,
+            }),
+            Event::Step(Step {
+                id: "step_1".into(),
+                name: "shell".into(),
+                status: StepStatus::Failed,
+                args: None,
+                result: None,
+                error: Some("exit code 2".into()),
+                duration_ms: Some(12),
+            }),
+            Event::Result(ResultLine {
+                message: "done".into(),
+            }),
+            Event::error("model_timeout", "no answer in 60 s"),
+            Event::SessionInit(SessionInit {
+                protocol_version: 2,
+                limits: SessionLimits {
+                    max_duration_ms: 60_000,
+                    max_steps: 50,
+                    max_tool_calls: 200,
+                    heartbeat_interval_ms: 5_000,
+                },
+                encryption: Some(EncryptionInit {
+                    algorithm: "ECDH-P256+HKDF-SHA256+AES-256-GCM".into(),
+                    server_public_key: "BPub".into(),
+                    salt: "c2FsdA".into(),
+                }),
+            }),
+            Event::Delta(Delta { text: "Hel".into() }),
+            Event::Stdout(Stdout {
+                step_id: "step_2".into(),
+                stream: OutputStream::Stderr,
+                chunk: "warning\n".into(),
+            }),
+            Event::ToolCall(ToolCall {
+                call_id: "call_1".into(),
+                tool_name: "pick_color".into(),
+                args: json!({"hint": "warm"}),
+            }),
+            Event::ToolResultApplied(ToolResultApplied {
+                call_id: "call_1".into(),
+            }),
+            Event::Heartbeat(Heartbeat {}),
+            Event::SessionEnded(Termination {
+                reason: EndReason::Error,
+                terminated_by: TerminatedBy::Agent,
+                message: Some("sandbox crashed".into()),
+                exit_code: Some(137),
+                signal: None,
+                stderr: Some(StderrOutput {
+                    head: Some("boom".into()),
+                    tail: None,
+                    truncated: false,
+                    total_lines: 1,
+                }),
+                stats: SessionStats {
+                    duration_ms: 812,
+                    steps: 2,
+                    tool_calls: 1,
+                    input_tokens: 30,
+                    output_tokens: 7,
+                },
+            }),
+        ];
+        let kinds: std::collections::HashSet<_> = events.iter().map(Event::kind).collect();
+        assert_eq!(kinds.len(), EventKind::ALL.len(), "one line of every kind");
+        let mut ndjson = String::new();
+        for (i, event) in events.into_iter().enumerate() {
+            let line = Line {
+                seq: i as u64 + 1,
+                ts: 1_700_000_000_000 + i as u64,
+                session_id: "s1".into(),
+                event,
+            };
+            ndjson.push_str(&serde_json::to_string(&line).unwrap());
+            ndjson.push('\n');
+        }
+        insta::assert_snapshot!(ndjson);
+    }
+
     #[test]
     fn line_is_flat_on_the_wire() {
         let line = Line {

@@ -9,12 +9,15 @@
 //!   `/model/{provider}/...` proxied to a provider with a key added, and
 //!   `/mcp/{name}` proxied to a streamable-HTTP MCP server, and
 //!   `/client-tool/{callId}` answered with what the test pushes.
+//! - [`fake_workspace`]: a stand-in for the workspace's callback routes,
+//!   with real one-time tokens, for the runner's tests.
 //! - [`procs`]: host processes seen from outside a sandbox.
 //! - [`skip()`]: skip a check out loud (never silently).
 //! - [`mcp_server`]: test MCP servers: a stdio one in Python
 //!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
 
 pub mod fake_gateway;
+pub mod fake_workspace;
 pub mod mcp_server;
 pub mod mock_provider;
 pub mod procs;

@@ -5,6 +5,8 @@
 //! - `first-line`: time from `POST /stream` to the first line of a fully
 //!   jailed dispatch, beside `bwrap ... true` when bubblewrap is installed.
 //! - `idle`: host memory of idle sandboxes and of an idle runner.
+//! - `jail-startup`: `asbx-sandbox jail` running `true`, beside bubblewrap,
+//!   and one idle sandbox's memory (the jail alone, no runner).
 //!
 //! Build with `cargo build --release -p asbx -p asbx-bench`, then run
 //! `target/release/asbx-bench all`. Needs root for the jailed parts.
@@ -18,6 +20,8 @@ use anyhow::{Context, bail};
 use asbx_protocol::jail::IsolationProfile;
 use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
+
+mod jail;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -38,12 +42,13 @@ fn main() -> anyhow::Result<()> {
             "throughput" => throughput().await,
             "first-line" => first_line(n).await,
             "idle" => idle(n.min(2000)).await,
+            "jail-startup" => jail::startup(n),
             "all" => {
                 throughput().await?;
                 first_line(n).await?;
                 idle(100).await
             }
-            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | all"),
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | all"),
         }
     })
 }

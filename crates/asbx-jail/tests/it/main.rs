@@ -3,8 +3,10 @@
 //!
 //! - `cargo test -p asbx-jail --test it` runs every case (root needed;
 //!   cases skip with a message when the host lacks a feature);
-//! - `... -- NAME` runs the cases whose name contains NAME;
-//! - `... -- --bench-startup N` prints start-up and memory figures instead.
+//! - `... -- NAME` runs the cases whose name contains NAME.
+//!
+//! Start-up and memory figures live with the other benchmarks:
+//! `asbx-bench jail-startup N`.
 
 // A harness = false test binary: clippy does not know it is test code.
 #![allow(
@@ -14,7 +16,6 @@
     unreachable_pub
 )]
 
-mod bench;
 mod harness;
 mod suite;
 
@@ -25,11 +26,6 @@ fn main() {
     }
     if args.get(1).map(String::as_str) == Some("__parent") {
         harness::parent_main(&args);
-    }
-    if let Some(i) = args.iter().position(|a| a == "--bench-startup") {
-        let n = args.get(i + 1).and_then(|s| s.parse().ok()).unwrap_or(200);
-        bench::run(n);
-        return;
     }
     let filters: Vec<&str> = args[1..]
         .iter()

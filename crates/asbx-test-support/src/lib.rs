@@ -9,6 +9,8 @@
 //!   `/model/{provider}/...` proxied to a provider with a key added, and
 //!   `/mcp/{name}` proxied to a streamable-HTTP MCP server, and
 //!   `/client-tool/{callId}` answered with what the test pushes.
+//! - [`fake_runner`]: a stand-in for the runner's `POST /stream`, for the
+//!   workspace's tests.
 //! - [`fake_workspace`]: a stand-in for the workspace's callback routes,
 //!   with real one-time tokens, for the runner's tests.
 //! - [`procs`]: host processes seen from outside a sandbox.
@@ -17,6 +19,7 @@
 //!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
 
 pub mod fake_gateway;
+pub mod fake_runner;
 pub mod fake_workspace;
 pub mod mcp_server;
 pub mod mock_provider;

@@ -84,7 +84,10 @@ macro_rules! on_both {
             async fn postgres() {
                 match crate::support::Db::postgres() {
                     Some(db) => super::$name(db).await,
-                    None => eprintln!("skipped: set ASBX_TEST_PG_URL to run on PostgreSQL"),
+                    None => asbx_test_support::skip(
+                        concat!(stringify!($name), "::postgres"),
+                        "set ASBX_TEST_PG_URL to run on PostgreSQL",
+                    ),
                 }
             }
         }

@@ -60,9 +60,9 @@ fn cgroups_named(needles: &[String]) -> Vec<String> {
 #[tokio::test]
 async fn sandboxes_die_with_a_sigkilled_runner() {
     if !Path::new("/sys/fs/cgroup").exists() || profile() != "strict" {
-        println!(
-            "skipped: needs the strict profile (ASBX_TEST_PROFILE={})",
-            profile()
+        asbx_test_support::skip(
+            "sandboxes_die_with_a_sigkilled_runner",
+            &format!("needs the strict profile (ASBX_TEST_PROFILE={})", profile()),
         );
         return;
     }

@@ -181,6 +181,36 @@ impl Cgroups {
     /// Create the sandbox's cgroups and write its limits.
     /// `host_uid` owns the children's `freezer.state`, and is the group of
     /// their `cgroup.procs`.
+    /// The sandbox directories [`Cgroups::create`] will make for `name`, in
+    /// the order it makes them. The supervisor hands them to its cleanup
+    /// guard *before* creating any, so that a supervisor killed half-way
+    /// through creating them leaves nothing behind.
+    pub(crate) fn planned_dirs(layout: &Layout, name: &str) -> Result<Vec<PathBuf>, JailError> {
+        if !valid_name(name) {
+            return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
+        }
+        let dirs: Vec<PathBuf> = match layout {
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|h| h.join(PARENT).join(name))
+                .collect(),
+            Layout::V2 { root } => vec![root.join(PARENT).join(name)],
+        };
+        if let Some(taken) = dirs.iter().find(|d| d.exists()) {
+            return Err(JailError::Cgroup(format!(
+                "{} already exists (a leftover of a killed supervisor?)",
+                taken.display()
+            )));
+        }
+        Ok(dirs)
+    }
+
     pub(crate) fn create(
         layout: Layout,
         name: &str,
@@ -385,6 +415,9 @@ fn subcgroups(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// How long a teardown keeps trying to remove one cgroup that is still busy.
+const RMDIR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Kill what is left in `dirs` (and their child cgroups) and remove them,
 /// children first. Missing directories are fine.
 pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), JailError> {
@@ -404,9 +437,13 @@ pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), Jail
         }
         // Normally empty: the sandbox's processes died with its pid namespace
         // before the supervisor reaped init. A removal can still race with the
-        // kernel releasing the last task, so retry briefly.
+        // kernel releasing the last task (an exiting task keeps its cgroup
+        // populated until it is reaped), which on a loaded host takes longer
+        // than a moment; so retry with a growing pause, for a bounded time.
         let mut removed = false;
-        for attempt in 0..200u32 {
+        let deadline = std::time::Instant::now() + RMDIR_PATIENCE;
+        let mut pause = std::time::Duration::from_millis(1);
+        for attempt in 0u32.. {
             kill_members(dir);
             match fs::remove_dir(dir) {
                 Ok(()) => {
@@ -419,10 +456,14 @@ pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), Jail
                 }
                 Err(e) => {
                     last_err = Some(format!("{}: {e}", dir.display()));
+                    if std::time::Instant::now() >= deadline {
+                        break;
+                    }
                     if attempt < 10 {
                         std::thread::yield_now();
                     } else {
-                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(std::time::Duration::from_millis(50));
                     }
                 }
             }

@@ -36,6 +36,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
 
 use nix::fcntl::OFlag;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
@@ -77,10 +78,9 @@ struct Guard {
 }
 
 impl Guard {
-    fn start(cgroups: &Cgroups) -> Result<Guard, JailError> {
+    fn start(layout: &Layout, dirs: Vec<PathBuf>) -> Result<Guard, JailError> {
         let (r, w) = pipe()?;
-        let dirs = cgroups.dirs().to_vec();
-        let layout = cgroups.layout().clone();
+        let layout = layout.clone();
         match sys::clone_fork(0).map_err(|e| JailError::Host(format!("fork: {e}")))? {
             Forked::Child => {
                 drop(w);
@@ -108,6 +108,9 @@ impl Guard {
             }
             Forked::Parent(pid) => {
                 drop(r);
+                // Also here, not only in the child: once `start` returns, a
+                // kill of the supervisor's group must miss the guard.
+                let _ = nix::unistd::setpgid(Pid::from_raw(pid), Pid::from_raw(pid));
                 Ok(Guard { pid, pipe: Some(w) })
             }
         }
@@ -141,30 +144,8 @@ pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
     if !nix::unistd::geteuid().is_root() {
         return Err(JailError::NotRoot);
     }
-    let mut cgroups = match policy.profile {
-        JailProfile::Strict => {
-            let layout =
-                Layout::detect(std::path::Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
-            Some(Cgroups::create(
-                layout,
-                &policy.cgroup,
-                &policy.limits,
-                policy.host_uid,
-            )?)
-        }
-        JailProfile::Namespaces => None,
-    };
-    plan.cgroup_procs = cgroups
-        .as_ref()
-        .map(Cgroups::procs_files)
-        .unwrap_or_default();
-    plan.set_child_cgroups(
-        cgroups
-            .as_ref()
-            .map(|c| c.child_mounts().to_vec())
-            .unwrap_or_default(),
-    );
-
+    // Signals wait until `wait` reads them, also while the cgroups and the
+    // guard are made (the guard inherits the mask until it detaches).
     let mut set = SigSet::empty();
     for s in [
         Signal::SIGTERM,
@@ -181,10 +162,38 @@ pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
     // A SIGCHLD inherited as "ignore" would make the kernel reap init behind our back.
     sys::default_sigchld().map_err(|e| JailError::Host(format!("signal: {e}")))?;
 
-    let mut guard = match &cgroups {
-        Some(cg) => Some(Guard::start(cg)?),
-        None => None,
+    // The guard starts before the first cgroup directory exists: a
+    // supervisor killed while creating them (a client that hung up at once)
+    // must leave none behind.
+    let (mut cgroups, mut guard) = match policy.profile {
+        JailProfile::Strict => {
+            let layout =
+                Layout::detect(std::path::Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
+            let planned = Cgroups::planned_dirs(&layout, &policy.cgroup)?;
+            let mut guard = Guard::start(&layout, planned)?;
+            match Cgroups::create(layout, &policy.cgroup, &policy.limits, policy.host_uid) {
+                Ok(cg) => (Some(cg), Some(guard)),
+                Err(e) => {
+                    // `create` removed what it made when it failed; should
+                    // that removal have failed too, the guard tries again.
+                    guard.hand_over();
+                    return Err(e);
+                }
+            }
+        }
+        JailProfile::Namespaces => (None, None),
     };
+    plan.cgroup_procs = cgroups
+        .as_ref()
+        .map(Cgroups::procs_files)
+        .unwrap_or_default();
+    plan.set_child_cgroups(
+        cgroups
+            .as_ref()
+            .map(|c| c.child_mounts().to_vec())
+            .unwrap_or_default(),
+    );
+
     let (up_r, up_w) = pipe()?;
     let (down_r, down_w) = pipe()?;
     let pid =

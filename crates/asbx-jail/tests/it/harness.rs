@@ -264,8 +264,9 @@ impl Sbx {
     }
 
     pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
-        ["memory", "pids", "cpu"]
+        ["memory", "pids", "cpu", "freezer"]
             .iter()
+            .filter(|c| Path::new("/sys/fs/cgroup").join(c).is_dir())
             .map(|c| {
                 Path::new("/sys/fs/cgroup")
                     .join(c)

@@ -88,6 +88,10 @@ pub fn cases() -> Vec<Case> {
             "killpg_of_the_supervisor_removes_child_cgroups",
             killpg_of_the_supervisor_removes_child_cgroups,
         ),
+        (
+            "a_supervisor_killed_while_starting_leaves_no_cgroup",
+            a_supervisor_killed_while_starting_leaves_no_cgroup,
+        ),
     ]
 }
 
@@ -1105,5 +1109,27 @@ fn killpg_of_the_supervisor_removes_child_cgroups() -> R {
                 .collect::<Vec<_>>()
         ),
     )?;
+    pass()
+}
+
+/// A client that hangs up at once gets its sandbox's group SIGKILLed while the
+/// supervisor may still be creating the cgroups; whatever moment the kill
+/// lands, no cgroup directory outlives it (the guard starts first).
+fn a_supervisor_killed_while_starting_leaves_no_cgroup() -> R {
+    let mut left = Vec::new();
+    for delay_us in (0..=20_000).step_by(200) {
+        let sbx = Sbx::new("echo ready; sleep 300");
+        let mut child = sbx.spawn_in_group();
+        std::thread::sleep(Duration::from_micros(delay_us));
+        nix::sys::signal::killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+        let _ = child.wait();
+        let gone = eventually(Duration::from_secs(10), || {
+            sbx.cgroup_dirs().iter().all(|d| !d.exists()) && sbx.supervisor_pids().is_empty()
+        });
+        if !gone {
+            left.extend(sbx.cgroup_dirs().into_iter().filter(|d| d.exists()));
+        }
+    }
+    ensure(left.is_empty(), format!("cgroups left behind: {left:?}"))?;
     pass()
 }

@@ -359,13 +359,9 @@ impl Cgroups {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
-    /// The layout the cgroups were created in.
-    pub(crate) fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
     /// The per-sandbox directories.
-    pub(crate) fn dirs(&self) -> &[PathBuf] {
+    #[cfg(test)]
+    fn dirs(&self) -> &[PathBuf] {
         &self.dirs
     }
 

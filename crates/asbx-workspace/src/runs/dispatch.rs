@@ -1,5 +1,11 @@
 //! Dispatch: mint the three tokens, record the run, `POST {SANDBOX_URL}/stream`.
 //!
+//! Every dispatch speaks protocol 2 (docs/protocol.md §4) with a detach
+//! grace of 0: the workspace is the runner's only reader, so when it drops
+//! the stream (a cancelled chat turn, a protocol 1 caller gone) the sandbox
+//! ends at once, as it did under protocol 1. Callers that want more pass
+//! [`RunOptions`] (filter, client tools, encryption).
+//!
 //! The runner's response is returned unread when it is a stream (`200`), so
 //! the caller relays it; anything else is read (bounded) and handed back for
 //! pass-through. A run that never streamed is settled here as failed and its
@@ -8,7 +14,9 @@
 use std::time::Duration;
 
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
-use asbx_protocol::{DispatchRequest, Problem, Protocol};
+use asbx_protocol::dispatch::{ClientTool, EncryptionRequest};
+use asbx_protocol::session::Termination;
+use asbx_protocol::{DispatchRequest, Filter, Problem, Protocol};
 use axum::http::{HeaderValue, StatusCode};
 use bytes::{Bytes, BytesMut};
 use url::Url;
@@ -73,6 +81,15 @@ pub(crate) struct RunSpec {
     pub sandbox_url: Url,
 }
 
+/// The protocol 2 choices of a dispatch (docs/protocol.md §4); the default
+/// is none of them: every line, no client tools, no encryption.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunOptions {
+    pub filter: Option<Filter>,
+    pub client_tools: Vec<ClientTool>,
+    pub encryption: Option<EncryptionRequest>,
+}
+
 /// What the runner answered.
 #[derive(Debug)]
 pub(crate) enum Started {
@@ -86,8 +103,18 @@ pub(crate) enum Started {
     },
 }
 
-/// Records the run, mints its tokens and posts the dispatch.
+/// Records the run, mints its tokens and posts the dispatch with the
+/// default [`RunOptions`].
 pub(crate) async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, WorkspaceError> {
+    start_with(state, spec, &RunOptions::default()).await
+}
+
+/// Records the run, mints its tokens and posts the dispatch.
+pub(crate) async fn start_with(
+    state: &AppState,
+    spec: &RunSpec,
+    options: &RunOptions,
+) -> Result<Started, WorkspaceError> {
     let now = state.now_ms();
     let env_json = serde_json::to_string(&spec.env)
         .map_err(|e| WorkspaceError::Corrupt(format!("env: {e}")))?;
@@ -107,6 +134,7 @@ pub(crate) async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, W
             model: &spec.config.model,
             env_json: &env_json,
             config_json: &config_json,
+            sandbox_url: spec.sandbox_url.as_str(),
             now_ms: now,
         },
     )
@@ -123,12 +151,12 @@ pub(crate) async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, W
         otp_run: run.plaintext,
         otp_upload: Some(upload.plaintext),
         prompt: spec.prompt.clone(),
-        protocol: Protocol::V1,
+        protocol: Protocol::V2,
         session_id: Some(spec.id.clone()),
-        filter: None,
-        client_tools: Vec::new(),
-        detach_grace_ms: None,
-        encryption: None,
+        filter: options.filter.clone(),
+        client_tools: options.client_tools.clone(),
+        detach_grace_ms: Some(0),
+        encryption: options.encryption.clone(),
     };
     let endpoint = stream_endpoint(&spec.sandbox_url);
     let mut post = state
@@ -196,8 +224,27 @@ pub(crate) async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, W
 /// stream is over, the sandbox is gone and nothing may call back any more.
 /// Failures are logged, not returned: the client's stream is already over.
 pub(crate) async fn settle(state: &AppState, run_id: &str, outcome: &Outcome) {
+    settle_ended(state, run_id, outcome, None).await;
+}
+
+/// [`settle`], also recording the `session_ended` fields when known.
+pub(crate) async fn settle_ended(
+    state: &AppState,
+    run_id: &str,
+    outcome: &Outcome,
+    termination: Option<&Termination>,
+) {
     let now = state.now_ms();
-    if let Err(e) = runs::finish(state.store.pool(), run_id, outcome, now).await {
+    let termination = termination.and_then(|t| serde_json::to_string(t).ok());
+    if let Err(e) = runs::finish(
+        state.store.pool(),
+        run_id,
+        outcome,
+        termination.as_deref(),
+        now,
+    )
+    .await
+    {
         tracing::error!(run = run_id, error = %crate::error::error_chain(&e), "recording run outcome failed");
     }
     if let Err(e) = token_store::revoke_session(state.store.pool(), run_id, now).await {

@@ -26,11 +26,20 @@ pub(crate) struct NewRun<'a> {
     pub(crate) model: &'a str,
     pub(crate) env_json: &'a str,
     pub(crate) config_json: &'a str,
+    /// The runner it is dispatched to.
+    pub(crate) sandbox_url: &'a str,
     pub(crate) now_ms: i64,
 }
 
 /// A stored run.
 #[derive(Debug, Clone)]
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "termination, sandbox_url and events_from: the run API"
+    )
+)]
 pub(crate) struct RunRow {
     pub(crate) id: String,
     pub(crate) workspace_id: String,
@@ -47,6 +56,12 @@ pub(crate) struct RunRow {
     pub(crate) error_message: Option<String>,
     pub(crate) created_at: i64,
     pub(crate) ended_at: Option<i64>,
+    /// The `session_ended` fields as JSON, once ended (protocol 2, not encrypted).
+    pub(crate) termination: Option<String>,
+    /// The runner it was dispatched to (absent for runs older than protocol 2).
+    pub(crate) sandbox_url: Option<String>,
+    /// The lowest `seq` still kept in `run_events`.
+    pub(crate) events_from: i64,
 }
 
 /// How a run ended.
@@ -57,7 +72,8 @@ pub(crate) enum Outcome {
 }
 
 const COLUMNS: &str = "id, workspace_id, kind, chat_id, agent_id, status, prompt, model, env_json, \
-    config_json, result, error_code, error_message, created_at, ended_at";
+    config_json, result, error_code, error_message, created_at, ended_at, termination, sandbox_url, \
+    events_from";
 
 pub(crate) async fn insert<'c, E>(db: E, run: &NewRun<'_>) -> Result<(), WorkspaceError>
 where
@@ -65,7 +81,8 @@ where
 {
     sqlx::query(
         "INSERT INTO runs (id, workspace_id, kind, chat_id, agent_id, status, prompt, model, \
-         env_json, config_json, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+         env_json, config_json, created_at, sandbox_url) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(run.id)
     .bind(run.workspace_id)
@@ -78,6 +95,7 @@ where
     .bind(run.env_json)
     .bind(run.config_json)
     .bind(run.now_ms)
+    .bind(run.sandbox_url)
     .execute(db)
     .await?;
     Ok(())
@@ -94,12 +112,13 @@ where
     row.map(|r| from_row(&r)).transpose()
 }
 
-/// Records how a run ended; only a running run changes, so the first
-/// recorded outcome wins.
+/// Records how a run ended (and its `session_ended` fields as JSON, when
+/// known); only a running run changes, so the first recorded outcome wins.
 pub(crate) async fn finish<'c, E>(
     db: E,
     id: &str,
     outcome: &Outcome,
+    termination: Option<&str>,
     now_ms: i64,
 ) -> Result<bool, WorkspaceError>
 where
@@ -118,7 +137,7 @@ where
     };
     let done = sqlx::query(
         "UPDATE runs SET status = $1, result = $2, error_code = $3, error_message = $4, \
-         ended_at = $5 WHERE id = $6 AND status = 'running'",
+         ended_at = $5, termination = $7 WHERE id = $6 AND status = 'running'",
     )
     .bind(status.as_str())
     .bind(result)
@@ -126,6 +145,7 @@ where
     .bind(message)
     .bind(now_ms)
     .bind(id)
+    .bind(termination)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -148,5 +168,8 @@ fn from_row(r: &AnyRow) -> Result<RunRow, WorkspaceError> {
         error_message: r.try_get("error_message")?,
         created_at: r.try_get("created_at")?,
         ended_at: r.try_get("ended_at")?,
+        termination: r.try_get("termination")?,
+        sandbox_url: r.try_get("sandbox_url")?,
+        events_from: r.try_get("events_from")?,
     })
 }

@@ -10,7 +10,9 @@
 //!
 //! - `{"tool": "<name>", "args": {..}}`: one tool call.
 //! - `{"tools": [{"tool": .., "args": ..}, ..]}`: several tool calls at once.
-//! - `{"say": "text"}`: the final answer (ends the loop).
+//! - `{"say": "text"}`: the final answer (ends the loop). With
+//!   `"stream_ms": N` it streams word by word (one `delta` line per word,
+//!   N ms apart), as a real model streams tokens.
 //! - `{"fail": "message"}`: the call fails (`error` line `model_error` with
 //!   that message; never retried).
 //! - `{"sleep_ms": N}`: waits N ms, then goes on with the next element within
@@ -64,6 +66,8 @@ pub(crate) struct Scripted {
 
 enum Action {
     Answer(ModelTurn),
+    /// An answer streamed word by word, this many ms apart.
+    Stream(ModelTurn, u64),
     Sleep(u64),
 }
 
@@ -128,7 +132,11 @@ impl Scripted {
                     std::process::exit(code);
                 }
                 if let Some(text) = step.get("say") {
-                    return Ok(Action::Answer(text_turn(value_text(text))));
+                    let turn = text_turn(value_text(text));
+                    return Ok(match step.get("stream_ms").and_then(Value::as_u64) {
+                        Some(ms) => Action::Stream(turn, ms),
+                        None => Action::Answer(turn),
+                    });
                 }
                 if let Some(msg) = step.get("fail") {
                     return Err(ModelError::Provider(value_text(msg)));
@@ -164,6 +172,19 @@ impl Provider for Scripted {
             loop {
                 match self.next_action(req)? {
                     Action::Sleep(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    Action::Stream(mut turn, ms) => {
+                        for (i, word) in words(&turn.text).enumerate() {
+                            if i > 0 {
+                                tokio::time::sleep(Duration::from_millis(ms)).await;
+                            }
+                            sink.delta(word).await;
+                        }
+                        turn.usage = Usage {
+                            input_tokens: estimate_input(req),
+                            output_tokens: estimate_output(&turn),
+                        };
+                        return Ok(turn);
+                    }
                     Action::Answer(mut turn) => {
                         sink.delta(&turn.text).await;
                         turn.usage = Usage {
@@ -176,6 +197,23 @@ impl Provider for Scripted {
             }
         })
     }
+}
+
+/// `text` cut after each run of whitespace: the pieces join back to `text`.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let word_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let end = rest[word_end..]
+            .find(|c: char| !c.is_whitespace())
+            .map_or(rest.len(), |i| word_end + i);
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
 }
 
 fn value_text(v: &Value) -> String {
@@ -322,6 +360,14 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, ModelError::Provider(m) if m == "boom"));
+    }
+
+    #[test]
+    fn words_join_back() {
+        for text in ["", "one", "a b  c", " lead and trail ", "héllo wörld\nnext"] {
+            assert_eq!(words(text).collect::<String>(), text);
+        }
+        assert_eq!(words("a b  c").collect::<Vec<_>>(), ["a ", "b  ", "c"]);
     }
 
     #[tokio::test]

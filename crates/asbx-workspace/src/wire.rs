@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use asbx_protocol::StepStatus;
 use asbx_protocol::callback::{ChatTurn, Role};
 use asbx_protocol::callback::{McpServer, RunLimits, Skill};
+use asbx_protocol::session::Termination;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -20,6 +21,8 @@ use serde_json::Value;
 /// - `limits`: `{max_steps, max_tool_calls, tool_timeout_ms, tool_output_bytes,
 ///   max_duration_ms}` (snake_case, as on the callback wire), each optional.
 /// - `skills`, `mcpServers`: sent in `/config`.
+/// - `protocol`, `filter`, `clientTools`, `encryption`: the protocol 2
+///   choices, checked by `runs::request::options` (docs/api-runs.md).
 ///
 /// There is deliberately no `sandboxUrl` (issue 13, item 2): the runner a
 /// request reaches is the operator's `SANDBOX_URL`, never one an anonymous
@@ -47,6 +50,37 @@ pub(crate) struct CreateRunRequest {
     pub skills: Vec<Skill>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<McpServer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_tools: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Value>,
+}
+
+/// `POST /api/runs/{id}/tool-result`: `{"callId", "result"}`,
+/// `{"callId", "error"}` or `{"callId", "encrypted": {"iv", "ciphertext"}}`,
+/// forwarded to the runner as it is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct ToolResultRequest {
+    pub call_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted: Option<asbx_protocol::line::Sealed>,
+}
+
+/// `GET /api/runs/{id}/events?after=N`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EventsQuery {
+    #[serde(default)]
+    pub after: Option<u64>,
 }
 
 /// `GET /api/runs/{id}`.
@@ -80,6 +114,10 @@ pub(crate) struct RunRecord {
     pub created_at: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<i64>,
+    /// The `session_ended` fields (docs/protocol.md §4) once the run has
+    /// ended; absent for an encrypted run, whose fields are ciphertext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination: Option<Termination>,
 }
 
 /// Why a run failed.
@@ -192,6 +230,14 @@ pub(crate) struct AgentList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct AgentRunRequest {
     pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_tools: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Value>,
 }
 
 /// The HTTP header naming the agent of an agent run stream.
@@ -328,8 +374,13 @@ pub(crate) struct PersistedMessage {
 ///
 /// - `text`: message text (the user's message, or the `result` line).
 /// - `step`: one step of the trace, its `running` and final line merged;
-///   `result` is the tool's structured output.
-/// - `error`: the turn failed with this code and message.
+///   `result` is the tool's structured output; `output` is what the tool
+///   printed while it ran (its `stdout` lines), bounded as the live stream
+///   bounds it.
+/// - `error`: the turn failed with this code and message; `termination`
+///   holds the `session_ended` fields of a failed or stopped turn
+///   (docs/protocol.md §4), `interrupted` is set when the workspace lost the
+///   turn (restarted or lost its runner) before it ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(
     tag = "type",
@@ -352,12 +403,36 @@ pub(crate) enum ContentBlock {
         error: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         duration_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<StepOutput>,
     },
     Error {
         code: String,
         message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        termination: Option<Termination>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        interrupted: bool,
     },
 }
+
+/// What a step printed while it ran: its `stdout` and `stderr` chunks in the
+/// order they came, at most [`STEP_OUTPUT_LIVE_BYTES`] of them.
+///
+/// - `text`: the chunks, concatenated.
+/// - `truncated`: the step printed more; the rest was not streamed (the
+///   step's `result` keeps the tool's own bounded output).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StepOutput {
+    pub text: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// Most bytes of one step's live output sent to a browser and kept in the
+/// message; past it a single `stdout` event marked `truncated` ends it.
+pub(crate) const STEP_OUTPUT_LIVE_BYTES: usize = 64 * 1024;
 
 /// A bag file attached to a user message, denormalized so history renders
 /// the chip without another lookup.
@@ -383,7 +458,7 @@ impl PersistedMessage {
                     }
                     text.push_str(t);
                 }
-                ContentBlock::Error { code, message } => error = Some((code, message)),
+                ContentBlock::Error { code, message, .. } => error = Some((code, message)),
                 ContentBlock::Step { .. } => {}
             }
         }

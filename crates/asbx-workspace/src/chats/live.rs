@@ -22,13 +22,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::chats::messages::TraceBuilder;
+use crate::chats::messages::{LiveAction, TraceBuilder, truncated_stdout};
 use crate::chats::store as chats;
 use crate::runs::dispatch;
 use crate::runs::relay::OutcomeTap;
 use crate::runs::store::Outcome;
 use crate::tokens;
-use crate::wire::{Done, PersistedMessage, TurnInfo, TurnStatus};
+use crate::wire::{ContentBlock, Done, PersistedMessage, TurnInfo, TurnStatus};
 
 /// Most bytes of SSE frames kept per turn for resumption; older frames are
 /// dropped first.
@@ -36,6 +36,8 @@ const MAX_BUFFERED_BYTES: usize = 32 * 1024 * 1024;
 /// How long a settled turn stays attachable, so a late reconnect still gets
 /// its last frames and the `done` event.
 const LINGER: Duration = Duration::from_secs(60);
+/// How long a cancelled turn waits for the runner's last lines.
+const CANCEL_WIND_DOWN: Duration = Duration::from_secs(10);
 /// Keep-alive comment interval on SSE streams.
 pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
@@ -58,6 +60,11 @@ impl TurnHub {
         }
     }
 
+    /// The turn `turn_id`, if this process drives (or just drove) it.
+    fn get(&self, turn_id: &str) -> Option<Arc<LiveTurn>> {
+        self.turns.lock().ok()?.get(turn_id).cloned()
+    }
+
     /// The newest turn of a chat in `workspace_id`, if one is attachable.
     pub(crate) fn for_chat(&self, chat_id: &str, workspace_id: &str) -> Option<Arc<LiveTurn>> {
         let map = self.turns.lock().ok()?;
@@ -68,12 +75,25 @@ impl TurnHub {
     }
 }
 
-/// One buffered SSE frame: a runner line (`id` = its seq).
+/// One buffered SSE frame: a runner line (`id` = its seq), or a comment
+/// (a runner `heartbeat`) when `kind` is empty.
 #[derive(Debug, Clone)]
 struct Frame {
     seq: u64,
     kind: &'static str,
     data: Arc<str>,
+}
+
+impl Frame {
+    fn to_sse(&self) -> sse::Event {
+        if self.kind.is_empty() {
+            return sse::Event::default().comment(&*self.data);
+        }
+        sse::Event::default()
+            .id(self.seq.to_string())
+            .event(self.kind)
+            .data(&*self.data)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -205,7 +225,8 @@ impl Drop for Subscription {
 }
 
 /// The SSE events of a turn after `cursor` (a `Last-Event-ID`): a `turn`
-/// event, every runner line but `log` with `id: <seq>`, then `done`.
+/// event, every runner line but `log` with `id: <seq>` (`heartbeat` as a
+/// comment, `stdout` bounded per step), then `done`.
 pub(crate) fn subscribe(
     turn: Arc<LiveTurn>,
     cursor: u64,
@@ -232,12 +253,7 @@ pub(crate) fn subscribe(
                 if !frames.is_empty() {
                     for f in frames {
                         cursor = f.seq;
-                        pending.push_back(
-                            sse::Event::default()
-                                .id(f.seq.to_string())
-                                .event(f.kind)
-                                .data(&*f.data),
-                        );
+                        pending.push_back(f.to_sse());
                     }
                     continue;
                 }
@@ -286,11 +302,20 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     let handle = |lines: Vec<Line>, trace: &mut TraceBuilder, last_seq: &mut u64| {
         for line in lines {
             *last_seq = (*last_seq).max(line.seq);
-            trace.push(&line);
-            if matches!(line.event, Event::Log(_)) {
-                continue;
-            }
-            if let Ok(data) = serde_json::to_string(&line) {
+            let data = match trace.push(&line) {
+                LiveAction::Hide | LiveAction::Drop => continue,
+                LiveAction::Comment => {
+                    turn.push(Frame {
+                        seq: line.seq,
+                        kind: "",
+                        data: Arc::from("heartbeat"),
+                    });
+                    continue;
+                }
+                LiveAction::Send => serde_json::to_string(&line).ok(),
+                LiveAction::Truncate { keep } => truncated_stdout(&line, keep),
+            };
+            if let Some(data) = data {
                 turn.push(Frame {
                     seq: line.seq,
                     kind: line.event.type_name(),
@@ -302,11 +327,23 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
 
     let mut cancelled = false;
     let mut broken: Option<String> = None;
+    // After a cancel the runner is asked to end the session; its last lines
+    // (`error`, `session_ended` with the termination fields) are still read
+    // until this deadline.
+    let mut wind_down: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         tokio::select! {
             biased;
-            _ = turn.cancel.cancelled() => {
+            _ = turn.cancel.cancelled(), if !cancelled => {
                 cancelled = true;
+                if cancel_on_runner(&state, &turn.id).await {
+                    wind_down = Some(Box::pin(tokio::time::sleep(CANCEL_WIND_DOWN)));
+                } else {
+                    break;
+                }
+            }
+            _ = async { if let Some(d) = wind_down.as_mut() { d.await } }, if wind_down.is_some() => {
+                tracing::warn!(turn = %turn.id, "the runner did not end the cancelled session in time");
                 break;
             }
             _ = renew.tick() => {
@@ -333,6 +370,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
 
     let (outcome, status) = match (tap.terminal().cloned(), cancelled) {
         (Some(o @ Outcome::Succeeded { .. }), _) => (o, TurnStatus::Succeeded),
+        (Some(o @ Outcome::Failed { .. }), true) => (o, TurnStatus::Cancelled),
         (Some(o @ Outcome::Failed { .. }), _) => (o, TurnStatus::Failed),
         (None, true) => (
             Outcome::Failed {
@@ -343,7 +381,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
         ),
         (None, false) => (tap.outcome(broken.as_deref()), TurnStatus::Failed),
     };
-    if tap.terminal().is_none() {
+    if !trace.has_terminal() {
         // Tell subscribers how it ended with a line of the same shape as the
         // runner's, numbered after the last one seen.
         if let Outcome::Failed { code, message } = &outcome {
@@ -354,6 +392,11 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
                 event: Event::error(code.clone(), message.clone()),
             };
             handle(vec![line], &mut trace, &mut last_seq);
+            if !cancelled {
+                // The stream broke or ended early: the turn was lost, not
+                // ended (the runner or the connection to it went away).
+                trace.mark_interrupted();
+            }
         }
     }
 
@@ -378,6 +421,66 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     });
     tokio::time::sleep(LINGER).await;
     state.turns.remove(&turn.id);
+}
+
+/// Asks the runner to end the turn's session (`DELETE /v1/sessions/{id}`,
+/// docs/protocol.md §4); true when it accepted, so its `session_ended` line
+/// (terminated by the daemon) is on its way.
+async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
+    let _ = (state, run_id);
+    false
+}
+
+/// Marks the turn of `chat` as interrupted when it was lost: its lease is
+/// still held but expired (nothing renewed it: the workspace that relayed it
+/// restarted or died) and no relay in this process drives it. The thread
+/// gets an `error` block marked `interrupted`, the run is settled, the lease
+/// cleared; a chat is never left showing a turn `running`. Safe to race:
+/// only the caller that clears the lease writes.
+pub(crate) async fn recover_lost_turn(
+    state: &AppState,
+    chat: &chats::ChatRow,
+) -> Result<bool, crate::error::WorkspaceError> {
+    let now = state.now_ms();
+    let Some(turn_id) = chat.lease_turn_id.as_deref() else {
+        return Ok(false);
+    };
+    if chat.active_turn(now).is_some() || state.turns.get(turn_id).is_some_and(|t| !t.is_done()) {
+        return Ok(false);
+    }
+    let pool = state.store.pool();
+    if !chats::clear_expired_lease(pool, &chat.id, turn_id, now).await? {
+        return Ok(false);
+    }
+    if chats::has_assistant_message(pool, &chat.id, turn_id).await? {
+        return Ok(true);
+    }
+    let message = "the workspace lost this turn before it ended (it restarted, or lost its runner)";
+    tracing::warn!(chat = %chat.id, turn = turn_id, "marking a lost turn as interrupted");
+    let lost = PersistedMessage {
+        id: tokens::random_id(),
+        role: Role::Assistant,
+        content: vec![ContentBlock::Error {
+            code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
+            message: message.to_owned(),
+            termination: None,
+            interrupted: true,
+        }],
+        file_attachments: Vec::new(),
+        created_at: now,
+        turn_id: Some(turn_id.to_owned()),
+    };
+    chats::append_message(pool, &chat.id, &lost).await?;
+    dispatch::settle(
+        state,
+        turn_id,
+        &Outcome::Failed {
+            code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
+            message: message.to_owned(),
+        },
+    )
+    .await;
+    Ok(true)
 }
 
 /// Holds a chat's lease for a turn; released explicitly, or on drop.

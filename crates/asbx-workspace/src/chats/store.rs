@@ -132,6 +132,49 @@ where
     Ok(())
 }
 
+/// Clears a lease `turn_id` still holds past its expiry (its turn was lost:
+/// nothing renewed it); true if this call cleared it.
+pub(crate) async fn clear_expired_lease<'c, E>(
+    db: E,
+    chat_id: &str,
+    turn_id: &str,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE chats SET lease_turn_id = NULL, lease_expires_at = NULL \
+         WHERE id = $1 AND lease_turn_id = $2 AND lease_expires_at <= $3",
+    )
+    .bind(chat_id)
+    .bind(turn_id)
+    .bind(now_ms)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Whether the turn's assistant message is stored.
+pub(crate) async fn has_assistant_message<'c, E>(
+    db: E,
+    chat_id: &str,
+    turn_id: &str,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(
+        "SELECT COUNT(*) AS n FROM messages WHERE chat_id = $1 AND turn_id = $2 \
+         AND role = 'assistant'",
+    )
+    .bind(chat_id)
+    .bind(turn_id)
+    .fetch_one(db)
+    .await?;
+    Ok(row.try_get::<i64, _>("n")? > 0)
+}
+
 /// A live (not deleted) chat of `workspace_id`.
 pub(crate) async fn get<'c, E>(
     db: E,

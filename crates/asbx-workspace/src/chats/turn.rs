@@ -79,6 +79,11 @@ pub(crate) async fn start_turn(
     let lease_until = now.saturating_add(turns::ms(state.config.lease_ttl));
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
+            // A lost turn's lease is taken over below; mark that turn
+            // interrupted first, so the thread says what became of it.
+            if let Some(chat) = chats::get(state.store.pool(), chat_id, workspace_id).await? {
+                turns::recover_lost_turn(state, &chat).await?;
+            }
             let taken = chats::try_lease(
                 state.store.pool(),
                 chat_id,
@@ -237,6 +242,8 @@ async fn persist_failure(
         content: vec![ContentBlock::Error {
             code: code.to_owned(),
             message: message.to_owned(),
+            termination: None,
+            interrupted: false,
         }],
         file_attachments: Vec::new(),
         created_at: state.now_ms(),

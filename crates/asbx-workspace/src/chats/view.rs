@@ -2,6 +2,7 @@
 //! uploads to a bag.
 
 use crate::AppState;
+use crate::chats::live as turns;
 use crate::chats::store::{self as chats, ChatRow};
 use crate::error::WorkspaceError;
 use crate::files::file_info;
@@ -27,12 +28,16 @@ pub(crate) async fn list(
     state: &AppState,
     workspace_id: &str,
 ) -> Result<Vec<ChatSummary>, WorkspaceError> {
+    let mut rows = chats::list(state.store.pool(), workspace_id).await?;
+    let mut recovered = false;
+    for c in &rows {
+        recovered |= turns::recover_lost_turn(state, c).await?;
+    }
+    if recovered {
+        rows = chats::list(state.store.pool(), workspace_id).await?;
+    }
     let now = state.now_ms();
-    Ok(chats::list(state.store.pool(), workspace_id)
-        .await?
-        .iter()
-        .map(|c| summary(c, now))
-        .collect())
+    Ok(rows.iter().map(|c| summary(c, now)).collect())
 }
 
 pub(crate) async fn detail(
@@ -40,9 +45,14 @@ pub(crate) async fn detail(
     workspace_id: &str,
     chat_id: &str,
 ) -> Result<ChatDetail, WorkspaceError> {
-    let chat = chats::get(state.store.pool(), chat_id, workspace_id)
+    let mut chat = chats::get(state.store.pool(), chat_id, workspace_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
+    if turns::recover_lost_turn(state, &chat).await? {
+        chat = chats::get(state.store.pool(), chat_id, workspace_id)
+            .await?
+            .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
+    }
     let messages = chats::all_messages(state.store.pool(), chat_id).await?;
     let files = files::list_for_chat(state.store.pool(), chat_id, workspace_id).await?;
     Ok(ChatDetail {

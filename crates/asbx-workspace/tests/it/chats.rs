@@ -161,15 +161,32 @@ async fn a_concurrent_turn_gets_409_and_a_stale_lease_is_recovered(db: Db) {
     )
     .await;
     assert_eq!(p["activeTurnId"], "ghost");
-    // Once the lease has expired, the next turn takes it over.
+    // Once the lease has expired, the lost turn shows as interrupted (never
+    // left running), exactly once however often the chat is read.
     ws.clock.advance(Duration::from_secs(121));
+    for _ in 0..2 {
+        let d = chat_detail(&ws, &chat_id).await;
+        assert!(d["activeTurnId"].is_null(), "{d}");
+        let messages = d["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 3, "{d}");
+        let lost = &messages[2];
+        assert_eq!(lost["role"], "assistant");
+        assert_eq!(lost["turnId"], "ghost");
+        assert_eq!(
+            lost["content"],
+            json!([{"type": "error", "code": "runner_lost", "interrupted": true,
+                "message": "the workspace lost this turn before it ended (it restarted, or lost its runner)"}])
+        );
+    }
+    // The next turn takes the chat over.
     *runner.shared.mode.lock().unwrap() = Mode::Full { files: vec![] };
     let resp = post_turn(&ws, json!({"chatId": chat_id, "message": "after"})).await;
     assert_eq!(resp.status(), 200);
     let events = SseReader::new(resp).until_done().await;
     assert_eq!(events.last().unwrap().data["status"], "succeeded");
-    let d = settled_chat(&ws, &chat_id, 4).await;
+    let d = settled_chat(&ws, &chat_id, 5).await;
     assert!(d["activeTurnId"].is_null());
+    assert_eq!(d["messages"].as_array().unwrap().len(), 5, "{d}");
 }
 
 on_both!(replay_is_capped_at_twenty_messages);

@@ -2,13 +2,18 @@
 //
 // One rendering path for history and live turns: an assistant message is a
 // list of content blocks (step, text, error). History renders the persisted
-// blocks; a live turn folds SSE events into the same blocks and re-renders
-// step rows in place by step id. All text goes through textContent.
+// blocks; a live turn folds SSE events (step, delta, stdout, result, error,
+// session_ended) into the same nodes and re-renders step rows in place by
+// step id, so a live thread and the same thread reloaded are the same DOM.
+// Tool output and error text go through textContent; the answer's Markdown
+// goes through marked and then DOMPurify (vendor/README.md).
 //
 // Stable hooks for tests (and anyone scripting the page): a message node has
 // data-role (user | assistant); its parts have data-part (steps, text,
-// error); a step row has data-step-id, data-step-name and data-status; a chat
-// in the list has data-chat-id; the composer has data-busy while a turn runs.
+// error); a step row has data-step-id, data-step-name and data-status, its
+// live output is data-part=output; a failure has data-code and its stderr is
+// data-part=stderr; a chat in the list has data-chat-id; the composer has
+// data-busy while a turn runs.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -39,19 +44,119 @@ function pretty(v) {
   return typeof v === "string" ? v : JSON.stringify(v, null, 2);
 }
 
+// Markdown to sanitised DOM: marked makes HTML, DOMPurify keeps only safe
+// markup (no scripts, handlers, styles, forms or images: an image URL would
+// let a model's answer call out to any host), links open in a new tab
+// without a referrer. Without the libraries, the text is shown as it is.
+const PURIFY = {
+  FORBID_TAGS: ["style", "img", "form", "input", "button", "textarea", "select", "iframe", "svg", "math"],
+  FORBID_ATTR: ["style"],
+  RETURN_DOM_FRAGMENT: true,
+};
+if (window.DOMPurify) {
+  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }
+  });
+}
+function renderMarkdown(target, text) {
+  if (!window.marked || !window.DOMPurify) { target.textContent = text; return; }
+  target.replaceChildren(DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }), PURIFY));
+}
+
+// One step row: a head line (status, name, duration), the live output (open,
+// monospace, capped, following its end), then arguments, result and error
+// behind a disclosure.
 function renderStep(row, step) {
   row.className = "step " + step.status;
   row.dataset.stepId = step.id;
   row.dataset.stepName = step.name || "";
   row.dataset.status = step.status;
   row.replaceChildren();
-  const summary = el("summary");
-  summary.append(el("span", "badge", step.status), el("strong", "", step.name));
-  if (step.durationMs !== undefined) summary.append(el("span", "muted", step.durationMs + " ms"));
-  row.append(summary);
-  if (step.args !== undefined) row.append(el("pre", "", "args: " + pretty(step.args)));
-  if (step.result !== undefined) row.append(el("pre", "", "result: " + pretty(step.result)));
-  if (step.error) row.append(el("pre", "err", "error: " + step.error));
+  const head = el("div", "head");
+  head.append(el("span", "badge", step.status), el("strong", "", step.name));
+  if (step.durationMs !== undefined) head.append(el("span", "muted", step.durationMs + " ms"));
+  row.append(head);
+  const out = el("details", "output");
+  out.dataset.part = "output";
+  out.open = true;
+  out.append(el("summary", "", "Output"), el("pre"));
+  out.hidden = true;
+  row.append(out);
+  renderOutput(row, step);
+  const io = el("details", "io");
+  io.dataset.part = "io";
+  io.append(el("summary", "", "Arguments and result"));
+  if (step.args !== undefined) io.append(el("pre", "args", "args: " + pretty(step.args)));
+  if (step.result !== undefined) io.append(el("pre", "result", "result: " + pretty(step.result)));
+  if (step.error) io.append(el("pre", "err", "error: " + step.error));
+  row.append(io);
+}
+
+// The step's live output, kept at its end while the reader is there.
+function renderOutput(row, step) {
+  const box = row.querySelector(":scope > .output");
+  const output = step.output;
+  if (!box || !output || (!output.text && !output.truncated)) return;
+  box.hidden = false;
+  const pre = box.querySelector("pre");
+  const atEnd = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 4;
+  pre.textContent = output.text;
+  let note = box.querySelector(".note");
+  if (output.truncated && !note) {
+    note = el("div", "note", "Output truncated here; the step's result keeps the tool's own bounded output.");
+    box.append(note);
+  }
+  if (atEnd) pre.scrollTop = pre.scrollHeight;
+}
+
+// A failed or stopped turn in plain words, then how it ended, the message,
+// and the sandbox's stderr on demand.
+const WHY = {
+  cancelled: "This turn was stopped.",
+  sandbox_crashed: "The sandbox crashed.",
+  runner_lost: "This turn was interrupted: the workspace lost it before it ended.",
+  upstream_failed: "This turn was interrupted: the connection to the sandbox runner broke.",
+  model_error: "The model answered with an error.",
+  model_timeout: "The model did not answer in time.",
+  step_limit_exceeded: "The turn used all the steps it was allowed.",
+  tool_limit_exceeded: "The turn used all the tool calls it was allowed.",
+  duration_limit_exceeded: "The turn ran out of time.",
+  runtime_cap_exceeded: "The sandbox ran past the runner's hard time limit.",
+  setup_failed: "The sandbox's setup script failed.",
+  otp_rejected: "The sandbox could not start: its one-time token was refused.",
+  bootstrap_failed: "The sandbox could not start.",
+  writeback_failed: "The files the turn wrote could not be saved.",
+  encrypted_error: "The turn failed.",
+  internal: "Something went wrong inside asbx.",
+};
+
+function renderError(box, failure) {
+  box.replaceChildren();
+  if (!failure) return;
+  box.className = "err failure";
+  box.dataset.code = failure.code;
+  box.append(el("div", "why", WHY[failure.code] || "The turn failed."));
+  const t = failure.termination;
+  if (t) {
+    const how = [t.terminatedBy === "daemon" ? "Ended by the runner" : "Ended by the agent"];
+    if (t.exitCode !== undefined) how.push("exit code " + t.exitCode);
+    if (t.signal !== undefined) how.push("signal " + t.signal);
+    box.append(el("div", "how", how.join(", ") + "."));
+  }
+  box.append(el("div", "message", failure.message + " (" + failure.code + ")"));
+  const stderr = t && t.stderr;
+  if (stderr && (stderr.head || stderr.tail)) {
+    const d = el("details", "stderr");
+    d.dataset.part = "stderr";
+    const lines = stderr.totalLines + (stderr.totalLines === 1 ? " line" : " lines");
+    d.append(el("summary", "", "Standard error (" + lines + (stderr.truncated ? ", cut" : "") + ")"));
+    if (stderr.head && stderr.tail && stderr.truncated) {
+      d.append(el("pre", "head", stderr.head), el("pre", "tail", stderr.tail));
+    } else {
+      d.append(el("pre", "tail", stderr.tail || stderr.head));
+    }
+    box.append(d);
+  }
 }
 
 function part(cls, name, text) {
@@ -63,27 +168,74 @@ function part(cls, name, text) {
 function assistantNode() {
   const node = el("div", "msg assistant");
   node.dataset.role = "assistant";
-  node.append(part("steps", "steps"), part("text", "text"), part("err", "error"));
+  node.append(part("steps", "steps"), part("text md", "text"), part("err", "error"));
+  node._text = "";
   return node;
 }
 
-// Applies one block to an assistant message node (steps update in place).
+// Shows the answer text; while it streams, at most once per frame.
+function setText(node, text, now) {
+  node._text = text;
+  if (now) { cancelAnimationFrame(node._frame || 0); node._frame = 0; renderMarkdown(node.querySelector(".text"), text); return; }
+  if (node._frame) return;
+  node._frame = requestAnimationFrame(() => { node._frame = 0; renderMarkdown(node.querySelector(".text"), node._text); });
+}
+
+function stepRow(node, id) {
+  const steps = node.querySelector(".steps");
+  let row = [...steps.children].find((r) => r.dataset.stepId === id);
+  if (!row) { row = el("div", "step"); row._step = { id }; steps.append(row); }
+  return row;
+}
+
+// Applies one block (persisted) or one live event to an assistant message
+// node. History and the live stream go through here alike, so a reload
+// renders exactly what the live stream rendered.
 function applyBlock(node, block) {
   if (block.type === "step") {
-    const steps = node.querySelector(".steps");
-    let row = [...steps.children].find((r) => r.dataset.stepId === block.id);
-    if (!row) { row = el("details", "step"); steps.append(row); }
-    const prev = row._step || {};
-    const merged = { ...prev, ...block };
-    row._step = merged;
-    renderStep(row, merged);
+    const row = stepRow(node, block.id);
+    const { type, seq, ts, sessionId, ...fields } = block;
+    row._step = { ...row._step, ...fields };
+    renderStep(row, row._step);
+  } else if (block.type === "stdout") {
+    const row = [...node.querySelector(".steps").children].find((r) => r.dataset.stepId === block.stepId);
+    if (!row) return; // output of a step never announced: the server drops it too
+    const step = row._step;
+    step.output = step.output || { text: "" };
+    step.output.text += block.chunk;
+    if (block.truncated) step.output.truncated = true;
+    renderOutput(row, step);
   } else if (block.type === "text") {
-    node.querySelector(".text").textContent = block.text;
+    setText(node, block.text, true);
   } else if (block.type === "delta") {
-    node.querySelector(".text").textContent += block.text;
+    setText(node, node._text + block.text, false);
   } else if (block.type === "error") {
-    node.querySelector(".err").textContent = "Error (" + block.code + "): " + block.message;
+    node._failure = { code: block.code, message: block.message, termination: block.termination };
+    if (node._text) setText(node, node._text, true);
+    renderError(node.querySelector(".err"), node._failure);
+  } else if (block.type === "session_ended") {
+    if (block.reason === "completed") return;
+    const { type, seq, ts, sessionId, stats, ...rest } = block;
+    const termination = { ...rest, stats };
+    node._failure = node._failure || {
+      code: block.reason === "terminated" ? "cancelled" : "internal",
+      message: block.message || "the session ended without an answer",
+    };
+    node._failure.termination = termination;
+    renderError(node.querySelector(".err"), node._failure);
   }
+}
+
+// The end of a live turn: what the persisted message does at its end too
+// (steps still running are shown failed, the text is drawn now).
+function settleNode(node) {
+  setText(node, node._text, true);
+  node.querySelectorAll(".steps > .step").forEach((row) => {
+    if (row._step.status === "running") {
+      row._step = { ...row._step, status: "failed", error: row._step.error || "the turn ended before this step finished" };
+      renderStep(row, row._step);
+    }
+  });
 }
 
 function chip(file) {
@@ -184,7 +336,6 @@ async function consume(res, node) {
   const decoder = new TextDecoder();
   let buf = "";
   let finished = false;
-  let turnId = null;
   state.abort = { abort: () => reader.cancel() };
   try {
     for (;;) {
@@ -202,11 +353,12 @@ async function consume(res, node) {
         }
         if (!data) continue;
         const payload = JSON.parse(data);
+        const t = $("thread");
+        const nearEnd = t.scrollHeight - t.scrollTop - t.clientHeight < 80;
         if (event === "turn") {
           state.turn = payload.turnId;
-          turnId = payload.turnId;
           if (!state.chatId) { state.chatId = payload.chatId; location.hash = "chat=" + payload.chatId; loadChats(); }
-        } else if (event === "step" || event === "delta") {
+        } else if (event === "step" || event === "delta" || event === "stdout" || event === "session_ended") {
           applyBlock(node, { ...payload, type: event });
         } else if (event === "result") {
           applyBlock(node, { type: "text", text: payload.message });
@@ -214,8 +366,9 @@ async function consume(res, node) {
           applyBlock(node, { type: "error", code: payload.code, message: payload.message });
         } else if (event === "done") {
           finished = true;
+          settleNode(node);
         }
-        scrollDown();
+        if (nearEnd) scrollDown();
       }
     }
   } catch (e) {
@@ -225,14 +378,12 @@ async function consume(res, node) {
   state.turn = null;
   setBusy(false);
   if (finished && state.chatId) {
-    // Swap in the persisted message, so the live view ends exactly as a
-    // reload will show it.
+    // The live view stays as it is (it renders what a reload renders); only
+    // the bag and the title may have changed.
     const chat = await api("/api/assistant/chats/" + encodeURIComponent(state.chatId)).catch(() => null);
     if (chat) {
       renderBag(chat.files);
       $("chat-title").textContent = chat.title;
-      const saved = chat.messages.filter((m) => m.role === "assistant" && m.turnId === turnId).pop();
-      if (saved && node.isConnected) node.replaceWith(renderMessage(saved));
     }
     loadChats();
   }

@@ -163,6 +163,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/", get(pages::index))
         .route("/assets/app.js", get(pages::app_js))
         .route("/assets/app.css", get(pages::app_css))
+        .route("/assets/vendor/marked.js", get(pages::marked_js))
+        .route("/assets/vendor/purify.js", get(pages::purify_js))
         .route("/healthz", get(pages::healthz))
         .route("/api/runs", post(runs::api::create))
         .route(

@@ -1,5 +1,7 @@
-//! The web chat page (`/` and its two assets), `GET /healthz`, and the 404
-//! fallback. The page is plain HTML, CSS and JS compiled into the binary.
+//! The web chat page (`/` and its assets), `GET /healthz`, and the 404
+//! fallback. The page is plain HTML, CSS and JS compiled into the binary, with
+//! two vendored libraries (`assets/vendor/README.md`): `marked` renders the
+//! answers' Markdown and `DOMPurify` sanitises what it makes.
 
 use axum::Json;
 use axum::http::{HeaderValue, header};
@@ -11,6 +13,8 @@ use crate::wire::Health;
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
 const APP_CSS: &str = include_str!("../assets/app.css");
+const MARKED_JS: &str = include_str!("../assets/vendor/marked.umd.js");
+const PURIFY_JS: &str = include_str!("../assets/vendor/purify.min.js");
 
 /// Only this origin's scripts, styles and requests; never framed.
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
@@ -26,6 +30,14 @@ pub(crate) async fn app_js() -> Response {
 
 pub(crate) async fn app_css() -> Response {
     asset(APP_CSS, "text/css; charset=utf-8")
+}
+
+pub(crate) async fn marked_js() -> Response {
+    asset(MARKED_JS, "text/javascript; charset=utf-8")
+}
+
+pub(crate) async fn purify_js() -> Response {
+    asset(PURIFY_JS, "text/javascript; charset=utf-8")
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {

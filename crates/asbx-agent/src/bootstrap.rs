@@ -1,5 +1,5 @@
-//! Bootstrap (docs/protocol.md §3): redeem the setup token at `/callback/env`,
-//! run the setup script, redeem the run token at `/callback/config`, and work
+//! Bootstrap (docs/protocol.md §3): redeem the setup token at `/callback/env`
+//! and the run token at `/callback/config`, run the setup script, and work
 //! out the run's limits.
 //!
 //! A token the gateway refuses (401 or 403) ends the turn with

@@ -146,6 +146,7 @@ pub async fn run(
         let usage = asbx_protocol::gateway::Usage {
             input_tokens: counters.usage.input_tokens,
             output_tokens: counters.usage.output_tokens,
+            model_calls: counters.model_calls,
         };
         if let Ok(body) = serde_json::to_vec(&usage) {
             let _ = GatewayClient::new(&bootstrap.gateway_socket)
@@ -254,6 +255,10 @@ async fn prepare(
 ) -> Result<Prepared, AgentError> {
     let gw = GatewayClient::new(&b.gateway_socket);
     let env = bootstrap::redeem_env(&gw, &b.otp_setup).await?;
+    // `/config` right after `/env`, before anything slow: the runner learns
+    // the run's effective limits from it for `session_init` (docs/protocol.md
+    // §4), and a long setup script can't outlive the run token.
+    let config = bootstrap::redeem_config(&gw, &b.otp_run).await?;
     let mut variables = env.variables.clone();
     let relay = match &b.proxy_socket {
         Some(sock) => match EgressRelay::start(sock).await {
@@ -303,7 +308,6 @@ async fn prepare(
             .await
             .map_err(AgentError::Output)?;
     }
-    let config = bootstrap::redeem_config(&gw, &b.otp_run).await?;
     let limits = bootstrap::clamp_limits(&b.max_limits, config.limits.as_ref());
     ctx.timeout = limits.tool_timeout;
     ctx.output_bytes = limits.tool_output_bytes;

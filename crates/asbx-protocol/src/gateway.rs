@@ -33,11 +33,16 @@ pub const USAGE: &str = "/usage";
 pub const MCP_PREFIX: &str = "/mcp/";
 
 /// What the agent reports of its model use before its last line.
+///
+/// - `modelCalls`: model calls made (the `steps` of `session_ended.stats`);
+///   absent counts as 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(default)]
+    pub model_calls: u32,
 }
 
 /// What the runner writes on the agent's stdin, once, then closes.

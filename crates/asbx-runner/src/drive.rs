@@ -38,6 +38,9 @@ const MIN_READ: usize = 4 * 1024;
 const MAX_READ: usize = 64 * 1024;
 /// Most distinct step ids one session may open.
 const MAX_STEPS_TRACKED: usize = 100_000;
+/// Protocol 2 holds the agent's first lines until `/config` passed (so
+/// `session_init` carries the effective limits), at most this many bytes.
+const MAX_HELD: usize = 64 * 1024;
 
 /// Everything the task needs, handed over by the `/stream` handler.
 pub(crate) struct Drive {
@@ -84,6 +87,11 @@ struct State {
     /// Discarding the rest of an over-long line.
     skipping: bool,
     max_line: usize,
+    /// Protocol 2: `session_init` until it is written (its limits the
+    /// runner's ceilings, clamped by `/config` when it has passed).
+    init: Option<SessionInit>,
+    /// The message of the agent's `error` line.
+    agent_error: Option<String>,
 }
 
 impl Drive {
@@ -116,21 +124,14 @@ impl Drive {
             stats: SessionStats::default(),
             skipping: false,
             max_line,
-        };
-        if protocol == Protocol::V2 {
-            st.emit(Event::SessionInit(SessionInit {
+            init: (protocol == Protocol::V2).then(|| SessionInit {
                 protocol_version: 2,
                 limits: session_limits,
-                encryption: None,
-            }));
-        }
+                encryption: session.crypto().map(|c| c.init().clone()),
+            }),
+            agent_error: None,
+        };
         let mut tx = Some(tx);
-        if protocol == Protocol::V2 {
-            // session_init goes out at once, before the sandbox says anything.
-            if let Some(t) = tx.as_ref() {
-                flush(&mut st, t).await;
-            }
-        }
         let end = match child.stdout.take() {
             Some(stdout) => pump(&mut st, stdout, &mut tx, &session, deadline).await,
             None => End::Crashed,
@@ -158,15 +159,22 @@ impl Drive {
         };
         let (exit_code, signal) = decode_status(status);
 
-        // Lines the runner owes the client: close open steps, then the terminal line.
+        // Lines the runner owes the client: session_init if still held,
+        // open steps closed, then the terminal line.
+        st.emit_init();
         let message = match end {
-            End::Result | End::AgentError => None,
+            End::Result => None,
+            End::AgentError => Some(
+                st.agent_error
+                    .clone()
+                    .unwrap_or_else(|| "the agent reported an error".to_owned()),
+            ),
             End::Crashed => Some(crash_message(exit_code, signal, captured.last_line())),
             End::Cancelled(CancelCause::ClientGone) => Some("the client went away".to_owned()),
             End::Cancelled(CancelCause::Deleted) => Some("the session was cancelled".to_owned()),
             End::Cap => Some("the sandbox ran past the runtime cap and was killed".to_owned()),
         };
-        if let Some(msg) = &message {
+        if let Some(msg) = message.as_ref().filter(|_| end != End::AgentError) {
             st.close_open_steps("the sandbox ended before the step finished");
             let code = match end {
                 End::Crashed => codes::SANDBOX_CRASHED,
@@ -177,6 +185,7 @@ impl Drive {
         }
         st.stats.duration_ms = started.elapsed().as_millis() as u64;
         let usage = session.usage();
+        st.stats.steps = usage.model_calls;
         st.stats.input_tokens = usage.input_tokens;
         st.stats.output_tokens = usage.output_tokens;
         let (reason, by) = match end {
@@ -238,12 +247,18 @@ async fn pump<R: AsyncRead + Unpin>(
             biased;
             _ = session.cancel.cancelled() => return End::Cancelled(session.cancel_cause()),
             _ = &mut cap => return End::Cap,
-            _ = &mut heartbeat, if beats => {
+            _ = session.config_seen(), if st.init.is_some() => {
+                st.emit_init();
+                st.lines(&mut buf);
+            }
+            _ = &mut heartbeat, if beats && st.init.is_none() => {
                 st.emit(Event::Heartbeat(asbx_protocol::line::Heartbeat {}));
             }
             read = stdout.read_buf(&mut buf) => {
                 match read {
                     Ok(0) | Err(_) => {
+                        st.emit_init();
+                        st.lines(&mut buf);
                         if !buf.is_empty() && !st.skipping {
                             // A last line without its newline still counts.
                             let rest = buf.split().freeze();
@@ -259,7 +274,12 @@ async fn pump<R: AsyncRead + Unpin>(
                         if n >= chunk / 2 {
                             chunk = (chunk * 2).min(MAX_READ);
                         }
-                        st.lines(&mut buf);
+                        if st.init.is_some() && buf.len() > MAX_HELD {
+                            st.emit_init();
+                        }
+                        if st.init.is_none() {
+                            st.lines(&mut buf);
+                        }
                     }
                 }
             }
@@ -311,6 +331,30 @@ async fn flush(st: &mut State, tx: &mpsc::Sender<Bytes>) {
 }
 
 impl State {
+    /// Writes `session_init` if it is still held: its limits are the
+    /// runner's ceilings clamped by the `/config` limits when those have
+    /// passed, and every later line is sealed when the client asked for
+    /// encryption (`docs/protocol.md` §4).
+    fn emit_init(&mut self) {
+        let Some(mut init) = self.init.take() else {
+            return;
+        };
+        if let Some(Some(run)) = self.session.run_limits() {
+            let l = &mut init.limits;
+            l.max_steps = run.max_steps.map_or(l.max_steps, |v| v.min(l.max_steps));
+            l.max_tool_calls = run
+                .max_tool_calls
+                .map_or(l.max_tool_calls, |v| v.min(l.max_tool_calls));
+            l.max_duration_ms = run
+                .max_duration_ms
+                .map_or(l.max_duration_ms, |v| v.min(l.max_duration_ms));
+        }
+        self.emit(Event::SessionInit(init));
+        if let Some(crypto) = self.session.crypto() {
+            self.stamper.encrypt_with(std::sync::Arc::clone(crypto));
+        }
+    }
+
     /// Handles every complete line in `buf`, leaving a partial one.
     fn lines(&mut self, buf: &mut BytesMut) {
         if self.skipping {
@@ -384,6 +428,9 @@ impl State {
         if kind == AgentKind::Step && !self.step_transition(&ev) {
             return;
         }
+        if kind == AgentKind::Error {
+            self.agent_error = ev.message.as_deref().map(str::to_owned);
+        }
         if kind.is_terminal() {
             self.close_open_steps("the turn ended before the step finished");
             self.terminal = Some(if kind == AgentKind::Result {
@@ -403,6 +450,8 @@ impl State {
                 ));
                 return;
             }
+            // A client tool is a tool call too (it writes no step lines).
+            self.stats.tool_calls += 1;
         }
         if self.filter.as_ref().is_none_or(|f| f.passes(kind)) {
             self.stamper
@@ -426,7 +475,6 @@ impl State {
                 self.seen_steps.insert(id.to_string());
                 self.open_steps
                     .insert(id.to_string(), (name.to_string(), Instant::now()));
-                self.stats.steps += 1;
                 self.stats.tool_calls += 1;
                 true
             }
@@ -561,6 +609,8 @@ mod tests {
             stats: SessionStats::default(),
             skipping: false,
             max_line: 256,
+            init: None,
+            agent_error: None,
         }
     }
 
@@ -661,7 +711,7 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, vec!["b:Running", "b:Failed", "result"]);
-        assert_eq!(st.stats.steps, 1);
+        assert_eq!(st.stats.tool_calls, 1);
     }
 
     #[test]

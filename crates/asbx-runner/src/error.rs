@@ -30,6 +30,8 @@ pub enum RunnerError {
     AlreadyAnswered(String),
     #[error("the session ended before tool call {0} was answered")]
     CallClosed(String),
+    #[error("the encrypted result of tool call {0} did not open with the session's key")]
+    Undecryptable(String),
     #[error("events after seq {after} are gone; the oldest retained is {oldest}")]
     EventsGone { after: u64, oldest: u64 },
     #[error("could not start the sandbox: {0}")]
@@ -89,6 +91,12 @@ impl RunnerError {
             RunnerError::CallClosed(_) => {
                 Problem::new(409, "session_ended", "Session ended", self.to_string())
             }
+            RunnerError::Undecryptable(_) => Problem::new(
+                400,
+                "decryption_failed",
+                "Decryption failed",
+                self.to_string(),
+            ),
             RunnerError::TooLarge(_) => Problem::new(
                 413,
                 "body_too_large",

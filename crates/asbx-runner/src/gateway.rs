@@ -228,7 +228,11 @@ async fn callback_config(State(s): State<Arc<GatewayState>>, req: Request) -> Re
     let Ok(bytes) = axum::body::to_bytes(body, MAX_CONFIG_BODY).await else {
         return GatewayError::AnswerTooLarge("/config").into_response();
     };
-    if let Ok(cfg) = serde_json::from_slice::<asbx_protocol::callback::ConfigResponse>(&bytes) {
+    let cfg = serde_json::from_slice::<asbx_protocol::callback::ConfigResponse>(&bytes);
+    // The session's effective limits are known from here (`session_init`).
+    s.session
+        .set_run_limits(cfg.as_ref().ok().and_then(|c| c.limits));
+    if let Ok(cfg) = cfg {
         if let Some((provider, model)) = cfg.model.split_once(':') {
             let _ = s.model.set(PinnedModel {
                 provider: provider.to_owned(),

@@ -7,7 +7,10 @@
 //!   retained `seq` when lines after `N` were already dropped.
 //! - `POST /v1/sessions/{id}/tool-result` `{"callId","result"}` or
 //!   `{"callId","error"}`: `404` for a call the agent never made, `409` for
-//!   one already answered.
+//!   one already answered. An encrypted session takes only
+//!   `{"callId","encrypted"}`, opened with the session's key
+//!   (`docs/protocol.md` §4); one that does not open is a `400`
+//!   `decryption_failed`.
 //!
 //! A reader counts as an attached client: while one reads, a session whose
 //! `/stream` client went away is not cancelled.
@@ -157,6 +160,18 @@ struct ToolResultBody {
     result: Option<serde_json::Value>,
     #[serde(default)]
     error: Option<String>,
+    #[serde(default)]
+    encrypted: Option<asbx_crypto::Sealed>,
+}
+
+/// What an encrypted tool result holds once opened.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenedAnswer {
+    #[serde(default)]
+    result: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<String>,
 }
 
 pub(crate) async fn tool_result(
@@ -169,7 +184,34 @@ pub(crate) async fn tool_result(
     let parsed: ToolResultBody = serde_json::from_slice(&body).map_err(|e| {
         RunnerError::InvalidRequest(vec![FieldError::new("", format!("invalid body: {e}"))])
     })?;
-    let answer = match (parsed.result, parsed.error) {
+    let (result, error) = match (session.crypto(), parsed.encrypted) {
+        (None, None) => (parsed.result, parsed.error),
+        (Some(crypto), Some(sealed)) if parsed.result.is_none() && parsed.error.is_none() => {
+            let plain = crypto
+                .open_tool_result(&parsed.call_id, &sealed)
+                .map_err(|_| RunnerError::Undecryptable(parsed.call_id.clone()))?;
+            let opened: OpenedAnswer = serde_json::from_slice(&plain).map_err(|e| {
+                RunnerError::InvalidRequest(vec![FieldError::new(
+                    "encrypted",
+                    format!("the opened tool result is not {{result}} or {{error}}: {e}"),
+                )])
+            })?;
+            (opened.result, opened.error)
+        }
+        (Some(_), _) => {
+            return Err(RunnerError::InvalidRequest(vec![FieldError::new(
+                "encrypted",
+                "this session is encrypted: send only callId and encrypted",
+            )]));
+        }
+        (None, Some(_)) => {
+            return Err(RunnerError::InvalidRequest(vec![FieldError::new(
+                "encrypted",
+                "this session is not encrypted",
+            )]));
+        }
+    };
+    let answer = match (result, error) {
         (Some(r), None) => ToolAnswer::Result(r),
         (None, Some(e)) => ToolAnswer::Error(e),
         _ => {

@@ -101,11 +101,27 @@ async fn stream(
         .session_id
         .clone()
         .unwrap_or_else(crate::dispatch::random_id);
+    // The key is agreed before the session exists: a K that is not a point
+    // on P-256 is a 400 like any other bad field (docs/protocol.md §4).
+    let crypto = match &req.encryption {
+        Some(e) => Some(
+            asbx_crypto::ServerSession::new(&e.client_public_key, &session_id).map_err(|e| {
+                RunnerError::InvalidRequest(vec![asbx_protocol::FieldError::new(
+                    "encryption.client_public_key",
+                    e.to_string(),
+                )])
+            })?,
+        ),
+        None => None,
+    };
     let session = inner.sessions.insert(
         &session_id,
         req.protocol,
         std::time::Duration::from_millis(req.detach_grace_ms()),
     )?;
+    if let Some(c) = crypto {
+        session.set_crypto(c);
+    }
     match crate::dispatch::start(&inner, &session, &req).await {
         Ok(res) => Ok(res),
         Err(e) => {

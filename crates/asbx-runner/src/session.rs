@@ -3,13 +3,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use asbx_crypto::ServerSession;
 use asbx_protocol::Protocol;
+use asbx_protocol::callback::RunLimits;
 use asbx_protocol::session::{SessionInfo, SessionStatus, Termination};
 use bytes::Bytes;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::RunnerError;
@@ -46,6 +48,12 @@ pub(crate) struct Session {
     pub(crate) detach_grace: Duration,
     /// Protocol 2: client-tool calls by id.
     calls: Mutex<HashMap<String, Call>>,
+    /// Protocol 2 with `encryption`: this session's key (`docs/protocol.md` §4).
+    crypto: OnceLock<Arc<ServerSession>>,
+    /// The `limits` of the `/config` answer, once it passed the gateway.
+    run_limits: OnceLock<Option<RunLimits>>,
+    /// Wakes the drive task when `run_limits` is set.
+    config_seen: Notify,
 }
 
 /// Most bytes of lines a protocol 2 session keeps for resume.
@@ -165,6 +173,35 @@ impl Session {
             call.waiter = None;
         }
         calls.retain(|_, c| c.announced);
+    }
+
+    /// Encrypts this session from now on (set once, before it starts).
+    pub(crate) fn set_crypto(&self, crypto: ServerSession) {
+        let _ = self.crypto.set(Arc::new(crypto));
+    }
+
+    /// The session's key, when the client asked for encryption.
+    pub(crate) fn crypto(&self) -> Option<&Arc<ServerSession>> {
+        self.crypto.get()
+    }
+
+    /// The gateway relayed the `/config` answer, whose `limits` these are.
+    pub(crate) fn set_run_limits(&self, limits: Option<RunLimits>) {
+        if self.run_limits.set(limits).is_ok() {
+            self.config_seen.notify_one();
+        }
+    }
+
+    /// The `/config` limits, once `/config` has passed.
+    pub(crate) fn run_limits(&self) -> Option<Option<RunLimits>> {
+        self.run_limits.get().copied()
+    }
+
+    /// Resolves once `/config` has passed the gateway.
+    pub(crate) async fn config_seen(&self) {
+        if self.run_limits.get().is_none() {
+            self.config_seen.notified().await;
+        }
     }
 
     pub(crate) fn set_usage(&self, usage: asbx_protocol::gateway::Usage) {
@@ -362,6 +399,9 @@ impl Sessions {
             detach_epoch: AtomicU64::new(0),
             detach_grace,
             calls: Mutex::new(HashMap::new()),
+            crypto: OnceLock::new(),
+            run_limits: OnceLock::new(),
+            config_seen: Notify::new(),
         });
         reg.all.insert(id.to_owned(), Arc::clone(&session));
         Ok(session)

@@ -5,7 +5,13 @@
 //! and then the original bytes after the opening brace. Output accumulates in
 //! one buffer that is handed to the HTTP body a chunk at a time, so there is
 //! no allocation per line.
+//!
+//! An encrypted session (`docs/protocol.md` §4) rewrites each stamped line in
+//! place into its sealed form; only such sessions pay for it.
 
+use std::sync::Arc;
+
+use asbx_crypto::ServerSession;
 use asbx_protocol::{Event, Line};
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -19,6 +25,8 @@ pub(crate) struct Stamper {
     /// Protocol 2 keeps a resume log: where each line starts and ends in
     /// `out`, its `seq` and type. `None` (protocol 1) records nothing.
     marks: Option<Vec<(u64, &'static str, usize, usize)>>,
+    /// Seals every line from now on (`None`: lines go out in the clear).
+    crypto: Option<Arc<ServerSession>>,
 }
 
 impl Stamper {
@@ -34,6 +42,51 @@ impl Stamper {
             session_id: session_id.to_owned(),
             out: BytesMut::new(),
             marks: None,
+            crypto: None,
+        }
+    }
+
+    /// Seals every later line with the session's key.
+    pub(crate) fn encrypt_with(&mut self, crypto: Arc<ServerSession>) {
+        self.crypto = Some(crypto);
+    }
+
+    /// Rewrites the line just written at `start` into its sealed form: the
+    /// clear fields, then `encrypted` (`docs/protocol.md` §4). Returns the
+    /// type the line goes out as.
+    fn seal(&mut self, start: usize, kind: &'static str) -> &'static str {
+        let Some(crypto) = &self.crypto else {
+            return kind;
+        };
+        let end = self.out.len() - 1;
+        let sealed = crypto.encrypt_line(&self.out[start..end]);
+        self.out.truncate(start);
+        match sealed {
+            Ok(line) => {
+                self.out.extend_from_slice(&line);
+                self.out.put_u8(b'\n');
+                kind
+            }
+            Err(e) => {
+                // A line the stamper wrote is JSON; should one still fail to
+                // reparse (nesting past serde_json's depth), its seq carries
+                // a sealed warning instead, never the plaintext.
+                let line = Line {
+                    seq: self.seq,
+                    ts: asbx_protocol::now_ms(),
+                    session_id: self.session_id.clone(),
+                    event: Event::log(
+                        asbx_protocol::LogLevel::Warn,
+                        format!("dropped a {kind} line that could not be encrypted: {e}"),
+                    ),
+                };
+                let plain = serde_json::to_vec(&line).unwrap_or_default();
+                if let Ok(enc) = crypto.encrypt_line(&plain) {
+                    self.out.extend_from_slice(&enc);
+                    self.out.put_u8(b'\n');
+                }
+                "log"
+            }
         }
     }
 
@@ -74,6 +127,7 @@ impl Stamper {
         self.out.put_slice(&self.session_part);
         self.out.put_slice(&line[1..]);
         self.out.put_u8(b'\n');
+        let kind = self.seal(start, kind);
         self.mark(kind, start);
         self.seq
     }
@@ -93,6 +147,7 @@ impl Stamper {
         // Serializing our own types to memory cannot fail.
         let _ = serde_json::to_writer(&mut w, &line);
         self.out.put_u8(b'\n');
+        let kind = self.seal(start, kind);
         self.mark(kind, start);
         self.seq
     }
@@ -149,5 +204,42 @@ mod tests {
         assert_eq!(lines[0].ts, 7);
         assert!(matches!(&lines[2].event, Event::Result(r) if r.message == "done"));
         assert!(!s.has_output());
+    }
+
+    #[test]
+    fn an_encrypting_stamper_seals_every_line_and_logs_the_sealed_bytes() {
+        let mut client = asbx_crypto::ClientSession::new();
+        let server = ServerSession::new(&client.public_key(), "sess_e").unwrap();
+        client.agree(server.init(), "sess_e").unwrap();
+        let mut s = Stamper::new("sess_e");
+        s.keep_marks();
+        s.event(Event::log(LogLevel::Info, "in the clear"));
+        s.encrypt_with(Arc::new(server));
+        s.raw(br#"{"type":"delta","text":"secret words"}"#, 7, "delta");
+        s.event(Event::Heartbeat(asbx_protocol::line::Heartbeat {}));
+        let (out, logged) = s.take();
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.contains("in the clear"), "{text}");
+        assert!(!text.contains("secret words"), "{text}");
+        assert_eq!(
+            logged.iter().map(|l| l.kind).collect::<Vec<_>>(),
+            vec!["log", "delta", "heartbeat"]
+        );
+        // The log holds exactly the bytes sent, line by line.
+        assert_eq!(
+            logged
+                .iter()
+                .flat_map(|l| l.bytes.to_vec())
+                .collect::<Vec<u8>>(),
+            out.to_vec()
+        );
+        let delta = client.decrypt_line(logged[1].bytes.trim_ascii()).unwrap();
+        assert_eq!(delta["text"], "secret words");
+        assert_eq!(delta["seq"], 2);
+        assert_eq!(delta["ts"], 7);
+        let beat = client.decrypt_line(logged[2].bytes.trim_ascii()).unwrap();
+        assert_eq!(beat["type"], "heartbeat");
+        let raw: serde_json::Value = serde_json::from_slice(&logged[2].bytes).unwrap();
+        assert!(raw.get("encrypted").is_some(), "{raw}");
     }
 }

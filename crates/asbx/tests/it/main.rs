@@ -8,6 +8,7 @@ mod harness;
 mod agent_features;
 mod dispatch;
 mod egress;
+mod encryption;
 mod hostile;
 mod isolation;
 mod models;

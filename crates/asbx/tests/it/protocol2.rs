@@ -1,7 +1,10 @@
 //! Protocol 2 over the real runner (docs/protocol.md §4): session_init first,
 //! deltas, session_ended last with stats; filters keep seq; a dropped client
 //! resumes from `/events` (NDJSON and SSE with Last-Event-ID) within the
-//! detach grace, and a grace of 0 cancels at once; heartbeats fill silence.
+//! detach grace, and a grace of 0 cancels at once; heartbeats fill silence;
+//! `session_init.limits` are the session's effective limits, `stats` count
+//! model calls, tool calls (client tools included) and tokens apart, and
+//! `session_ended.message` says why whenever a session ends with an error.
 
 use std::time::{Duration, Instant};
 
@@ -58,7 +61,9 @@ async fn a_protocol_2_stream_opens_with_session_init_and_closes_with_session_end
         Event::SessionEnded(e) => {
             assert_eq!(e.reason, asbx_protocol::session::EndReason::Completed);
             assert_eq!(e.terminated_by, asbx_protocol::session::TerminatedBy::Agent);
-            assert_eq!(e.stats.steps, 1);
+            // Two model calls (the tool call, then the answer), one tool call.
+            assert_eq!(e.stats.steps, 2);
+            assert_eq!(e.stats.tool_calls, 1);
             assert!(
                 e.stats.input_tokens > 0 && e.stats.output_tokens > 0,
                 "{:?}",
@@ -342,5 +347,207 @@ async fn a_client_tool_call_round_trips_through_the_runner() {
         lines.last().unwrap().event,
         Event::SessionEnded(_)
     ));
+    runner.assert_clean().await;
+}
+
+/// The usage the agent logged: (model calls, tool calls, input, output tokens).
+fn logged_usage(lines: &[Line]) -> (u32, u32, u64, u64) {
+    let msg = lines
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::Log(g) if g.message.starts_with("usage: ") => Some(g.message.clone()),
+            _ => None,
+        })
+        .expect("the agent logs its usage");
+    let n: Vec<u64> = msg
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    (n[0] as u32, n[1] as u32, n[2], n[3])
+}
+
+#[tokio::test]
+async fn session_init_carries_the_effective_limits_not_the_runners_ceilings() {
+    let runner = RunnerProc::start(&[]);
+    let caps = asbx_protocol::gateway::MaxLimits::default();
+    let mut config = scripted("scripted:test");
+    // More steps and time than the runner allows, fewer tool calls.
+    config.limits = Some(asbx_protocol::callback::RunLimits {
+        max_steps: Some(caps.max_steps + 1000),
+        max_tool_calls: Some(3),
+        max_duration_ms: Some(caps.max_duration_ms * 10),
+        ..Default::default()
+    });
+    let ws = FakeWorkspace::start(config).await;
+    let t = ws.mint(&session_id("limits"));
+    let (status, lines, err) = dispatch(
+        &runner.url,
+        &v2(ws.body(&t, &script(json!([{"say": "ok"}]))), json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{err}");
+    match &lines[0].event {
+        Event::SessionInit(i) => {
+            assert_eq!(i.limits.max_steps, caps.max_steps, "clamped to the cap");
+            assert_eq!(i.limits.max_duration_ms, caps.max_duration_ms);
+            assert_eq!(i.limits.max_tool_calls, 3, "the request's own value");
+            assert_eq!(i.limits.heartbeat_interval_ms, 5000);
+        }
+        other => panic!("first line {other:?}"),
+    }
+
+    // Positive control: with no /config limits, the caps are the limits.
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("nolimits"));
+    let (_, lines, _) = dispatch(
+        &runner.url,
+        &v2(ws.body(&t, &script(json!([{"say": "ok"}]))), json!({})),
+    )
+    .await;
+    match &lines[0].event {
+        Event::SessionInit(i) => {
+            assert_eq!(i.limits.max_tool_calls, caps.max_tool_calls);
+            assert_eq!(i.limits.max_steps, caps.max_steps);
+        }
+        other => panic!("first line {other:?}"),
+    }
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn stats_count_model_calls_tool_calls_and_tokens_apart() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("stats"));
+    // Two model calls: one asking for a shell tool and a client tool at
+    // once, then the answer.
+    let prompt = script(json!([
+        {"tools": [
+            {"tool": "shell", "args": {"command": "echo counted"}},
+            {"tool": "ask_user", "args": {"q": "sure?"}}
+        ]},
+        {"say": "counted right"}
+    ]));
+    let tools = json!([{
+        "name": "ask_user",
+        "description": "Ask the user",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}
+    }]);
+    let body = v2(ws.body(&t, &prompt), json!({"client_tools": tools}));
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = Box::pin(res.bytes_stream());
+    let mut d = LineDecoder::default();
+    let mut lines: Vec<Line> = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .unwrap()
+    {
+        for l in d.push(&chunk.unwrap()) {
+            let l = l.unwrap();
+            if let Event::ToolCall(c) = &l.event {
+                let ok = reqwest::Client::new()
+                    .post(format!(
+                        "{}/v1/sessions/{}/tool-result",
+                        runner.url, t.session
+                    ))
+                    .json(&json!({"callId": c.call_id, "result": "yes"}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(ok.status(), 200);
+            }
+            lines.push(l);
+        }
+    }
+    let stats = match &lines.last().unwrap().event {
+        Event::SessionEnded(e) => {
+            assert_eq!(e.reason, asbx_protocol::session::EndReason::Completed);
+            e.stats.clone()
+        }
+        other => panic!("last line {other:?}"),
+    };
+    assert_eq!(stats.steps, 2, "model calls: {stats:?}");
+    assert_eq!(stats.tool_calls, 2, "shell and the client tool: {stats:?}");
+    let (calls, tools, input, output) = logged_usage(&lines);
+    assert_eq!((calls, tools), (2, 2), "the agent's own count agrees");
+    assert_eq!(stats.input_tokens, input);
+    assert_eq!(stats.output_tokens, output);
+    assert!(input > 0 && output > 0 && input != output, "{stats:?}");
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn session_ended_says_why_whenever_the_session_ended_with_an_error() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    // The agent's own error: the model call fails.
+    let t = ws.mint(&session_id("err-agent"));
+    let (_, lines, _) = dispatch(
+        &runner.url,
+        &v2(
+            ws.body(&t, &script(json!([{"fail": "the model fell over"}]))),
+            json!({}),
+        ),
+    )
+    .await;
+    let error = lines.iter().find_map(|l| match &l.event {
+        Event::Error(e) => Some(e.message.clone()),
+        _ => None,
+    });
+    match &lines.last().unwrap().event {
+        Event::SessionEnded(e) => {
+            assert_eq!(e.reason, asbx_protocol::session::EndReason::Error);
+            assert!(
+                error
+                    .as_deref()
+                    .is_some_and(|m| m.contains("the model fell over"))
+            );
+            assert_eq!(e.message, error, "the error line's message");
+        }
+        other => panic!("last line {other:?}"),
+    }
+    // A crash: the runner's own message.
+    let t = ws.mint(&session_id("err-crash"));
+    let (_, lines, _) = dispatch(
+        &runner.url,
+        &v2(ws.body(&t, &script(json!([{"crash": 3}]))), json!({})),
+    )
+    .await;
+    match &lines.last().unwrap().event {
+        Event::SessionEnded(e) => {
+            assert_eq!(e.reason, asbx_protocol::session::EndReason::Error);
+            let m = e.message.as_deref().unwrap_or_default();
+            assert!(m.contains("exited with code 3"), "{m}");
+        }
+        other => panic!("last line {other:?}"),
+    }
+    // Positive control: a completed session carries no message.
+    let t = ws.mint(&session_id("err-none"));
+    let (_, lines, _) = dispatch(
+        &runner.url,
+        &v2(ws.body(&t, &script(json!([{"say": "fine"}]))), json!({})),
+    )
+    .await;
+    match &lines.last().unwrap().event {
+        Event::SessionEnded(e) => {
+            assert_eq!(e.reason, asbx_protocol::session::EndReason::Completed);
+            assert_eq!(e.message, None);
+        }
+        other => panic!("last line {other:?}"),
+    }
+    // The same termination is what GET /v1/sessions/{id} reports.
+    let info: serde_json::Value = reqwest::get(format!("{}/v1/sessions/{}", runner.url, t.session))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["termination"]["reason"], "completed");
     runner.assert_clean().await;
 }

@@ -25,6 +25,7 @@
 
 mod cgroup;
 mod check;
+mod detached;
 mod fsrules;
 mod ids;
 mod init;
@@ -35,6 +36,8 @@ mod sys;
 
 use std::ffi::CString;
 use std::path::PathBuf;
+
+pub use detached::DetachedDir;
 
 use asbx_protocol::jail::{
     HOST_IDS_PER_SANDBOX, JailPolicy, JailProfile, LayerReport, TOOL_CGROUP_IN_JAIL,
@@ -80,6 +83,9 @@ pub enum JailError {
 /// - bind targets that do not exist must be outside the read-only system
 ///   folders (`/run/...`, `/opt/...`), e.g. the `asbx` binary at
 ///   `/run/asbx/bin/asbx` inside the bound run folder, or on its own path;
+/// - bind sources show in the sandbox's `/proc/self/mountinfo` as their path
+///   inside their file system: share folders and the binary through a
+///   [`DetachedDir`] (root `/`, no host path) where the kernel allows;
 /// - call [`seal_agent`] first thing in `asbx agent`;
 /// - after a supervisor was SIGKILLed, its cleanup guard removes the
 ///   cgroups; if the guard was killed too, the runner removes what is left

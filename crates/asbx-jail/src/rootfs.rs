@@ -21,8 +21,10 @@
 
 use std::ffi::OsStr;
 use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt, lchown, symlink};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
@@ -88,10 +90,16 @@ const PROC_MASKED: [&str; 6] = [
     "kallsyms",
 ];
 
-/// What to bind: a canonical host path and where it appears.
+/// What to bind: a detached copy of the source's mount (made by the
+/// supervisor in the host's mount namespace) and where it appears.
+///
+/// The copy is taken with `open_tree(OPEN_TREE_CLONE)` rather than bound by
+/// path from `/.oldroot`: a source may be a [`crate::DetachedDir`] of the
+/// runner (`/proc/<pid>/fd/<n>`), mounted nowhere the sandbox's namespace
+/// could bind it from; the sandbox then sees its root as `/`, no host path.
 #[derive(Debug, Clone)]
 pub(crate) struct Bind {
-    pub(crate) source: PathBuf,
+    tree: Option<Arc<OwnedFd>>,
     pub(crate) target: PathBuf,
     pub(crate) writable: bool,
     pub(crate) is_dir: bool,
@@ -171,11 +179,20 @@ impl RootPlan {
                     )));
                 }
             }
-            let source = fs::canonicalize(&b.source)
+            let source = Path::new(&b.source);
+            if !source.is_absolute() {
+                return Err(policy_err(format!(
+                    "bind source {} must be an absolute path",
+                    b.source
+                )));
+            }
+            let is_dir = fs::metadata(source)
+                .map_err(|e| policy_err(format!("bind source {}: {e}", b.source)))?
+                .is_dir();
+            let tree = crate::sys::open_tree_clone(source)
                 .map_err(|e| policy_err(format!("bind source {}: {e}", b.source)))?;
-            let is_dir = source.is_dir();
             binds.push(Bind {
-                source,
+                tree: Some(Arc::new(tree)),
                 target,
                 writable: b.writable,
                 is_dir,
@@ -197,6 +214,14 @@ impl RootPlan {
     /// The in-sandbox targets of the binds, with whether they are writable.
     pub(crate) fn bind_targets(&self) -> impl Iterator<Item = (&Path, bool)> {
         self.binds.iter().map(|b| (b.target.as_path(), b.writable))
+    }
+
+    /// Close the supervisor's copies of the bind trees once the sandbox's
+    /// init (which attaches them) has its own.
+    pub(crate) fn release_trees(&mut self) {
+        for b in &mut self.binds {
+            b.tree = None;
+        }
     }
 }
 
@@ -344,7 +369,20 @@ pub(crate) fn build(plan: &RootPlan) -> Result<(), JailError> {
     let root_dev = fs::metadata(root).map_err(|e| sys("stat", root, e))?.dev();
     for b in &plan.binds {
         make_mount_point(&b.target, b.is_dir, root_dev)?;
-        bind(&old(&b.source), &b.target, b.writable)?;
+        let Some(tree) = &b.tree else {
+            return Err(JailError::Setup(format!(
+                "bind {}: no source tree",
+                b.target.display()
+            )));
+        };
+        crate::sys::move_mount_to(tree.as_fd(), &b.target)
+            .map_err(|e| sys("move_mount", &b.target, e))?;
+        let mut flags =
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if !b.writable {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        mnt(None, &b.target, None, flags, None)?;
     }
 
     umount2(OLD, MntFlags::MNT_DETACH).map_err(|e| sys("umount", OLD, e))?;

@@ -209,6 +209,7 @@ pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
         };
     drop(up_w);
     drop(down_r);
+    plan.root.release_trees();
     let init = Pid::from_raw(pid);
 
     if let Err(e) = handshake(pid, policy.host_uid, up_r, &down_w) {

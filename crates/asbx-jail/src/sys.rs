@@ -1,6 +1,7 @@
 //! Thin wrappers over the few system calls nix does not cover: `clone` with
 //! namespace flags and fork semantics, capability sets, `close_range`,
-//! bringing up the loopback interface, `pidfd_open`, `poll`, and `_exit`.
+//! bringing up the loopback interface, `pidfd_open`, `poll`, `_exit`, and
+//! the new mount API (`open_tree`, `move_mount`, `fsopen`/`fsmount`).
 //!
 //! Every `unsafe` block of the crate lives here, each with a SAFETY note.
 
@@ -343,4 +344,113 @@ pub(crate) fn poll_readable(fds: &[BorrowedFd<'_>]) -> io::Result<Vec<bool>> {
             return Err(e);
         }
     }
+}
+
+// The new mount API (linux/mount.h); libc has the call numbers only.
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+/// `MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV`.
+pub(crate) const MOUNT_ATTR_NOSUID_NODEV: libc::c_uint = 0x2 | 0x4;
+/// `MOUNT_ATTR_NOEXEC`.
+pub(crate) const MOUNT_ATTR_NOEXEC: libc::c_uint = 0x8;
+
+fn c_path(path: &std::path::Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn fd_result(ret: libc::c_long) -> io::Result<OwnedFd> {
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as libc::c_int) })
+}
+
+/// `open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)`: a
+/// detached, non-recursive copy of the mount that `path` names (symbolic
+/// and `/proc/<pid>/fd` links followed), rooted at `path`.
+pub(crate) fn open_tree_clone(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let p = c_path(path)?;
+    // SAFETY: `p` is a valid NUL-terminated string that outlives the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
+        )
+    };
+    fd_result(ret)
+}
+
+/// `move_mount(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`:
+/// attach a detached mount (from [`open_tree_clone`]) on `target`.
+pub(crate) fn move_mount_to(tree: BorrowedFd<'_>, target: &std::path::Path) -> io::Result<()> {
+    let t = c_path(target)?;
+    // SAFETY: both strings are valid and NUL-terminated; `tree` is an open descriptor.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A new tmpfs that is mounted nowhere (`fsopen`, `fsconfig`, `fsmount`):
+/// reachable only through the returned descriptor, gone with its last one.
+pub(crate) fn detached_tmpfs(options: &[(&str, &str)], attrs: libc::c_uint) -> io::Result<OwnedFd> {
+    // SAFETY: a static NUL-terminated file-system name.
+    let fs =
+        fd_result(unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) })?;
+    for (key, value) in options {
+        let k = std::ffi::CString::new(*key)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a tmpfs option"))?;
+        let v = std::ffi::CString::new(*value)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a tmpfs option"))?;
+        // SAFETY: `fs` is open; both strings are valid for the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                k.as_ptr(),
+                v.as_ptr(),
+                0,
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: `fs` is open; no pointer arguments.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fs` is a configured file-system context; no pointer arguments.
+    fd_result(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
 }

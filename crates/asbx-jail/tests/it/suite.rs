@@ -92,6 +92,10 @@ pub fn cases() -> Vec<Case> {
             "a_supervisor_killed_while_starting_leaves_no_cgroup",
             a_supervisor_killed_while_starting_leaves_no_cgroup,
         ),
+        (
+            "mountinfo_and_cgroup_show_no_host_path",
+            mountinfo_and_cgroup_show_no_host_path,
+        ),
     ]
 }
 
@@ -1131,5 +1135,132 @@ fn a_supervisor_killed_while_starting_leaves_no_cgroup() -> R {
         }
     }
     ensure(left.is_empty(), format!("cgroups left behind: {left:?}"))?;
+    pass()
+}
+
+/// `/proc/self/mountinfo` and `/proc/self/cgroup` inside a sandbox name no
+/// host path and no pid of the host (issue 13, item 8): the run folder and
+/// the binary come from the runner's `DetachedDir`s (root `/`), `/work` is
+/// a copy, cgroups read from the sandbox's cgroup namespace. Positive
+/// controls: the table lists the sandbox's own mounts, a socket made by the
+/// "runner" through the detached folder's path is reachable inside, and a
+/// plain host-folder bind beside them does show its host path (what the
+/// runner used to do), so the reader would see a leak.
+fn mountinfo_and_cgroup_show_no_host_path() -> R {
+    use std::os::unix::fs::PermissionsExt;
+    let (run, bin) = match (
+        asbx_jail::DetachedDir::tmpfs(64 << 10, 64, false),
+        asbx_jail::DetachedDir::tmpfs(1 << 20, 16, true),
+    ) {
+        (Ok(r), Ok(b)) => (r, b),
+        (Err(e), _) | (_, Err(e)) => {
+            return Ok(Outcome::Skip(format!("no detached tmpfs here: {e}")));
+        }
+    };
+    let sock = run.path().join("gateway.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let hello = bin.path().join("hello");
+    std::fs::write(&hello, "#!/bin/sh\necho hello-from-detached\n").unwrap();
+    std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(b"pong").unwrap();
+    });
+    let host = tempfile::Builder::new()
+        .prefix(".tmp-asbx-hostbind")
+        .tempdir()
+        .unwrap();
+    let mut sbx = Sbx::new(
+        "/opt/asbx/bin/asbx; \
+         python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); \
+s.connect('/run/asbx/gateway.sock'); print(s.recv(4).decode())\"; \
+         echo ---; cat /proc/self/mountinfo; echo ---; cat /proc/self/cgroup",
+    );
+    for (source, target) in [
+        (run.path().to_path_buf(), "/run/asbx"),
+        (hello.clone(), "/opt/asbx/bin/asbx"),
+        (host.path().to_path_buf(), "/run/hostbind"),
+    ] {
+        sbx.policy.binds.push(BindMount {
+            source: source.to_string_lossy().into_owned(),
+            target: target.into(),
+            writable: false,
+        });
+    }
+    let out = sbx.run().ok()?;
+    server.join().map_err(|_| "socket server failed")?;
+    let mut parts = out.stdout.split("---\n");
+    let (head, mountinfo, cgroup) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    ensure(
+        head == "hello-from-detached\npong\n",
+        format!("the detached folders work: {out:?}"),
+    )?;
+    // Field 4 is the mount's root, field 5 its mount point; the source
+    // follows the " - fstype" separator.
+    let mut roots = std::collections::BTreeMap::new();
+    for line in mountinfo.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let source = line.split(" - ").nth(1).and_then(|r| r.split(' ').nth(1));
+        if let (Some(root), Some(point), Some(source)) = (f.get(3), f.get(4), source) {
+            roots.insert(point.to_string(), (root.to_string(), source.to_string()));
+        }
+    }
+    for point in [
+        "/",
+        "/work",
+        "/tmp",
+        "/proc",
+        "/run/asbx",
+        "/opt/asbx/bin/asbx",
+    ] {
+        ensure(
+            roots.contains_key(point),
+            format!("{point} is not in the mount table: {mountinfo}"),
+        )?;
+    }
+    let host_path = host.path().to_string_lossy().into_owned();
+    ensure(
+        roots.get("/run/hostbind").map(|(r, _)| r.as_str()) == Some(host_path.as_str()),
+        format!("control: a host bind shows its host path {host_path}: {mountinfo}"),
+    )?;
+    let pid = std::process::id().to_string();
+    let workdir = sbx.dir.path().to_string_lossy().into_owned();
+    for (point, (root, source)) in &roots {
+        if point == "/run/hostbind" {
+            continue;
+        }
+        for field in [root, source] {
+            let leaks = field.contains(&workdir)
+                || field.contains("/proc/")
+                || field.contains("/fd/")
+                || field.contains(".tmp")
+                || field.contains("/work")
+                || field.split(|c: char| !c.is_ascii_digit()).any(|n| n == pid);
+            ensure(
+                !leaks,
+                format!("{point} shows a host path or pid ({field}): {mountinfo}"),
+            )?;
+        }
+    }
+    for point in ["/run/asbx", "/opt/asbx/bin/asbx"] {
+        let root = roots.get(point).map(|(r, _)| r.as_str()).unwrap_or("");
+        ensure(
+            root == "/" || root == "/hello",
+            format!("{point} has root {root}: {mountinfo}"),
+        )?;
+    }
+    ensure(
+        !cgroup.is_empty() && cgroup.lines().all(|l| l.ends_with(":/")),
+        format!("the cgroup file shows only the namespace's root: {cgroup}"),
+    )?;
+    ensure(
+        !out.stdout.contains(&sbx.policy.cgroup),
+        format!("the cgroup name shows: {out:?}"),
+    )?;
     pass()
 }

@@ -39,7 +39,8 @@ const MAX_READ: usize = 64 * 1024;
 /// Most distinct step ids one session may open.
 const MAX_STEPS_TRACKED: usize = 100_000;
 /// Protocol 2 holds the agent's first lines until `/config` passed (so
-/// `session_init` carries the effective limits), at most this many bytes.
+/// `session_init` carries the effective limits), at most this many bytes
+/// and at most one heartbeat interval.
 const MAX_HELD: usize = 64 * 1024;
 
 /// Everything the task needs, handed over by the `/stream` handler.
@@ -251,8 +252,15 @@ async fn pump<R: AsyncRead + Unpin>(
                 st.emit_init();
                 st.lines(&mut buf);
             }
-            _ = &mut heartbeat, if beats && st.init.is_none() => {
-                st.emit(Event::Heartbeat(asbx_protocol::line::Heartbeat {}));
+            _ = &mut heartbeat, if beats => {
+                if st.init.is_some() {
+                    // `/config` is slow to come: the client hears from the
+                    // session all the same, with the runner's ceilings.
+                    st.emit_init();
+                    st.lines(&mut buf);
+                } else {
+                    st.emit(Event::Heartbeat(asbx_protocol::line::Heartbeat {}));
+                }
             }
             read = stdout.read_buf(&mut buf) => {
                 match read {
@@ -730,6 +738,72 @@ mod tests {
             ],
         );
         assert_eq!(lines.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![2, 4]);
+    }
+
+    #[tokio::test]
+    async fn session_init_waits_for_config_and_carries_the_effective_limits() {
+        use tokio::io::AsyncWriteExt;
+        let mut st = state(Protocol::V2, None);
+        st.init = Some(SessionInit {
+            protocol_version: 2,
+            limits: SessionLimits {
+                max_duration_ms: 1000,
+                max_steps: 50,
+                max_tool_calls: 200,
+                heartbeat_interval_ms: 5000,
+            },
+            encryption: None,
+        });
+        let session = Arc::clone(&st.session);
+        let (mut w, r) = tokio::io::duplex(4096);
+        let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let pumping = async {
+            let mut tx = Some(tx);
+            pump(&mut st, r, &mut tx, &session, deadline).await
+        };
+        let driving = async {
+            w.write_all(b"{\"type\":\"log\",\"level\":\"info\",\"message\":\"early\"}\n")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(rx.try_recv().is_err(), "a line went out before /config");
+            session.set_run_limits(Some(asbx_protocol::callback::RunLimits {
+                max_steps: Some(3),
+                max_tool_calls: Some(1000),
+                ..Default::default()
+            }));
+            let mut out = rx.recv().await.unwrap().to_vec();
+            w.write_all(b"{\"type\":\"result\",\"message\":\"done\"}\n")
+                .await
+                .unwrap();
+            drop(w);
+            while let Some(c) = rx.recv().await {
+                out.extend_from_slice(&c);
+            }
+            out
+        };
+        let (end, out) = tokio::join!(pumping, driving);
+        assert_eq!(end, End::Result);
+        let lines: Vec<Line> = LineDecoder::default()
+            .push(&out)
+            .into_iter()
+            .map(|l| l.unwrap())
+            .collect();
+        match &lines[0].event {
+            Event::SessionInit(i) => {
+                assert_eq!(i.limits.max_steps, 3, "lowered by /config");
+                assert_eq!(i.limits.max_tool_calls, 200, "clamped to the ceiling");
+                assert_eq!(i.limits.max_duration_ms, 1000, "the ceiling");
+            }
+            other => panic!("first line {other:?}"),
+        }
+        assert!(matches!(&lines[1].event, Event::Log(l) if l.message == "early"));
+        assert!(matches!(&lines[2].event, Event::Result(_)));
+        assert_eq!(
+            lines.iter().map(|l| l.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
     }
 
     #[test]

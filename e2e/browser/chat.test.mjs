@@ -2,9 +2,10 @@
 //
 // Starts the real system (`target/debug/asbx up` on a free loopback port,
 // real runner, real jail, the built-in scripted model), drives Debian's
-// headless chromium with playwright-core, sends a message that makes the
-// scripted model run one `shell` step, sees that step's row go from running to
-// succeeded in place, sees the answer, reloads and sees the same thread.
+// headless chromium with playwright-core, and checks the live chat: a shell
+// step's output shows while it runs, the answer appears word by word and
+// renders as sanitised Markdown, a crashed turn says why with its stderr, and
+// after a reload the thread is the same DOM as it was live.
 //
 // Run: `node --test e2e/browser/` after `cargo build -p asbx` (as root: the
 // jail needs it). Environment: ASBX_BIN (default target/debug/asbx),
@@ -33,15 +34,24 @@ const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const STARTUP_LIMIT_MS = 120_000;
 const WAIT_LIMIT_MS = 180_000;
 
-// The scripted model follows a JSON prompt: run one shell step, then answer.
-// The `sleep 1` keeps the step visibly running for a moment.
-const ANSWER = "done and dusted";
+// The scripted model follows a JSON prompt. The first turn runs a shell
+// step printing a line every 300 ms, then streams a Markdown answer word by
+// word; the second crashes the agent (exit code 3, "scripted crash" on its
+// stderr); the third answers with markup that must not become live HTML.
+const ANSWER = "**Done** and `dusted`: every word of this answer streams on its own.";
+const ANSWER_TEXT = "Done and dusted: every word of this answer streams on its own.";
+const TICKS = "tick1\ntick2\ntick3\ntick4\ntick5\n";
 const PROMPT = JSON.stringify({
   script: [
-    { tool: "shell", args: { command: "sleep 1; echo hi" } },
-    { say: ANSWER },
+    { tool: "shell", args: { command: "for i in 1 2 3 4 5; do echo tick$i; sleep 0.3; done" } },
+    { say: ANSWER, stream_ms: 120 },
   ],
 });
+const CRASH = JSON.stringify({ script: [{ crash: 3 }] });
+const HOSTILE_ANSWER =
+  "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>" +
+  "[click](javascript:window.pwned=3) <b style=\"color:red\" onclick=\"window.pwned=4\">bold</b>";
+const HOSTILE = JSON.stringify({ script: [{ say: HOSTILE_ANSWER }] });
 
 // Variables that would change the model or where things connect.
 const SCRUBBED_ENV = [
@@ -108,41 +118,23 @@ async function stopProcess(child) {
   }
 }
 
-// The thread as data: one entry per message, with its step rows.
-async function threadSnapshot(page) {
-  return page.$$eval("#thread > [data-role]", (nodes) =>
-    nodes.map((n) => ({
-      role: n.dataset.role,
-      text: (n.querySelector(":scope > [data-part=text]")?.textContent || "").trim(),
-      error: (n.querySelector(":scope > [data-part=error]")?.textContent || "").trim(),
-      steps: [...n.querySelectorAll("[data-step-id]")].map((r) => ({
-        id: r.dataset.stepId,
-        name: r.dataset.stepName,
-        status: r.dataset.status,
-      })),
-    })),
-  );
+// The rendered thread, normalised: its HTML with runs of whitespace between
+// tags dropped. Scroll positions and other state live outside the DOM.
+async function threadDom(page) {
+  return page.$eval("#thread", (t) => t.innerHTML.replace(/>\s+</g, "><"));
 }
 
-// Waits until the composer is idle (the turn has settled and the persisted
-// message has been swapped in) and returns the thread.
-async function settledThread(page) {
+// Waits until the composer is idle (the turn has settled).
+async function settled(page) {
   await page.waitForSelector("#composer[data-busy=false]");
-  return threadSnapshot(page);
 }
 
-function assertTurnShown(thread, stepId) {
-  assert.equal(thread.length, 2, JSON.stringify(thread));
-  const [user, assistant] = thread;
-  assert.equal(user.role, "user");
-  assert.equal(user.text, PROMPT);
-  assert.equal(assistant.role, "assistant");
-  assert.equal(assistant.error, "", "no error shown");
-  assert.equal(assistant.text, ANSWER);
-  assert.deepEqual(assistant.steps, [{ id: stepId, name: "shell", status: "succeeded" }]);
+async function send(page, prompt) {
+  await page.fill("#message", prompt);
+  await page.click("#send");
 }
 
-test("web chat: live step row, result, same thread after a reload", { timeout: 600_000 }, async (t) => {
+test("web chat: streaming text, live tool output, a crash explained, sanitised Markdown, the same DOM after a reload", { timeout: 600_000 }, async (t) => {
   assert.ok(existsSync(ASBX_BIN), `${ASBX_BIN} is missing: run cargo build -p asbx first`);
   assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install chromium`);
 
@@ -195,44 +187,105 @@ test("web chat: live step row, result, same thread after a reload", { timeout: 6
   });
 
   try {
-    // 1. Open the page and send the message.
+    // 1. Open the page and send the first message; watch the answer's text
+    //    as it changes.
     await page.goto(base);
     await page.waitForSelector("#app:not([hidden])");
-    await page.fill("#message", PROMPT);
-    await page.click("#send");
+    await page.evaluate(() => {
+      window.seenTexts = [];
+      new MutationObserver(() => {
+        const t = document.querySelector("[data-role=assistant] > [data-part=text]");
+        const text = t ? t.textContent : "";
+        if (text && window.seenTexts[window.seenTexts.length - 1] !== text) window.seenTexts.push(text);
+      }).observe(document.getElementById("thread"), { subtree: true, childList: true, characterData: true });
+    });
+    await send(page, PROMPT);
 
-    // 2. A shell step row shows up running, then the same row (by step id)
-    //    turns succeeded.
+    // 2. A shell step row shows up running and shows its output live: the
+    //    second line is on the page while the step still runs.
     const running = await page.waitForSelector(
       "[data-role=assistant] [data-step-name=shell][data-status=running]",
     );
     const stepId = await running.getAttribute("data-step-id");
     assert.ok(stepId, "the step row has an id");
+    const liveOutput = await page.waitForFunction((id) => {
+      const row = document.querySelector(`[data-step-id="${id}"]`);
+      const pre = row && row.querySelector("[data-part=output]:not([hidden]) pre");
+      return pre && pre.textContent.includes("tick2") ? { status: row.dataset.status, text: pre.textContent } : null;
+    }, stepId);
+    const seen = await liveOutput.jsonValue();
+    assert.equal(seen.status, "running", "output shown while the step runs");
+    assert.ok(!seen.text.includes("tick5"), `not all at once: ${JSON.stringify(seen.text)}`);
     await page.waitForSelector(`[data-role=assistant] [data-step-id="${stepId}"][data-status=succeeded]`);
 
-    // 3. The answer is shown.
+    // 3. The answer streams in (several growing versions), then renders as
+    //    sanitised Markdown.
     await page.waitForFunction(
       (answer) => [...document.querySelectorAll("[data-role=assistant] > [data-part=text]")]
         .some((e) => e.textContent.trim() === answer),
-      ANSWER,
+      ANSWER_TEXT,
     );
-    const live = await settledThread(page);
-    assertTurnShown(live, stepId);
+    await settled(page);
+    const texts = await page.evaluate(() => window.seenTexts);
+    const partial = texts.filter((t) => t.trim() && t.trim() !== ANSWER_TEXT);
+    assert.ok(partial.length >= 3, `text appeared word by word: ${JSON.stringify(texts)}`);
+    for (let i = 1; i < partial.length; i++) {
+      assert.ok(partial[i].length >= partial[i - 1].length, `text only grows: ${JSON.stringify(partial)}`);
+    }
+    const answerHtml = await page.$eval("[data-role=assistant] > [data-part=text]", (e) => e.innerHTML);
+    assert.match(answerHtml, /<strong>Done<\/strong>/);
+    assert.match(answerHtml, /<code>dusted<\/code>/);
+    const output = await page.$eval(`[data-step-id="${stepId}"] [data-part=output] pre`, (e) => e.textContent);
+    assert.equal(output, TICKS);
+
     const chatId = new URL(page.url()).hash.match(/chat=([A-Za-z0-9_-]+)/)?.[1];
     assert.ok(chatId, `the page names the chat in its URL: ${page.url()}`);
     await page.waitForSelector(`#chat-list [data-chat-id="${chatId}"]`);
 
-    // 4. Reload: the same chat renders the same thread from history.
+    // 4. A turn whose sandbox crashes says so in plain words, with the exit
+    //    code, and its stderr on demand.
+    await send(page, CRASH);
+    await page.waitForSelector("[data-role=assistant]:nth-of-type(4) [data-part=error][data-code=sandbox_crashed] [data-part=stderr]");
+    await settled(page);
+    const failure = await page.$eval("[data-role=assistant]:nth-of-type(4) [data-part=error]", (e) => e.textContent);
+    assert.match(failure, /The sandbox crashed\./);
+    assert.match(failure, /exit code 3/);
+    assert.match(failure, /scripted crash/);
+
+    // 5. Markup in an answer is shown as text, never as live HTML, and
+    //    links are sanitised: no image, script, handler, style or
+    //    javascript: link; nothing ran.
+    await send(page, HOSTILE);
+    await page.waitForFunction(() => document.querySelectorAll("[data-role=assistant]").length === 3 &&
+      document.querySelector("[data-role=assistant]:nth-of-type(6) > [data-part=text]").textContent.includes("bold"));
+    await settled(page);
+    const hostile = await page.$eval("[data-role=assistant]:nth-of-type(6) > [data-part=text]", (e) => ({
+      html: e.innerHTML,
+      text: e.textContent,
+      elements: [...e.querySelectorAll("*")].map((n) => n.tagName.toLowerCase()),
+      links: [...e.querySelectorAll("a")].map((a) => a.getAttribute("href")),
+    }));
+    assert.deepEqual(hostile.elements, ["p", "a"], hostile.html);
+    assert.deepEqual(hostile.links, [null], "the javascript: link has no href");
+    assert.ok(hostile.text.includes("<img src=x onerror="), hostile.text);
+    assert.ok(hostile.text.includes("<b style="), hostile.text);
+    assert.equal(await page.evaluate(() => window.pwned), undefined);
+
+    // 6. Reload: the thread from history is the same DOM as the live one
+    //    (nothing was swapped in after the live turns).
+    const live = await threadDom(page);
     await page.reload();
     await page.waitForSelector(`#thread [data-step-id="${stepId}"]`);
-    assert.deepEqual(await settledThread(page), live);
+    await settled(page);
+    assert.equal(await threadDom(page), live);
 
-    // 5. A fresh page (no chat in the URL): open the chat from the list.
+    // 7. A fresh page (no chat in the URL): open the chat from the list.
     await page.goto(base);
     await page.waitForSelector("#app:not([hidden])");
     await page.click(`#chat-list [data-chat-id="${chatId}"]`);
     await page.waitForSelector(`#thread [data-step-id="${stepId}"]`);
-    assert.deepEqual(await settledThread(page), live);
+    await settled(page);
+    assert.equal(await threadDom(page), live);
     assert.deepEqual(pageErrors, [], "no errors in the page");
   } catch (e) {
     t.diagnostic(`asbx output (tail):\n${asbx.output.join("").slice(-8_000)}`);

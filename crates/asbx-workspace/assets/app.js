@@ -44,15 +44,20 @@ function pretty(v) {
   return typeof v === "string" ? v : JSON.stringify(v, null, 2);
 }
 
-// Markdown to sanitised DOM: marked makes HTML, DOMPurify keeps only safe
-// markup (no scripts, handlers, styles, forms or images: an image URL would
-// let a model's answer call out to any host), links open in a new tab
-// without a referrer. Without the libraries, the text is shown as it is.
+// Markdown to sanitised DOM: marked makes HTML, with any raw HTML in the
+// answer shown as text, not markup; DOMPurify then keeps only safe markup (no
+// scripts, handlers, styles, forms or images: an image URL would let a
+// model's answer call out to any host), links open in a new tab without a
+// referrer. Without the libraries, the text is shown as it is.
 const PURIFY = {
   FORBID_TAGS: ["style", "img", "form", "input", "button", "textarea", "select", "iframe", "svg", "math"],
   FORBID_ATTR: ["style"],
   RETURN_DOM_FRAGMENT: true,
 };
+const HTML_ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+if (window.marked) {
+  marked.use({ renderer: { html: (token) => token.text.replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]) } });
+}
 if (window.DOMPurify) {
   DOMPurify.addHook("afterSanitizeAttributes", (node) => {
     if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer"); }

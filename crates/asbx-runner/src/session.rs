@@ -355,7 +355,17 @@ impl Session {
             created_at: self.created_at,
             ended_at: st.ended_at,
             last_seq: st.last_seq,
-            termination: st.termination.clone(),
+            termination: st.termination.clone().map(|mut t| {
+                // An encrypted session's words travel only sealed, in its
+                // `session_ended` line (docs/protocol.md §4): the listing
+                // keeps how it ended and its counts, not its message or
+                // stderr, which a relay holding the runner token could read.
+                if self.crypto.get().is_some() {
+                    t.message = None;
+                    t.stderr = None;
+                }
+                t
+            }),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! an encrypted run, and refuses a tampered line, a reordered line and every
 //! line under a wrong key; the stream holds no plaintext past `session_init`;
 //! a resumed read gives the same sealed bytes; an encrypted client-tool
-//! result is opened with the session key and a bad one is refused.
+//! result is opened with the session key and a bad one is refused; the
+//! session listing keeps how an encrypted session ended, not its words.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -180,6 +181,16 @@ async fn an_encrypted_run_opens_in_node_webcrypto_alone_and_an_altered_line_does
     .await
     .unwrap();
     assert!(streamed.ends_with(&replay_tail) && replay_tail.len() < streamed.len());
+    // The session's listing says how it ended, not what it said.
+    let info: Value = reqwest::get(format!("{}/v1/sessions/{}", runner.url, t.session))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["termination"]["reason"], "completed");
+    assert!(info["termination"].get("stderr").is_none(), "{info}");
+    assert!(!info.to_string().contains("plaintext-marker"), "{info}");
 
     // Node opens every sealed line; then the altered copies, appended.
     let sealed: Vec<Value> = lines[1..].iter().cloned().map(Value::Object).collect();
@@ -415,5 +426,68 @@ async fn an_encrypted_client_tool_result_is_opened_with_the_session_key() {
         ended["stats"]["toolCalls"], 1,
         "a client tool is a tool call"
     );
+    runner.assert_clean().await;
+}
+
+#[tokio::test]
+async fn an_encrypted_sessions_listing_keeps_how_it_ended_but_not_its_words() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let info = |id: String| {
+        let url = format!("{}/v1/sessions/{id}", runner.url);
+        async move {
+            reqwest::get(url)
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    // Control: a clear session that crashes lists its message and stderr.
+    let t = ws.mint(&session_id("clear-crash"));
+    let body = v2(ws.body(&t, &script(json!([{"crash": 3}]))), json!({}));
+    let _ = dispatch(&runner.url, &body).await;
+    let clear = info(t.session.clone()).await;
+    assert!(
+        clear["termination"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("scripted crash")),
+        "{clear}"
+    );
+    assert!(clear["termination"]["stderr"].is_object(), "{clear}");
+
+    let t = ws.mint(&session_id("sealed-crash"));
+    let mut client = ClientSession::new();
+    let body = v2(
+        ws.body(&t, &script(json!([{"crash": 3}]))),
+        json!({"encryption": {"client_public_key": client.public_key()}}),
+    );
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let bytes = res.bytes().await.unwrap();
+    assert!(!String::from_utf8_lossy(&bytes).contains("scripted crash"));
+    let lines = raw_lines(&bytes);
+    assert_sealed(&lines);
+    let init = serde_json::from_value(lines[0]["encryption"].clone()).unwrap();
+    client.agree(&init, &t.session).unwrap();
+    let last = serde_json::to_vec(lines.last().unwrap()).unwrap();
+    let ended = client.decrypt_line(&last).unwrap();
+    assert_eq!(ended["type"], "session_ended");
+    assert!(
+        ended["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("scripted crash")),
+        "the client reads why: {ended:?}"
+    );
+    let sealed = info(t.session.clone()).await;
+    assert_eq!(sealed["termination"]["reason"], "error");
+    assert_eq!(sealed["termination"]["exitCode"], 3);
+    assert!(sealed["termination"].get("message").is_none(), "{sealed}");
+    assert!(sealed["termination"].get("stderr").is_none(), "{sealed}");
     runner.assert_clean().await;
 }

@@ -26,6 +26,7 @@ pub(crate) enum ProblemCode {
     TurnInFlight,
     SandboxUrlMissing,
     UpstreamFailed,
+    EventsGone,
     Internal,
 }
 
@@ -46,6 +47,7 @@ impl ProblemCode {
             ProblemCode::TurnInFlight => "turn_in_flight",
             ProblemCode::SandboxUrlMissing => "sandbox_url_missing",
             ProblemCode::UpstreamFailed => "upstream_failed",
+            ProblemCode::EventsGone => "events_gone",
             ProblemCode::Internal => asbx_protocol::codes::INTERNAL,
         }
     }
@@ -87,6 +89,8 @@ pub enum WorkspaceError {
     AgentSandboxUrlMissing { agent_id: String },
     #[error("runner request failed: {0}")]
     Upstream(String),
+    #[error("lines of run {run_id} before seq {oldest} are no longer kept")]
+    EventsGone { run_id: String, oldest: u64 },
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error(
@@ -234,6 +238,14 @@ impl WorkspaceError {
                 "Sandbox runner unreachable",
                 "the request to the sandbox runner failed",
             ),
+            WorkspaceError::EventsGone { run_id, oldest } => Problem::new(
+                410,
+                ProblemCode::EventsGone.as_str(),
+                "Lines no longer kept",
+                self.to_string(),
+            )
+            .with("runId", run_id.clone())
+            .with("oldestSeq", *oldest),
             WorkspaceError::Config(_)
             | WorkspaceError::AuthRequired { .. }
             | WorkspaceError::Database(_)

@@ -91,6 +91,7 @@ impl Workspace {
             store,
             blobs,
             turns: Default::default(),
+            run_hub: Default::default(),
         };
         Ok(Workspace {
             state: Arc::new(state),
@@ -145,6 +146,8 @@ pub(crate) struct AppState {
     pub(crate) blobs: BlobStore,
     pub(crate) dispatcher: Dispatcher,
     pub(crate) turns: TurnHub,
+    /// The runs this node relays (their live broadcasts).
+    pub(crate) run_hub: crate::runs::events::RunHub,
     /// The `Host`s and origins this server answers to.
     pub(crate) authority: Authority,
 }
@@ -178,7 +181,12 @@ fn router(state: Arc<AppState>) -> Router {
                 .delete(agents::api::delete),
         )
         .route("/api/agents/{id}/runs", post(agents::api::run))
-        .route("/api/runs/{id}", get(runs::api::get))
+        .route(
+            "/api/runs/{id}",
+            get(runs::api::get).delete(runs::api::cancel),
+        )
+        .route("/api/runs/{id}/events", get(runs::api::events))
+        .route("/api/runs/{id}/tool-result", post(runs::api::tool_result))
         .route(
             "/api/files/{id}",
             get(files::api::download).delete(files::api::delete),

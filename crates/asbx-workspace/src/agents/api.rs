@@ -65,10 +65,22 @@ pub(crate) async fn run(
     Path(id): Path<String>,
     JsonBody(request): JsonBody<AgentRunRequest>,
 ) -> Result<Response, WorkspaceError> {
+    let mut errors = Vec::new();
+    let stream = crate::runs::request::options(
+        request.protocol.as_ref(),
+        request.filter.as_ref(),
+        request.client_tools.as_ref(),
+        request.encryption.as_ref(),
+        &mut errors,
+    );
+    if !errors.is_empty() {
+        errors.extend(crate::validate::agent_run_request(&request));
+        return Err(WorkspaceError::invalid_fields(errors));
+    }
     let spec = agents::run_spec(&state, &caller.workspace_id, &id, request).await?;
     let agent_id = HeaderValue::from_str(spec.agent_id.as_deref().unwrap_or_default())
         .map_err(|_| WorkspaceError::Corrupt("agent id".into()))?;
-    let mut response = crate::runs::api::stream_response(state, &spec).await?;
+    let mut response = crate::runs::api::stream_response(state, &spec, &stream).await?;
     response.headers_mut().insert(AGENT_ID_HEADER, agent_id);
     Ok(response)
 }

@@ -1,55 +1,80 @@
-//! `POST /api/runs` (dispatch and relay NDJSON) and `GET /api/runs/{id}`.
+//! The API for runs (docs/protocol.md §7, docs/api-runs.md): `POST /api/runs`
+//! (dispatch and relay NDJSON), `GET /api/runs/{id}`, its `events` (replay
+//! and live tail), `tool-result` (a client tool's answer, forwarded to the
+//! runner) and `DELETE` (cancel). Every route sees only the caller's
+//! workspace: another workspace's run is not found.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
 
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
 use crate::runs::dispatch::{self, RunSpec, Started};
-use crate::runs::{relay, request as run_request, view as runs_view};
-use crate::wire::{CreateRunRequest, RUN_ID_HEADER, RunRecord};
+use crate::runs::request::Stream;
+use crate::runs::store::{self as runs, Outcome, RunRow};
+use crate::runs::{events, relay, request as run_request, view as runs_view};
+use crate::wire::{
+    CreateRunRequest, EventsQuery, RUN_ID_HEADER, RunRecord, RunStatus, ToolResultRequest,
+};
 
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     JsonBody(request): JsonBody<CreateRunRequest, MAX_DEFINITION_BODY>,
 ) -> Result<Response, WorkspaceError> {
-    let spec = run_request::to_spec(
+    let (spec, stream) = run_request::to_spec(
         request,
         &caller.workspace_id,
         &state.config.default_model,
         state.config.sandbox_url.as_ref(),
     )?;
-    stream_response(state, &spec).await
+    stream_response(state, &spec, &stream).await
 }
 
-/// Dispatches `spec` and answers with the runner's NDJSON relayed unchanged
-/// (or its rejection passed through), the run id in `x-asbx-run-id`.
+fn ndjson_headers(r: &mut Response) {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+}
+
+/// Dispatches `spec` and answers with its lines (protocol 2 as they are,
+/// or protocol 1's, see [`relay::protocol1_body`]) or the runner's
+/// rejection passed through, the run id in `x-asbx-run-id`. The run is
+/// relayed by a task of its own: a protocol 2 caller that goes away can
+/// resume with `GET /api/runs/{id}/events`.
 pub(crate) async fn stream_response(
     state: Arc<AppState>,
     spec: &RunSpec,
+    stream: &Stream,
 ) -> Result<Response, WorkspaceError> {
-    let started = dispatch::start(&state, spec).await?;
+    let started = dispatch::start_with(&state, spec, &stream.options).await?;
     let run_id =
         HeaderValue::from_str(&spec.id).map_err(|_| WorkspaceError::Corrupt("run id".into()))?;
     let mut response = match started {
         Started::Streaming { response } => {
-            let body = relay::ndjson_body(Arc::clone(&state), spec.id.clone(), response);
+            // Open the broadcast, subscribe, then start relaying: the
+            // caller misses no line.
+            let live = state.run_hub.open(&spec.id);
+            let body = if stream.protocol2 {
+                relay::protocol2_body(Arc::clone(&state), spec.id.clone())
+            } else {
+                relay::protocol1_body(Arc::clone(&state), spec.id.clone(), &live)
+            };
+            relay::spawn(Arc::clone(&state), spec.id.clone(), live, response);
             let mut r = Response::new(body);
-            let h = r.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-ndjson"),
-            );
-            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            ndjson_headers(&mut r);
             r
         }
         Started::Rejected {
@@ -75,4 +100,199 @@ pub(crate) async fn get(
 ) -> Result<(StatusCode, Json<RunRecord>), WorkspaceError> {
     let record = runs_view::load(&state, &caller.workspace_id, &id).await?;
     Ok((StatusCode::OK, Json(record)))
+}
+
+/// A run of the caller's workspace, or not found.
+async fn own_run(state: &AppState, workspace_id: &str, id: &str) -> Result<RunRow, WorkspaceError> {
+    runs::get(state.store.pool(), id)
+        .await?
+        .filter(|r| r.workspace_id == workspace_id)
+        .ok_or_else(|| WorkspaceError::NotFound(format!("run {id}")))
+}
+
+/// `GET /api/runs/{id}/events?after=N`: the lines after `N`, then the live
+/// tail until the run ends. `Accept: text/event-stream` gives SSE with
+/// `id: <seq>`, event names the line types, and honours `Last-Event-ID`.
+pub(crate) async fn events(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, WorkspaceError> {
+    let run = own_run(&state, &caller.workspace_id, &id).await?;
+    let sse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| WorkspaceError::invalid("Last-Event-ID must be a seq"))?,
+        ),
+    };
+    let after = last_event_id.or(query.after).unwrap_or(0);
+    let from = events::check_kept(&run, after)?;
+    let lines = events::follow(Arc::clone(&state), id, from);
+    let mut response = if sse {
+        let body = lines.map(|k| {
+            let k = k.map_err(|e| std::io::Error::other(e.to_string()))?;
+            let kind = match k.kind {
+                Some(kind) => kind.as_str(),
+                None => type_of(&k.raw),
+            };
+            let mut out = Vec::with_capacity(k.raw.len() + 48);
+            asbx_protocol::sse::write_event(&mut out, Some(k.seq), kind, &k.raw)
+                .map_err(std::io::Error::other)?;
+            Ok::<_, std::io::Error>(bytes::Bytes::from(out))
+        });
+        let mut r = Response::new(Body::from_stream(body));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        r
+    } else {
+        let body = lines.map(|k| {
+            let k = k.map_err(|e| std::io::Error::other(e.to_string()))?;
+            let mut out = Vec::with_capacity(k.raw.len() + 1);
+            out.extend_from_slice(&k.raw);
+            out.push(b'\n');
+            Ok::<_, std::io::Error>(bytes::Bytes::from(out))
+        });
+        let mut r = Response::new(Body::from_stream(body));
+        ndjson_headers(&mut r);
+        r
+    };
+    response.headers_mut().insert(
+        RUN_ID_HEADER,
+        HeaderValue::from_str(&run.id).map_err(|_| WorkspaceError::Corrupt("run id".into()))?,
+    );
+    Ok(response)
+}
+
+/// The `type` of a stored line (always present: the relay keeps only lines
+/// it could read).
+fn type_of(raw: &[u8]) -> &'static str {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    serde_json::from_slice::<Probe<'_>>(raw)
+        .ok()
+        .and_then(|p| asbx_protocol::EventKind::parse(&p.kind))
+        .map_or("message", asbx_protocol::EventKind::as_str)
+}
+
+/// `POST /api/runs/{id}/tool-result`: forwarded to the runner's
+/// `/v1/sessions/{id}/tool-result`; its `404` (unknown call) and `409`
+/// (already answered) come back as they are.
+pub(crate) async fn tool_result(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ToolResultRequest>,
+) -> Result<Response, WorkspaceError> {
+    let run = own_run(&state, &caller.workspace_id, &id).await?;
+    let answers = [
+        body.result.is_some(),
+        body.error.is_some(),
+        body.encrypted.is_some(),
+    ];
+    if answers.iter().filter(|a| **a).count() != 1 {
+        return Err(WorkspaceError::invalid_fields(vec![
+            asbx_protocol::dispatch::FieldError::new(
+                "result",
+                "give exactly one of result, error or encrypted",
+            ),
+        ]));
+    }
+    let Some(sandbox_url) = run.sandbox_url.as_deref() else {
+        return Err(WorkspaceError::NotFound(format!(
+            "run {id} (no client tools)"
+        )));
+    };
+    let answer = dispatch::runner_request(
+        &state,
+        reqwest::Method::POST,
+        sandbox_url,
+        &format!("/v1/sessions/{id}/tool-result"),
+    )?
+    .json(&body)
+    .send()
+    .await
+    .map_err(|e| WorkspaceError::Upstream(crate::error::error_chain(&e)))?;
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    if status.is_server_error() {
+        return Err(WorkspaceError::Upstream(format!(
+            "the runner answered {status}"
+        )));
+    }
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        // The workspace's own credentials, not the caller's.
+        return Err(WorkspaceError::Upstream(format!(
+            "the runner answered {status}"
+        )));
+    }
+    let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
+    let bytes = answer
+        .bytes()
+        .await
+        .map_err(|e| WorkspaceError::Upstream(crate::error::error_chain(&e)))?;
+    let mut r = (status, Body::from(bytes)).into_response();
+    if let Some(ct) = content_type.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
+        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    Ok(r)
+}
+
+/// `DELETE /api/runs/{id}`: asks the runner to cancel the session (it ends
+/// with `terminated` by `daemon`, docs/protocol.md §4); when the runner no
+/// longer has it, the relay here is cancelled, or the run settled as
+/// cancelled. `202` while it ends, `204` when it had already ended.
+pub(crate) async fn cancel(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, WorkspaceError> {
+    let run = own_run(&state, &caller.workspace_id, &id).await?;
+    if run.status != RunStatus::Running {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let asked = match run.sandbox_url.as_deref() {
+        Some(url) => {
+            match dispatch::runner_request(
+                &state,
+                reqwest::Method::DELETE,
+                url,
+                &format!("/v1/sessions/{id}"),
+            )?
+            .send()
+            .await
+            {
+                Ok(r) => r.status().is_success(),
+                Err(e) => {
+                    tracing::warn!(run = %id, error = %crate::error::error_chain(&e), "asking the runner to cancel failed");
+                    false
+                }
+            }
+        }
+        None => false,
+    };
+    if !asked && !state.run_hub.cancel(&id) {
+        // Nobody relays it any more: settle it here.
+        let outcome = Outcome::Failed {
+            code: asbx_protocol::codes::CANCELLED.to_owned(),
+            message: "the run was cancelled".to_owned(),
+        };
+        dispatch::settle(&state, &id, &outcome).await;
+    }
+    Ok(StatusCode::ACCEPTED)
 }

@@ -252,6 +252,30 @@ pub(crate) async fn settle_ended(
     }
 }
 
+/// A request to the runner at `sandbox_url` (`path` starts with `/`), with
+/// the runner token when that runner is the operator's.
+pub(crate) fn runner_request(
+    state: &AppState,
+    method: reqwest::Method,
+    sandbox_url: &str,
+    path: &str,
+) -> Result<reqwest::RequestBuilder, WorkspaceError> {
+    let base = Url::parse(sandbox_url)
+        .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
+    let url = format!("{}{path}", base.as_str().trim_end_matches('/'));
+    let mut req = state
+        .dispatcher
+        .client
+        .request(method, url)
+        .timeout(Duration::from_secs(30));
+    if let Some(token) = &state.dispatcher.runner_token
+        && state.config.sandbox_url.as_ref() == Some(&base)
+    {
+        req = req.bearer_auth(token);
+    }
+    Ok(req)
+}
+
 /// `{public_url}/api/assistant/sandbox/{session_id}`.
 pub(crate) fn agent_url(public_url: &Url, session_id: &str) -> String {
     format!(

@@ -1,12 +1,14 @@
 //! Runs: one dispatch to the runner each. `POST /api/runs`, the dispatch
 //! (tokens minted, run recorded, `POST {SANDBOX_URL}/stream`), the NDJSON
-//! relay, and the public view `GET /api/runs/{id}`.
+//! relay, the kept lines (`events`: replay and live tail), and the public
+//! view `GET /api/runs/{id}`.
 //!
 //! Chats and stored agents are runs of another kind: they build a
 //! [`dispatch::RunSpec`] and use this feature; it uses only `files`.
 
 pub(crate) mod api;
 pub(crate) mod dispatch;
+pub(crate) mod events;
 pub(crate) mod relay;
 pub(crate) mod request;
 pub(crate) mod store;

@@ -16,10 +16,13 @@ use asbx_protocol::session::{EndReason, Termination};
 use asbx_protocol::{Event, EventKind, Line};
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt as _};
+use futures::StreamExt as _;
+
+use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
 use crate::runs::dispatch;
+use crate::runs::events::{self, Kept, Live};
 use crate::runs::store::Outcome;
 
 /// Longest line the tap reads; longer ones are skipped up to their newline.
@@ -31,10 +34,6 @@ pub(crate) const ENCRYPTED_ERROR: &str = "encrypted_error";
 
 /// One line of a run as it passed through.
 #[derive(Debug, Clone)]
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "stored and replayed by the run events relay")
-)]
 pub(crate) struct Tapped {
     pub(crate) seq: u64,
     pub(crate) kind: EventKind,
@@ -234,13 +233,13 @@ impl OutcomeTap {
     }
 
     /// Whether `session_ended` was seen.
-    #[cfg_attr(not(test), expect(dead_code, reason = "used by the run events relay"))]
+    #[cfg(test)]
     pub(crate) fn ended(&self) -> bool {
         self.ended
     }
 
     /// The highest `seq` seen so far (0 before the first line).
-    #[cfg_attr(not(test), expect(dead_code, reason = "used by the run events relay"))]
+    #[cfg(test)]
     pub(crate) fn last_seq(&self) -> u64 {
         self.last_seq
     }
@@ -279,103 +278,153 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|b| *b == needle)
 }
 
-/// Settles the run as cancelled if dropped before [`SettleGuard::disarm`].
-pub(crate) struct SettleGuard {
-    state: Arc<AppState>,
-    run_id: String,
-    armed: bool,
+/// Starts relaying a run this node dispatched: a task reads the runner's
+/// stream, stores every line (`run_events`), then publishes it on the run's
+/// broadcast, and settles the run when the stream ends, before the
+/// broadcast closes. The run's broadcast must have been opened
+/// ([`RunHub::open`](crate::runs::events::RunHub::open)) before any reader
+/// subscribed.
+pub(crate) fn spawn(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
+    tokio::spawn(relay(state, run_id, live, response));
 }
 
-impl SettleGuard {
-    pub(crate) fn new(state: Arc<AppState>, run_id: String) -> Self {
-        SettleGuard {
-            state,
-            run_id,
-            armed: true,
-        }
-    }
-
-    pub(crate) fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for SettleGuard {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let state = Arc::clone(&self.state);
-        let run_id = std::mem::take(&mut self.run_id);
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let outcome = Outcome::Failed {
-                    code: asbx_protocol::codes::CANCELLED.to_owned(),
-                    message: "the client went away; the run was cancelled".to_owned(),
-                };
-                dispatch::settle(&state, &run_id, &outcome).await;
-            });
-        }
-    }
-}
-
-struct RelayState {
-    upstream: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    tap: OutcomeTap,
-    guard: SettleGuard,
-}
-
-/// The client's response body for a streaming run.
-pub(crate) fn ndjson_body(
-    state: Arc<AppState>,
-    run_id: String,
-    response: reqwest::Response,
-) -> Body {
-    let relay = RelayState {
-        upstream: response.bytes_stream().boxed(),
-        tap: OutcomeTap::default(),
-        guard: SettleGuard::new(Arc::clone(&state), run_id.clone()),
-    };
-    Body::from_stream(relay_stream(state, run_id, relay))
-}
-
-fn relay_stream(
-    state: Arc<AppState>,
-    run_id: String,
-    relay: RelayState,
-) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
-    futures::stream::unfold(Some(relay), move |current| {
-        let state = Arc::clone(&state);
-        let run_id = run_id.clone();
-        async move {
-            let mut relay = current?;
-            match relay.upstream.next().await {
-                Some(Ok(chunk)) => {
-                    relay.tap.observe_raw(&chunk);
-                    Some((Ok(chunk), Some(relay)))
+async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
+    let mut upstream = response.bytes_stream();
+    let mut tap = OutcomeTap::default();
+    let mut broken: Option<String> = None;
+    let mut cancelled = false;
+    loop {
+        tokio::select! {
+            biased;
+            _ = live.cancel.cancelled() => {
+                cancelled = true;
+                break;
+            }
+            chunk = upstream.next() => match chunk {
+                Some(Ok(bytes)) => {
+                    let lines = tap.observe_raw(&bytes);
+                    publish(&state, &run_id, &live, &lines).await;
                 }
                 Some(Err(e)) => {
-                    let message = crate::error::error_chain(&e);
-                    relay.tap.finish_raw();
-                    let outcome = relay.tap.outcome(Some(&message));
-                    dispatch::settle_ended(&state, &run_id, &outcome, relay.tap.termination())
-                        .await;
-                    relay.guard.disarm();
-                    // Abort the client's body too, so it sees a broken stream,
-                    // not a clean end.
-                    Some((Err(std::io::Error::other(message)), None))
+                    broken = Some(crate::error::error_chain(&e));
+                    break;
                 }
-                None => {
-                    relay.tap.finish_raw();
-                    let outcome = relay.tap.outcome(None);
-                    dispatch::settle_ended(&state, &run_id, &outcome, relay.tap.termination())
-                        .await;
-                    relay.guard.disarm();
-                    None
+                None => break,
+            },
+        }
+    }
+    // With a detach grace of 0 the runner ends the sandbox once its only
+    // reader is gone (docs/protocol.md §4).
+    drop(upstream);
+    let rest = tap.finish_raw();
+    publish(&state, &run_id, &live, &rest).await;
+    let outcome = match (tap.terminal(), cancelled) {
+        (None, true) => Outcome::Failed {
+            code: asbx_protocol::codes::CANCELLED.to_owned(),
+            message: "the run was cancelled".to_owned(),
+        },
+        _ => tap.outcome(broken.as_deref()),
+    };
+    dispatch::settle_ended(&state, &run_id, &outcome, tap.termination()).await;
+    state.run_hub.close(&run_id);
+}
+
+async fn publish(state: &AppState, run_id: &str, live: &Live, lines: &[Tapped]) {
+    if lines.is_empty() {
+        return;
+    }
+    if let Err(e) = events::append(state, run_id, lines).await {
+        tracing::error!(run = run_id, error = %crate::error::error_chain(&e), "storing run lines failed");
+    }
+    for t in lines {
+        // No receiver is fine: nobody is following right now.
+        let _ = live.tx.send(Arc::new(Kept::from(t)));
+    }
+}
+
+/// Cancels the run's relay when dropped before [`CancelOnDrop::disarm`]: a
+/// protocol 1 caller that goes away cancels its run, as it always did.
+struct CancelOnDrop {
+    cancel: Option<CancellationToken>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.cancel.take() {
+            c.cancel();
+        }
+    }
+}
+
+fn with_newline(raw: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(raw.len() + 1);
+    out.extend_from_slice(raw);
+    out.extend_from_slice(b"\n");
+    out.freeze()
+}
+
+/// The response body of a protocol 2 caller: the runner's lines as they
+/// are, `seq` unchanged.
+pub(crate) fn protocol2_body(state: Arc<AppState>, run_id: String) -> Body {
+    let lines = events::follow(state, run_id, events::Start { after: 0 });
+    Body::from_stream(lines.map(|k| match k {
+        Ok(k) => Ok(with_newline(&k.raw)),
+        Err(e) => Err(std::io::Error::other(e.to_string())),
+    }))
+}
+
+/// The response body of a protocol 1 caller: the lines of protocol 1's four
+/// types, numbered 1, 2, 3... with no gap (docs/protocol.md §2); a line whose
+/// `seq` already fits passes byte for byte. Dropping it before the end
+/// cancels the run.
+pub(crate) fn protocol1_body(state: Arc<AppState>, run_id: String, live: &Live) -> Body {
+    let guard = CancelOnDrop {
+        cancel: Some(live.cancel.clone()),
+    };
+    let lines = events::follow(state, run_id, events::Start { after: 0 });
+    let stream = futures::stream::unfold(
+        (Box::pin(lines), guard, 0u64),
+        |(mut lines, mut guard, mut n)| async move {
+            loop {
+                match lines.next().await {
+                    None => {
+                        drop(guard.cancel.take());
+                        return None;
+                    }
+                    Some(Err(e)) => {
+                        drop(guard.cancel.take());
+                        return Some((
+                            Err(std::io::Error::other(e.to_string())),
+                            (lines, guard, n),
+                        ));
+                    }
+                    Some(Ok(k)) => {
+                        let Ok(mut line) = asbx_protocol::decode::decode_line(&k.raw) else {
+                            continue;
+                        };
+                        if !line.event.kind().in_protocol1() {
+                            continue;
+                        }
+                        n += 1;
+                        let bytes = if line.seq == n {
+                            with_newline(&k.raw)
+                        } else {
+                            line.seq = n;
+                            match serde_json::to_vec(&line) {
+                                Ok(mut v) => {
+                                    v.push(b'\n');
+                                    Bytes::from(v)
+                                }
+                                Err(_) => continue,
+                            }
+                        };
+                        return Some((Ok(bytes), (lines, guard, n)));
+                    }
                 }
             }
-        }
-    })
+        },
+    );
+    Body::from_stream(stream)
 }
 
 #[cfg(test)]

@@ -33,13 +33,6 @@ pub(crate) struct NewRun<'a> {
 
 /// A stored run.
 #[derive(Debug, Clone)]
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "termination, sandbox_url and events_from: the run API"
-    )
-)]
 pub(crate) struct RunRow {
     pub(crate) id: String,
     pub(crate) workspace_id: String,

@@ -39,5 +39,9 @@ pub(crate) async fn load(
         files: files.iter().map(file_info).collect(),
         created_at: run.created_at,
         ended_at: run.ended_at,
+        termination: run
+            .termination
+            .as_deref()
+            .and_then(|t| serde_json::from_str(t).ok()),
     })
 }

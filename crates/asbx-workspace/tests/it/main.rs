@@ -8,6 +8,7 @@ mod agents;
 mod callbacks;
 mod chats;
 mod runs;
+mod runs_api;
 mod security;
 mod support;
 mod tokens;

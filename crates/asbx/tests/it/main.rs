@@ -14,6 +14,7 @@ mod isolation;
 mod models;
 mod protocol2;
 mod runner_auth;
+mod runs_api;
 mod startup;
 mod system;
 mod tidy;

@@ -1,0 +1,305 @@
+//! A run's lines, kept and replayed: `run_events` (one row per line, as the
+//! runner sent it, ciphertext included) and [`RunHub`], the in-process
+//! broadcast of the node that relays a run.
+//!
+//! Order of writes: the relay stores a line, then publishes it. A reader
+//! subscribes first, then reads the table, then follows the broadcast,
+//! skipping what it already has; so it sees every line once, with no gap
+//! (docs/protocol.md §4, resume). A reader on another node (no local
+//! broadcast) polls the table every [`POLL_INTERVAL`] until the run ends.
+//!
+//! Retention: the newest [`KEEP_LINES`] lines of each run. Older lines are
+//! deleted as the run goes on and `runs.events_from` names the oldest kept
+//! `seq`; asking for lines before it is `410`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use asbx_protocol::EventKind;
+use bytes::Bytes;
+use futures::Stream;
+use sqlx::{Any, Executor, Row as _};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::AppState;
+use crate::error::WorkspaceError;
+use crate::runs::relay::Tapped;
+use crate::runs::store as runs;
+use crate::wire::RunStatus;
+
+/// Lines of one run kept for replay.
+pub(crate) const KEEP_LINES: u64 = 10_000;
+/// How often a reader without a local broadcast looks for new lines.
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// Lines buffered per broadcast; a reader that falls further behind reads
+/// the table instead.
+const BROADCAST_CAPACITY: usize = 1024;
+/// Rows read per query.
+const PAGE: i64 = 500;
+
+/// One kept line.
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    pub(crate) seq: u64,
+    pub(crate) kind: Option<EventKind>,
+    pub(crate) raw: Bytes,
+}
+
+impl From<&Tapped> for Kept {
+    fn from(t: &Tapped) -> Kept {
+        Kept {
+            seq: t.seq,
+            kind: Some(t.kind),
+            raw: t.raw.clone(),
+        }
+    }
+}
+
+/// A run this node relays: its broadcast and what cancels its relay.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    pub(crate) tx: broadcast::Sender<Arc<Kept>>,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// The runs this node relays, by run id. The lock is taken to open, join
+/// and close a run's broadcast, never per line.
+#[derive(Debug, Default)]
+pub(crate) struct RunHub {
+    live: Mutex<HashMap<String, Live>>,
+}
+
+impl RunHub {
+    /// Opens the broadcast of a run this node is about to relay.
+    pub(crate) fn open(&self, run_id: &str) -> Live {
+        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
+        let live = Live {
+            tx,
+            cancel: CancellationToken::new(),
+        };
+        self.lock().insert(run_id.to_owned(), live.clone());
+        live
+    }
+
+    /// Cancels a run relayed here; `false` when this node does not relay it.
+    pub(crate) fn cancel(&self, run_id: &str) -> bool {
+        match self.lock().get(run_id) {
+            Some(live) => {
+                live.cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes it: readers drain what is buffered, then see the end.
+    pub(crate) fn close(&self, run_id: &str) {
+        self.lock().remove(run_id);
+    }
+
+    fn subscribe(&self, run_id: &str) -> Option<broadcast::Receiver<Arc<Kept>>> {
+        self.lock().get(run_id).map(|l| l.tx.subscribe())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Stores lines of a run (one statement) and drops the ones past
+/// [`KEEP_LINES`] when a multiple of 1,000 is crossed.
+pub(crate) async fn append(
+    state: &AppState,
+    run_id: &str,
+    lines: &[Tapped],
+) -> Result<(), WorkspaceError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut sql = String::from("INSERT INTO run_events (run_id, seq, line) VALUES ");
+    for i in 0..lines.len() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        let n = i * 3;
+        sql.push_str(&format!("(${}, ${}, ${})", n + 1, n + 2, n + 3));
+    }
+    // A runner never repeats a seq; a repeated one is not stored twice.
+    sql.push_str(" ON CONFLICT (run_id, seq) DO NOTHING");
+    let mut q = sqlx::query(&sql);
+    for t in lines {
+        q = q
+            .bind(run_id)
+            .bind(i64::try_from(t.seq).unwrap_or(i64::MAX))
+            .bind(String::from_utf8_lossy(&t.raw).into_owned());
+    }
+    q.execute(state.store.pool()).await?;
+    let first = lines.first().map_or(0, |t| t.seq);
+    let last = lines.iter().map(|t| t.seq).max().unwrap_or(0);
+    if last > KEEP_LINES && last / 1000 != first.saturating_sub(1) / 1000 {
+        prune(state.store.pool(), run_id, last + 1 - KEEP_LINES).await?;
+    }
+    Ok(())
+}
+
+async fn prune(pool: &sqlx::AnyPool, run_id: &str, from: u64) -> Result<(), WorkspaceError> {
+    let from = i64::try_from(from).unwrap_or(i64::MAX);
+    let mut tx = pool.begin().await?;
+    sqlx::query("UPDATE runs SET events_from = $1 WHERE id = $2 AND events_from < $1")
+        .bind(from)
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM run_events WHERE run_id = $1 AND seq < $2")
+        .bind(run_id)
+        .bind(from)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn after<'c, E>(db: E, run_id: &str, after: u64) -> Result<Vec<Kept>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(
+        "SELECT seq, line FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+    )
+    .bind(run_id)
+    .bind(i64::try_from(after).unwrap_or(i64::MAX))
+    .bind(PAGE)
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let seq: i64 = r.try_get("seq")?;
+            let line: String = r.try_get("line")?;
+            Ok(Kept {
+                seq: u64::try_from(seq).unwrap_or(0),
+                kind: None,
+                raw: Bytes::from(line),
+            })
+        })
+        .collect()
+}
+
+/// Where a replay starts, checked against what is kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Start {
+    pub(crate) after: u64,
+}
+
+/// Checks that lines after `after` are still kept: `Gone` naming the oldest
+/// kept `seq` otherwise.
+pub(crate) fn check_kept(run: &runs::RunRow, after: u64) -> Result<Start, WorkspaceError> {
+    let oldest = u64::try_from(run.events_from).unwrap_or(0);
+    if oldest > 1 && after.saturating_add(1) < oldest {
+        return Err(WorkspaceError::EventsGone {
+            run_id: run.id.clone(),
+            oldest,
+        });
+    }
+    Ok(Start { after })
+}
+
+enum Phase {
+    Replay,
+    Live(broadcast::Receiver<Arc<Kept>>),
+    Poll,
+    Done,
+}
+
+struct Follow {
+    state: Arc<AppState>,
+    run_id: String,
+    last: u64,
+    phase: Phase,
+    /// Subscribed before the first read: lines published after it are seen.
+    rx: Option<broadcast::Receiver<Arc<Kept>>>,
+    pending: std::collections::VecDeque<Kept>,
+}
+
+/// Every line of `run_id` after `from`, then the live tail until the run
+/// ends: from the local broadcast when this node relays it, else by polling
+/// the table. Ends when the run has ended and every line was given.
+pub(crate) fn follow(
+    state: Arc<AppState>,
+    run_id: String,
+    from: Start,
+) -> impl Stream<Item = Result<Kept, WorkspaceError>> + Send + 'static {
+    let rx = state.run_hub.subscribe(&run_id);
+    let f = Follow {
+        state,
+        run_id,
+        last: from.after,
+        phase: Phase::Replay,
+        rx,
+        pending: Default::default(),
+    };
+    futures::stream::try_unfold(f, |mut f| async move {
+        loop {
+            if let Some(k) = f.pending.pop_front() {
+                f.last = k.seq;
+                return Ok(Some((k, f)));
+            }
+            match std::mem::replace(&mut f.phase, Phase::Done) {
+                Phase::Done => return Ok(None),
+                Phase::Replay => {
+                    let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
+                    let full = page.len() as i64 >= PAGE;
+                    f.pending.extend(page);
+                    f.phase = if full {
+                        Phase::Replay
+                    } else {
+                        match f.rx.take() {
+                            Some(rx) => Phase::Live(rx),
+                            None => Phase::Poll,
+                        }
+                    };
+                }
+                Phase::Live(mut rx) => match rx.recv().await {
+                    Ok(k) => {
+                        if k.seq > f.last {
+                            f.pending.push_back(k.as_ref().clone());
+                        }
+                        f.phase = Phase::Live(rx);
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // Fell behind: what was missed is in the table.
+                        f.rx = Some(rx);
+                        f.phase = Phase::Replay;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {
+                        // The relay stored everything before closing.
+                        f.phase = Phase::Replay;
+                    }
+                },
+                Phase::Poll => {
+                    let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
+                    if !page.is_empty() {
+                        f.pending.extend(page);
+                        f.phase = Phase::Poll;
+                        continue;
+                    }
+                    let running = runs::get(f.state.store.pool(), &f.run_id)
+                        .await?
+                        .is_some_and(|r| r.status == RunStatus::Running);
+                    if !running {
+                        // One last look: lines stored just before it ended.
+                        let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
+                        f.pending.extend(page);
+                        f.phase = Phase::Done;
+                        continue;
+                    }
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                    f.phase = Phase::Poll;
+                }
+            }
+        }
+    })
+}

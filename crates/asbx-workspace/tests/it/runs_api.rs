@@ -1,0 +1,248 @@
+//! The API for runs against a fake runner (docs/protocol.md §7): the
+//! protocol 2 choices reach the runner, a protocol 2 caller gets the lines
+//! as they are, `events` replays what was kept and answers `410` for what
+//! is not, bad choices are `400` naming the field, and another workspace's
+//! run is not found by any of the run routes. The real runner's side (client
+//! tools, cancel, resume, encryption) is in `crates/asbx/tests/it/runs_api.rs`.
+
+use serde_json::{Value, json};
+
+use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem, settled_run};
+
+fn lines(body: &[u8]) -> Vec<Value> {
+    body.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect()
+}
+
+/// A string of the shape of a client public key (docs/protocol.md §4); the
+/// fake runner checks the shape only.
+fn key() -> String {
+    format!("B{}", "A".repeat(86))
+}
+
+on_both!(protocol_2_choices_reach_the_runner_and_lines_come_back_as_they_are);
+async fn protocol_2_choices_reach_the_runner_and_lines_come_back_as_they_are(db: Db) {
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
+    let tools = json!([{"name": "pick", "description": "d", "parameters": {"type": "object"}}]);
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({
+            "prompt": "hello", "protocol": 2, "clientTools": tools,
+            "filter": {"blockedTypes": ["heartbeat"]},
+            "encryption": {"clientPublicKey": key()}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let body = resp.bytes().await.unwrap();
+    assert_eq!(body.as_ref(), runner.sent().as_slice());
+    let d = &runner.dispatches()[0];
+    assert_eq!(d.protocol, asbx_protocol::Protocol::V2);
+    assert_eq!(d.detach_grace_ms, Some(0));
+    assert_eq!(d.client_tools.len(), 1);
+    assert_eq!(d.client_tools[0].name, "pick");
+    assert_eq!(
+        d.filter,
+        Some(asbx_protocol::Filter::Block {
+            blocked_types: vec![asbx_protocol::EventKind::Heartbeat]
+        })
+    );
+    assert_eq!(d.encryption.as_ref().unwrap().client_public_key, key());
+    let run = settled_run(&ws, &run_id).await;
+    assert_eq!(run["status"], "succeeded");
+
+    // Every line was kept: the replay is the stream, byte for byte.
+    let replay = client()
+        .get(ws.url(&format!("/api/runs/{run_id}/events")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()["content-type"], "application/x-ndjson");
+    assert_eq!(replay.bytes().await.unwrap(), body);
+    let after = client()
+        .get(ws.url(&format!("/api/runs/{run_id}/events?after=2")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = lines(&after)
+        .iter()
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [3, 4]);
+}
+
+on_both!(lines_no_longer_kept_are_410_naming_the_oldest_kept);
+async fn lines_no_longer_kept_are_410_naming_the_oldest_kept(db: Db) {
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({"prompt": "x", "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    resp.bytes().await.unwrap();
+    settled_run(&ws, &run_id).await;
+    // What pruning does past the retention (runs::events::KEEP_LINES lines):
+    // lines before seq 3 are gone and the run says so.
+    let pool = ws.db().await;
+    sqlx::query("DELETE FROM run_events WHERE run_id = $1 AND seq < 3")
+        .bind(&run_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE runs SET events_from = 3 WHERE id = $1")
+        .bind(&run_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    for after in ["0", "1"] {
+        let p = problem(
+            client()
+                .get(ws.url(&format!("/api/runs/{run_id}/events?after={after}")))
+                .send()
+                .await
+                .unwrap(),
+            410,
+        )
+        .await;
+        assert_eq!(p["code"], "events_gone");
+        assert_eq!(p["oldestSeq"], 3);
+    }
+    // Last-Event-ID counts the same way.
+    let p = problem(
+        client()
+            .get(ws.url(&format!("/api/runs/{run_id}/events")))
+            .header("accept", "text/event-stream")
+            .header("last-event-id", "1")
+            .send()
+            .await
+            .unwrap(),
+        410,
+    )
+    .await;
+    assert_eq!(p["code"], "events_gone");
+    // Positive control: from the oldest kept line on, it replays.
+    let body = client()
+        .get(ws.url(&format!("/api/runs/{run_id}/events?after=2")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(body.status(), 200);
+    assert_eq!(lines(&body.bytes().await.unwrap()).len(), 2);
+}
+
+#[tokio::test]
+async fn bad_protocol_2_choices_are_400_naming_the_field() {
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let cases = [
+        (json!({"protocol": 3}), "protocol"),
+        (json!({"filter": {"types": ["step"]}}), "filter"),
+        (
+            json!({"protocol": 2, "filter": {"types": ["bogus"]}}),
+            "filter.types",
+        ),
+        (json!({"protocol": 2, "filter": {"nope": []}}), "filter"),
+        (json!({"protocol": 2, "clientTools": {}}), "clientTools"),
+        (
+            json!({"protocol": 2, "clientTools": [{"name": "bad name", "parameters": {}}]}),
+            "clientTools[0].name",
+        ),
+        (
+            json!({"protocol": 2, "clientTools": [{"name": "t", "parameters": 1}]}),
+            "clientTools[0].parameters",
+        ),
+        (
+            json!({"protocol": 2, "encryption": {"clientPublicKey": "short"}}),
+            "encryption.clientPublicKey",
+        ),
+        (
+            json!({"protocol": 2, "encryption": {"clientPublicKey": key(), "x": 1}}),
+            "encryption.x",
+        ),
+    ];
+    for (extra, field) in cases {
+        let mut body = json!({"prompt": "x"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let p = problem(
+            client()
+                .post(ws.url("/api/runs"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+            400,
+        )
+        .await;
+        let fields: Vec<&str> = p["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["field"].as_str().unwrap())
+            .collect();
+        assert!(fields.contains(&field), "{field} missing for {body}: {p}");
+    }
+    assert!(runner.dispatches().is_empty(), "nothing was dispatched");
+}
+
+#[tokio::test]
+async fn another_workspaces_run_is_not_found_by_any_run_route() {
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start_with(Some(runner.url.clone()), |c| c.require_auth = true).await;
+    let a = ws.workspace.create_workspace("a").await.unwrap();
+    let b = ws.workspace.create_workspace("b").await.unwrap();
+    let key_a = ws.workspace.create_api_key(&a, "ka").await.unwrap();
+    let key_b = ws.workspace.create_api_key(&b, "kb").await.unwrap();
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .bearer_auth(&key_a)
+        .json(&json!({"prompt": "x", "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let run = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    resp.bytes().await.unwrap();
+    use reqwest::Method as M;
+    let routes = [
+        (M::GET, format!("/api/runs/{run}"), None),
+        (M::GET, format!("/api/runs/{run}/events"), None),
+        (
+            M::POST,
+            format!("/api/runs/{run}/tool-result"),
+            Some(json!({"callId": "c", "result": 1})),
+        ),
+        (M::DELETE, format!("/api/runs/{run}"), None),
+    ];
+    for (method, path, body) in &routes {
+        let mut req = client()
+            .request(method.clone(), ws.url(path))
+            .bearer_auth(&key_b);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let p = problem(req.send().await.unwrap(), 404).await;
+        assert_eq!(p["code"], "not_found", "{method} {path}");
+    }
+    // Positive control: the owner sees it.
+    for (method, path, _) in &routes[..2] {
+        let r = client()
+            .request(method.clone(), ws.url(path))
+            .bearer_auth(&key_a)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{method} {path}");
+    }
+}

@@ -1,0 +1,489 @@
+//! The workspace's API for runs through the real `asbx up` (docs/protocol.md
+//! §7, docs/api-runs.md): a client tool answered through
+//! `/api/runs/{id}/tool-result` (with its `404` and `409`), a dropped
+//! protocol 2 caller resuming from `/api/runs/{id}/events` (NDJSON and SSE
+//! with `Last-Event-ID`) with no gap and no duplicate, `DELETE` cancelling a
+//! running run whose `GET` then shows the termination, and an encrypted run
+//! kept as ciphertext only: the database and the logs hold no plaintext of
+//! it, while the client decrypts every line.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use asbx_protocol::{Event, Line, LineDecoder};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+fn decode(bytes: &[u8]) -> Vec<Line> {
+    LineDecoder::default()
+        .push(bytes)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect()
+}
+
+/// Reads a streaming response line by line, calling `on` for each; bounded.
+async fn read_lines(res: reqwest::Response, mut on: impl AsyncFnMut(&Line) -> bool) -> Vec<Line> {
+    let mut stream = Box::pin(res.bytes_stream());
+    let mut d = LineDecoder::default();
+    let mut lines = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("a line within 60 s")
+    {
+        for l in d.push(&chunk.unwrap()) {
+            let l = l.unwrap();
+            let stop = !on(&l).await;
+            lines.push(l);
+            if stop {
+                return lines;
+            }
+        }
+    }
+    lines
+}
+
+async fn get_run(url: &str, id: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{url}/api/runs/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Waits (bounded) until the run is no longer `running`.
+async fn settled(url: &str, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = get_run(url, id).await;
+        if run["status"] != "running" || Instant::now() > deadline {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_tool_round_trips_through_the_workspace() {
+    let up = UpProc::start(&[]);
+    let client = reqwest::Client::new();
+    let prompt = script(json!([
+        {"tool": "pick_color", "args": {"palette": "warm"}},
+        {"say": "the client picked"}
+    ]));
+    let tools = json!([{
+        "name": "pick_color",
+        "description": "Ask the user for a color",
+        "parameters": {"type": "object", "properties": {"palette": {"type": "string"}}}
+    }]);
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({"prompt": prompt, "protocol": 2, "clientTools": tools}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "application/x-ndjson");
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let url = format!("{}/api/runs/{run_id}/tool-result", up.url);
+    let mut answered = false;
+    let lines = read_lines(res, async |l: &Line| {
+        if let Event::ToolCall(c) = &l.event {
+            assert_eq!(c.tool_name, "pick_color");
+            assert_eq!(c.args, json!({"palette": "warm"}));
+            let unknown = client
+                .post(&url)
+                .json(&json!({"callId": "not-a-call", "result": 1}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(unknown.status(), 404);
+            let ok = client
+                .post(&url)
+                .json(&json!({"callId": c.call_id, "result": {"color": "amber"}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(ok.status(), 200, "{:?}", ok.text().await);
+            let again = client
+                .post(&url)
+                .json(&json!({"callId": c.call_id, "result": {"color": "red"}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(again.status(), 409);
+            answered = true;
+        }
+        true
+    })
+    .await;
+    assert!(answered, "a tool_call line came: {lines:?}");
+    // Protocol 2 as the runner sent it: session_init first, seq 1, 2, 3...
+    assert!(matches!(lines[0].event, Event::SessionInit(_)), "{lines:?}");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l.seq, i as u64 + 1, "{lines:?}");
+    }
+    let applied = lines
+        .iter()
+        .position(|l| matches!(l.event, Event::ToolResultApplied(_)));
+    let result = lines
+        .iter()
+        .position(|l| matches!(&l.event, Event::Result(r) if r.message == "the client picked"));
+    assert!(
+        applied.is_some() && result.is_some() && applied < result,
+        "{lines:?}"
+    );
+    assert!(matches!(
+        lines.last().unwrap().event,
+        Event::SessionEnded(_)
+    ));
+
+    let run = get_run(&up.url, &run_id).await;
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(run["result"], "the client picked", "{run}");
+    assert_eq!(run["termination"]["reason"], "completed", "{run}");
+    assert_eq!(run["termination"]["stats"]["toolCalls"], 1, "{run}");
+    // An unknown run is 404 too.
+    let p = client
+        .post(format!("{}/api/runs/nope/tool-result", up.url))
+        .json(&json!({"callId": "c", "result": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(p.status(), 404);
+}
+
+#[tokio::test]
+async fn a_dropped_run_resumes_with_no_gap_and_no_duplicate() {
+    let up = UpProc::start(&[]);
+    let client = reqwest::Client::new();
+    let words = (1..=24)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let prompt = script(json!([{"say": words, "stream_ms": 100}]));
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({"prompt": prompt, "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    // Read until the third delta, then drop the connection.
+    let mut deltas = 0;
+    let first = read_lines(res, async |l: &Line| {
+        if matches!(l.event, Event::Delta(_)) {
+            deltas += 1;
+        }
+        deltas < 3
+    })
+    .await;
+    let n = first.last().unwrap().seq;
+    assert!(
+        !matches!(first.last().unwrap().event, Event::SessionEnded(_)),
+        "the run ended before the drop: {first:?}"
+    );
+
+    // NDJSON from after=N: the rest, from N + 1, to session_ended.
+    let rest = client
+        .get(format!("{}/api/runs/{run_id}/events?after={n}", up.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest.status(), 200);
+    let rest = decode(&rest.bytes().await.unwrap());
+    assert!(!rest.is_empty());
+    for (i, l) in rest.iter().enumerate() {
+        assert_eq!(l.seq, n + 1 + i as u64, "gap or duplicate: {rest:?}");
+    }
+    assert!(matches!(rest.last().unwrap().event, Event::SessionEnded(_)));
+    let mut text = String::new();
+    for l in first.iter().chain(&rest) {
+        if let Event::Delta(d) = &l.event {
+            text.push_str(&d.text);
+        }
+    }
+    assert_eq!(text.split_whitespace().collect::<Vec<_>>().join(" "), words);
+
+    // SSE with Last-Event-ID: the same lines, `id: <seq>`, named by type.
+    let sse = client
+        .get(format!("{}/api/runs/{run_id}/events", up.url))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", n.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.headers()["content-type"], "text/event-stream");
+    let mut parser = asbx_protocol::sse::Parser::new();
+    let events = parser.push(&sse.bytes().await.unwrap());
+    assert_eq!(events.len(), rest.len());
+    for (e, l) in events.iter().zip(&rest) {
+        assert_eq!(e.id.as_deref(), Some(l.seq.to_string().as_str()));
+        assert_eq!(e.event, l.event.type_name());
+        let line: Line = serde_json::from_str(&e.data).unwrap();
+        assert_eq!(&line, l);
+    }
+
+    // The whole run replays from 0 identically to what the two reads saw.
+    let all = client
+        .get(format!("{}/api/runs/{run_id}/events?after=0", up.url))
+        .send()
+        .await
+        .unwrap();
+    let all = decode(&all.bytes().await.unwrap());
+    assert_eq!(all, first.iter().chain(&rest).cloned().collect::<Vec<_>>());
+    let run = get_run(&up.url, &run_id).await;
+    assert_eq!(run["status"], "succeeded", "{run}");
+}
+
+#[tokio::test]
+async fn delete_cancels_a_running_run_and_get_shows_its_termination() {
+    let up = UpProc::start(&[]);
+    let client = reqwest::Client::new();
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "echo started; sleep 60"}},
+        {"say": "never"}
+    ]));
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({"prompt": prompt, "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let base = up.url.clone();
+    let started = Instant::now();
+    let mut deleted = false;
+    let lines = read_lines(res, async |l: &Line| {
+        if !deleted
+            && matches!(&l.event, Event::Step(s) if s.status == asbx_protocol::StepStatus::Running)
+        {
+            let r = client
+                .delete(format!("{base}/api/runs/{run_id}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 202);
+            deleted = true;
+        }
+        true
+    })
+    .await;
+    assert!(deleted, "{lines:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "cancel took {:?}",
+        started.elapsed()
+    );
+    let Event::SessionEnded(t) = &lines.last().unwrap().event else {
+        panic!("no session_ended last: {lines:?}");
+    };
+    assert_eq!(t.reason, asbx_protocol::session::EndReason::Terminated);
+    let run = settled(&up.url, &run_id).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["code"], "cancelled", "{run}");
+    assert_eq!(run["termination"]["reason"], "terminated", "{run}");
+    assert_eq!(run["termination"]["terminatedBy"], "daemon", "{run}");
+    // Deleting an ended run changes nothing.
+    let r = client
+        .delete(format!("{}/api/runs/{run_id}", up.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+}
+
+/// `asbx up` with its log written to a file, so the test can read it.
+struct LoggedUp {
+    child: Child,
+    url: String,
+    data: tempfile::TempDir,
+    log: std::path::PathBuf,
+}
+
+impl LoggedUp {
+    fn start() -> LoggedUp {
+        let data = tempfile::tempdir().unwrap();
+        let log = data.path().join("up.log");
+        let mut child = Command::new(ASBX)
+            .args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
+            .env("ASBX_DATA", data.path())
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ASBX_MODEL")
+            // The most the workspace and runner ever log.
+            .env("ASBX_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut url = None;
+        for _ in 0..10 {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            if let Some(u) = line.trim().strip_prefix("open") {
+                url = Some(u.trim().to_owned());
+                break;
+            }
+        }
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            while reader.read_until(b'\n', &mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        LoggedUp {
+            child,
+            url: url.expect("`open URL` in the banner of asbx up"),
+            data,
+            log,
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s; the process is this test's own.
+    fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for LoggedUp {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Every file under `dir`, concatenated.
+fn all_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for entry in walk(dir) {
+        out.extend(std::fs::read(entry).unwrap_or_default());
+    }
+    out
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[tokio::test]
+async fn an_encrypted_run_is_kept_and_relayed_as_ciphertext_only() {
+    // The marker exists only inside the sandbox: the prompt holds the pieces
+    // of a shell expression, never the marker itself.
+    const MARKER: &str = "PLAINMARK-73421";
+    let mut up = LoggedUp::start();
+    let client = reqwest::Client::new();
+    let mut session = asbx_crypto::ClientSession::new();
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "printf 'PLAIN%s-%s\\n' MARK $((73000+421))"}},
+        {"say": "done"}
+    ]));
+    assert!(!prompt.contains(MARKER));
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({
+            "prompt": prompt, "protocol": 2,
+            "encryption": {"clientPublicKey": session.public_key()}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let raw = res.bytes().await.unwrap();
+    assert!(!contains(&raw, MARKER.as_bytes()), "plaintext on the wire");
+
+    // Positive control: the client decrypts every line, and the marker is there.
+    let mut plain = Vec::new();
+    for (i, line) in raw
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .enumerate()
+    {
+        let v: Value = serde_json::from_slice(line).unwrap();
+        if i == 0 {
+            assert_eq!(v["type"], "session_init");
+            let init = serde_json::from_value(v["encryption"].clone()).unwrap();
+            session.agree(&init, &run_id).unwrap();
+            continue;
+        }
+        assert!(v.get("encrypted").is_some(), "a clear line: {v}");
+        let opened = session.decrypt_line(line).unwrap();
+        plain.push(Value::Object(opened));
+    }
+    let all = serde_json::to_string(&plain).unwrap();
+    assert!(
+        all.contains(MARKER),
+        "the marker was really produced: {all}"
+    );
+    assert_eq!(plain.last().unwrap()["type"], "session_ended");
+
+    // The replay gives the very same sealed bytes.
+    let replay = client
+        .get(format!("{}/api/runs/{run_id}/events?after=0", up.url))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(replay, raw);
+    let run = get_run(&up.url, &run_id).await;
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert!(run.get("termination").is_none(), "{run}");
+
+    up.stop();
+    let stored = all_bytes(up.data.path());
+    assert!(
+        contains(&stored, b"ciphertext"),
+        "the run's lines are in the data directory"
+    );
+    assert!(
+        !contains(&stored, MARKER.as_bytes()),
+        "plaintext of an encrypted run in the data directory"
+    );
+    let log = std::fs::read(&up.log).unwrap();
+    assert!(!log.is_empty(), "the log was captured");
+    assert!(
+        !contains(&log, MARKER.as_bytes()),
+        "plaintext of an encrypted run in the logs"
+    );
+}

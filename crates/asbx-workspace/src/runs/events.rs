@@ -110,17 +110,40 @@ impl RunHub {
     }
 }
 
-/// Stores lines of a run (one statement) and drops the ones past
-/// [`KEEP_LINES`] when a multiple of 1,000 is crossed.
+/// Rows per `INSERT`: 3 binds each stays far below SQLite's and
+/// PostgreSQL's limits on bound parameters.
+const INSERT_ROWS: usize = 500;
+
+/// Stores lines of a run (one statement per [`INSERT_ROWS`]) and drops the
+/// ones past [`KEEP_LINES`] each time the run's `seq` crosses a multiple of
+/// 1,000, so between [`KEEP_LINES`] and [`KEEP_LINES`] + 1,000 are kept.
 pub(crate) async fn append(
     state: &AppState,
     run_id: &str,
     lines: &[Tapped],
 ) -> Result<(), WorkspaceError> {
-    if lines.is_empty() {
-        return Ok(());
+    for batch in lines.chunks(INSERT_ROWS) {
+        insert(state.store.pool(), run_id, batch).await?;
     }
-    let mut sql = String::from("INSERT INTO run_events (run_id, seq, line) VALUES ");
+    let (Some(first), Some(last)) = (
+        lines.iter().map(|t| t.seq).min(),
+        lines.iter().map(|t| t.seq).max(),
+    ) else {
+        return Ok(());
+    };
+    if last > KEEP_LINES && last / 1000 != first.saturating_sub(1) / 1000 {
+        prune(state.store.pool(), run_id, last + 1 - KEEP_LINES).await?;
+    }
+    Ok(())
+}
+
+async fn insert(
+    pool: &sqlx::AnyPool,
+    run_id: &str,
+    lines: &[Tapped],
+) -> Result<(), WorkspaceError> {
+    let mut sql = String::with_capacity(64 + lines.len() * 20);
+    sql.push_str("INSERT INTO run_events (run_id, seq, line) VALUES ");
     for i in 0..lines.len() {
         if i > 0 {
             sql.push_str(", ");
@@ -137,12 +160,7 @@ pub(crate) async fn append(
             .bind(i64::try_from(t.seq).unwrap_or(i64::MAX))
             .bind(String::from_utf8_lossy(&t.raw).into_owned());
     }
-    q.execute(state.store.pool()).await?;
-    let first = lines.first().map_or(0, |t| t.seq);
-    let last = lines.iter().map(|t| t.seq).max().unwrap_or(0);
-    if last > KEEP_LINES && last / 1000 != first.saturating_sub(1) / 1000 {
-        prune(state.store.pool(), run_id, last + 1 - KEEP_LINES).await?;
-    }
+    q.execute(pool).await?;
     Ok(())
 }
 

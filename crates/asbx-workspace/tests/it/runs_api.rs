@@ -246,3 +246,93 @@ async fn another_workspaces_run_is_not_found_by_any_run_route() {
         assert_eq!(r.status(), 200, "{method} {path}");
     }
 }
+
+/// A runner that answers every dispatch with `n` `delta` lines and a
+/// result, in 64 KiB chunks.
+async fn long_runner(n: u64) -> (url::Url, crate::support::AbortOnDrop) {
+    use axum::routing::post;
+    async fn stream(
+        axum::extract::State(n): axum::extract::State<u64>,
+        body: bytes::Bytes,
+    ) -> axum::response::Response {
+        let d = asbx_protocol::DispatchRequest::parse(&body).unwrap();
+        let sid = d.session_id.unwrap();
+        let mut out = String::new();
+        for seq in 1..=n {
+            out.push_str(&format!(
+                r#"{{"seq":{seq},"ts":1,"sessionId":"{sid}","type":"delta","text":"w{seq} "}}"#
+            ));
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            r#"{{"seq":{},"ts":1,"sessionId":"{sid}","type":"result","message":"ok"}}"#,
+            n + 1
+        ));
+        out.push('\n');
+        let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = out
+            .into_bytes()
+            .chunks(64 * 1024)
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        axum::response::Response::new(axum::body::Body::from_stream(futures::stream::iter(chunks)))
+    }
+    let listener = crate::support::bind_loopback().await;
+    let url = format!("http://{}", listener.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    let router = axum::Router::new()
+        .route("/stream", post(stream))
+        .with_state(n);
+    (url, crate::support::serve(listener, router))
+}
+
+on_both!(a_long_run_keeps_its_newest_lines_and_410s_the_rest);
+async fn a_long_run_keeps_its_newest_lines_and_410s_the_rest(db: Db) {
+    // 11,500 lines: past the retention of 10,000 and across 11,000, where
+    // the relay prunes.
+    let total = 11_500u64;
+    let (url, _runner) = long_runner(total).await;
+    let ws = TestWorkspace::start_on(db, Some(url), |_| {}).await;
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({"prompt": "x", "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let all = lines(&resp.bytes().await.unwrap());
+    assert_eq!(all.len() as u64, total + 1, "the caller got every line");
+    assert_eq!(settled_run(&ws, &run_id).await["status"], "succeeded");
+
+    let p = problem(
+        client()
+            .get(ws.url(&format!("/api/runs/{run_id}/events?after=0")))
+            .send()
+            .await
+            .unwrap(),
+        410,
+    )
+    .await;
+    assert_eq!(p["code"], "events_gone");
+    let oldest = p["oldestSeq"].as_u64().unwrap();
+    assert!(
+        (1_001..=1_501).contains(&oldest),
+        "kept between 10,000 and 11,000 lines: oldest {oldest}"
+    );
+    let kept = client()
+        .get(ws.url(&format!("/api/runs/{run_id}/events?after={}", oldest - 1)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(kept.status(), 200);
+    let kept = lines(&kept.bytes().await.unwrap());
+    assert_eq!(kept[0]["seq"], oldest);
+    assert_eq!(kept.len() as u64, total + 2 - oldest);
+    assert_eq!(kept.last().unwrap()["type"], "result");
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM run_events WHERE run_id = $1")
+        .bind(&run_id)
+        .fetch_one(&ws.db().await)
+        .await
+        .unwrap();
+    assert_eq!(stored as u64, total + 2 - oldest, "older rows were deleted");
+}

@@ -411,7 +411,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     if let Err(e) = chats::append_message(state.store.pool(), &turn.chat_id, &message).await {
         tracing::error!(turn = %turn.id, error = %crate::error::error_chain(&e), "persisting the assistant message failed");
     }
-    dispatch::settle(&state, &turn.id, &outcome).await;
+    dispatch::settle_ended(&state, &turn.id, &outcome, tap.termination()).await;
     lease.release().await;
     turn.finish(Done {
         chat_id: turn.chat_id.clone(),
@@ -427,8 +427,33 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
 /// docs/protocol.md §4); true when it accepted, so its `session_ended` line
 /// (terminated by the daemon) is on its way.
 async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
-    let _ = (state, run_id);
-    false
+    let Some(url) = &state.config.sandbox_url else {
+        return false;
+    };
+    let path = format!("/v1/sessions/{run_id}");
+    let request = match dispatch::runner_request(
+        state,
+        reqwest::Method::DELETE,
+        url.as_str(),
+        &path,
+    ) {
+        Ok(r) => r.timeout(Duration::from_secs(5)),
+        Err(e) => {
+            tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "cannot ask the runner to cancel");
+            return false;
+        }
+    };
+    match request.send().await {
+        Ok(r) if r.status().is_success() => true,
+        Ok(r) => {
+            tracing::info!(turn = run_id, status = %r.status(), "the runner did not take the cancel; dropping the stream");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "asking the runner to cancel failed");
+            false
+        }
+    }
 }
 
 /// Marks the turn of `chat` as interrupted when it was lost: its lease is

@@ -6,6 +6,7 @@
 mod harness;
 
 mod agent_features;
+mod chat_live;
 mod dispatch;
 mod egress;
 mod encryption;

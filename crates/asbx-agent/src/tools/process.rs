@@ -19,10 +19,17 @@
 //! a cgroup: v2 writes `cgroup.kill`; v1 freezes (`freezer.state` =
 //! `FROZEN`), sends SIGKILL to every pid in `cgroup.procs`, thaws, and
 //! repeats until the cgroup is empty (a frozen process can't fork away).
-//! Without one: SIGKILL to the process group, to every descendant of the
-//! tool's process, and, when tools run as their own uid, to every process of
-//! that uid the agent can see; repeated until none is left. The result
-//! ([`Killed`]) says which way it went, for the step's error.
+//! Without one (the `namespaces` profile): SIGKILL to the process group, to
+//! every descendant of the tool's process the agent can see, and, when tools
+//! run as their own uid, a sweep of that uid: a short-lived helper
+//! (`bash -c 'kill -KILL -1'`) started as the tool user sends `kill(-1,
+//! SIGKILL)`, which reaches every process of that uid in the sandbox's pid
+//! namespace, including what left the group (`setsid`, double fork) and
+//! what `hidepid` hides from the agent, and nothing else: the agent (1000)
+//! and MCP servers ([`MCP_UID`]) are other uids, init is never signalled by
+//! `-1`. The kernel delivers it under the task list lock, so nothing forks
+//! away from it. MCP servers get no sweep: it would end every server. The
+//! result ([`Killed`]) says which way it went, for the step's error.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -240,16 +247,20 @@ pub(crate) struct Reaper {
     cgroup: Option<ChildCgroup>,
     /// The uid the tool runs as, when it is not the agent's own.
     uid: Option<u32>,
+    /// Without a cgroup: the tool uid to sweep with `kill(-1)` (not [`MCP_UID`]).
+    sweep: Option<u32>,
     armed: bool,
 }
 
 impl Reaper {
     pub(crate) fn new(pid: Option<u32>, cgroup: Option<ChildCgroup>, uid: Option<u32>) -> Self {
         let own = nix::unistd::getuid().as_raw();
+        let uid = uid.filter(|u| *u != own);
         Reaper {
             pid: pid.and_then(|p| i32::try_from(p).ok()),
+            sweep: uid.filter(|u| cgroup.is_none() && *u != MCP_UID),
             cgroup,
-            uid: uid.filter(|u| *u != own),
+            uid,
             armed: true,
         }
     }
@@ -264,13 +275,30 @@ impl Reaper {
     pub(crate) async fn kill(&mut self) -> Killed {
         self.armed = false;
         let started = Instant::now();
-        let blind = self.cgroup.is_none()
+        let hidden = self.cgroup.is_none()
             && self
                 .pid
                 .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
         let mut known: HashSet<i32> = HashSet::new();
+        let mut swept = false;
         loop {
-            let (left, error) = self.pass(&mut known);
+            let (mut left, mut error) = self.pass(&mut known);
+            if let Some(uid) = self.sweep {
+                match sweep_command(uid).status().await {
+                    Ok(s) if s.success() => swept = true,
+                    // Retried: a fork bomb at its RLIMIT_NPROC makes the
+                    // helper's exec fail until the group's kill thinned it.
+                    Ok(s) => {
+                        error = Some(format!("the kill -1 helper exited {s}"));
+                        left = left.max(1);
+                    }
+                    Err(e) => {
+                        error = Some(format!("the kill -1 helper: {e}"));
+                        left = left.max(1);
+                    }
+                }
+            }
+            let blind = hidden && !swept;
             if left == 0 || started.elapsed() > KILL_PATIENCE {
                 return Killed {
                     how: self.how(),
@@ -284,10 +312,13 @@ impl Reaper {
     }
 
     fn how(&self) -> &'static str {
-        match (&self.cgroup, self.uid) {
-            (Some(c), _) => c.how(),
-            (None, Some(_)) => "its process group and every process of the tool user",
-            (None, None) => "its process group and its descendants",
+        match (&self.cgroup, self.uid, self.sweep) {
+            (Some(c), _, _) => c.how(),
+            (None, _, Some(_)) => {
+                "its process group and every process of the tool user (kill -1 as that user)"
+            }
+            (None, Some(_), None) => "its process group and every process of the tool user",
+            (None, None, _) => "its process group and its descendants",
         }
     }
 
@@ -342,8 +373,27 @@ impl Drop for Reaper {
             // Two rounds: the second catches what forked during the first.
             let _ = self.pass(&mut known);
             let _ = self.pass(&mut known);
+            if let Some(uid) = self.sweep {
+                let _ = sweep_command(uid).into_std().status();
+            }
         }
     }
+}
+
+/// The helper that sends `kill(-1, SIGKILL)` as `uid`: every process of
+/// that uid in the pid namespace but the helper itself (see the module docs).
+fn sweep_command(uid: u32) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.args(["-c", "kill -KILL -1"])
+        .env_clear()
+        .env("PATH", TOOL_PATH)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .uid(uid)
+        .gid(nix::unistd::getgid().as_raw());
+    cmd
 }
 
 /// One row of `/proc`.

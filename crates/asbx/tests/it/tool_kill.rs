@@ -5,7 +5,7 @@
 //!
 //! These depend on the jail's child cgroups (`tools`, `mcp` under
 //! `/run/asbx-cgroup`, cgroup v1 with the freezer) and on the agent keeping
-//! `CAP_KILL`.
+//! `CAP_KILL`; the `namespaces` case on the agent's tool-uid sweep.
 
 use asbx_protocol::callback::{ConfigResponse, McpServer, RunLimits, Skill};
 use asbx_protocol::line::Step;
@@ -44,7 +44,20 @@ const LIST_SLEEPS: &str = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2
 
 #[tokio::test]
 async fn a_timed_out_tool_is_killed_with_everything_it_started() {
-    let runner = RunnerProc::start(&[]);
+    timed_out_tool_dies_with_everything(&profile()).await;
+}
+
+/// The same attack under the weaker `namespaces` profile, whatever profile
+/// the suite runs: no cgroups there, and `hidepid` hides the tool's
+/// processes from the agent, so the orphan dies of the tool-uid sweep
+/// (`kill -1` as the tool user).
+#[tokio::test]
+async fn under_namespaces_a_timed_out_tools_orphans_are_killed_too() {
+    timed_out_tool_dies_with_everything("namespaces").await;
+}
+
+async fn timed_out_tool_dies_with_everything(profile: &str) {
+    let runner = RunnerProc::start_with(profile, &[]);
     let config = ConfigResponse {
         limits: Some(RunLimits {
             tool_timeout_ms: Some(1500),
@@ -67,7 +80,18 @@ async fn a_timed_out_tool_is_killed_with_everything_it_started() {
         {"tool": "shell", "args": {"command": LIST_SLEEPS}},
         {"say": "checked"}
     ]));
-    let (_, lines, _) = dispatch(&runner.url, &ws.body(&t, &prompt)).await;
+    let url = runner.url.clone();
+    let body = ws.body(&t, &prompt);
+    let run = tokio::spawn(async move { dispatch(&url, &body).await });
+    // Positive control from the host: the orphan ran before the timeout.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut orphan_ran = false;
+    while !orphan_ran && !run.is_finished() && std::time::Instant::now() < until {
+        orphan_ran = !pids_with(&orphan).is_empty();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, lines, _) = run.await.unwrap();
+    assert!(orphan_ran, "the orphan never ran (no positive control)");
     assert_well_formed(&lines);
     assert!(
         matches!(terminal(&lines), Event::Result(r) if r.message == "checked"),
@@ -85,14 +109,15 @@ async fn a_timed_out_tool_is_killed_with_everything_it_started() {
     assert!(err.contains("timed out after 1500 ms"), "{err}");
     assert!(err.contains("was killed"), "{err}");
     // `strict` has the child cgroups; `namespaces` has none, and the agent
-    // falls back to the process group and the tool uid.
-    let how = if profile() == "strict" {
+    // falls back to the process group and a sweep of the tool uid.
+    let how = if profile == "strict" {
         "tools cgroup"
     } else {
-        "every process of the tool user"
+        "every process of the tool user (kill -1"
     };
     assert!(err.contains(how), "killed through {how}: {err}");
     assert!(!err.contains("survived"), "{err}");
+    assert!(!err.contains("may still run"), "{err}");
     let after = text_of(&steps[2]);
     for m in [&early, &orphan, &fg] {
         assert!(!after.contains(m.as_str()), "sleep {m} survived: {after}");

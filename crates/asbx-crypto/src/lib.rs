@@ -27,7 +27,9 @@ use hkdf::Hkdf;
 use p256::PublicKey;
 use p256::ecdh::EphemeralSecret;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use sha2::Sha256;
 
 /// The `algorithm` named in `session_init.encryption`.
@@ -197,31 +199,50 @@ impl ServerSession {
 
     /// Rewrites one stamped line (a JSON object, no newline) into its
     /// encrypted form: the clear fields, then `encrypted`.
+    ///
+    /// Each field's value is carried as its original bytes (never parsed
+    /// into numbers or trees), so what opens is exactly what was stamped.
     pub fn encrypt_line(&self, line: &[u8]) -> Result<Vec<u8>, CryptoError> {
-        let mut obj: Map<String, Value> =
-            serde_json::from_slice(line).map_err(|e| CryptoError::Line(e.to_string()))?;
-        let kind = obj
+        let bad = |e: serde_json::Error| CryptoError::Line(e.to_string());
+        let fields: BTreeMap<String, &RawValue> = serde_json::from_slice(line).map_err(bad)?;
+        let kind: String = fields
             .get("type")
-            .and_then(Value::as_str)
-            .ok_or_else(|| CryptoError::Line("no type".into()))?
-            .to_owned();
-        let seq = obj
+            .map(|v| serde_json::from_str(v.get()))
+            .transpose()
+            .map_err(bad)?
+            .ok_or_else(|| CryptoError::Line("no type".into()))?;
+        let seq: u64 = fields
             .get("seq")
-            .and_then(Value::as_u64)
+            .map(|v| serde_json::from_str(v.get()))
+            .transpose()
+            .map_err(bad)?
             .ok_or_else(|| CryptoError::Line("no seq".into()))?;
-        let mut clear = Map::new();
-        for f in CLEAR_FIELDS {
-            if let Some(v) = obj.remove(f) {
-                clear.insert(f.to_owned(), v);
+        let mut clear = Vec::with_capacity(line.len() / 4 + 128);
+        let mut rest = Vec::with_capacity(line.len());
+        clear.push(b'{');
+        rest.push(b'{');
+        for (name, value) in &fields {
+            let out = if CLEAR_FIELDS.contains(&name.as_str()) {
+                &mut clear
+            } else {
+                &mut rest
+            };
+            if out.len() > 1 {
+                out.push(b',');
             }
+            serde_json::to_writer(&mut *out, name).map_err(bad)?;
+            out.push(b':');
+            out.extend_from_slice(value.get().as_bytes());
         }
-        let fields = serde_json::to_vec(&obj).map_err(|e| CryptoError::Line(e.to_string()))?;
-        let sealed = self.seal_line(seq, &kind, &fields);
-        clear.insert(
-            "encrypted".to_owned(),
-            serde_json::to_value(sealed).map_err(|e| CryptoError::Line(e.to_string()))?,
-        );
-        serde_json::to_vec(&clear).map_err(|e| CryptoError::Line(e.to_string()))
+        rest.push(b'}');
+        let sealed = self.seal_line(seq, &kind, &rest);
+        if clear.len() > 1 {
+            clear.push(b',');
+        }
+        clear.extend_from_slice(b"\"encrypted\":");
+        serde_json::to_writer(&mut clear, &sealed).map_err(bad)?;
+        clear.push(b'}');
+        Ok(clear)
     }
 
     /// Opens a client's encrypted tool result for `call_id`: the JSON bytes
@@ -332,6 +353,26 @@ mod tests {
         let plain = client.decrypt_line(&enc).unwrap();
         let want: Map<String, Value> = serde_json::from_slice(line).unwrap();
         assert_eq!(plain, want);
+    }
+
+    #[test]
+    fn field_values_are_sealed_byte_for_byte() {
+        let (server, client) = pair("s1");
+        // Numbers no f64 holds, escapes and nesting come out as they went in.
+        let line = br#"{"seq":7,"ts":5,"sessionId":"s1","type":"step","args":{"n":1e400,"big":123456789012345678901234567890,"s":"a\"\u00e9"}}"#;
+        let enc: Map<String, Value> =
+            serde_json::from_slice(&server.encrypt_line(line).unwrap()).unwrap();
+        let sealed: Sealed = serde_json::from_value(enc["encrypted"].clone()).unwrap();
+        let plain = client.open_line(7, "step", &sealed).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&plain).unwrap(),
+            r#"{"args":{"n":1e400,"big":123456789012345678901234567890,"s":"a\"\u00e9"}}"#
+        );
+        let mut keys: Vec<&str> = enc.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["encrypted", "seq", "sessionId", "ts", "type"]);
+        assert!(server.encrypt_line(br#"{"seq":1,"sessionId":"s1"}"#).is_err());
+        assert!(server.encrypt_line(b"[1]").is_err());
     }
 
     #[test]

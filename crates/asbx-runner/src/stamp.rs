@@ -68,9 +68,9 @@ impl Stamper {
                 kind
             }
             Err(e) => {
-                // A line the stamper wrote is JSON; should one still fail to
-                // reparse (nesting past serde_json's depth), its seq carries
-                // a sealed warning instead, never the plaintext.
+                // A line the stamper wrote is one JSON object, so this does
+                // not happen; were it to, its seq carries a sealed warning
+                // instead, never the plaintext.
                 let line = Line {
                     seq: self.seq,
                     ts: asbx_protocol::now_ms(),

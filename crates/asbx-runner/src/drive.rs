@@ -806,6 +806,65 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn without_config_session_init_goes_out_after_one_heartbeat_interval() {
+        use tokio::io::AsyncWriteExt;
+        let mut st = state(Protocol::V2, None);
+        let ceilings = SessionLimits {
+            max_duration_ms: 1000,
+            max_steps: 50,
+            max_tool_calls: 200,
+            heartbeat_interval_ms: 5000,
+        };
+        st.init = Some(SessionInit {
+            protocol_version: 2,
+            limits: ceilings.clone(),
+            encryption: None,
+        });
+        let session = Arc::clone(&st.session);
+        let (mut w, r) = tokio::io::duplex(4096);
+        let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let started = Instant::now();
+        let pumping = async {
+            let mut tx = Some(tx);
+            pump(&mut st, r, &mut tx, &session, deadline).await
+        };
+        let driving = async {
+            w.write_all(b"{\"type\":\"log\",\"level\":\"info\",\"message\":\"early\"}\n")
+                .await
+                .unwrap();
+            let first = rx.recv().await.unwrap();
+            let waited = started.elapsed();
+            w.write_all(b"{\"type\":\"result\",\"message\":\"done\"}\n")
+                .await
+                .unwrap();
+            drop(w);
+            while rx.recv().await.is_some() {}
+            (first, waited)
+        };
+        let (end, (first, waited)) = tokio::join!(pumping, driving);
+        assert_eq!(end, End::Result);
+        assert!(
+            waited >= HEARTBEAT - Duration::from_millis(50) && waited < HEARTBEAT * 2,
+            "{waited:?}"
+        );
+        let lines: Vec<Line> = LineDecoder::default()
+            .push(&first)
+            .into_iter()
+            .map(|l| l.unwrap())
+            .collect();
+        assert!(
+            matches!(&lines[0].event, Event::SessionInit(i) if i.limits == ceilings),
+            "{lines:?}"
+        );
+        assert!(matches!(&lines[1].event, Event::Log(l) if l.message == "early"));
+        assert!(
+            !lines.iter().any(|l| matches!(l.event, Event::Heartbeat(_))),
+            "session_init stands in for the first heartbeat"
+        );
+    }
+
     #[test]
     fn exit_statuses_decode_signals_reported_by_the_jail() {
         use std::os::unix::process::ExitStatusExt;

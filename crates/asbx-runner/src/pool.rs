@@ -65,7 +65,11 @@ pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, Ru
         .uids
         .lease()
         .ok_or(RunnerError::AtCapacity(inner.config.max_sandboxes))?;
-    let dirs = SessionDirs::create(&inner.config.state_dir.join(parent), name)?;
+    let dirs = SessionDirs::create(
+        &inner.config.state_dir.join(parent),
+        name,
+        inner.sandbox.detached_run(),
+    )?;
     let spec = SandboxSpec {
         name,
         dirs: &dirs,

@@ -4,9 +4,22 @@
 //! cgroups, seccomp and Landlock layers and execs `asbx agent` inside.
 //! [`Unconfined`] runs `asbx agent` as a plain child process: for hosts
 //! without namespaces, chosen by name and reported everywhere.
+//!
+//! **No host path inside a jail.** A bind mount shows its source's path in
+//! the sandbox's `/proc/self/mountinfo`, so [`Jailed`] shares nothing from a
+//! host folder: each sandbox's run folder (`/run/asbx`, where the gateway
+//! and egress sockets appear) is a [`DetachedDir`] of its own, and the
+//! `asbx` binary is a copy on one `DetachedDir` per runner process (made at
+//! the first boot, shared by every sandbox, read-only inside). Neither is
+//! mounted on the host, both vanish with the runner. On a kernel that can't
+//! clone a detached mount (before 6.15) the runner falls back to host
+//! folders, and says so once in its log.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use asbx_jail::DetachedDir;
 
 use asbx_protocol::jail::{
     BindMount, IsolationProfile, JailPolicy, JailProfile, RUN_DIR_IN_JAIL, ResourceLimits,
@@ -29,21 +42,35 @@ pub(crate) struct SessionDirs {
     pub(crate) root: PathBuf,
     /// The working directory (`/work` in a jail).
     pub(crate) work: PathBuf,
-    /// Holds the gateway socket (`/run/asbx` in a jail).
+    /// Holds the gateway socket (`/run/asbx` in a jail): `root/run`, or the
+    /// path of `detached_run`.
     pub(crate) run: PathBuf,
+    /// The run folder when it is a [`DetachedDir`]; freed with the last clone.
+    detached_run: Option<Arc<DetachedDir>>,
 }
 
 impl SessionDirs {
-    /// Creates `parent/name/{work,run}`.
-    pub(crate) fn create(parent: &Path, name: &str) -> Result<Self, RunnerError> {
+    /// Creates `parent/name/work` and the run folder: `detached_run` when
+    /// given, else `parent/name/run`.
+    pub(crate) fn create(
+        parent: &Path,
+        name: &str,
+        detached_run: Option<DetachedDir>,
+    ) -> Result<Self, RunnerError> {
         let root = parent.join(name);
+        let detached_run = detached_run.map(Arc::new);
         let dirs = SessionDirs {
             work: root.join("work"),
-            run: root.join("run"),
+            run: detached_run
+                .as_ref()
+                .map_or_else(|| root.join("run"), |d| d.path().to_path_buf()),
             root,
+            detached_run,
         };
-        for d in [&dirs.work, &dirs.run] {
-            std::fs::create_dir_all(d).map_err(|e| RunnerError::io(d.display(), e))?;
+        std::fs::create_dir_all(&dirs.work).map_err(|e| RunnerError::io(dirs.work.display(), e))?;
+        if dirs.detached_run.is_none() {
+            std::fs::create_dir_all(&dirs.run)
+                .map_err(|e| RunnerError::io(dirs.run.display(), e))?;
         }
         Ok(dirs)
     }
@@ -98,6 +125,55 @@ pub(crate) trait Sandbox: Send + Sync + std::fmt::Debug {
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError>;
     /// Removes what a sandbox may leave behind if its supervisor was killed hard.
     fn cleanup(&self, spec: &SandboxSpec<'_>);
+    /// A fresh run folder that shows no host path in the sandbox, when this
+    /// kind of sandbox wants one and the kernel allows it.
+    fn detached_run(&self) -> Option<DetachedDir> {
+        None
+    }
+}
+
+/// Logs once per runner process that a detached folder could not be made.
+fn warn_no_detached(what: &str, e: &asbx_jail::JailError) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            error = %e,
+            "{what}: no detached tmpfs on this kernel; sandboxes see host paths in /proc/self/mountinfo"
+        );
+    }
+}
+
+/// The run folder's tmpfs: sockets only.
+const RUN_DIR_BYTES: u64 = 64 << 10;
+const RUN_DIR_INODES: u32 = 64;
+
+/// Where a jail binds the `asbx` binary from: a copy on one [`DetachedDir`]
+/// per runner process and binary, made on first use; `exe` itself when that
+/// can't be made. One lock per sandbox boot, never on the line path.
+fn exe_source(exe: &Path) -> PathBuf {
+    static COPIES: Mutex<Vec<(PathBuf, Option<DetachedDir>)>> = Mutex::new(Vec::new());
+    let mut copies = COPIES.lock().unwrap_or_else(|p| p.into_inner());
+    if !copies.iter().any(|(p, _)| p == exe) {
+        let copy = copy_exe(exe)
+            .map_err(|e| warn_no_detached("the asbx binary", &e))
+            .ok();
+        copies.push((exe.to_path_buf(), copy));
+    }
+    match copies.iter().find(|(p, _)| p == exe) {
+        Some((_, Some(dir))) => dir.path().join("asbx"),
+        _ => exe.to_path_buf(),
+    }
+}
+
+fn copy_exe(exe: &Path) -> Result<DetachedDir, asbx_jail::JailError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |e: std::io::Error| asbx_jail::JailError::Host(format!("{}: {e}", exe.display()));
+    let len = std::fs::metadata(exe).map_err(io)?.len();
+    let dir = DetachedDir::tmpfs(len + (1 << 20), 16, true)?;
+    let copy = dir.path().join("asbx");
+    std::fs::copy(exe, &copy).map_err(io)?;
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+    Ok(dir)
 }
 
 fn base_command(program: &Path) -> Command {
@@ -128,7 +204,7 @@ impl Sandbox for Jailed {
             workdir: spec.dirs.work.display().to_string(),
             binds: vec![
                 BindMount {
-                    source: self.exe.display().to_string(),
+                    source: exe_source(&self.exe).display().to_string(),
                     target: EXE_IN_JAIL.to_owned(),
                     writable: false,
                 },
@@ -160,6 +236,12 @@ impl Sandbox for Jailed {
 
     fn cleanup(&self, spec: &SandboxSpec<'_>) {
         remove_leftover_cgroups(&format!("asbx-{}", spec.name));
+    }
+
+    fn detached_run(&self) -> Option<DetachedDir> {
+        DetachedDir::tmpfs(RUN_DIR_BYTES, RUN_DIR_INODES, false)
+            .map_err(|e| warn_no_detached("the run folder", &e))
+            .ok()
     }
 }
 

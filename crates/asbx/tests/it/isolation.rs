@@ -386,3 +386,78 @@ PY
     );
     runner.assert_clean().await;
 }
+
+/// `/proc/self/mountinfo` and `/proc/self/cgroup` inside a sandbox name no
+/// host path and no pid of the host (issue 13, item 8): not the runner's
+/// data folder, not its pid (which the warm sandboxes' names carry), not
+/// where the `asbx` binary is installed, nothing under the host's `/work` or
+/// `/tmp`. The run folder and the binary come from tmpfs mounted nowhere on
+/// the host (root `/`), cgroups read from the sandbox's cgroup namespace.
+/// Positive control: the table is readable and lists the sandbox's own
+/// mounts, the run folder and the binary among them.
+#[tokio::test]
+async fn mountinfo_and_cgroup_name_no_host_path() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let (out, lines) = shell(
+        &runner,
+        &ws,
+        // Root, mount point and source of each mount (the tool's output is
+        // capped; the other fields carry options only).
+        "awk '{print $4, $5, $(NF-1)}' /proc/self/mountinfo; echo ---; cat /proc/self/cgroup",
+    )
+    .await;
+    let (mountinfo, cgroup) = out
+        .split_once("---\n")
+        .unwrap_or_else(|| panic!("no output: {lines:?}"));
+    let mut mounts = HashMap::new();
+    for line in mountinfo.lines() {
+        if let [root, point, source] = line.split(' ').collect::<Vec<_>>()[..] {
+            mounts.insert(point.to_owned(), (root.to_owned(), source.to_owned()));
+        }
+    }
+    for point in [
+        "/",
+        "/work",
+        "/tmp",
+        "/proc",
+        "/run/asbx",
+        "/opt/asbx/bin/asbx",
+    ] {
+        assert!(
+            mounts.contains_key(point),
+            "{point} not listed: {mountinfo}"
+        );
+    }
+    let data = runner.data.path();
+    let mut host_paths = vec![data.display().to_string()];
+    host_paths.push(data.canonicalize().unwrap().display().to_string());
+    let exe_dir = std::path::Path::new(ASBX).parent().unwrap();
+    host_paths.push(exe_dir.display().to_string());
+    host_paths.push(exe_dir.canonicalize().unwrap().display().to_string());
+    for host in &host_paths {
+        assert!(!out.contains(host.as_str()), "{host} shows: {out}");
+    }
+    let pid = runner.pid().to_string();
+    let names_pid = |s: &str| s.split(|c: char| !c.is_ascii_digit()).any(|n| n == pid);
+    for (point, (root, source)) in &mounts {
+        for field in [root, source] {
+            assert!(
+                !field.starts_with("/work")
+                    && !field.starts_with("/tmp")
+                    && !field.contains("/proc/")
+                    && !names_pid(field),
+                "{point} shows a host path or the runner's pid ({field}): {mountinfo}"
+            );
+        }
+    }
+    // The tool's cgroups, relative to the sandbox's: its own or `tools`.
+    assert!(
+        !cgroup.is_empty()
+            && cgroup
+                .lines()
+                .all(|l| matches!(l.rsplit(':').next(), Some("/" | "/tools"))),
+        "{cgroup}"
+    );
+    runner.assert_clean().await;
+}

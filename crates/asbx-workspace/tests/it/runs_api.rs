@@ -336,3 +336,63 @@ async fn a_long_run_keeps_its_newest_lines_and_410s_the_rest(db: Db) {
         .unwrap();
     assert_eq!(stored as u64, total + 2 - oldest, "older rows were deleted");
 }
+
+#[tokio::test]
+async fn an_agent_run_takes_the_same_protocol_2_choices() {
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let agent: Value = client()
+        .post(ws.url("/api/agents"))
+        .json(&json!({"name": "helper"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let path = format!("/api/agents/{}/runs", agent["id"].as_str().unwrap());
+    // Bad choices and a bad prompt are named together; nothing is dispatched.
+    let p = problem(
+        client()
+            .post(ws.url(&path))
+            .json(&json!({"prompt": " ", "clientTools": []}))
+            .send()
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
+    let fields: Vec<&str> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert!(
+        fields.contains(&"clientTools") && fields.contains(&"prompt"),
+        "{p}"
+    );
+    assert!(runner.dispatches().is_empty());
+
+    let tools = json!([{"name": "pick", "parameters": {"type": "object"}}]);
+    let resp = client()
+        .post(ws.url(&path))
+        .json(&json!({"prompt": "go", "protocol": 2, "clientTools": tools,
+                      "filter": {"types": ["result"]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().contains_key("x-asbx-agent-id"));
+    let body = resp.bytes().await.unwrap();
+    assert_eq!(body.as_ref(), runner.sent().as_slice());
+    let d = &runner.dispatches()[0];
+    assert_eq!(d.protocol, asbx_protocol::Protocol::V2);
+    assert_eq!(d.client_tools[0].name, "pick");
+    assert_eq!(
+        d.filter,
+        Some(asbx_protocol::Filter::Allow {
+            types: vec![asbx_protocol::EventKind::Result]
+        })
+    );
+}

@@ -414,13 +414,16 @@ async fn an_encrypted_run_is_kept_and_relayed_as_ciphertext_only() {
     let mut session = asbx_crypto::ClientSession::new();
     let prompt = script(json!([
         {"tool": "shell", "args": {"command": "printf 'PLAIN%s-%s\\n' MARK $((73000+421))"}},
+        {"tool": "pick_color", "args": {}},
         {"say": "done"}
     ]));
     assert!(!prompt.contains(MARKER));
+    let tools =
+        json!([{"name": "pick_color", "description": "", "parameters": {"type": "object"}}]);
     let res = client
         .post(format!("{}/api/runs", up.url))
         .json(&json!({
-            "prompt": prompt, "protocol": 2,
+            "prompt": prompt, "protocol": 2, "clientTools": tools,
             "encryption": {"clientPublicKey": session.public_key()}
         }))
         .send()
@@ -428,31 +431,60 @@ async fn an_encrypted_run_is_kept_and_relayed_as_ciphertext_only() {
         .unwrap();
     assert_eq!(res.status(), 200);
     let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
-    let raw = res.bytes().await.unwrap();
-    assert!(!contains(&raw, MARKER.as_bytes()), "plaintext on the wire");
+    let result_url = format!("{}/api/runs/{run_id}/tool-result", up.url);
 
-    // Positive control: the client decrypts every line, and the marker is there.
+    // Positive control: the client decrypts every line, and the marker is
+    // there; the client tool is answered sealed, through the workspace.
+    let mut stream = Box::pin(res.bytes_stream());
+    let mut raw = Vec::new();
+    let mut pending = Vec::new();
     let mut plain = Vec::new();
-    for (i, line) in raw
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .enumerate()
+    let mut first = true;
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("a line within 60 s")
     {
-        let v: Value = serde_json::from_slice(line).unwrap();
-        if i == 0 {
-            assert_eq!(v["type"], "session_init");
-            let init = serde_json::from_value(v["encryption"].clone()).unwrap();
-            session.agree(&init, &run_id).unwrap();
-            continue;
+        let chunk = chunk.unwrap();
+        raw.extend_from_slice(&chunk);
+        pending.extend_from_slice(&chunk);
+        while let Some(i) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=i).collect();
+            let line = &line[..line.len() - 1];
+            let v: Value = serde_json::from_slice(line).unwrap();
+            if first {
+                first = false;
+                assert_eq!(v["type"], "session_init");
+                let init = serde_json::from_value(v["encryption"].clone()).unwrap();
+                session.agree(&init, &run_id).unwrap();
+                continue;
+            }
+            assert!(v.get("encrypted").is_some(), "a clear line: {v}");
+            let opened = Value::Object(session.decrypt_line(line).unwrap());
+            if opened["type"] == "tool_call" {
+                let call_id = opened["callId"].as_str().unwrap().to_owned();
+                let sealed = session
+                    .seal_tool_result(&call_id, br#"{"result":{"color":"amber"}}"#)
+                    .unwrap();
+                let r = client
+                    .post(&result_url)
+                    .json(&json!({"callId": call_id, "encrypted": sealed}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200, "{:?}", r.text().await);
+            }
+            plain.push(opened);
         }
-        assert!(v.get("encrypted").is_some(), "a clear line: {v}");
-        let opened = session.decrypt_line(line).unwrap();
-        plain.push(Value::Object(opened));
     }
+    assert!(!contains(&raw, MARKER.as_bytes()), "plaintext on the wire");
     let all = serde_json::to_string(&plain).unwrap();
     assert!(
         all.contains(MARKER),
         "the marker was really produced: {all}"
+    );
+    assert!(
+        plain.iter().any(|l| l["type"] == "tool_result_applied"),
+        "the sealed answer reached the agent: {all}"
     );
     assert_eq!(plain.last().unwrap()["type"], "session_ended");
 
@@ -465,7 +497,7 @@ async fn an_encrypted_run_is_kept_and_relayed_as_ciphertext_only() {
         .bytes()
         .await
         .unwrap();
-    assert_eq!(replay, raw);
+    assert_eq!(replay.as_ref(), raw.as_slice());
     let run = get_run(&up.url, &run_id).await;
     assert_eq!(run["status"], "succeeded", "{run}");
     assert!(run.get("termination").is_none(), "{run}");

@@ -98,6 +98,8 @@ pub(crate) async fn get(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<RunRecord>), WorkspaceError> {
+    let run = own_run(&state, &caller.workspace_id, &id).await?;
+    crate::runs::lost::settle_if_lost(&state, &run).await;
     let record = runs_view::load(&state, &caller.workspace_id, &id).await?;
     Ok((StatusCode::OK, Json(record)))
 }

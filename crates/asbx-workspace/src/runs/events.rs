@@ -83,6 +83,11 @@ impl RunHub {
         live
     }
 
+    /// Whether this node relays the run.
+    pub(crate) fn relays(&self, run_id: &str) -> bool {
+        self.lock().contains_key(run_id)
+    }
+
     /// Cancels a run relayed here; `false` when this node does not relay it.
     pub(crate) fn cancel(&self, run_id: &str) -> bool {
         match self.lock().get(run_id) {
@@ -240,6 +245,7 @@ struct Follow {
     /// Subscribed before the first read: lines published after it are seen.
     rx: Option<broadcast::Receiver<Arc<Kept>>>,
     pending: std::collections::VecDeque<Kept>,
+    polls: u32,
 }
 
 /// Every line of `run_id` after `from`, then the live tail until the run
@@ -258,6 +264,7 @@ pub(crate) fn follow(
         phase: Phase::Replay,
         rx,
         pending: Default::default(),
+        polls: 0,
     };
     futures::stream::try_unfold(f, |mut f| async move {
         loop {
@@ -304,9 +311,16 @@ pub(crate) fn follow(
                         f.phase = Phase::Poll;
                         continue;
                     }
-                    let running = runs::get(f.state.store.pool(), &f.run_id)
-                        .await?
-                        .is_some_and(|r| r.status == RunStatus::Running);
+                    let run = runs::get(f.state.store.pool(), &f.run_id).await?;
+                    f.polls = f.polls.wrapping_add(1);
+                    let mut running = run.as_ref().is_some_and(|r| r.status == RunStatus::Running);
+                    // Every 10 s or so, check that somebody still relays it.
+                    if running
+                        && f.polls % 20 == 0
+                        && let Some(r) = &run
+                    {
+                        running = !crate::runs::lost::settle_if_lost(&f.state, r).await;
+                    }
                     if !running {
                         // One last look: lines stored just before it ended.
                         let page = after(f.state.store.pool(), &f.run_id, f.last).await?;

@@ -396,3 +396,57 @@ async fn an_agent_run_takes_the_same_protocol_2_choices() {
         })
     );
 }
+
+/// A run whose relaying node went away (its row left `running`) is settled
+/// `runner_lost` when asked about, once the runner no longer knows it; a run
+/// this node relays is left alone.
+#[tokio::test]
+async fn a_run_nobody_relays_is_not_left_running() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let mut held = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({"prompt": "x", "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let live = held.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    held.chunk().await.unwrap();
+    // A run another node relayed until it died: its row, nothing else.
+    let pool = ws.db().await;
+    let lost = "lost-run-1";
+    sqlx::query(
+        "INSERT INTO runs (id, workspace_id, kind, status, prompt, model, env_json, config_json, \
+         created_at, sandbox_url) SELECT $1, workspace_id, kind, status, prompt, model, env_json, \
+         config_json, created_at, sandbox_url FROM runs WHERE id = $2",
+    )
+    .bind(lost)
+    .bind(&live)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let get = |id: String| {
+        let url = ws.url(&format!("/api/runs/{id}"));
+        async move {
+            client()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    // Young runs may not have reached their runner yet: left alone.
+    assert_eq!(get(lost.to_owned()).await["status"], "running");
+    ws.clock.advance(std::time::Duration::from_secs(61));
+    let run = get(lost.to_owned()).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["code"], "runner_lost", "{run}");
+    // Positive control: the run this node relays is still running.
+    assert_eq!(get(live.clone()).await["status"], "running");
+    runner.shared.release.notify_one();
+    while held.chunk().await.unwrap().is_some() {}
+    assert_eq!(settled_run(&ws, &live).await["status"], "succeeded");
+}

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use asbx_protocol::callback::Role;
+use asbx_protocol::session::{SessionInfo, SessionStatus};
 use asbx_protocol::{Event, Line};
 use axum::response::sse;
 use futures::{Stream, StreamExt as _};
@@ -26,9 +27,9 @@ use crate::chats::messages::{LiveAction, TraceBuilder, truncated_stdout};
 use crate::chats::store as chats;
 use crate::runs::dispatch;
 use crate::runs::relay::OutcomeTap;
-use crate::runs::store::Outcome;
+use crate::runs::store::{self as runs, Outcome};
 use crate::tokens;
-use crate::wire::{ContentBlock, Done, PersistedMessage, TurnInfo, TurnStatus};
+use crate::wire::{ContentBlock, Done, PersistedMessage, RunStatus, TurnInfo, TurnStatus};
 
 /// Most bytes of SSE frames kept per turn for resumption; older frames are
 /// dropped first.
@@ -456,12 +457,19 @@ async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
     }
 }
 
+/// A turn younger than this is never judged lost by asking its runner: it
+/// may still be on its way there (the dispatch's connect timeout is 10 s).
+const LOST_TURN_MIN_AGE_MS: i64 = 20_000;
+/// A session the runner ended this long ago has no relay left finishing it.
+const LOST_TURN_ENDED_MS: u64 = 10_000;
+
 /// Marks the turn of `chat` as interrupted when it was lost: its lease is
-/// still held but expired (nothing renewed it: the workspace that relayed it
-/// restarted or died) and no relay in this process drives it. The thread
-/// gets an `error` block marked `interrupted`, the run is settled, the lease
-/// cleared; a chat is never left showing a turn `running`. Safe to race:
-/// only the caller that clears the lease writes.
+/// still held, no relay in this process drives it, and either the lease has
+/// expired (nothing renewed it) or its runner no longer runs the session
+/// (the workspace or the runner restarted). The thread gets an `error`
+/// block marked `interrupted`, the run is settled, the lease cleared; a chat
+/// is never left showing a turn `running`. Safe to race: only the caller
+/// that clears the lease writes.
 pub(crate) async fn recover_lost_turn(
     state: &AppState,
     chat: &chats::ChatRow,
@@ -470,11 +478,16 @@ pub(crate) async fn recover_lost_turn(
     let Some(turn_id) = chat.lease_turn_id.as_deref() else {
         return Ok(false);
     };
-    if chat.active_turn(now).is_some() || state.turns.get(turn_id).is_some_and(|t| !t.is_done()) {
+    if state.turns.get(turn_id).is_some_and(|t| !t.is_done()) {
+        return Ok(false);
+    }
+    let expired = chat.active_turn(now).is_none();
+    if !expired && !session_is_gone(state, turn_id, now).await {
         return Ok(false);
     }
     let pool = state.store.pool();
-    if !chats::clear_expired_lease(pool, &chat.id, turn_id, now).await? {
+    let until = if expired { now } else { i64::MAX };
+    if !chats::clear_expired_lease(pool, &chat.id, turn_id, until).await? {
         return Ok(false);
     }
     if chats::has_assistant_message(pool, &chat.id, turn_id).await? {
@@ -506,6 +519,48 @@ pub(crate) async fn recover_lost_turn(
     )
     .await;
     Ok(true)
+}
+
+/// Whether the runner a turn was dispatched to no longer runs its session,
+/// so no relay anywhere can still be reading it (turns are dispatched with
+/// no detach grace: a session without a reader ends at once). Unknown
+/// answers (a timeout, another status) count as not gone.
+async fn session_is_gone(state: &AppState, turn_id: &str, now_ms: i64) -> bool {
+    let run = match runs::get(state.store.pool(), turn_id).await {
+        Ok(Some(run)) => run,
+        Ok(None) | Err(_) => return false,
+    };
+    if run.status != RunStatus::Running {
+        // Settled: its relay is done (it saves the message before settling).
+        return true;
+    }
+    if now_ms.saturating_sub(run.created_at) < LOST_TURN_MIN_AGE_MS {
+        return false;
+    }
+    let Some(url) = run.sandbox_url.as_deref() else {
+        return false;
+    };
+    let path = format!("/v1/sessions/{turn_id}");
+    let request = match dispatch::runner_request(state, reqwest::Method::GET, url, &path) {
+        Ok(r) => r.timeout(Duration::from_secs(5)),
+        Err(_) => return false,
+    };
+    match request.send().await {
+        // Nothing listens where the runner was: its sandboxes died with it
+        // (docs/protocol.md §5).
+        Err(e) => e.is_connect(),
+        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => true,
+        Ok(r) if r.status().is_success() => match r.json::<SessionInfo>().await {
+            Ok(info) => {
+                info.status == SessionStatus::Ended
+                    && info.ended_at.is_some_and(|t| {
+                        u64::try_from(now_ms).unwrap_or(0).saturating_sub(t) > LOST_TURN_ENDED_MS
+                    })
+            }
+            Err(_) => false,
+        },
+        Ok(_) => false,
+    }
 }
 
 /// Holds a chat's lease for a turn; released explicitly, or on drop.

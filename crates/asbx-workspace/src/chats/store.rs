@@ -132,13 +132,13 @@ where
     Ok(())
 }
 
-/// Clears a lease `turn_id` still holds past its expiry (its turn was lost:
-/// nothing renewed it); true if this call cleared it.
+/// Clears a lease `turn_id` still holds that expires by `until` (its turn
+/// was lost; `i64::MAX`: whenever it expires); true if this call cleared it.
 pub(crate) async fn clear_expired_lease<'c, E>(
     db: E,
     chat_id: &str,
     turn_id: &str,
-    now_ms: i64,
+    until: i64,
 ) -> Result<bool, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
@@ -149,7 +149,7 @@ where
     )
     .bind(chat_id)
     .bind(turn_id)
-    .bind(now_ms)
+    .bind(until)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)

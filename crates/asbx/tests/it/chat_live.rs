@@ -38,9 +38,9 @@ struct Turn {
 }
 
 impl Turn {
-    async fn start(up: &UpProc, body: Value) -> Turn {
+    async fn start(url: &str, body: Value) -> Turn {
         let res = reqwest::Client::new()
-            .post(format!("{}/api/assistant/chat/stream", up.url))
+            .post(format!("{url}/api/assistant/chat/stream"))
             .json(&body)
             .send()
             .await
@@ -161,7 +161,7 @@ async fn answer_text_streams_as_deltas_and_equals_the_saved_text() {
     let up = UpProc::start(&[]);
     let answer = "Streaming **works**: each word of this answer arrives on its own, in order.";
     let prompt = script(json!([{ "say": answer, "stream_ms": 150 }]));
-    let mut turn = Turn::start(&up, json!({ "message": prompt })).await;
+    let mut turn = Turn::start(&up.url, json!({ "message": prompt })).await;
     turn.until_done().await;
     assert_ids_increase(&turn);
 
@@ -210,7 +210,7 @@ async fn a_tools_output_streams_while_it_runs() {
         {"tool": "shell", "args": {"command": "for i in 1 2 3 4 5 6; do echo line$i; sleep 0.3; done"}},
         {"say": "counted"}
     ]));
-    let mut turn = Turn::start(&up, json!({ "message": prompt })).await;
+    let mut turn = Turn::start(&up.url, json!({ "message": prompt })).await;
     turn.until_done().await;
     assert_ids_increase(&turn);
 
@@ -265,7 +265,7 @@ async fn a_flood_of_output_is_cut_once_per_step() {
         {"tool": "shell", "args": {"command": "yes 0123456789abcdef | head -c 400000; yes fedcba9876543210 | head -c 400000 >&2"}},
         {"say": "flooded"}
     ]));
-    let mut turn = Turn::start(&up, json!({ "message": prompt })).await;
+    let mut turn = Turn::start(&up.url, json!({ "message": prompt })).await;
     turn.until_done().await;
     let outputs = turn.named("stdout");
     let sent: usize = outputs
@@ -302,7 +302,7 @@ async fn a_flood_of_output_is_cut_once_per_step() {
 async fn a_crashed_turn_shows_why_live_and_after_reload() {
     let up = UpProc::start(&[]);
     let prompt = script(json!([{ "crash": 3 }]));
-    let mut turn = Turn::start(&up, json!({ "message": prompt })).await;
+    let mut turn = Turn::start(&up.url, json!({ "message": prompt })).await;
     turn.until_done().await;
     assert_ids_increase(&turn);
 
@@ -342,7 +342,7 @@ async fn a_cancelled_turn_shows_who_ended_it_live_and_after_reload() {
         {"tool": "shell", "args": {"command": "echo started; sleep 60"}},
         {"say": "never"}
     ]));
-    let mut turn = Turn::start(&up, json!({ "message": prompt })).await;
+    let mut turn = Turn::start(&up.url, json!({ "message": prompt })).await;
     turn.until(|e| e.name() == "stdout").await;
     // While the step is quiet, the runner's heartbeats (one after 5 s
     // without a line) reach the browser as SSE comments, not events.
@@ -389,4 +389,143 @@ async fn a_cancelled_turn_shows_who_ended_it_live_and_after_reload() {
         live.as_object_mut().unwrap().remove(stamp);
     }
     assert_eq!(error_block["termination"], live);
+}
+
+/// `asbx up` on `data` (kept across restarts); its URL from the banner.
+fn up_on(data: &std::path::Path) -> (std::process::Child, String) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(ASBX)
+        .args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
+        .env("ASBX_DATA", data)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ASBX_MODEL")
+        .env("ASBX_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut url = None;
+    for _ in 0..10 {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some(u) = line.trim().strip_prefix("open") {
+            url = Some(u.trim().to_owned());
+            break;
+        }
+    }
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while reader.read_line(&mut sink).unwrap_or(0) > 0 {
+            sink.clear();
+        }
+    });
+    (child, url.expect("`open URL` in the banner of asbx up"))
+}
+
+/// Kills a process this test started, by its PID, and reaps it.
+fn kill_now(child: &mut std::process::Child) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = child.wait();
+}
+
+/// The step of the turn lost in a crash (unique: found by its command line).
+const LOST_STEP: &str = "echo started; sleep 301";
+
+#[tokio::test]
+async fn a_turn_lost_to_a_crash_of_asbx_up_is_marked_interrupted() {
+    let data = tempfile::tempdir().unwrap();
+    let (mut first, url) = up_on(data.path());
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": LOST_STEP}},
+        {"say": "never"}
+    ]));
+    let client = reqwest::Client::new();
+    let res = client
+        .post(format!("{url}/api/assistant/chat/stream"))
+        .json(&json!({ "message": prompt }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let chat_id = res.headers()["x-asbx-chat-id"].to_str().unwrap().to_owned();
+    let turn_id = res.headers()["x-asbx-turn-id"].to_str().unwrap().to_owned();
+    let mut body = res.bytes_stream();
+    let mut seen = String::new();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while !seen.contains("event: stdout") {
+            let chunk = body.next().await.expect("stream open").unwrap();
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .expect("the step started");
+
+    // The workspace and its runner die mid-turn (the sandbox with them,
+    // docs/protocol.md §5); nothing got to save the turn.
+    assert!(
+        !pids_with(LOST_STEP).is_empty(),
+        "positive control: the step runs"
+    );
+    kill_now(&mut first);
+    drop(body);
+    // Its sandbox is gone with it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !pids_with(LOST_STEP).is_empty() {
+        assert!(Instant::now() < deadline, "the sandbox outlived asbx up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut second, url) = up_on(data.path());
+    let detail = tokio::time::timeout(Duration::from_secs(90), async {
+        loop {
+            let d: Value = client
+                .get(format!("{url}/api/assistant/chats/{chat_id}"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if d["activeTurnId"].is_null() {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await
+    .expect("the lost turn is settled, not left running");
+    let messages = detail["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{detail}");
+    assert_eq!(messages[1]["turnId"], turn_id.as_str());
+    let content = &messages[1]["content"];
+    assert_eq!(content[0]["type"], "error", "{content}");
+    assert_eq!(content[0]["code"], "runner_lost", "{content}");
+    assert_eq!(content[0]["interrupted"], true, "{content}");
+    let run: Value = client
+        .get(format!("{url}/api/runs/{turn_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["code"], "runner_lost", "{run}");
+
+    // The chat takes a new turn.
+    let mut turn = Turn::start(
+        &url,
+        json!({ "chatId": chat_id, "message": script(json!([{"say": "back"}])) }),
+    )
+    .await;
+    turn.until_done().await;
+    assert_eq!(turn.named("done")[0].data["status"], "succeeded");
+    kill_now(&mut second);
 }

@@ -450,3 +450,51 @@ async fn a_run_nobody_relays_is_not_left_running() {
     while held.chunk().await.unwrap().is_some() {}
     assert_eq!(settled_run(&ws, &live).await["status"], "succeeded");
 }
+
+/// Two workspace nodes on one database: a replay asked of the node that
+/// does not relay the run follows it by polling the table, with no gap, and
+/// ends when the run ends.
+on_both!(another_node_follows_a_run_by_polling_the_table);
+async fn another_node_follows_a_run_by_polling_the_table(db: Db) {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let a = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
+    let shared = a.database_url.clone();
+    let b = TestWorkspace::start_with(Some(runner.url.clone()), |c| {
+        c.database_url = Some(shared);
+    })
+    .await;
+    let mut on_a = client()
+        .post(a.url("/api/runs"))
+        .json(&json!({"prompt": "x", "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = on_a.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    on_a.chunk().await.unwrap();
+    let mut on_b = client()
+        .get(b.url(&format!("/api/runs/{run_id}/events?after=0")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(on_b.status(), 200);
+    let mut got = Vec::new();
+    // The four lines sent before the hold, then the rest once released.
+    while lines(&got).len() < 4 {
+        got.extend_from_slice(&on_b.chunk().await.unwrap().unwrap());
+    }
+    runner.shared.release.notify_one();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(c) = on_b.chunk().await.unwrap() {
+            got.extend_from_slice(&c);
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "node b's replay ended with the run");
+    let seqs: Vec<u64> = lines(&got)
+        .iter()
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
+    while on_a.chunk().await.unwrap().is_some() {}
+    assert_eq!(settled_run(&b, &run_id).await["status"], "succeeded");
+}

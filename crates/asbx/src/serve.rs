@@ -21,9 +21,10 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             // The runner is never open to every local process: without an
             // operator's token, `up` makes a fresh one that only its own
             // workspace holds.
-            args.runner
-                .token
-                .get_or_insert_with(|| hex::encode(rand::random::<[u8; 32]>()));
+            let operator_token = args.runner.token.as_deref().is_some_and(|t| !t.is_empty());
+            if !operator_token {
+                args.runner.token = Some(hex::encode(rand::random::<[u8; 32]>()));
+            }
             let runner_listener = TcpListener::bind("127.0.0.1:0")
                 .await
                 .context("binding the runner to a loopback port")?;
@@ -46,8 +47,15 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 .await
                 .context("opening the workspace")?;
             let profile = runner.profile();
+            // The runner's own routes (protocol 2 sessions, events) answer
+            // only its bearer: the operator's ASBX_RUNNER_TOKEN if set, else
+            // the one `up` made, which only this workspace holds.
+            let bearer = match operator_token {
+                true => "bearer: ASBX_RUNNER_TOKEN",
+                false => "bearer: private to this workspace; set ASBX_RUNNER_TOKEN to call it",
+            };
             let banner = format!(
-                "asbx is up (isolation: {profile}, model: {model})\n  open  http://{addr}\n  try   asbx run \"what is in your sandbox?\"\n  data  {}",
+                "asbx is up (isolation: {profile}, model: {model})\n  open    http://{addr}\n  try     asbx run \"what is in your sandbox?\"\n  runner  {runner_url} ({bearer})\n  data    {}",
                 data.display()
             );
             print_line(&banner);

@@ -451,9 +451,9 @@ async fn a_run_nobody_relays_is_not_left_running() {
     assert_eq!(settled_run(&ws, &live).await["status"], "succeeded");
 }
 
-/// Two workspace nodes on one database: a replay asked of the node that
-/// does not relay the run follows it by polling the table, with no gap, and
-/// ends when the run ends.
+// Two workspace nodes on one database: a replay asked of the node that
+// does not relay the run follows it by polling the table, with no gap, and
+// ends when the run ends.
 on_both!(another_node_follows_a_run_by_polling_the_table);
 async fn another_node_follows_a_run_by_polling_the_table(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;

@@ -196,7 +196,10 @@ test("web chat: streaming text, live tool output, a crash explained, sanitised M
       new MutationObserver(() => {
         const t = document.querySelector("[data-role=assistant] > [data-part=text]");
         const text = t ? t.textContent : "";
-        if (text && window.seenTexts[window.seenTexts.length - 1] !== text) window.seenTexts.push(text);
+        if (text && window.seenTexts[window.seenTexts.length - 1] !== text) {
+          if (!window.seenTexts.length) window.firstTextAt = Date.now();
+          window.seenTexts.push(text);
+        }
       }).observe(document.getElementById("thread"), { subtree: true, childList: true, characterData: true });
     });
     await send(page, PROMPT);
@@ -241,6 +244,17 @@ test("web chat: streaming text, live tool output, a crash explained, sanitised M
     const chatId = new URL(page.url()).hash.match(/chat=([A-Za-z0-9_-]+)/)?.[1];
     assert.ok(chatId, `the page names the chat in its URL: ${page.url()}`);
     await page.waitForSelector(`#chat-list [data-chat-id="${chatId}"]`);
+
+    // A figure, not an assertion: from the runner stamping the model's first
+    // token to that token on the page (the finished turn's stream is still
+    // attachable for a minute, and replays from its start).
+    const replay = await (await fetch(`${base}/api/assistant/chats/${chatId}/stream`)).text();
+    const firstDelta = replay.split("\n\n").find((f) => f.includes("event: delta"));
+    if (firstDelta) {
+      const ts = JSON.parse(firstDelta.split("\n").find((l) => l.startsWith("data: ")).slice(6)).ts;
+      const shownAt = await page.evaluate(() => window.firstTextAt);
+      t.diagnostic(`first token: stamped by the runner to shown on the page in ${shownAt - ts} ms`);
+    }
 
     // 4. A turn whose sandbox crashes says so in plain words, with the exit
     //    code, and its stderr on demand.

@@ -178,12 +178,15 @@ function assistantNode() {
   return node;
 }
 
-// Shows the answer text; while it streams, at most once per frame.
+// Shows the answer text; while it streams, a token is drawn at once and the
+// tokens that follow within the same frame are drawn together at its end.
 function setText(node, text, now) {
   node._text = text;
-  if (now) { cancelAnimationFrame(node._frame || 0); node._frame = 0; renderMarkdown(node.querySelector(".text"), text); return; }
-  if (node._frame) return;
-  node._frame = requestAnimationFrame(() => { node._frame = 0; renderMarkdown(node.querySelector(".text"), node._text); });
+  const draw = () => { node._dirty = false; renderMarkdown(node.querySelector(".text"), node._text); };
+  if (now) { cancelAnimationFrame(node._frame || 0); node._frame = 0; draw(); return; }
+  if (node._frame) { node._dirty = true; return; }
+  draw();
+  node._frame = requestAnimationFrame(() => { node._frame = 0; if (node._dirty) draw(); });
 }
 
 function stepRow(node, id) {

@@ -215,7 +215,8 @@ pub(crate) struct Killed {
     /// The last error met, if any.
     pub(crate) error: Option<String>,
     /// Without a cgroup, the agent could not see the tool's process in
-    /// `/proc` (mounted with `hidepid`): what it started can't be found.
+    /// `/proc` (mounted with `hidepid`) and no tool-uid sweep succeeded
+    /// (MCP servers get none): what it started can't be found.
     pub(crate) blind: bool,
 }
 

@@ -250,9 +250,14 @@ async fn another_workspaces_run_is_not_found_by_any_run_route() {
 /// A runner that answers every dispatch with `n` `delta` lines and a
 /// result, in 64 KiB chunks.
 async fn long_runner(n: u64) -> (url::Url, crate::support::AbortOnDrop) {
+    fake_runner(n, true).await
+}
+
+/// [`long_runner`], with or without the terminal `result` line.
+async fn fake_runner(n: u64, terminal: bool) -> (url::Url, crate::support::AbortOnDrop) {
     use axum::routing::post;
     async fn stream(
-        axum::extract::State(n): axum::extract::State<u64>,
+        axum::extract::State((n, terminal)): axum::extract::State<(u64, bool)>,
         body: bytes::Bytes,
     ) -> axum::response::Response {
         let d = asbx_protocol::DispatchRequest::parse(&body).unwrap();
@@ -264,11 +269,13 @@ async fn long_runner(n: u64) -> (url::Url, crate::support::AbortOnDrop) {
             ));
             out.push('\n');
         }
-        out.push_str(&format!(
-            r#"{{"seq":{},"ts":1,"sessionId":"{sid}","type":"result","message":"ok"}}"#,
-            n + 1
-        ));
-        out.push('\n');
+        if terminal {
+            out.push_str(&format!(
+                r#"{{"seq":{},"ts":1,"sessionId":"{sid}","type":"result","message":"ok"}}"#,
+                n + 1
+            ));
+            out.push('\n');
+        }
         let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = out
             .into_bytes()
             .chunks(64 * 1024)
@@ -282,7 +289,7 @@ async fn long_runner(n: u64) -> (url::Url, crate::support::AbortOnDrop) {
         .unwrap();
     let router = axum::Router::new()
         .route("/stream", post(stream))
-        .with_state(n);
+        .with_state((n, terminal));
     (url, crate::support::serve(listener, router))
 }
 
@@ -497,4 +504,35 @@ async fn another_node_follows_a_run_by_polling_the_table(db: Db) {
     assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
     while on_a.chunk().await.unwrap().is_some() {}
     assert_eq!(settled_run(&b, &run_id).await["status"], "succeeded");
+}
+
+/// A runner whose stream ends without `result`, `error` or `session_ended`:
+/// the caller gets the lines it sent and the run is settled failed, never
+/// left `running`.
+#[tokio::test]
+async fn a_stream_ending_without_a_terminal_line_settles_the_run_failed() {
+    let (url, _runner) = fake_runner(3, false).await;
+    let ws = TestWorkspace::start(Some(url)).await;
+    for protocol in [1, 2] {
+        let resp = client()
+            .post(ws.url("/api/runs"))
+            .json(&json!({"prompt": "x", "protocol": protocol}))
+            .send()
+            .await
+            .unwrap();
+        let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+        let body = resp.bytes().await.unwrap();
+        // Protocol 1 carries no delta lines; protocol 2 all three.
+        assert_eq!(lines(&body).len(), if protocol == 2 { 3 } else { 0 });
+        let run = settled_run(&ws, &run_id).await;
+        assert_eq!(run["status"], "failed", "{run}");
+        assert_eq!(run["error"]["code"], "upstream_failed", "{run}");
+        assert!(
+            run["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("without a result or error line"),
+            "{run}"
+        );
+    }
 }

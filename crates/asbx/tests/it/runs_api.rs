@@ -519,3 +519,87 @@ async fn an_encrypted_run_is_kept_and_relayed_as_ciphertext_only() {
         "plaintext of an encrypted run in the logs"
     );
 }
+
+fn new_workspace_key(up: &UpProc, name: &str) -> String {
+    let out = Command::new(ASBX)
+        .args(["key", "--new-workspace", name])
+        .env("ASBX_DATA", up.data.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("key"))
+        .map(|k| k.trim().to_owned())
+        .expect("a key line")
+}
+
+#[tokio::test]
+async fn another_workspaces_key_finds_none_of_a_runs_routes() {
+    let up = UpProc::start(&[("ASBX_REQUIRE_AUTH", "true")]);
+    let key_a = new_workspace_key(&up, "team-a");
+    let key_b = new_workspace_key(&up, "team-b");
+    let client = reqwest::Client::new();
+    let prompt = script(json!([{"tool": "pick_color", "args": {}}, {"say": "picked"}]));
+    let tools = json!([{"name": "pick_color", "parameters": {"type": "object"}}]);
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .bearer_auth(&key_a)
+        .json(&json!({"prompt": prompt, "protocol": 2, "clientTools": tools}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let base = up.url.clone();
+    let lines = read_lines(res, async |l: &Line| {
+        let Event::ToolCall(c) = &l.event else {
+            return true;
+        };
+        // The run waits for its client tool: B tries every route on it.
+        let routes = [
+            client.get(format!("{base}/api/runs/{run_id}")),
+            client.get(format!("{base}/api/runs/{run_id}/events?after=0")),
+            client
+                .post(format!("{base}/api/runs/{run_id}/tool-result"))
+                .json(&json!({"callId": c.call_id, "result": "from b"})),
+            client.delete(format!("{base}/api/runs/{run_id}")),
+        ];
+        for req in routes {
+            let r = req.bearer_auth(&key_b).send().await.unwrap();
+            assert_eq!(r.status(), 404, "{:?}", r.url().clone());
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+        }
+        // Positive control: A answers its own call.
+        let r = client
+            .post(format!("{base}/api/runs/{run_id}/tool-result"))
+            .bearer_auth(&key_a)
+            .json(&json!({"callId": c.call_id, "result": "from a"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        true
+    })
+    .await;
+    assert!(
+        lines
+            .iter()
+            .any(|l| matches!(&l.event, Event::Result(r) if r.message == "picked")),
+        "{lines:?}"
+    );
+    let run: Value = client
+        .get(format!("{}/api/runs/{run_id}", up.url))
+        .bearer_auth(&key_a)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(run["status"], "succeeded", "{run}");
+}

@@ -27,7 +27,9 @@ use crate::cli::RunArgs;
 
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let url = args.url.join("api/runs").context("building the runs URL")?;
-    let mut body = serde_json::json!({ "prompt": args.prompt });
+    // Protocol 2: the answer as it streams (`delta`) and each tool's output
+    // while it runs (`stdout`), docs/protocol.md §4.
+    let mut body = serde_json::json!({ "prompt": args.prompt, "protocol": 2 });
     if let Some(m) = &args.model {
         body["model"] = m.clone().into();
     }

@@ -173,12 +173,23 @@ async fn asbx_run_shows_escape_sequences_from_the_model_escaped() {
                 .into_iter()
                 .map(|l| l.unwrap())
                 .collect();
-            assert!(matches!(terminal(&lines), Event::Result(r) if r.message == hostile));
+            // Protocol 2: session_init first, the result, session_ended last.
+            assert!(matches!(lines[0].event, Event::SessionInit(_)), "{lines:?}");
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| matches!(&l.event, Event::Result(r) if r.message == hostile)),
+                "{lines:?}"
+            );
+            assert!(matches!(terminal(&lines), Event::SessionEnded(_)));
         } else {
             assert!(
                 stdout.contains("\\x1b[31mRED\\x1b[0m \\x9b2J \\u{202e}txt.exe"),
                 "{stdout:?}"
             );
+            // The tool's output, live under its step, escaped too.
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("│ \\x1b[2Jcleared"), "{stderr:?}");
         }
     }
 }

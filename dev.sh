@@ -49,7 +49,7 @@ case "${1:-}" in
     ;;
   test)
     shift
-    ensure_packages postgresql bash coreutils python3 chromium
+    ensure_packages postgresql bash coreutils python3 chromium prometheus
     if [ "$(id -u)" -eq 0 ]; then
       start_postgres
       trap stop_postgres EXIT

@@ -93,6 +93,11 @@ struct State {
     init: Option<SessionInit>,
     /// The message of the agent's `error` line.
     agent_error: Option<String>,
+    /// For the metrics: when the dispatch started, whether a line went
+    /// out yet, and the `seq` counted so far.
+    started: Instant,
+    first_sent: bool,
+    counted_seq: u64,
 }
 
 impl Drive {
@@ -131,6 +136,9 @@ impl Drive {
                 encryption: session.crypto().map(|c| c.init().clone()),
             }),
             agent_error: None,
+            started,
+            first_sent: false,
+            counted_seq: 0,
         };
         let mut tx = Some(tx);
         let end = match child.stdout.take() {
@@ -213,11 +221,19 @@ impl Drive {
             Some(tx) => flush(&mut st, &tx).await,
             None => {
                 // Nobody attached to the stream: the log still gets the end.
-                let (_, lines) = st.stamper.take();
+                let (_, lines) = st.take();
                 session.record(lines);
             }
         }
         session.close_log();
+        let (outcome, code) = match end {
+            End::Result => ("completed", "none"),
+            End::AgentError => ("agent_error", "agent"),
+            End::Crashed => ("crashed", codes::SANDBOX_CRASHED),
+            End::Cancelled(_) => ("cancelled", codes::CANCELLED),
+            End::Cap => ("runtime_cap", codes::RUNTIME_CAP_EXCEEDED),
+        };
+        crate::metrics::METRICS.dispatch_ended(outcome, code, started.elapsed());
         Outcome { termination }
     }
 }
@@ -298,7 +314,7 @@ async fn pump<R: AsyncRead + Unpin>(
                     .as_mut()
                     .reset(tokio::time::Instant::now() + HEARTBEAT);
             }
-            let (chunk, lines) = st.stamper.take();
+            let (chunk, lines) = st.take();
             session.record(lines);
             if let Some(t) = tx.as_ref() {
                 tokio::select! {
@@ -332,13 +348,28 @@ async fn pump<R: AsyncRead + Unpin>(
 
 async fn flush(st: &mut State, tx: &mpsc::Sender<Bytes>) {
     if st.stamper.has_output() {
-        let (chunk, lines) = st.stamper.take();
+        let (chunk, lines) = st.take();
         st.session.record(lines);
         let _ = tx.send(chunk).await;
     }
 }
 
 impl State {
+    /// Takes what the stamper wrote, counting its lines and bytes (once per
+    /// chunk, not per line) and the time to the first line.
+    fn take(&mut self) -> (Bytes, Vec<crate::session::LoggedLine>) {
+        let (chunk, lines) = self.stamper.take();
+        let seq = self.stamper.seq();
+        let m = &crate::metrics::METRICS;
+        m.streamed(seq - self.counted_seq, chunk.len());
+        self.counted_seq = seq;
+        if !self.first_sent && !chunk.is_empty() {
+            self.first_sent = true;
+            m.first_line(self.started.elapsed());
+        }
+        (chunk, lines)
+    }
+
     /// Writes `session_init` if it is still held: its limits are the
     /// runner's ceilings clamped by the `/config` limits when those have
     /// passed, and every later line is sealed when the client asked for
@@ -487,10 +518,11 @@ impl State {
                 true
             }
             StepStatus::Succeeded | StepStatus::Failed => {
-                if self.open_steps.remove(&**id).is_none() {
+                let Some((name, _)) = self.open_steps.remove(&**id) else {
                     self.reject("a step that is not running");
                     return false;
-                }
+                };
+                crate::metrics::METRICS.tool_call(name, status == StepStatus::Succeeded);
                 true
             }
         }
@@ -501,6 +533,7 @@ impl State {
         let mut open: Vec<(String, (String, Instant))> = self.open_steps.drain().collect();
         open.sort_by_key(|(_, (_, started))| *started);
         for (id, (name, started)) in open {
+            crate::metrics::METRICS.tool_call(name.clone(), false);
             self.emit(Event::Step(Step {
                 id,
                 name,
@@ -619,6 +652,9 @@ mod tests {
             max_line: 256,
             init: None,
             agent_error: None,
+            started: Instant::now(),
+            first_sent: false,
+            counted_seq: 0,
         }
     }
 

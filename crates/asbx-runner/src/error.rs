@@ -51,6 +51,11 @@ impl RunnerError {
         }
     }
 
+    /// The problem's stable `code`.
+    pub(crate) fn code(&self) -> String {
+        self.problem().code
+    }
+
     fn problem(&self) -> Problem {
         match self {
             RunnerError::InvalidRequest(errors) => {

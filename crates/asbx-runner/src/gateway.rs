@@ -310,6 +310,15 @@ async fn usage(
 ) -> Result<StatusCode, GatewayError> {
     let u = serde_json::from_slice::<asbx_protocol::gateway::Usage>(&body)
         .map_err(|e| GatewayError::BadUsage(e.to_string()))?;
+    // The agent reports its running totals: the metrics get what is new.
+    let before = s.session.usage();
+    if let Some(pin) = s.model.get() {
+        crate::metrics::METRICS.tokens(
+            &pin.provider,
+            u.input_tokens.saturating_sub(before.input_tokens),
+            u.output_tokens.saturating_sub(before.output_tokens),
+        );
+    }
     s.session.set_usage(u);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -412,6 +421,7 @@ async fn model(
             });
         }
     }
+    crate::metrics::METRICS.model_call(&provider);
     let url = format!("{}/{path}", p.base_url.trim_end_matches('/'));
     let mut headers = HeaderMap::new();
     for h in [header::CONTENT_TYPE, header::ACCEPT] {

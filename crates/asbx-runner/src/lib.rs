@@ -6,7 +6,7 @@
 //!   `dispatch` owns a dispatch's start, socket binding and teardown;
 //!   `drive` is the per-dispatch task; `session` the registry and the
 //!   response-body guards; `gateway` is the sandbox's only way out; `egress`
-//!   its proxy; `sandbox` starts the jail.
+//!   its proxy; `sandbox` starts the jail; `metrics` is `GET /metrics`.
 
 mod auth;
 mod config;
@@ -19,6 +19,7 @@ pub use egress::parse as egress_parse;
 mod error;
 mod gateway;
 mod limit;
+mod metrics;
 mod pool;
 mod resume;
 mod routes;

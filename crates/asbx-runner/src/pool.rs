@@ -133,6 +133,11 @@ impl Pool {
         self.warm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many warm sandboxes wait (for the metrics).
+    pub(crate) fn warm(&self) -> usize {
+        self.lock().len()
+    }
+
     /// A warm sandbox that is still alive, if any.
     pub(crate) fn take(&self, inner: &Inner) -> Option<Booted> {
         loop {

@@ -24,6 +24,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
     Router::new()
         .route("/stream", post(stream))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route("/v1/sessions", get(list_sessions))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
         .route("/v1/sessions/{id}/events", get(crate::resume::events))
@@ -41,6 +42,19 @@ async fn healthz(State(inner): State<Arc<Inner>>) -> Json<serde_json::Value> {
         "sessions": inner.sessions.running(),
         "capacity": inner.config.max_sandboxes,
     }))
+}
+
+/// `GET /metrics`: the Prometheus exposition, behind the runner's bearer
+/// like every route but `/healthz`.
+async fn metrics(_: Authorized, State(inner): State<Arc<Inner>>) -> Response {
+    let body = crate::metrics::METRICS.render(inner.sessions.running(), inner.pool.warm());
+    Response::builder()
+        .header(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )
+        .body(Body::from(body))
+        .unwrap_or_default()
 }
 
 async fn list_sessions(
@@ -76,8 +90,20 @@ async fn delete_session(
 }
 
 async fn stream(
-    _: Authorized,
+    auth: Authorized,
     State(inner): State<Arc<Inner>>,
+    body: Body,
+) -> Result<Response, RunnerError> {
+    let res = start_stream(auth, inner, body).await;
+    if let Err(e) = &res {
+        crate::metrics::METRICS.dispatch_refused(e.code());
+    }
+    res
+}
+
+async fn start_stream(
+    _: Authorized,
+    inner: Arc<Inner>,
     body: Body,
 ) -> Result<Response, RunnerError> {
     let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {

@@ -39,6 +39,8 @@ use url::Url;
 /// - `runner_token`: `ASBX_RUNNER_TOKEN`, sent as `Authorization: Bearer`
 ///   on every request to a runner the operator configured (`sandbox_url`);
 ///   never to a runner a stored agent names itself.
+/// - `metrics_token`: `ASBX_METRICS_TOKEN`, the bearer `GET /metrics`
+///   takes; unset, `/metrics` answers only while `require_auth` is off.
 #[derive(Clone)]
 pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
@@ -52,6 +54,7 @@ pub struct WorkspaceConfig {
     pub require_auth: bool,
     pub listen: Option<SocketAddr>,
     pub runner_token: Option<String>,
+    pub metrics_token: Option<String>,
 }
 
 impl WorkspaceConfig {
@@ -69,6 +72,7 @@ impl WorkspaceConfig {
             require_auth: false,
             listen: None,
             runner_token: None,
+            metrics_token: None,
         }
     }
 }
@@ -92,6 +96,10 @@ impl fmt::Debug for WorkspaceConfig {
             .field("listen", &self.listen)
             // Never the token itself.
             .field("runner_token", &self.runner_token.as_ref().map(|_| "<set>"))
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<set>"),
+            )
             .finish_non_exhaustive()
     }
 }

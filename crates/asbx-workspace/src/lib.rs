@@ -15,6 +15,7 @@ mod config;
 mod error;
 mod guard;
 mod http;
+mod metrics;
 mod pages;
 mod store;
 mod tokens;
@@ -169,6 +170,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/assets/vendor/marked.js", get(pages::marked_js))
         .route("/assets/vendor/purify.js", get(pages::purify_js))
         .route("/healthz", get(pages::healthz))
+        .route("/metrics", get(metrics::serve))
         .route("/api/runs", post(runs::api::create))
         .route(
             "/api/agents",

@@ -138,6 +138,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
 fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::cli::WorkspaceOpts) {
     config.require_auth = opts.require_auth;
     config.detach_grace = Duration::from_millis(opts.detach_grace_ms);
+    config.metrics_token = opts.metrics_token.clone().filter(|t| !t.is_empty());
 }
 
 /// Prints a line; a closed stdout (a reader that went away) is not an error.

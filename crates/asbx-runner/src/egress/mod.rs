@@ -374,11 +374,16 @@ impl Egress {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response {
-        let res = if req.method() == Method::CONNECT {
+        let connect = req.method() == Method::CONNECT;
+        let res = if connect {
             self.tunnel(req).await
         } else {
             self.forward_plain(req).await
         };
+        // A tunnel is counted allowed once its SNI passes (`splice_tls`).
+        if res.is_err() || !connect {
+            crate::metrics::METRICS.egress(res.is_ok());
+        }
         res.unwrap_or_else(IntoResponse::into_response)
     }
 
@@ -440,6 +445,7 @@ impl Egress {
                 }
             }
         };
+        crate::metrics::METRICS.egress(verdict);
         if !verdict {
             tracing::debug!(
                 host,

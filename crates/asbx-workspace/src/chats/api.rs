@@ -39,6 +39,7 @@ pub(crate) async fn turn(
             content_type,
             body,
         } => {
+            crate::metrics::METRICS.chat_turn("rejected");
             let mut r = (status, Body::from(body)).into_response();
             let h = r.headers_mut();
             if let Some(ct) = content_type {

@@ -382,6 +382,11 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
         ),
         (None, false) => (tap.outcome(broken.as_deref()), TurnStatus::Failed),
     };
+    crate::metrics::METRICS.chat_turn(match status {
+        TurnStatus::Succeeded => "succeeded",
+        TurnStatus::Failed => "failed",
+        TurnStatus::Cancelled => "cancelled",
+    });
     if !trace.has_terminal() {
         // Tell subscribers how it ended with a line of the same shape as the
         // runner's, numbered after the last one seen.

@@ -12,6 +12,7 @@ mod egress;
 mod encryption;
 mod hostile;
 mod isolation;
+mod metrics;
 mod models;
 mod protocol2;
 mod runner_auth;

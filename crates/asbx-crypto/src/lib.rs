@@ -29,8 +29,8 @@ use p256::ecdh::EphemeralSecret;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
 use sha2::Sha256;
+use std::collections::BTreeMap;
 
 /// The `algorithm` named in `session_init.encryption`.
 pub const ALGORITHM: &str = "ECDH-P256+HKDF-SHA256+AES-256-GCM";
@@ -371,7 +371,11 @@ mod tests {
         let mut keys: Vec<&str> = enc.keys().map(String::as_str).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["encrypted", "seq", "sessionId", "ts", "type"]);
-        assert!(server.encrypt_line(br#"{"seq":1,"sessionId":"s1"}"#).is_err());
+        assert!(
+            server
+                .encrypt_line(br#"{"seq":1,"sessionId":"s1"}"#)
+                .is_err()
+        );
         assert!(server.encrypt_line(b"[1]").is_err());
     }
 

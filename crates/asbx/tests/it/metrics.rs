@@ -12,9 +12,22 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use serde_json::json;
 
+use asbx_test_support::{MockProvider, Tape};
+
 use crate::harness::*;
 
 const METRICS_TOKEN: &str = "metrics-scrape-secret";
+
+/// Asks the egress proxy (`HTTP_PROXY`) for a host no one allowed; prints
+/// `egress=<status>`.
+const EGRESS_PROBE: &str = r#"python3 -c '
+import urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://blocked.example/", timeout=10)
+    print("egress=200")
+except urllib.error.HTTPError as e:
+    print("egress=%d" % e.code)
+'"#;
 
 /// `asbx up` with its runner's URL read from the banner; stopped by PID.
 struct Up {
@@ -186,9 +199,13 @@ async fn scrape_until(url: &str, bearer: &str, done: impl Fn(&Scrape) -> bool) -
 async fn counters_move_with_a_chat_turn_and_both_expositions_are_valid() {
     const TEST: &str = "metrics::counters_move_with_a_chat_turn_and_both_expositions_are_valid";
     let runner_token = hex::encode(rand::random::<[u8; 16]>());
+    let mock = MockProvider::start().await;
     let up = Up::start(&[
         ("ASBX_RUNNER_TOKEN", &runner_token),
         ("ASBX_METRICS_TOKEN", METRICS_TOKEN),
+        ("OPENAI_BASE_URL", mock.base_url.as_str()),
+        ("OPENAI_API_KEY", "sk-metrics"),
+        ("ASBX_MODEL", "scripted:demo"),
     ]);
 
     // Who may scrape: the runner takes its bearer, the workspace the metrics token.
@@ -215,9 +232,10 @@ async fn counters_move_with_a_chat_turn_and_both_expositions_are_valid() {
         .unwrap();
     assert_eq!(res.status(), 400);
 
-    // One chat turn that runs a shell tool.
+    // One chat turn that runs a shell tool, which asks the egress proxy
+    // for a host the turn does not allow.
     let prompt = script(json!([
-        {"tool": "shell", "args": {"command": "echo metrics-were-here"}},
+        {"tool": "shell", "args": {"command": format!("echo metrics-were-here; {EGRESS_PROBE}")}},
         {"say": "done counting"}
     ]));
     let res = reqwest::Client::new()
@@ -242,15 +260,32 @@ async fn counters_move_with_a_chat_turn_and_both_expositions_are_valid() {
         .expect("the turn went on too long");
     let text = String::from_utf8_lossy(&seen);
     assert!(text.contains("metrics-were-here"), "{text}");
+    assert!(text.contains("egress=403"), "{text}");
     assert!(text.contains("\"succeeded\""), "{text}");
+
+    // One run on a real model wire format (the mock provider) through the
+    // gateway.
+    mock.push(Tape::text("the model answered"));
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({ "prompt": "hello", "model": "openai:test-model" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body = res.text().await.unwrap();
+    assert!(body.contains("the model answered"), "{body}");
 
     const COMPLETED: &str = "asbx_runner_dispatches_total{outcome=\"completed\",code=\"none\"}";
     let before = rn0.get(COMPLETED);
-    let rn1 = scrape_until(&up.runner_url, &runner_token, |s| s.get(COMPLETED) > before).await;
+    let rn1 = scrape_until(&up.runner_url, &runner_token, |s| {
+        s.get(COMPLETED) >= before + 2.0
+    })
+    .await;
     let ws1 = scrape(&up.url, Some(METRICS_TOKEN)).await;
 
     let moved = |a: &Scrape, b: &Scrape, series: &str| b.get(series) - a.get(series);
-    assert_eq!(moved(&rn0, &rn1, COMPLETED), 1.0, "{}", rn1.text);
+    assert_eq!(moved(&rn0, &rn1, COMPLETED), 2.0, "{}", rn1.text);
     assert_eq!(
         moved(
             &rn0,
@@ -273,17 +308,51 @@ async fn counters_move_with_a_chat_turn_and_both_expositions_are_valid() {
     );
     assert_eq!(
         moved(&rn0, &rn1, "asbx_runner_time_to_first_line_seconds_count"),
-        1.0
+        2.0
     );
     assert_eq!(
         moved(&rn0, &rn1, "asbx_runner_dispatch_duration_seconds_count"),
-        1.0
+        2.0
     );
+    assert_eq!(
+        moved(
+            &rn0,
+            &rn1,
+            "asbx_runner_egress_requests_total{decision=\"refused\"}"
+        ),
+        1.0,
+        "{}",
+        rn1.text
+    );
+    assert_eq!(
+        moved(
+            &rn0,
+            &rn1,
+            "asbx_runner_egress_requests_total{decision=\"allowed\"}"
+        ),
+        0.0
+    );
+    assert_eq!(
+        moved(
+            &rn0,
+            &rn1,
+            "asbx_runner_model_calls_total{provider=\"openai\"}"
+        ),
+        1.0,
+        "{}",
+        rn1.text
+    );
+    let tokens = moved(
+        &rn0,
+        &rn1,
+        "asbx_runner_model_tokens_total{provider=\"openai\",direction=\"input\"}",
+    );
+    assert!(tokens >= 1.0, "{tokens} input tokens\n{}", rn1.text);
     assert!(moved(&rn0, &rn1, "asbx_runner_dispatch_duration_seconds_sum") > 0.0);
     // At least session_init, two step lines, the tool's output, the result
-    // and session_ended.
+    // and session_ended for the turn, and a result for the run.
     let lines = moved(&rn0, &rn1, "asbx_runner_lines_streamed_total");
-    assert!(lines >= 5.0, "{lines} lines\n{}", rn1.text);
+    assert!(lines >= 6.0, "{lines} lines\n{}", rn1.text);
     let bytes = moved(&rn0, &rn1, "asbx_runner_bytes_streamed_total");
     assert!(bytes >= lines * 40.0, "{bytes} bytes for {lines} lines");
     // Nothing else ended: the counters that should not move did not.

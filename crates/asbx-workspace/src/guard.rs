@@ -5,7 +5,9 @@
 //!   answers to is refused with `403` `host_not_allowed`. On loopback it
 //!   answers to `localhost`, `127.0.0.1` and `[::1]` with its port; it
 //!   always answers to the configured public URL's host. `/healthz` is
-//!   exempt (it says nothing; probes address pods by IP).
+//!   exempt (it says nothing; probes address pods by IP), and so is
+//!   `/metrics` when `ASBX_METRICS_TOKEN` is set (Prometheus scrapes pods
+//!   by IP; a bearer is no ambient credential a rebound page could use).
 //! - **Origin** (CSRF): a state-changing request (`POST`, `PUT`, `PATCH`,
 //!   `DELETE`) whose `Origin` is present and is not one of this server's own
 //!   origins is refused with `403` `cross_origin`, before any handler runs.
@@ -137,7 +139,12 @@ pub(crate) async fn host_and_origin(
     req: Request,
     next: Next,
 ) -> Response {
-    if req.uri().path() != "/healthz" {
+    let exempt = match req.uri().path() {
+        "/healthz" => true,
+        "/metrics" => state.config.metrics_token.is_some(),
+        _ => false,
+    };
+    if !exempt {
         let host = request_host(&req).unwrap_or_default();
         if !state.authority.allows_host(&host) {
             return WorkspaceError::HostNotAllowed {

@@ -219,6 +219,24 @@ async fn counters_move_with_a_chat_turn_and_both_expositions_are_valid() {
         401
     );
 
+    // Prometheus scrapes a pod by its IP: with the metrics token set, a
+    // foreign `Host` is answered on /metrics (the bearer is no ambient
+    // credential), and still refused everywhere else.
+    let foreign = |path: &str| {
+        reqwest::Client::new()
+            .get(format!("{}{path}", up.url))
+            .header("host", "10.1.2.3:7878")
+            .bearer_auth(METRICS_TOKEN)
+            .send()
+    };
+    assert_eq!(foreign("/metrics").await.unwrap().status(), 200);
+    let refused = foreign("/api/assistant/chats").await.unwrap();
+    assert_eq!(refused.status(), 403);
+    assert!(
+        refused.text().await.unwrap().contains("host_not_allowed"),
+        "positive control"
+    );
+
     let ws0 = scrape(&up.url, Some(METRICS_TOKEN)).await;
     let rn0 = scrape(&up.runner_url, Some(&runner_token)).await;
 
@@ -401,6 +419,16 @@ async fn with_require_auth_and_no_metrics_token_the_workspace_refuses_to_be_scra
     // A workspace API key is not a metrics credential either.
     let (code, _) = status_of(&up.url, Some("asbx_some_key")).await;
     assert_eq!(code, 403);
+    // Without the token, /metrics is a browser-reachable route like any
+    // other: a foreign `Host` (DNS rebinding) is refused first.
+    let res = reqwest::Client::new()
+        .get(format!("{}/metrics", up.url))
+        .header("host", "rebound.example:80")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403);
+    assert!(res.text().await.unwrap().contains("host_not_allowed"));
     // Positive control: the same server answers other routes.
     let health = reqwest::get(format!("{}/healthz", up.url)).await.unwrap();
     assert_eq!(health.status(), 200);

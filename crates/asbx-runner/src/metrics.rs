@@ -335,5 +335,11 @@ mod tests {
             !text.contains("direction=\"output\""),
             "zero adds no series"
         );
+        // The Prometheus text format 0.0.4: a counter's family is named
+        // like its samples, and there is no OpenMetrics `# EOF`.
+        assert!(text.contains("# TYPE asbx_runner_dispatches_total counter\n"));
+        assert!(text.contains("# HELP asbx_runner_lines_streamed_total NDJSON"));
+        assert!(text.contains("# TYPE asbx_runner_time_to_first_line_seconds histogram\n"));
+        assert!(!text.contains("# EOF"));
     }
 }

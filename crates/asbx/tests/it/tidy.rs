@@ -222,3 +222,64 @@ fn the_readme_configuration_table_matches_the_cli() {
         "README documents settings the CLI does not read: {stale:?}"
     );
 }
+
+/// The crates' own `asbx-*` dependencies, per section of a `Cargo.toml`.
+fn internal_deps(manifest: &toml::Table, section: &str) -> std::collections::BTreeSet<String> {
+    manifest
+        .get(section)
+        .and_then(toml::Value::as_table)
+        .map(|t| {
+            t.keys()
+                .filter(|k| k.starts_with("asbx-"))
+                .map(|k| k.trim_start_matches("asbx-").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_crate_map_matches_the_manifests() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let arch = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let map = arch
+        .split("## Code map")
+        .nth(1)
+        .and_then(|s| s.split("```").nth(1))
+        .expect("a ``` block under ## Code map in ARCHITECTURE.md");
+    let mut documented: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in map.lines().filter(|l| l.contains('►')) {
+        let (from, to) = line.split_once("──►").expect("`crate ──► deps`");
+        let deps = to.split(',').map(|d| d.trim().to_owned()).collect();
+        documented.insert(from.trim().to_owned(), deps);
+    }
+    let mut actual: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for krate in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
+        let Ok(text) = std::fs::read_to_string(krate.path().join("Cargo.toml")) else {
+            continue;
+        };
+        let manifest: toml::Table = text.parse().unwrap();
+        let name = manifest["package"]["name"].as_str().unwrap().to_owned();
+        let short = match name.strip_prefix("asbx-") {
+            Some(s) => s.to_owned(),
+            None => name.clone(),
+        };
+        let deps = internal_deps(&manifest, "dependencies");
+        // test-support is for tests (and the benchmarks) only.
+        if deps.contains("test-support") && short != "bench" {
+            problems.push(format!(
+                "{name} depends on test-support outside [dev-dependencies]"
+            ));
+        }
+        if !deps.is_empty() {
+            actual.insert(short, deps);
+        }
+    }
+    if documented != actual {
+        problems.push(format!(
+            "ARCHITECTURE.md's code map says {documented:#?}\nbut the manifests say {actual:#?}"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

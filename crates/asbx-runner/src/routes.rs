@@ -35,12 +35,18 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .with_state(inner)
 }
 
+/// `GET /healthz`: up, and how much room is left, which a workspace with a
+/// runner fleet ranks runners by: `sessions` live, `warm` sandboxes booted
+/// ahead, `capacity` (the most sandboxes at once) and `free` (how many more
+/// dispatches fit now).
 async fn healthz(State(inner): State<Arc<Inner>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "status": "ok",
         "profile": inner.sandbox.profile().as_str(),
         "sessions": inner.sessions.running(),
+        "warm": inner.pool.warm(),
         "capacity": inner.config.max_sandboxes,
+        "free": inner.capacity.available_permits(),
     }))
 }
 

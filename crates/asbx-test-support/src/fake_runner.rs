@@ -2,6 +2,9 @@
 //! plays the sandbox (calls back `/env`, `/config`, `/results` with the
 //! tokens it was given, then streams NDJSON lines), records every dispatch
 //! and its `Authorization`, and can hold a turn open or refuse it.
+//! `GET /healthz` answers [`Shared::health`] (a runner fleet ranks runners
+//! by it); `/v1/sessions/{id}` answers `404` to every method, as it
+//! knows no session, and records each `DELETE`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,7 +15,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{any, get, post};
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -85,6 +88,10 @@ pub struct Shared {
     pub release: Notify,
     pub dropped: Notify,
     pub dispatched: Notify,
+    /// What `GET /healthz` answers (`200`).
+    pub health: Mutex<Value>,
+    /// The session id of every `DELETE /v1/sessions/{id}`, in order.
+    pub deletes: Mutex<Vec<String>>,
 }
 
 impl FakeRunner {
@@ -98,6 +105,8 @@ impl FakeRunner {
             release: Notify::new(),
             dropped: Notify::new(),
             dispatched: Notify::new(),
+            health: Mutex::new(json!({"status": "ok"})),
+            deletes: Mutex::new(Vec::new()),
         });
         let listener = bind_loopback().await;
         let url = match listener
@@ -109,6 +118,8 @@ impl FakeRunner {
         };
         let router = Router::new()
             .route("/stream", post(stream))
+            .route("/healthz", get(healthz))
+            .route("/v1/sessions/{id}", any(session))
             .with_state(shared.clone());
         FakeRunner {
             url,
@@ -136,6 +147,23 @@ impl FakeRunner {
     pub fn callbacks(&self) -> Vec<Callback> {
         self.shared
             .callbacks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sets what `GET /healthz` answers.
+    pub fn set_health(&self, health: Value) {
+        *self
+            .shared
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = health;
+    }
+
+    pub fn deletes(&self) -> Vec<String> {
+        self.shared
+            .deletes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -201,6 +229,31 @@ pub fn line(seq: u64, session: &str, event: Value) -> String {
     v["ts"] = (1_700_000_000_000u64 + seq).into();
     v["sessionId"] = session.into();
     format!("{v}\n")
+}
+
+async fn healthz(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
+    axum::Json(
+        shared
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone(),
+    )
+}
+
+async fn session(
+    State(shared): State<Arc<Shared>>,
+    method: axum::http::Method,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> StatusCode {
+    if method == axum::http::Method::DELETE {
+        shared
+            .deletes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(id);
+    }
+    StatusCode::NOT_FOUND
 }
 
 struct DropSignal(Arc<Shared>);

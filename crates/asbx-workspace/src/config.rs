@@ -20,7 +20,12 @@ use url::Url;
 /// - `data_dir`: holds the SQLite database (by default) and `blobs/`.
 /// - `database_url`: `sqlite://...` or `postgres://...`; default
 ///   `sqlite://{data_dir}/asbx.db`, created if missing.
-/// - `sandbox_url`: the server-level `SANDBOX_URL` (the runner's base URL).
+/// - `sandbox_url`: the server-level `SANDBOX_URL` (the runner's base URL;
+///   the first of `sandbox_urls` when that lists several).
+/// - `sandbox_urls`: every runner `SANDBOX_URL` lists (a runner fleet); a
+///   dispatch to `sandbox_url` goes to the one with the most free capacity
+///   and moves on to the next when one is full (`503`) or down. Empty: the
+///   fleet is `sandbox_url` alone.
 /// - `public_url`: the base the sandbox calls back at; a dispatch's
 ///   `agent_url` is `{public_url}/api/assistant/sandbox/{sessionId}`.
 /// - `default_model`: `provider:model` used when a request names none.
@@ -46,6 +51,7 @@ pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
     pub sandbox_url: Option<Url>,
+    pub sandbox_urls: Vec<Url>,
     pub public_url: Url,
     pub default_model: String,
     pub clock: Arc<dyn Clock>,
@@ -64,6 +70,7 @@ impl WorkspaceConfig {
             data_dir: data_dir.into(),
             database_url: None,
             sandbox_url: None,
+            sandbox_urls: Vec::new(),
             public_url,
             default_model: "scripted:demo".to_owned(),
             clock: Arc::new(SystemClock),
@@ -74,6 +81,23 @@ impl WorkspaceConfig {
             runner_token: None,
             metrics_token: None,
         }
+    }
+}
+
+impl WorkspaceConfig {
+    /// The operator's runners: `sandbox_urls`, or `sandbox_url` alone.
+    pub(crate) fn fleet_urls(&self) -> Vec<Url> {
+        if self.sandbox_urls.is_empty() {
+            self.sandbox_url.iter().cloned().collect()
+        } else {
+            self.sandbox_urls.clone()
+        }
+    }
+
+    /// Whether `url` is a runner the operator configured (it gets the runner
+    /// token), not one a stored agent names itself.
+    pub(crate) fn is_operator_runner(&self, url: &Url) -> bool {
+        self.sandbox_url.as_ref() == Some(url) || self.sandbox_urls.contains(url)
     }
 }
 
@@ -88,6 +112,14 @@ impl fmt::Debug for WorkspaceConfig {
             .field("data_dir", &self.data_dir)
             .field("database", &db)
             .field("sandbox_url", &self.sandbox_url.as_ref().map(Url::as_str))
+            .field(
+                "sandbox_urls",
+                &self
+                    .sandbox_urls
+                    .iter()
+                    .map(Url::as_str)
+                    .collect::<Vec<_>>(),
+            )
             .field("public_url", &self.public_url.as_str())
             .field("default_model", &self.default_model)
             .field("detach_grace", &self.detach_grace)

@@ -88,6 +88,29 @@ async fn stream_needs_the_token_before_reading_anything() {
 }
 
 #[tokio::test]
+async fn healthz_reports_capacity_for_a_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = RunnerConfig::new("/nonexistent/asbx".into(), dir.path().to_owned());
+    config.warm_pool = 0;
+    config.max_sandboxes = 3;
+    let r = Runner::new(config).unwrap();
+    let got = send(&r, Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(got.0, 200);
+    assert_eq!(got.2["status"], "ok");
+    assert_eq!(got.2["sessions"], 0);
+    assert_eq!(got.2["warm"], 0);
+    assert_eq!(got.2["capacity"], 3);
+    assert_eq!(got.2["free"], 3);
+    // A permit taken (a sandbox running) is one fewer free.
+    let _permit = std::sync::Arc::clone(&r.inner.capacity)
+        .try_acquire_owned()
+        .unwrap();
+    let got = send(&r, Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(got.2["free"], 2);
+    assert_eq!(got.2["capacity"], 3);
+}
+
+#[tokio::test]
 async fn stream_refuses_bad_bodies_with_problems() {
     let (r, _d) = runner(None);
     let got = send(&r, stream("{", None)).await;

@@ -1,5 +1,13 @@
 //! Dispatch: mint the three tokens, record the run, `POST {SANDBOX_URL}/stream`.
 //!
+//! When `SANDBOX_URL` lists several runners (a fleet, [`super::fleet`]) a
+//! dispatch to the operator's runner tries them in the fleet's order: a
+//! runner answering `503` (full) or refusing the connection has started
+//! nothing (docs/protocol.md §4), so the same request, tokens included (only
+//! a sandbox redeems them), goes to the next one, each runner at most once.
+//! The run records the runner that served it (`runs.sandbox_url`); every
+//! later call for the run goes there.
+//!
 //! Every dispatch speaks protocol 2 (docs/protocol.md §4) with a detach
 //! grace of 0: the workspace is the runner's only reader, so when it drops
 //! the stream (a cancelled chat turn, a protocol 1 caller gone) the sandbox
@@ -11,6 +19,7 @@
 //! pass-through. A run that never streamed is settled here as failed and its
 //! tokens are revoked.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
@@ -23,6 +32,7 @@ use url::Url;
 
 use crate::AppState;
 use crate::error::WorkspaceError;
+use crate::runs::fleet::Fleet;
 use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::tokens::store as token_store;
 use crate::tokens::{self, OTP_PREFIX, TokenKind};
@@ -38,6 +48,8 @@ pub(crate) struct Dispatcher {
     /// `Authorization: Bearer {runner_token}` on every request to a runner
     /// the operator configured.
     runner_token: Option<String>,
+    /// The operator's runners, built on first use from the configuration.
+    fleet: OnceLock<Arc<Fleet>>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -61,8 +73,26 @@ impl Dispatcher {
         Ok(Dispatcher {
             client,
             runner_token: runner_token.filter(|t| !t.is_empty()).map(str::to_owned),
+            fleet: OnceLock::new(),
         })
     }
+
+    fn fleet(&self, config: &crate::WorkspaceConfig) -> &Arc<Fleet> {
+        self.fleet
+            .get_or_init(|| Arc::new(Fleet::new(&config.fleet_urls(), self.client.clone())))
+    }
+}
+
+/// The runners to try for `spec`, in order: the fleet's when it goes to the
+/// operator's runner and there are several, else its own runner alone.
+async fn candidates(state: &AppState, spec: &RunSpec) -> (Vec<Url>, Option<Arc<Fleet>>) {
+    if state.config.sandbox_url.as_ref() == Some(&spec.sandbox_url) {
+        let fleet = state.dispatcher.fleet(&state.config);
+        if fleet.len() > 1 {
+            return (fleet.order().await, Some(Arc::clone(fleet)));
+        }
+    }
+    (vec![spec.sandbox_url.clone()], None)
 }
 
 /// Everything one dispatch needs.
@@ -121,6 +151,8 @@ pub(crate) async fn start_with(
     let config_json = serde_json::to_string(&spec.config)
         .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
     let minted = TokenKind::ALL.map(|kind| (kind, tokens::mint(OTP_PREFIX)));
+    let (candidates, fleet) = candidates(state, spec).await;
+    let first = candidates.first().unwrap_or(&spec.sandbox_url);
     let mut tx = state.store.pool().begin().await?;
     runs::insert(
         &mut *tx,
@@ -134,7 +166,7 @@ pub(crate) async fn start_with(
             model: &spec.config.model,
             env_json: &env_json,
             config_json: &config_json,
-            sandbox_url: spec.sandbox_url.as_str(),
+            sandbox_url: first.as_str(),
             now_ms: now,
         },
     )
@@ -158,40 +190,82 @@ pub(crate) async fn start_with(
         detach_grace_ms: Some(0),
         encryption: options.encryption.clone(),
     };
-    let endpoint = stream_endpoint(&spec.sandbox_url);
-    let mut post = state
-        .dispatcher
-        .client
-        .post(endpoint)
-        .header(http::header::ACCEPT, "application/x-ndjson")
-        .json(&request);
-    // The runner token goes to the operator's runner only: a stored agent's
-    // own SANDBOX_URL is the agent author's choice, not a place the
-    // operator's secret may go.
-    if let Some(token) = &state.dispatcher.runner_token
-        && state.config.sandbox_url.as_ref() == Some(&spec.sandbox_url)
-    {
-        post = post.bearer_auth(token);
-    }
-    let sent = post.send().await;
-    drop(request);
-    let response = match sent {
-        Ok(r) => r,
-        Err(e) => {
-            let message = format!("runner unreachable: {e}");
-            settle(
-                state,
-                &spec.id,
-                &Outcome::Failed {
-                    code: crate::error::ProblemCode::UpstreamFailed
-                        .as_str()
-                        .to_owned(),
-                    message: message.clone(),
-                },
-            )
-            .await;
-            return Err(WorkspaceError::Upstream(crate::error::error_chain(&e)));
+    let mut response = None;
+    for (i, runner) in candidates.iter().enumerate() {
+        let last = i + 1 == candidates.len();
+        if i > 0 {
+            runs::set_sandbox_url(state.store.pool(), &spec.id, runner.as_str()).await?;
         }
+        let mut post = state
+            .dispatcher
+            .client
+            .post(stream_endpoint(runner))
+            .header(http::header::ACCEPT, "application/x-ndjson")
+            .json(&request);
+        // The runner token goes to the operator's runners only: a stored
+        // agent's own SANDBOX_URL is the agent author's choice, not a place
+        // the operator's secret may go.
+        if let Some(token) = &state.dispatcher.runner_token
+            && state.config.is_operator_runner(runner)
+        {
+            post = post.bearer_auth(token);
+        }
+        match post.send().await {
+            // Refused before anything started: the next runner may take it.
+            Err(e) if e.is_connect() && !last => {
+                tracing::warn!(run = %spec.id, runner = %runner, error = %crate::error::error_chain(&e), "runner down, trying the next");
+                if let Some(f) = &fleet {
+                    f.mark_down(runner);
+                }
+            }
+            Err(e) => {
+                if e.is_connect()
+                    && let Some(f) = &fleet
+                {
+                    f.mark_down(runner);
+                }
+                let message = format!("runner unreachable: {e}");
+                settle(
+                    state,
+                    &spec.id,
+                    &Outcome::Failed {
+                        code: crate::error::ProblemCode::UpstreamFailed
+                            .as_str()
+                            .to_owned(),
+                        message,
+                    },
+                )
+                .await;
+                return Err(WorkspaceError::Upstream(crate::error::error_chain(&e)));
+            }
+            Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                if let Some(f) = &fleet {
+                    f.mark_full(runner);
+                }
+                if last {
+                    response = Some(r);
+                    break;
+                }
+                tracing::info!(run = %spec.id, runner = %runner, "runner full, trying the next");
+            }
+            Ok(r) => {
+                if r.status() == reqwest::StatusCode::OK
+                    && let Some(f) = &fleet
+                {
+                    f.took_one(runner);
+                }
+                response = Some(r);
+                break;
+            }
+        }
+    }
+    drop(request);
+    let Some(response) = response else {
+        // Unreachable: the last candidate always leaves the loop with an
+        // answer or an error; an empty list is the only way here.
+        return Err(WorkspaceError::Config(
+            "no runner to dispatch to".to_owned(),
+        ));
     };
     if response.status() == reqwest::StatusCode::OK {
         return Ok(Started::Streaming { response });
@@ -269,7 +343,7 @@ pub(crate) fn runner_request(
         .request(method, url)
         .timeout(Duration::from_secs(30));
     if let Some(token) = &state.dispatcher.runner_token
-        && state.config.sandbox_url.as_ref() == Some(&base)
+        && state.config.is_operator_runner(&base)
     {
         req = req.bearer_auth(token);
     }

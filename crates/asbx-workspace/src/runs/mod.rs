@@ -9,6 +9,7 @@
 pub(crate) mod api;
 pub(crate) mod dispatch;
 pub(crate) mod events;
+pub(crate) mod fleet;
 pub(crate) mod lost;
 pub(crate) mod relay;
 pub(crate) mod request;

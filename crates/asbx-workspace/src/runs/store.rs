@@ -94,6 +94,25 @@ where
     Ok(())
 }
 
+/// Records the runner a running run went to instead (a fleet's dispatch
+/// that moved on from a full or down runner).
+pub(crate) async fn set_sandbox_url<'c, E>(
+    db: E,
+    id: &str,
+    sandbox_url: &str,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    sqlx::query("UPDATE runs SET sandbox_url = $1 WHERE id = $2 AND status = $3")
+        .bind(sandbox_url)
+        .bind(id)
+        .bind(RunStatus::Running.as_str())
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
 pub(crate) async fn get<'c, E>(db: E, id: &str) -> Result<Option<RunRow>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,

@@ -7,6 +7,7 @@ mod access;
 mod agents;
 mod callbacks;
 mod chats;
+mod fleet;
 mod runs;
 mod runs_api;
 mod security;

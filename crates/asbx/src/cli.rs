@@ -187,9 +187,10 @@ pub(crate) struct RunnerArgs {
 pub(crate) struct WorkspaceArgs {
     #[arg(long, env = "ASBX_LISTEN", default_value = "127.0.0.1:7878")]
     pub(crate) listen: SocketAddr,
-    /// The runner's base URL.
-    #[arg(long, env = "SANDBOX_URL")]
-    pub(crate) sandbox_url: Option<url::Url>,
+    /// The runner's base URL, or several, comma-separated (a runner fleet:
+    /// each dispatch goes to the one with the most free capacity).
+    #[arg(long, env = "SANDBOX_URL", value_delimiter = ',')]
+    pub(crate) sandbox_url: Vec<url::Url>,
     /// The seed's name for `SANDBOX_URL`, used when that is not set.
     #[arg(long, env = "ASSISTANT_SANDBOX_URL", hide = true)]
     pub(crate) assistant_sandbox_url: Option<url::Url>,

@@ -95,7 +95,12 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let model = args.model.unwrap_or_else(|| "scripted:demo".to_owned());
             let mut config = WorkspaceConfig::new(data.join("workspace"), public_url);
             config.database_url = args.database_url;
-            config.sandbox_url = args.sandbox_url.or(args.assistant_sandbox_url);
+            config.sandbox_url = args
+                .sandbox_url
+                .first()
+                .cloned()
+                .or(args.assistant_sandbox_url);
+            config.sandbox_urls = args.sandbox_url;
             config.default_model = model;
             config.listen = Some(addr);
             config.runner_token = args.runner_token;

@@ -10,6 +10,7 @@ mod chat_live;
 mod dispatch;
 mod egress;
 mod encryption;
+mod fleet;
 mod hostile;
 mod isolation;
 mod metrics;

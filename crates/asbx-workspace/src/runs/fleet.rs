@@ -48,10 +48,13 @@ pub(crate) struct Fleet {
     members: Vec<Member>,
     /// The round-robin cursor ties are broken with.
     next: AtomicUsize,
-    /// When the view was last refreshed (`None`: never); held while a
-    /// refresh runs so concurrent dispatches wait for one probe round, not
-    /// one each.
-    refreshed: AsyncMutex<Option<Instant>>,
+    /// When the view was last refreshed, in ms since `born` (`-1`: never);
+    /// a dispatch reads it without a lock.
+    refreshed_ms: AtomicI64,
+    born: Instant,
+    /// Held while an on-demand refresh runs, so concurrent dispatches on a
+    /// stale view wait for one probe round, not one each.
+    refreshing: AsyncMutex<()>,
     /// The background refresher has been started.
     refresher: std::sync::Once,
     client: reqwest::Client,
@@ -68,7 +71,9 @@ impl Fleet {
                 })
                 .collect(),
             next: AtomicUsize::new(0),
-            refreshed: AsyncMutex::new(None),
+            refreshed_ms: AtomicI64::new(-1),
+            born: Instant::now(),
+            refreshing: AsyncMutex::new(()),
             refresher: std::sync::Once::new(),
             client,
         }
@@ -85,11 +90,10 @@ impl Fleet {
             let weak = Arc::downgrade(self);
             tokio::spawn(refresh_loop(weak));
         });
-        {
-            let mut refreshed = self.refreshed.lock().await;
-            if refreshed.is_none_or(|at| at.elapsed() > STALE_AFTER) {
+        if self.is_stale() {
+            let _one_round = self.refreshing.lock().await;
+            if self.is_stale() {
                 self.probe_all().await;
-                *refreshed = Some(Instant::now());
             }
         }
         self.ranked()
@@ -139,6 +143,15 @@ impl Fleet {
         self.members.iter().find(|m| &m.url == url)
     }
 
+    fn is_stale(&self) -> bool {
+        let at = self.refreshed_ms.load(Ordering::Acquire);
+        at < 0 || self.age_ms().saturating_sub(at) > millis(STALE_AFTER)
+    }
+
+    fn age_ms(&self) -> i64 {
+        millis(self.born.elapsed())
+    }
+
     /// Probes every runner at once, each within [`PROBE_TIMEOUT`].
     async fn probe_all(&self) {
         let probes = self.members.iter().map(|m| async {
@@ -146,7 +159,12 @@ impl Fleet {
             m.free.store(free, Ordering::Relaxed);
         });
         futures::future::join_all(probes).await;
+        self.refreshed_ms.store(self.age_ms(), Ordering::Release);
     }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Higher is tried first: known free capacity, then unknown, then none
@@ -201,7 +219,6 @@ async fn refresh_loop(fleet: Weak<Fleet>) {
             return;
         };
         fleet.probe_all().await;
-        *fleet.refreshed.lock().await = Some(Instant::now());
     }
 }
 

@@ -120,7 +120,7 @@ async fn runs_spread_over_two_runners_by_capacity_and_skip_a_full_or_down_one() 
     // Five at once fill both runners; each holds its sandbox a while.
     let mut held = Vec::new();
     for _ in 0..5 {
-        let (id, resp) = start_run(&ws, "sleep 6").await;
+        let (id, resp) = start_run(&ws, "sleep 20").await;
         assert_eq!(resp.status(), 200, "run {id}: {:?}", resp.text().await);
         held.push((id, resp));
     }

@@ -391,8 +391,18 @@ async fn a_cancelled_turn_shows_who_ended_it_live_and_after_reload() {
     assert_eq!(error_block["termination"], live);
 }
 
+/// An `asbx up` this test started; killed (by PID) when dropped, so a
+/// failing assertion leaves no process behind.
+struct Up(std::process::Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        kill_now(&mut self.0);
+    }
+}
+
 /// `asbx up` on `data` (kept across restarts); its URL from the banner.
-fn up_on(data: &std::path::Path) -> (std::process::Child, String) {
+fn up_on(data: &std::path::Path) -> (Up, String) {
     use std::io::BufRead as _;
     let mut child = std::process::Command::new(ASBX)
         .args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
@@ -424,7 +434,7 @@ fn up_on(data: &std::path::Path) -> (std::process::Child, String) {
             sink.clear();
         }
     });
-    (child, url.expect("`open URL` in the banner of asbx up"))
+    (Up(child), url.expect("`open URL` in the banner of asbx up"))
 }
 
 /// Kills a process this test started, by its PID, and reaps it.
@@ -436,13 +446,15 @@ fn kill_now(child: &mut std::process::Child) {
     let _ = child.wait();
 }
 
-/// The step of the turn lost in a crash (unique: found by its command line).
+/// The step of the turn lost in a crash.
 const LOST_STEP: &str = "echo started; sleep 301";
+/// What its process shows in its command line (bash may exec the `sleep`).
+const LOST_STEP_PROCESS: &str = "sleep 301";
 
 #[tokio::test]
 async fn a_turn_lost_to_a_crash_of_asbx_up_is_marked_interrupted() {
     let data = tempfile::tempdir().unwrap();
-    let (mut first, url) = up_on(data.path());
+    let (first, url) = up_on(data.path());
     let prompt = script(json!([
         {"tool": "shell", "args": {"command": LOST_STEP}},
         {"say": "never"}
@@ -470,19 +482,20 @@ async fn a_turn_lost_to_a_crash_of_asbx_up_is_marked_interrupted() {
 
     // The workspace and its runner die mid-turn (the sandbox with them,
     // docs/protocol.md §5); nothing got to save the turn.
-    assert!(
-        !pids_with(LOST_STEP).is_empty(),
-        "positive control: the step runs"
-    );
-    kill_now(&mut first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids_with(LOST_STEP_PROCESS).is_empty() {
+        assert!(Instant::now() < deadline, "positive control: the step runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(first);
     drop(body);
     // Its sandbox is gone with it.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !pids_with(LOST_STEP).is_empty() {
+    while !pids_with(LOST_STEP_PROCESS).is_empty() {
         assert!(Instant::now() < deadline, "the sandbox outlived asbx up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (mut second, url) = up_on(data.path());
+    let (second, url) = up_on(data.path());
     let detail = tokio::time::timeout(Duration::from_secs(90), async {
         loop {
             let d: Value = client
@@ -527,5 +540,5 @@ async fn a_turn_lost_to_a_crash_of_asbx_up_is_marked_interrupted() {
     .await;
     turn.until_done().await;
     assert_eq!(turn.named("done")[0].data["status"], "succeeded");
-    kill_now(&mut second);
+    drop(second);
 }

@@ -433,16 +433,21 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
 /// docs/protocol.md §4); true when it accepted, so its `session_ended` line
 /// (terminated by the daemon) is on its way.
 async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
-    let Some(url) = &state.config.sandbox_url else {
+    // The runner that serves this turn: with a fleet, not always the first
+    // of `SANDBOX_URL`.
+    let url = match runs::get(state.store.pool(), run_id).await {
+        Ok(Some(run)) => run.sandbox_url,
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "cannot read the turn's run");
+            None
+        }
+    };
+    let Some(url) = url.or_else(|| state.config.sandbox_url.as_ref().map(|u| u.to_string())) else {
         return false;
     };
     let path = format!("/v1/sessions/{run_id}");
-    let request = match dispatch::runner_request(
-        state,
-        reqwest::Method::DELETE,
-        url.as_str(),
-        &path,
-    ) {
+    let request = match dispatch::runner_request(state, reqwest::Method::DELETE, &url, &path) {
         Ok(r) => r.timeout(Duration::from_secs(5)),
         Err(e) => {
             tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "cannot ask the runner to cancel");

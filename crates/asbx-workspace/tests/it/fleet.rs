@@ -198,3 +198,32 @@ async fn every_runner_refusing_is_a_clear_problem() {
         .unwrap();
     assert_eq!(problem(resp, 502).await["code"], "upstream_failed");
 }
+
+on_both!(stopping_a_chat_turn_asks_the_runner_that_serves_it);
+async fn stopping_a_chat_turn_asks_the_runner_that_serves_it(db: Db) {
+    // `a` looks the emptiest but is full: the turn lands on `b`.
+    let a = FakeRunner::start(Mode::Reject(503, at_capacity())).await;
+    let b = FakeRunner::start(Mode::Hold).await;
+    a.set_health(json!({"status": "ok", "free": 50}));
+    b.set_health(json!({"status": "ok", "free": 1}));
+    let ws = fleet_workspace(db, &[a.url.clone(), b.url.clone()]).await;
+    let mut resp = crate::support::post_turn(&ws, json!({"message": "go"})).await;
+    assert_eq!(resp.status(), 200);
+    let header = |name: &str| resp.headers()[name].to_str().unwrap().to_owned();
+    let (chat_id, turn_id) = (header("x-asbx-chat-id"), header("x-asbx-turn-id"));
+    resp.chunk().await.unwrap().expect("the turn streams");
+    assert_eq!(session_ids(&b), [turn_id.clone()]);
+
+    let r = client()
+        .post(ws.url(&format!("/api/assistant/chats/{chat_id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while b.deletes().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.deletes(), [turn_id]);
+    assert!(a.deletes().is_empty(), "{:?}", a.deletes());
+}

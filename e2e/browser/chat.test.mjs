@@ -4,8 +4,9 @@
 // real runner, real jail, the built-in scripted model), drives Debian's
 // headless chromium with playwright-core, and checks the live chat: a shell
 // step's output shows while it runs, the answer appears word by word and
-// renders as sanitised Markdown, a crashed turn says why with its stderr, and
-// after a reload the thread is the same DOM as it was live.
+// renders as sanitised Markdown, a crashed turn says why with its stderr,
+// after a reload the thread is the same DOM as it was live, and an encrypted
+// run through /api/runs opens in the page with WebCrypto alone.
 //
 // Run: `node --test e2e/browser/` after `cargo build -p asbx` (as root: the
 // jail needs it). Environment: ASBX_BIN (default target/debug/asbx),
@@ -48,6 +49,80 @@ const PROMPT = JSON.stringify({
   ],
 });
 const CRASH = JSON.stringify({ script: [{ crash: 3 }] });
+const ENCRYPTED_PROMPT = JSON.stringify({
+  script: [
+    { tool: "shell", args: { command: "echo tool-secret-marker" } },
+    { say: "the secret answer is 42", stream_ms: 1 },
+  ],
+});
+
+// Runs in the page (its own origin, its WebCrypto): docs/protocol.md §4.
+async function encryptedRunInThePage(prompt) {
+  const subtle = crypto.subtle;
+  const curve = { name: "ECDH", namedCurve: "P-256" };
+  const b64u = (bytes) => btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  const unb64u = (s) => Uint8Array.from(atob(s.replace(/-/g, "+").replace(/_/g, "/")), (c) => c.charCodeAt(0));
+  const pair = await subtle.generateKey(curve, false, ["deriveBits"]);
+  const raw = new Uint8Array(await subtle.exportKey("raw", pair.publicKey));
+  const res = await fetch("/api/runs", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt, protocol: 2, encryption: { clientPublicKey: b64u(raw) } }),
+  });
+  const body = await res.text();
+  const lines = body.split("\n").filter((l) => l).map((l) => JSON.parse(l));
+  const init = lines[0];
+  const server = await subtle.importKey("raw", unb64u(init.encryption.serverPublicKey), curve, false, []);
+  const keyOf = async (own) => {
+    const secret = await subtle.deriveBits({ name: "ECDH", public: server }, own, 256);
+    const ikm = await subtle.importKey("raw", secret, "HKDF", false, ["deriveKey"]);
+    return subtle.deriveKey(
+      { name: "HKDF", hash: "SHA-256", salt: unb64u(init.encryption.salt),
+        info: new TextEncoder().encode("asbx-e2e-v1:" + init.sessionId) },
+      ikm, { name: "AES-GCM", length: 256 }, false, ["decrypt"]);
+  };
+  const open = async (key, line) => {
+    const aad = new TextEncoder().encode(`${line.sessionId}.${line.seq}.${line.type}`);
+    try {
+      const plain = await subtle.decrypt(
+        { name: "AES-GCM", iv: unb64u(line.encrypted.iv), additionalData: aad },
+        key, unb64u(line.encrypted.ciphertext));
+      return JSON.parse(new TextDecoder().decode(plain));
+    } catch {
+      return null;
+    }
+  };
+  const sealed = lines.slice(1).filter((l) => l.encrypted);
+  const key = await keyOf(pair.privateKey);
+  const opened = [];
+  for (const l of sealed) opened.push(await open(key, l));
+  const texts = opened.filter(Boolean).map((o) => JSON.stringify(o));
+  const target = sealed.findIndex((l) => l.type === "result");
+  const base = sealed[target];
+  const ct = base.encrypted.ciphertext;
+  const mid = Math.floor(ct.length / 2);
+  const tampered = { ...base, encrypted: { ...base.encrypted,
+    ciphertext: ct.slice(0, mid) + (ct[mid] === "A" ? "B" : "A") + ct.slice(mid + 1) } };
+  const reordered = { ...base, seq: sealed[target - 1].seq };
+  const relabelled = { ...base, type: "error" };
+  const altered = [];
+  for (const l of [tampered, reordered, relabelled]) altered.push((await open(key, l)) !== null);
+  const other = await subtle.generateKey(curve, false, ["deriveBits"]);
+  const wrong = await keyOf(other.privateKey);
+  let openedWithWrongKey = 0;
+  for (const l of sealed) if ((await open(wrong, l)) !== null) openedWithWrongKey += 1;
+  return {
+    status: res.status,
+    plaintextOnTheWire: body.includes("secret"),
+    initType: init.type,
+    sealed: sealed.length,
+    opened: opened.filter(Boolean).length,
+    texts,
+    altered,
+    openedWithWrongKey,
+  };
+}
+
 const HOSTILE_ANSWER =
   "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>" +
   "[click](javascript:window.pwned=3) <b style=\"color:red\" onclick=\"window.pwned=4\">bold</b>";
@@ -134,7 +209,7 @@ async function send(page, prompt) {
   await page.click("#send");
 }
 
-test("web chat: streaming text, live tool output, a crash explained, sanitised Markdown, the same DOM after a reload", { timeout: 600_000 }, async (t) => {
+test("web chat: streaming text, live tool output, a crash explained, sanitised Markdown, the same DOM after a reload, an encrypted run opened with WebCrypto", { timeout: 600_000 }, async (t) => {
   assert.ok(existsSync(ASBX_BIN), `${ASBX_BIN} is missing: run cargo build -p asbx first`);
   assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install chromium`);
 
@@ -300,6 +375,22 @@ test("web chat: streaming text, live tool output, a crash explained, sanitised M
     await page.waitForSelector(`#thread [data-step-id="${stepId}"]`);
     await settled(page);
     assert.equal(await threadDom(page), live);
+
+    // 8. End-to-end encryption in the browser, with WebCrypto alone: an
+    //    encrypted run through the workspace's /api/runs opens under the key
+    //    agreed with the runner; a tampered, a reordered and a relabelled
+    //    line do not, and no line opens under a wrong key.
+    const enc = await page.evaluate(encryptedRunInThePage, ENCRYPTED_PROMPT);
+    assert.equal(enc.status, 200);
+    assert.equal(enc.plaintextOnTheWire, false, "no plaintext on the wire");
+    assert.equal(enc.initType, "session_init");
+    assert.ok(enc.sealed >= 4, `sealed lines: ${enc.sealed}`);
+    assert.equal(enc.opened, enc.sealed, "every sealed line opens");
+    assert.ok(enc.texts.some((t) => t.includes("the secret answer is 42")), JSON.stringify(enc.texts));
+    assert.ok(enc.texts.some((t) => t.includes("tool-secret-marker")), JSON.stringify(enc.texts));
+    assert.deepEqual(enc.altered, [false, false, false], "tampered, reordered, relabelled");
+    assert.equal(enc.openedWithWrongKey, 0);
+    t.diagnostic(`encrypted run: ${enc.sealed} sealed lines opened in the page with WebCrypto`);
     assert.deepEqual(pageErrors, [], "no errors in the page");
   } catch (e) {
     t.diagnostic(`asbx output (tail):\n${asbx.output.join("").slice(-8_000)}`);

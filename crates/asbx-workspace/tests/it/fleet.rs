@@ -212,7 +212,7 @@ async fn stopping_a_chat_turn_asks_the_runner_that_serves_it(db: Db) {
     let header = |name: &str| resp.headers()[name].to_str().unwrap().to_owned();
     let (chat_id, turn_id) = (header("x-asbx-chat-id"), header("x-asbx-turn-id"));
     resp.chunk().await.unwrap().expect("the turn streams");
-    assert_eq!(session_ids(&b), [turn_id.clone()]);
+    assert_eq!(session_ids(&b), std::slice::from_ref(&turn_id));
 
     let r = client()
         .post(ws.url(&format!("/api/assistant/chats/{chat_id}/cancel")))

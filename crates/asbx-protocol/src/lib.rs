@@ -11,6 +11,7 @@
 pub mod callback;
 pub mod decode;
 pub mod dispatch;
+pub mod exposition;
 pub mod gateway;
 pub mod jail;
 pub mod line;

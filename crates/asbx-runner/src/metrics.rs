@@ -171,7 +171,7 @@ impl Metrics {
         let mut out = String::with_capacity(8 * 1024);
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        to_prometheus_text(&out)
+        asbx_protocol::exposition::to_prometheus_text(&out)
     }
 
     /// A dispatch ended (`code` is `none` when it completed).
@@ -248,41 +248,6 @@ impl Metrics {
         }
         self.tool_calls.get_or_create(&labels).inc();
     }
-}
-
-/// The OpenMetrics text `prometheus-client` writes, as the Prometheus text
-/// format 0.0.4 every Prometheus and `promtool check metrics` read: a
-/// counter's `# HELP`/`# TYPE` name its `_total` samples, and no `# EOF`.
-fn to_prometheus_text(open: &str) -> String {
-    let counters: std::collections::HashSet<&str> = open
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
-    let mut out = String::with_capacity(open.len() + 16 * counters.len());
-    for line in open.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let head = ["# HELP ", "# TYPE "]
-            .into_iter()
-            .find(|p| line.starts_with(p));
-        match head {
-            Some(p) => {
-                let rest = &line[p.len()..];
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                out.push_str(p);
-                out.push_str(name);
-                if counters.contains(name) {
-                    out.push_str("_total");
-                }
-                out.push(' ');
-                out.push_str(tail);
-            }
-            None => out.push_str(line),
-        }
-        out.push('\n');
-    }
-    out
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ async fn metrics(_: Authorized, State(inner): State<Arc<Inner>>) -> Response {
     Response::builder()
         .header(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            asbx_protocol::exposition::CONTENT_TYPE,
         )
         .body(Body::from(body))
         .unwrap_or_default()

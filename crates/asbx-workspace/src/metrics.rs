@@ -106,7 +106,7 @@ impl Metrics {
         let mut out = String::with_capacity(4 * 1024);
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        to_prometheus_text(&out)
+        asbx_protocol::exposition::to_prometheus_text(&out)
     }
 }
 
@@ -147,45 +147,10 @@ pub(crate) async fn serve(
     Ok(Response::builder()
         .header(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            asbx_protocol::exposition::CONTENT_TYPE,
         )
         .body(Body::from(m.render()))
         .unwrap_or_default())
-}
-
-/// The OpenMetrics text `prometheus-client` writes, as the Prometheus text
-/// format 0.0.4 every Prometheus and `promtool check metrics` read: a
-/// counter's `# HELP`/`# TYPE` name its `_total` samples, and no `# EOF`.
-fn to_prometheus_text(open: &str) -> String {
-    let counters: std::collections::HashSet<&str> = open
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
-    let mut out = String::with_capacity(open.len() + 16 * counters.len());
-    for line in open.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let head = ["# HELP ", "# TYPE "]
-            .into_iter()
-            .find(|p| line.starts_with(p));
-        match head {
-            Some(p) => {
-                let rest = &line[p.len()..];
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                out.push_str(p);
-                out.push_str(name);
-                if counters.contains(name) {
-                    out.push_str("_total");
-                }
-                out.push(' ');
-                out.push_str(tail);
-            }
-            None => out.push_str(line),
-        }
-        out.push('\n');
-    }
-    out
 }
 
 /// Compares two secrets in constant time (their SHA-256, so the length

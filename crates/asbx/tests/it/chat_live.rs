@@ -403,38 +403,8 @@ impl Drop for Up {
 
 /// `asbx up` on `data` (kept across restarts); its URL from the banner.
 fn up_on(data: &std::path::Path) -> (Up, String) {
-    use std::io::BufRead as _;
-    let mut child = std::process::Command::new(ASBX)
-        .args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
-        .env("ASBX_DATA", data)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("ASBX_MODEL")
-        .env("ASBX_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut url = None;
-    for _ in 0..10 {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        if let Some(u) = line.trim().strip_prefix("open") {
-            url = Some(u.trim().to_owned());
-            break;
-        }
-    }
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while reader.read_line(&mut sink).unwrap_or(0) > 0 {
-            sink.clear();
-        }
-    });
-    (Up(child), url.expect("`open URL` in the banner of asbx up"))
+    let (child, banner) = spawn_up(data, &[], std::process::Stdio::inherit());
+    (Up(child), banner.url)
 }
 
 /// Kills a process this test started, by its PID, and reaps it.

@@ -335,36 +335,72 @@ pub struct UpProc {
 impl UpProc {
     pub fn start(extra_env: &[(&str, &str)]) -> UpProc {
         let data = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(ASBX);
-        cmd.args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
-            .env("ASBX_DATA", data.path())
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("ASBX_MODEL")
-            .env("ASBX_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in extra_env {
-            cmd.env(k, v);
+        let (child, banner) = spawn_up(data.path(), extra_env, Stdio::inherit());
+        UpProc {
+            child,
+            url: banner.url,
+            data,
         }
-        let mut child = cmd.spawn().unwrap();
-        let mut reader = BufReader::new(child.stdout.take().unwrap());
-        let mut url = None;
-        for _ in 0..10 {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap() == 0 {
-                break;
-            }
-            if let Some(u) = line.trim().strip_prefix("open") {
-                url = Some(u.trim().to_owned());
-                break;
-            }
-        }
-        let url = url.expect("`open URL` in the banner of asbx up");
-        drain(reader);
-        UpProc { child, url, data }
     }
+}
+
+/// What `asbx up` prints when it is up.
+pub struct Banner {
+    /// `open  URL`: the workspace.
+    pub url: String,
+    /// `runner  URL (...)`: the runner's own routes.
+    pub runner_url: String,
+}
+
+/// Starts `asbx up` on `data` (the caller keeps it, so it may outlive a
+/// restart) with `extra_env` over a clean environment, and reads its banner.
+/// The caller owns the child and ends it by PID.
+pub fn spawn_up(data: &Path, extra_env: &[(&str, &str)], stderr: Stdio) -> (Child, Banner) {
+    let mut cmd = Command::new(ASBX);
+    cmd.args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
+        .env("ASBX_DATA", data)
+        .env("ASBX_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+    for var in [
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "ASBX_MODEL",
+        "ASBX_RUNNER_TOKEN",
+        "ASBX_METRICS_TOKEN",
+        "ASBX_REQUIRE_AUTH",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let (mut url, mut runner_url) = (None, None);
+    for _ in 0..10 {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        let line = line.trim();
+        if let Some(u) = line.strip_prefix("open") {
+            url = Some(u.trim().to_owned());
+        }
+        if let Some(r) = line.strip_prefix("runner") {
+            runner_url = r.split_whitespace().next().map(str::to_owned);
+        }
+        if url.is_some() && runner_url.is_some() {
+            break;
+        }
+    }
+    drain(reader);
+    let banner = Banner {
+        url: url.expect("`open URL` in the banner of asbx up"),
+        runner_url: runner_url.expect("`runner URL` in the banner of asbx up"),
+    };
+    (child, banner)
 }
 
 impl Drop for UpProc {

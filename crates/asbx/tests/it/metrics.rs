@@ -5,7 +5,6 @@
 //! the settings say (ASBX_METRICS_TOKEN, ASBX_RUNNER_TOKEN, ASBX_REQUIRE_AUTH).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -40,51 +39,11 @@ struct Up {
 impl Up {
     fn start(env: &[(&str, &str)]) -> Up {
         let data = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(ASBX);
-        cmd.args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
-            .env("ASBX_DATA", data.path())
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("ASBX_MODEL")
-            .env_remove("ASBX_RUNNER_TOKEN")
-            .env_remove("ASBX_METRICS_TOKEN")
-            .env_remove("ASBX_REQUIRE_AUTH")
-            .env("ASBX_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let mut reader = BufReader::new(child.stdout.take().unwrap());
-        let (mut url, mut runner_url) = (None, None);
-        for _ in 0..10 {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap() == 0 {
-                break;
-            }
-            let line = line.trim();
-            if let Some(u) = line.strip_prefix("open") {
-                url = Some(u.trim().to_owned());
-            }
-            if let Some(r) = line.strip_prefix("runner") {
-                runner_url = r.split_whitespace().next().map(str::to_owned);
-            }
-            if url.is_some() && runner_url.is_some() {
-                break;
-            }
-        }
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            while reader.read_until(b'\n', &mut sink).unwrap_or(0) > 0 {
-                sink.clear();
-            }
-        });
+        let (child, banner) = spawn_up(data.path(), env, Stdio::inherit());
         Up {
             child,
-            url: url.expect("`open URL` in the banner of asbx up"),
-            runner_url: runner_url.expect("`runner URL` in the banner of asbx up"),
+            url: banner.url,
+            runner_url: banner.runner_url,
             _data: data,
         }
     }

@@ -7,7 +7,6 @@
 //! kept as ciphertext only: the database and the logs hold no plaintext of
 //! it, while the client decrypts every line.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -312,40 +311,15 @@ impl LoggedUp {
     fn start() -> LoggedUp {
         let data = tempfile::tempdir().unwrap();
         let log = data.path().join("up.log");
-        let mut child = Command::new(ASBX)
-            .args(["up", "--listen", "127.0.0.1:0", "--profile", &profile()])
-            .env("ASBX_DATA", data.path())
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("ASBX_MODEL")
-            // The most the workspace and runner ever log.
-            .env("ASBX_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut reader = BufReader::new(child.stdout.take().unwrap());
-        let mut url = None;
-        for _ in 0..10 {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap() == 0 {
-                break;
-            }
-            if let Some(u) = line.trim().strip_prefix("open") {
-                url = Some(u.trim().to_owned());
-                break;
-            }
-        }
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            while reader.read_until(b'\n', &mut sink).unwrap_or(0) > 0 {
-                sink.clear();
-            }
-        });
+        // The most the workspace and runner ever log.
+        let (child, banner) = spawn_up(
+            data.path(),
+            &[("ASBX_LOG", "debug")],
+            Stdio::from(std::fs::File::create(&log).unwrap()),
+        );
         LoggedUp {
             child,
-            url: url.expect("`open URL` in the banner of asbx up"),
+            url: banner.url,
             data,
             log,
         }

@@ -35,7 +35,18 @@ async fn setup_script_failure_is_setup_failed_with_tail() {
     assert_eq!(code, "setup_failed");
     assert!(msg.contains("exit code 3"), "{msg}");
     assert!(msg.contains("pip exploded"), "{msg}");
-    assert_eq!(o.gateway.config_redemptions(), 0);
+    // `/config` is redeemed right after `/env`, before the setup script
+    // (so `session_init` carries the session's limits, docs/protocol.md §4);
+    // the model never ran.
+    assert_eq!(o.gateway.config_redemptions(), 1);
+    assert!(
+        !o.events.iter().any(|e| matches!(
+            e,
+            asbx_protocol::Event::Result(_) | asbx_protocol::Event::Step(_)
+        )),
+        "{:?}",
+        o.events
+    );
 }
 
 #[tokio::test]

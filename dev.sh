@@ -49,7 +49,7 @@ case "${1:-}" in
     ;;
   test)
     shift
-    ensure_packages postgresql bash coreutils python3 chromium prometheus
+    ensure_packages postgresql bash coreutils python3 chromium prometheus curl jq
     if [ "$(id -u)" -eq 0 ]; then
       start_postgres
       trap stop_postgres EXIT

@@ -329,6 +329,8 @@ pub fn script(actions: serde_json::Value) -> String {
 pub struct UpProc {
     child: Child,
     pub url: String,
+    /// The runner's own routes (`runner  URL` in the banner).
+    pub runner_url: String,
     pub data: tempfile::TempDir,
 }
 
@@ -339,6 +341,7 @@ impl UpProc {
         UpProc {
             child,
             url: banner.url,
+            runner_url: banner.runner_url,
             data,
         }
     }

@@ -8,6 +8,7 @@ mod harness;
 mod agent_features;
 mod chat_live;
 mod dispatch;
+mod docs;
 mod egress;
 mod encryption;
 mod fleet;

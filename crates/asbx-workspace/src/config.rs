@@ -32,7 +32,14 @@ use url::Url;
 /// - `clock`: the time source for token and lease expiry.
 /// - `detach_grace`: how long a chat turn outlives its dropped SSE client
 ///   before it is cancelled (zero: cancel on close).
-/// - `lease_ttl`: how long a chat's single-flight lease lasts without renewal.
+/// - `lease_ttl`: how long a chat's single-flight lease lasts without
+///   renewal (renewed every third of it while the turn runs), so a chat
+///   whose node died is free again within seconds.
+/// - `replay_safety_poll`: on PostgreSQL, how often a node following a run
+///   another node relays reads the table without having been notified
+///   ([`crate::notify`]); notifications can be lost while a connection is
+///   down. (On SQLite a follower without a local broadcast polls every
+///   500 ms.)
 /// - `require_auth`: refuse requests without an API key or session cookie
 ///   (otherwise they act in the default workspace). Required when `listen`
 ///   is not a loopback address ([`crate::WorkspaceError::AuthRequired`]).
@@ -57,6 +64,7 @@ pub struct WorkspaceConfig {
     pub clock: Arc<dyn Clock>,
     pub detach_grace: Duration,
     pub lease_ttl: Duration,
+    pub replay_safety_poll: Duration,
     pub require_auth: bool,
     pub listen: Option<SocketAddr>,
     pub runner_token: Option<String>,
@@ -75,7 +83,8 @@ impl WorkspaceConfig {
             default_model: "scripted:demo".to_owned(),
             clock: Arc::new(SystemClock),
             detach_grace: Duration::from_secs(30),
-            lease_ttl: Duration::from_secs(120),
+            lease_ttl: Duration::from_secs(15),
+            replay_safety_poll: Duration::from_secs(5),
             require_auth: false,
             listen: None,
             runner_token: None,
@@ -124,6 +133,7 @@ impl fmt::Debug for WorkspaceConfig {
             .field("default_model", &self.default_model)
             .field("detach_grace", &self.detach_grace)
             .field("lease_ttl", &self.lease_ttl)
+            .field("replay_safety_poll", &self.replay_safety_poll)
             .field("require_auth", &self.require_auth)
             .field("listen", &self.listen)
             // Never the token itself.

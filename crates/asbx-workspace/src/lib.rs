@@ -16,6 +16,7 @@ mod error;
 mod guard;
 mod http;
 mod metrics;
+mod notify;
 mod pages;
 mod store;
 mod tokens;
@@ -80,6 +81,10 @@ impl Workspace {
             .map_err(|e| WorkspaceError::io(&config.data_dir, e))?;
         let store = Store::open(config.database_url.as_deref(), &config.data_dir).await?;
         let blobs = BlobStore::open(config.data_dir.join("blobs")).await?;
+        let notifier = match store.listen_url() {
+            Some(url) => notify::Notifier::listen(url).await?,
+            None => notify::Notifier::off(),
+        };
         if config.sandbox_url.is_none() {
             tracing::warn!(
                 "no SANDBOX_URL configured: runs and chat turns will fail unless a stored agent names its runner"
@@ -93,6 +98,7 @@ impl Workspace {
             blobs,
             turns: Default::default(),
             run_hub: Default::default(),
+            notifier,
         };
         Ok(Workspace {
             state: Arc::new(state),
@@ -149,6 +155,8 @@ pub(crate) struct AppState {
     pub(crate) turns: TurnHub,
     /// The runs this node relays (their live broadcasts).
     pub(crate) run_hub: crate::runs::events::RunHub,
+    /// Other nodes' announcements of new run lines (PostgreSQL only).
+    pub(crate) notifier: notify::Notifier,
     /// The `Host`s and origins this server answers to.
     pub(crate) authority: Authority,
 }

@@ -37,6 +37,9 @@ pub(crate) enum Backend {
 #[derive(Debug, Clone)]
 pub(crate) struct Store {
     pool: AnyPool,
+    /// PostgreSQL's URL, for the node's `LISTEN` connection
+    /// ([`crate::notify`]); `None` on SQLite.
+    listen_url: Option<String>,
 }
 
 impl Store {
@@ -86,7 +89,14 @@ impl Store {
                 .await?;
         }
         MIGRATOR.run(&pool).await?;
-        Ok(Store { pool })
+        let listen_url = (backend == Backend::Postgres).then_some(url);
+        Ok(Store { pool, listen_url })
+    }
+
+    /// Where a node listens for other nodes' notifications: PostgreSQL's
+    /// URL, `None` on SQLite.
+    pub(crate) fn listen_url(&self) -> Option<&str> {
+        self.listen_url.as_deref()
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {

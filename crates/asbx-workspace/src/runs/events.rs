@@ -6,7 +6,9 @@
 //! subscribes first, then reads the table, then follows the broadcast,
 //! skipping what it already has; so it sees every line once, with no gap
 //! (docs/protocol.md §4, resume). A reader on another node (no local
-//! broadcast) polls the table every [`POLL_INTERVAL`] until the run ends.
+//! broadcast) reads the table when the relaying node announces new lines
+//! over PostgreSQL `NOTIFY` ([`crate::notify`]), with a slow safety poll
+//! (`replay_safety_poll`); on SQLite it polls every [`POLL_INTERVAL`].
 //!
 //! Retention: the newest [`KEEP_LINES`] lines of each run. Older lines are
 //! deleted as the run goes on and `runs.events_from` names the oldest kept
@@ -130,6 +132,7 @@ pub(crate) async fn append(
     for batch in lines.chunks(INSERT_ROWS) {
         insert(state.store.pool(), run_id, batch).await?;
     }
+    state.notifier.announce(state.store.pool(), run_id).await;
     let (Some(first), Some(last)) = (
         lines.iter().map(|t| t.seq).min(),
         lines.iter().map(|t| t.seq).max(),
@@ -244,8 +247,22 @@ struct Follow {
     phase: Phase,
     /// Subscribed before the first read: lines published after it are seen.
     rx: Option<broadcast::Receiver<Arc<Kept>>>,
+    /// Other nodes' announcements (PostgreSQL), also subscribed before the
+    /// first read.
+    announced: Option<broadcast::Receiver<Arc<str>>>,
     pending: std::collections::VecDeque<Kept>,
-    polls: u32,
+    /// When the poll last asked whether somebody still relays the run.
+    lost_checked: std::time::Instant,
+}
+
+/// How often a follower without a local broadcast checks that the run is
+/// still relayed by somebody (`runs::lost`).
+const LOST_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Tells the followers on every node that a run has ended (its row is
+/// settled), so they stop without waiting for a poll.
+pub(crate) async fn announce_end(state: &AppState, run_id: &str) {
+    state.notifier.announce(state.store.pool(), run_id).await;
 }
 
 /// Every line of `run_id` after `from`, then the live tail until the run
@@ -257,14 +274,16 @@ pub(crate) fn follow(
     from: Start,
 ) -> impl Stream<Item = Result<Kept, WorkspaceError>> + Send + 'static {
     let rx = state.run_hub.subscribe(&run_id);
+    let announced = state.notifier.subscribe();
     let f = Follow {
         state,
         run_id,
         last: from.after,
         phase: Phase::Replay,
         rx,
+        announced,
         pending: Default::default(),
-        polls: 0,
+        lost_checked: std::time::Instant::now(),
     };
     futures::stream::try_unfold(f, |mut f| async move {
         loop {
@@ -312,13 +331,13 @@ pub(crate) fn follow(
                         continue;
                     }
                     let run = runs::get(f.state.store.pool(), &f.run_id).await?;
-                    f.polls = f.polls.wrapping_add(1);
                     let mut running = run.as_ref().is_some_and(|r| r.status == RunStatus::Running);
                     // Every 10 s or so, check that somebody still relays it.
                     if running
-                        && f.polls % 20 == 0
+                        && f.lost_checked.elapsed() >= LOST_CHECK_INTERVAL
                         && let Some(r) = &run
                     {
+                        f.lost_checked = std::time::Instant::now();
                         running = !crate::runs::lost::settle_if_lost(&f.state, r).await;
                     }
                     if !running {
@@ -328,7 +347,16 @@ pub(crate) fn follow(
                         f.phase = Phase::Done;
                         continue;
                     }
-                    tokio::time::sleep(POLL_INTERVAL).await;
+                    match f.announced.as_mut() {
+                        Some(rx) => {
+                            let _ = tokio::time::timeout(
+                                f.state.config.replay_safety_poll,
+                                crate::notify::announced(rx, &f.run_id),
+                            )
+                            .await;
+                        }
+                        None => tokio::time::sleep(POLL_INTERVAL).await,
+                    }
                     f.phase = Phase::Poll;
                 }
             }

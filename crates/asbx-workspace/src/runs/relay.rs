@@ -327,6 +327,7 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     };
     dispatch::settle_ended(&state, &run_id, &outcome, tap.termination()).await;
     state.run_hub.close(&run_id);
+    events::announce_end(&state, &run_id).await;
 }
 
 async fn publish(state: &AppState, run_id: &str, live: &Live, lines: &[Tapped]) {

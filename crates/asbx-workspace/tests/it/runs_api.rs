@@ -459,15 +459,18 @@ async fn a_run_nobody_relays_is_not_left_running() {
 }
 
 // Two workspace nodes on one database: a replay asked of the node that
-// does not relay the run follows it by polling the table, with no gap, and
-// ends when the run ends.
-on_both!(another_node_follows_a_run_by_polling_the_table);
-async fn another_node_follows_a_run_by_polling_the_table(db: Db) {
+// does not relay the run follows it from the table, with no gap, and ends
+// when the run ends. On PostgreSQL node b's safety poll is set far beyond
+// the test's deadline, so only the relaying node's `NOTIFY` can wake it for
+// the lines after the hold and for the end; on SQLite it polls.
+on_both!(another_node_follows_a_run_it_does_not_relay);
+async fn another_node_follows_a_run_it_does_not_relay(db: Db) {
     let runner = FakeRunner::start(Mode::Hold).await;
     let a = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let shared = a.database_url.clone();
     let b = TestWorkspace::start_with(Some(runner.url.clone()), |c| {
         c.database_url = Some(shared);
+        c.replay_safety_poll = std::time::Duration::from_secs(600);
     })
     .await;
     let mut on_a = client()
@@ -489,6 +492,8 @@ async fn another_node_follows_a_run_by_polling_the_table(db: Db) {
     while lines(&got).len() < 4 {
         got.extend_from_slice(&on_b.chunk().await.unwrap().unwrap());
     }
+    // Let node b find nothing new and settle into waiting first.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     runner.shared.release.notify_one();
     let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
         while let Some(c) = on_b.chunk().await.unwrap() {

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::chats::live::{self as turns, KEEP_ALIVE, LiveTurn};
+use crate::chats::remote;
 use crate::chats::store as chats;
 use crate::chats::turn::{self as chat, TurnStart};
 use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
@@ -71,11 +72,22 @@ pub(crate) async fn resume(
         })
         .transpose()?
         .unwrap_or(0);
-    let turn = state
-        .turns
-        .for_chat(&chat_id, &caller.workspace_id)
+    if let Some(turn) = state.turns.for_chat(&chat_id, &caller.workspace_id) {
+        return Ok(sse_response(turn, cursor));
+    }
+    // Another node drives (or just drove) it: replay its stored lines.
+    let info = remote::find(&state, &caller.workspace_id, &chat_id)
+        .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("turn in flight in chat {chat_id}")))?;
-    Ok(sse_response(turn, cursor))
+    let (chat_id, turn_id) = (info.chat_id.clone(), info.turn_id.clone());
+    let stream = remote::subscribe(Arc::clone(&state), info, cursor);
+    let mut r = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+        .into_response();
+    let h = r.headers_mut();
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    insert_ids(h, &chat_id, &turn_id);
+    Ok(r)
 }
 
 pub(crate) async fn cancel(

@@ -300,31 +300,44 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     renew.tick().await;
 
-    let handle = |lines: Vec<Line>, trace: &mut TraceBuilder, last_seq: &mut u64| {
+    // Every line but heartbeats is also stored (`run_events`, batched), so
+    // any node can replay the turn (`chats::remote`).
+    let mut stored = StoredLines::default();
+    let handle = |lines: Vec<Line>,
+                  trace: &mut TraceBuilder,
+                  last_seq: &mut u64,
+                  stored: &mut StoredLines| {
         for line in lines {
             *last_seq = (*last_seq).max(line.seq);
-            let data = match trace.push(&line) {
-                LiveAction::Hide | LiveAction::Drop => continue,
-                LiveAction::Comment => {
-                    turn.push(Frame {
-                        seq: line.seq,
-                        kind: "",
-                        data: Arc::from("heartbeat"),
-                    });
-                    continue;
-                }
-                LiveAction::Send => serde_json::to_string(&line).ok(),
-                LiveAction::Truncate { keep } => truncated_stdout(&line, keep),
+            let action = trace.push(&line);
+            if matches!(action, LiveAction::Comment) {
+                turn.push(Frame {
+                    seq: line.seq,
+                    kind: "",
+                    data: Arc::from("heartbeat"),
+                });
+                continue;
+            }
+            let Ok(full) = serde_json::to_string(&line).map(Arc::<str>::from) else {
+                continue;
+            };
+            stored.push(line.seq, Arc::clone(&full));
+            let data = match action {
+                LiveAction::Hide | LiveAction::Drop | LiveAction::Comment => continue,
+                LiveAction::Send => Some(full),
+                LiveAction::Truncate { keep } => truncated_stdout(&line, keep).map(Arc::from),
             };
             if let Some(data) = data {
                 turn.push(Frame {
                     seq: line.seq,
                     kind: line.event.type_name(),
-                    data: data.into(),
+                    data,
                 });
             }
         }
     };
+    let mut flush = tokio::time::interval(STORE_EVERY);
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let mut cancelled = false;
     let mut broken: Option<String> = None;
@@ -355,8 +368,14 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
                     Err(e) => tracing::warn!(turn = %turn.id, error = %e, "renewing the chat lease failed"),
                 }
             }
+            _ = flush.tick(), if !stored.is_empty() => stored.flush(&state, &turn.id).await,
             chunk = upstream.next() => match chunk {
-                Some(Ok(bytes)) => handle(tap.observe(&bytes), &mut trace, &mut last_seq),
+                Some(Ok(bytes)) => {
+                    handle(tap.observe(&bytes), &mut trace, &mut last_seq, &mut stored);
+                    if stored.is_full() {
+                        stored.flush(&state, &turn.id).await;
+                    }
+                }
                 Some(Err(e)) => {
                     broken = Some(crate::error::error_chain(&e));
                     break;
@@ -367,7 +386,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     }
     // Dropping the upstream request cancels the sandbox if it still runs.
     drop(upstream);
-    handle(tap.finish_input(), &mut trace, &mut last_seq);
+    handle(tap.finish_input(), &mut trace, &mut last_seq, &mut stored);
 
     let (outcome, status) = match (tap.terminal().cloned(), cancelled) {
         (Some(o @ Outcome::Succeeded { .. }), _) => (o, TurnStatus::Succeeded),
@@ -397,7 +416,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
                 session_id: session_id.clone(),
                 event: Event::error(code.clone(), message.clone()),
             };
-            handle(vec![line], &mut trace, &mut last_seq);
+            handle(vec![line], &mut trace, &mut last_seq, &mut stored);
             if !cancelled {
                 // The stream broke or ended early: the turn was lost, not
                 // ended (the runner or the connection to it went away).
@@ -414,10 +433,14 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
         created_at: state.now_ms(),
         turn_id: Some(turn.id.clone()),
     };
+    // Every line is stored before the message and the run's end, so a node
+    // replaying the turn has them all once it sees the run settled.
+    stored.flush(&state, &turn.id).await;
     if let Err(e) = chats::append_message(state.store.pool(), &turn.chat_id, &message).await {
         tracing::error!(turn = %turn.id, error = %crate::error::error_chain(&e), "persisting the assistant message failed");
     }
     dispatch::settle_ended(&state, &turn.id, &outcome, tap.termination()).await;
+    crate::runs::events::announce_end(&state, &turn.id).await;
     lease.release().await;
     turn.finish(Done {
         chat_id: turn.chat_id.clone(),
@@ -427,6 +450,44 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     });
     tokio::time::sleep(LINGER).await;
     state.turns.remove(&turn.id);
+}
+
+/// How often a turn's new lines are stored at the latest.
+const STORE_EVERY: Duration = Duration::from_millis(100);
+/// Lines stored in one go at the most.
+const STORE_BATCH: usize = 256;
+
+/// A turn's lines not yet stored: `(seq, the line's JSON)`.
+#[derive(Default)]
+struct StoredLines {
+    rows: Vec<(u64, Arc<str>)>,
+}
+
+impl StoredLines {
+    fn push(&mut self, seq: u64, line: Arc<str>) {
+        self.rows.push((seq, line));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    fn is_full(&self) -> bool {
+        self.rows.len() >= STORE_BATCH
+    }
+
+    /// Stores what is pending. A failure is logged: the live stream goes
+    /// on, only a replay on another node would miss these lines.
+    async fn flush(&mut self, state: &AppState, run_id: &str) {
+        if self.rows.is_empty() {
+            return;
+        }
+        let rows: Vec<(u64, &[u8])> = self.rows.iter().map(|(s, l)| (*s, l.as_bytes())).collect();
+        if let Err(e) = crate::runs::events::append_rows(state, run_id, &rows).await {
+            tracing::error!(turn = run_id, error = %crate::error::error_chain(&e), "storing the turn's lines failed");
+        }
+        self.rows.clear();
+    }
 }
 
 /// Asks the runner to end the turn's session (`DELETE /v1/sessions/{id}`,

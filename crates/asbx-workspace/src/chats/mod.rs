@@ -7,6 +7,7 @@
 pub(crate) mod api;
 pub(crate) mod live;
 pub(crate) mod messages;
+pub(crate) mod remote;
 pub(crate) mod store;
 pub(crate) mod turn;
 pub(crate) mod view;

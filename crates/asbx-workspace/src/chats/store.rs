@@ -175,6 +175,33 @@ where
     Ok(row.try_get::<i64, _>("n")? > 0)
 }
 
+/// The ids of a turn's user and assistant messages, when stored.
+pub(crate) async fn turn_message_ids<'c, E>(
+    db: E,
+    chat_id: &str,
+    turn_id: &str,
+) -> Result<(Option<String>, Option<String>), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(
+        "SELECT id, role FROM messages WHERE chat_id = $1 AND turn_id = $2 ORDER BY position",
+    )
+    .bind(chat_id)
+    .bind(turn_id)
+    .fetch_all(db)
+    .await?;
+    let (mut user, mut assistant) = (None, None);
+    for r in rows {
+        let (id, role): (String, String) = (r.try_get("id")?, r.try_get("role")?);
+        match role.as_str() {
+            "user" => user = user.or(Some(id)),
+            _ => assistant = Some(id),
+        }
+    }
+    Ok((user, assistant))
+}
+
 /// A live (not deleted) chat of `workspace_id`.
 pub(crate) async fn get<'c, E>(
     db: E,

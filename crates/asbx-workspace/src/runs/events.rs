@@ -129,13 +129,23 @@ pub(crate) async fn append(
     run_id: &str,
     lines: &[Tapped],
 ) -> Result<(), WorkspaceError> {
-    for batch in lines.chunks(INSERT_ROWS) {
+    let rows: Vec<(u64, &[u8])> = lines.iter().map(|t| (t.seq, &t.raw[..])).collect();
+    append_rows(state, run_id, &rows).await
+}
+
+/// [`append`] for lines already split out: `(seq, line without newline)`.
+pub(crate) async fn append_rows(
+    state: &AppState,
+    run_id: &str,
+    rows: &[(u64, &[u8])],
+) -> Result<(), WorkspaceError> {
+    for batch in rows.chunks(INSERT_ROWS) {
         insert(state.store.pool(), run_id, batch).await?;
     }
     state.notifier.announce(state.store.pool(), run_id).await;
     let (Some(first), Some(last)) = (
-        lines.iter().map(|t| t.seq).min(),
-        lines.iter().map(|t| t.seq).max(),
+        rows.iter().map(|r| r.0).min(),
+        rows.iter().map(|r| r.0).max(),
     ) else {
         return Ok(());
     };
@@ -148,11 +158,11 @@ pub(crate) async fn append(
 async fn insert(
     pool: &sqlx::AnyPool,
     run_id: &str,
-    lines: &[Tapped],
+    rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError> {
-    let mut sql = String::with_capacity(64 + lines.len() * 20);
+    let mut sql = String::with_capacity(64 + rows.len() * 20);
     sql.push_str("INSERT INTO run_events (run_id, seq, line) VALUES ");
-    for i in 0..lines.len() {
+    for i in 0..rows.len() {
         if i > 0 {
             sql.push_str(", ");
         }
@@ -162,11 +172,11 @@ async fn insert(
     // A runner never repeats a seq; a repeated one is not stored twice.
     sql.push_str(" ON CONFLICT (run_id, seq) DO NOTHING");
     let mut q = sqlx::query(&sql);
-    for t in lines {
+    for (seq, raw) in rows {
         q = q
             .bind(run_id)
-            .bind(i64::try_from(t.seq).unwrap_or(i64::MAX))
-            .bind(String::from_utf8_lossy(&t.raw).into_owned());
+            .bind(i64::try_from(*seq).unwrap_or(i64::MAX))
+            .bind(String::from_utf8_lossy(raw).into_owned());
     }
     q.execute(pool).await?;
     Ok(())

@@ -124,6 +124,23 @@ where
     row.map(|r| from_row(&r)).transpose()
 }
 
+/// The newest run (turn) of a chat.
+pub(crate) async fn latest_for_chat<'c, E>(
+    db: E,
+    chat_id: &str,
+) -> Result<Option<RunRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM runs WHERE chat_id = $1 ORDER BY created_at DESC, id DESC LIMIT 1"
+    ))
+    .bind(chat_id)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| from_row(&r)).transpose()
+}
+
 /// Records how a run ended (and its `session_ended` fields as JSON, when
 /// known); only a running run changes, so the first recorded outcome wins.
 pub(crate) async fn finish<'c, E>(

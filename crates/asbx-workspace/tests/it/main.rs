@@ -6,6 +6,7 @@
 mod access;
 mod agents;
 mod callbacks;
+mod chat_nodes;
 mod chats;
 mod fleet;
 mod runs;

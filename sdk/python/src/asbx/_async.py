@@ -1,0 +1,400 @@
+"""The asyncio client, on `httpx.AsyncClient`: the API of `Client`, awaited.
+
+Streams are async iterators and resume by themselves after a dropped
+connection exactly as the blocking ones do (see `_sync`). Client tool
+handlers may be plain functions or coroutine functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import mimetypes
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import IO, Any
+
+import httpx
+
+from . import _core
+from ._core import SseDecoder, StreamState, check_status
+from ._crypto import ClientSession
+from ._errors import NotFoundError, StreamError
+from ._events import Delta, Event, TerminationInfo, ToolCall
+from ._models import Chat, ChatSummary, ClientTool, FileInfo, RunInfo
+from ._sync import _read_upload
+
+
+class _AsyncStream(AsyncIterator[Event]):
+    """Events of one session, across reconnects. `async for` it; `aclose()` (or `async with`) stops reading."""
+
+    def __init__(self, client: AsyncClient, response: httpx.Response, state: StreamState, sse: bool) -> None:
+        self._client = client
+        self._response = response
+        self._state = state
+        self._sse = sse
+        self._gen = self._events()
+        self.resumes = 0
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self._gen.__anext__()
+
+    async def __aenter__(self) -> _AsyncStream:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._gen.aclose()
+        await self._response.aclose()
+
+    @property
+    def last_seq(self) -> int:
+        return self._state.last_seq
+
+    @property
+    def termination(self) -> TerminationInfo | None:
+        return self._state.termination
+
+    @property
+    def result(self) -> str | None:
+        return self._state.result
+
+    async def wait(self) -> list[Event]:
+        return [e async for e in self]
+
+    async def text(self) -> str:
+        parts = [e.text async for e in self if isinstance(e, Delta)]
+        return "".join(parts) or (self._state.result or "")
+
+    def _finished(self) -> bool:
+        return self._state.ended
+
+    async def _reopen(self) -> httpx.Response:
+        raise NotImplementedError
+
+    async def _on_event(self, ev: Event) -> None:
+        pass
+
+    async def _events(self) -> AsyncIterator[Event]:
+        resp = self._response
+        failures = 0
+        try:
+            while True:
+                before = self._state.seen
+                cause: Exception | None = None
+                try:
+                    dec = SseDecoder()
+                    async for line in resp.aiter_lines():
+                        if self._sse:
+                            frame = dec.feed(line)
+                            ev = None if frame is None else self._state.accept_sse(frame)
+                        else:
+                            ev = self._state.accept_ndjson(line)
+                        if ev is None:
+                            continue
+                        await self._on_event(ev)
+                        yield ev
+                        if self._finished():
+                            return
+                except httpx.TransportError as e:
+                    cause = e
+                finally:
+                    await resp.aclose()
+                if self._finished():
+                    return
+                failures = 0 if self._state.seen > before else failures + 1
+                if failures > self._client.max_resumes:
+                    raise StreamError(
+                        f"the stream broke {failures} times without progress (last: {cause!r})"
+                    ) from cause
+                await asyncio.sleep(min(0.05 * 2**failures, 2.0))
+                self.resumes += 1
+                try:
+                    resp = await self._reopen()
+                except NotFoundError:
+                    if self._state.ended:
+                        return
+                    raise
+                self._response = resp
+        finally:
+            await resp.aclose()
+
+
+class AsyncRunStream(_AsyncStream):
+    """A protocol 2 run (see `RunStream`)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        response: httpx.Response,
+        run_id: str,
+        state: StreamState,
+        tools: dict[str, ClientTool],
+    ) -> None:
+        super().__init__(client, response, state, sse=False)
+        self.run_id = run_id
+        self._tools = tools
+
+    @property
+    def crypto(self) -> ClientSession | None:
+        return self._state.crypto
+
+    async def _reopen(self) -> httpx.Response:
+        return await self._client._open(
+            "GET",
+            f"/api/runs/{self.run_id}/events",
+            params={"after": str(self._state.last_seq)},
+            headers={"accept": "application/x-ndjson"},
+        )
+
+    async def _on_event(self, ev: Event) -> None:
+        if not isinstance(ev, ToolCall):
+            return
+        tool = self._tools.get(ev.tool_name)
+        if tool is None or tool.handler is None:
+            return
+        try:
+            out = tool.handler(ev.args)
+            if inspect.isawaitable(out):
+                out = await out
+            payload = _core.tool_payload(result=out)
+        except Exception as e:  # the tool's failure is the agent's to see
+            payload = _core.tool_payload(error=f"{type(e).__name__}: {e}")
+        await self._client.answer_tool(self.run_id, ev.call_id, payload, crypto=self._state.crypto)
+
+    async def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
+        await self._client.answer_tool(
+            self.run_id, call_id, _core.tool_payload(result, error), crypto=self._state.crypto
+        )
+
+    async def cancel(self) -> bool:
+        return await self._client.cancel_run(self.run_id)
+
+
+class AsyncChatStream(_AsyncStream):
+    """One Assistant turn (see `ChatStream`)."""
+
+    def __init__(self, client: AsyncClient, response: httpx.Response, chat_id: str, turn_id: str | None) -> None:
+        super().__init__(client, response, StreamState(), sse=True)
+        self.chat_id = chat_id
+        self.turn_id = turn_id
+
+    def _finished(self) -> bool:
+        return self._state.done
+
+    async def _reopen(self) -> httpx.Response:
+        headers = {"accept": "text/event-stream"}
+        if self._state.last_seq:
+            headers["last-event-id"] = str(self._state.last_seq)
+        return await self._client._open("GET", f"/api/assistant/chats/{self.chat_id}/stream", headers=headers)
+
+    async def cancel(self) -> None:
+        await self._client.cancel_chat(self.chat_id)
+
+
+class AsyncClient:
+    """An asyncio client of one asbx workspace (see `Client`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        stream_read_timeout: float = _core.STREAM_READ_TIMEOUT,
+        max_resumes: int = _core.MAX_RESUMES,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_resumes = max_resumes
+        self._stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
+        self._own = http is None
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._headers = _core.auth_headers(api_key)
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        req = self._http.build_request(
+            method,
+            self.base_url + path,
+            json=json,
+            params=params,
+            headers={**self._headers, **(headers or {})},
+            timeout=self._stream_timeout,
+        )
+        resp = await self._http.send(req, stream=True)
+        if resp.status_code >= 400:
+            body = await resp.aread()
+            await resp.aclose()
+            check_status(resp.status_code, body)
+        return resp
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        resp = await self._http.request(
+            method,
+            self.base_url + path,
+            json=json,
+            params=params,
+            content=content,
+            headers={**self._headers, **(headers or {})},
+        )
+        check_status(resp.status_code, resp.content)
+        if not resp.content:
+            return None
+        if "json" in resp.headers.get("content-type", ""):
+            return resp.json()
+        return resp.content
+
+    async def chat(
+        self,
+        message: str,
+        chat_id: str | None = None,
+        attachments: Iterable[str | FileInfo] | None = None,
+        *,
+        settings: Mapping[str, Any] | None = None,
+    ) -> AsyncChatStream:
+        resp = await self._open(
+            "POST",
+            "/api/assistant/chat/stream",
+            json=_core.chat_body(message, chat_id, attachments, settings),
+            headers={"accept": "text/event-stream"},
+        )
+        return AsyncChatStream(
+            self, resp, resp.headers.get("x-asbx-chat-id", chat_id or ""), resp.headers.get("x-asbx-turn-id")
+        )
+
+    async def resume_chat(self, chat_id: str, after: int = 0) -> AsyncChatStream:
+        headers = {"accept": "text/event-stream"}
+        if after:
+            headers["last-event-id"] = str(after)
+        resp = await self._open("GET", f"/api/assistant/chats/{chat_id}/stream", headers=headers)
+        stream = AsyncChatStream(self, resp, chat_id, None)
+        stream._state.last_seq = after
+        return stream
+
+    async def cancel_chat(self, chat_id: str) -> None:
+        await self.request("POST", f"/api/assistant/chats/{chat_id}/cancel")
+
+    async def list_chats(self) -> list[ChatSummary]:
+        return [ChatSummary.from_json(c) for c in await self.request("GET", "/api/assistant/chats") or []]
+
+    async def get_chat(self, chat_id: str) -> Chat:
+        return Chat.from_json(await self.request("GET", f"/api/assistant/chats/{chat_id}"))
+
+    async def delete_chat(self, chat_id: str) -> None:
+        await self.request("DELETE", f"/api/assistant/chats/{chat_id}")
+
+    async def upload_file(
+        self,
+        data: bytes | str | os.PathLike[str] | IO[bytes],
+        name: str | None = None,
+        *,
+        mime_type: str | None = None,
+        chat_id: str | None = None,
+    ) -> FileInfo:
+        content, name = _read_upload(data, name)
+        params = {"name": name}
+        if chat_id:
+            params["chatId"] = chat_id
+        mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return FileInfo.from_json(
+            await self.request(
+                "POST", "/api/assistant/files", params=params, content=content, headers={"content-type": mime}
+            )
+        )
+
+    async def download_file(self, file_id: str) -> bytes:
+        resp = await self._http.get(f"{self.base_url}/api/files/{file_id}", headers=self._headers)
+        check_status(resp.status_code, resp.content)
+        return resp.content
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        tools: Sequence[ClientTool] | Mapping[str, ClientTool | Callable[[Any], Any]] | None = None,
+        encrypt: bool = False,
+        agent_id: str | None = None,
+        filter_types: Sequence[str] | None = None,
+        blocked_types: Sequence[str] | None = None,
+        environment: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> AsyncRunStream:
+        tool_map = _core.normalize_tools(tools)
+        crypto = ClientSession() if encrypt else None
+        body = _core.run_body(prompt, tool_map, crypto, filter_types, blocked_types, environment, extra)
+        path = f"/api/agents/{agent_id}/runs" if agent_id else "/api/runs"
+        resp = await self._open("POST", path, json=body, headers={"accept": "application/x-ndjson"})
+        run_id = resp.headers.get("x-asbx-run-id")
+        if not run_id:
+            await resp.aclose()
+            raise StreamError("the answer has no x-asbx-run-id")
+        return AsyncRunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
+
+    async def events(
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        tools: Sequence[ClientTool] | Mapping[str, Any] | None = None,
+        crypto: ClientSession | None = None,
+    ) -> AsyncRunStream:
+        resp = await self._open(
+            "GET", f"/api/runs/{run_id}/events", params={"after": str(after)}, headers={"accept": "application/x-ndjson"}
+        )
+        state = StreamState(crypto=crypto, last_seq=after)
+        return AsyncRunStream(self, resp, run_id, state, _core.normalize_tools(tools))
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        return RunInfo.from_json(await self.request("GET", f"/api/runs/{run_id}"))
+
+    async def cancel_run(self, run_id: str) -> bool:
+        resp = await self._http.delete(f"{self.base_url}/api/runs/{run_id}", headers=self._headers)
+        check_status(resp.status_code, resp.content)
+        return resp.status_code == 202
+
+    async def answer_tool(
+        self, run_id: str, call_id: str, payload: dict[str, Any], *, crypto: ClientSession | None = None
+    ) -> None:
+        body: dict[str, Any] = {"callId": call_id}
+        if crypto is not None:
+            body["encrypted"] = crypto.seal_tool_result(call_id, payload)
+        else:
+            body.update(payload)
+        await self.request("POST", f"/api/runs/{run_id}/tool-result", json=body)

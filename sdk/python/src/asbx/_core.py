@@ -1,0 +1,203 @@
+"""What the sync and async clients share: request bodies, stream framing and the
+state of one stream (dedup by `seq`, decryption, how it ended).
+
+No I/O here: `_sync` and `_async` feed it lines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._crypto import ClientSession
+from ._errors import AsbxError, StreamError
+from ._events import Done, Event, Result, SessionEnded, SessionInit, TerminationInfo, Turn, parse_event
+from ._models import ClientTool, FileInfo
+
+USER_AGENT = "asbx-python/0.1.0"
+# Protocol 2 sends a heartbeat after 5 s without another line (docs/protocol.md §4):
+# a stream silent for this long is dead, and is resumed.
+STREAM_READ_TIMEOUT = 30.0
+MAX_RESUMES = 8
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    headers = {"user-agent": USER_AGENT}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def normalize_tools(
+    tools: Sequence[ClientTool] | Mapping[str, Any] | None,
+) -> dict[str, ClientTool]:
+    """`tools` as a list of `ClientTool`, or a mapping of names to handlers (or `ClientTool`s)."""
+    if not tools:
+        return {}
+    if isinstance(tools, Mapping):
+        out: dict[str, ClientTool] = {}
+        for name, t in tools.items():
+            out[name] = t if isinstance(t, ClientTool) else ClientTool(name=name, handler=t)
+        return out
+    return {t.name: t for t in tools}
+
+
+def run_body(
+    prompt: str,
+    tools: dict[str, ClientTool],
+    crypto: ClientSession | None,
+    filter_types: Sequence[str] | None,
+    blocked_types: Sequence[str] | None,
+    environment: str | None,
+    extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": prompt, "protocol": 2}
+    if tools:
+        body["clientTools"] = [t.spec() for t in tools.values()]
+    if crypto is not None:
+        body["encryption"] = {"clientPublicKey": crypto.public_key}
+    if filter_types is not None and blocked_types is not None:
+        raise ValueError("give filter_types or blocked_types, not both")
+    if filter_types is not None:
+        body["filter"] = {"types": list(filter_types)}
+    if blocked_types is not None:
+        body["filter"] = {"blockedTypes": list(blocked_types)}
+    if environment is not None:
+        body["environment"] = environment
+    if extra:
+        body.update(extra)
+    return body
+
+
+def chat_body(
+    message: str,
+    chat_id: str | None,
+    attachments: Iterable[str | FileInfo] | None,
+    settings: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"message": message}
+    if chat_id is not None:
+        body["chatId"] = chat_id
+    if attachments:
+        body["attachmentIds"] = [a.id if isinstance(a, FileInfo) else a for a in attachments]
+    if settings is not None:
+        body["settings"] = dict(settings)
+    return body
+
+
+def tool_payload(result: Any = None, error: str | None = None) -> dict[str, Any]:
+    return {"error": error} if error is not None else {"result": result}
+
+
+class SseDecoder:
+    """SSE framing (`event:`, `data:`, `id:`, comments), fed one line at a time."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
+
+    def feed(self, line: str) -> tuple[str, str, str | None] | None:
+        """A finished frame `(event, data, id)` at a blank line, else None."""
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line:
+            if not self._data and not self._event:
+                return None
+            frame = (self._event or "message", "\n".join(self._data), self._id)
+            self._event, self._data, self._id = "", [], None
+            return frame
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id":
+            self._id = value
+        return None
+
+
+@dataclass
+class StreamState:
+    """One session's stream across reconnects: what was seen, how it ended."""
+
+    crypto: ClientSession | None = None
+    last_seq: int = 0
+    turn_seen: bool = False
+    ended: bool = False
+    done: bool = False
+    termination: TerminationInfo | None = None
+    result: str | None = None
+    error: Any = None
+    session_id: str | None = None
+    seen: int = 0
+    _pending: list[Event] = field(default_factory=list)
+
+    def accept(self, kind: str | None, obj: dict[str, Any]) -> Event | None:
+        """The event for one decoded line or frame, or None for one already seen."""
+        kind = kind or str(obj.get("type", ""))
+        seq = obj.get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            if seq <= self.last_seq:
+                return None
+            self.last_seq = seq
+        elif kind == "turn":
+            if self.turn_seen:
+                return None
+            self.turn_seen = True
+        if self.crypto is not None:
+            if kind == "session_init" and not self.crypto.agreed:
+                enc = obj.get("encryption")
+                if not isinstance(enc, dict):
+                    raise StreamError("the run was asked to be encrypted but session_init has no encryption")
+                self.crypto.agree(enc, str(obj.get("sessionId", "")))
+            obj = self.crypto.decrypt_line(obj)
+        ev = parse_event(kind, obj)
+        self.seen += 1
+        if ev.session_id:
+            self.session_id = ev.session_id
+        if isinstance(ev, SessionEnded):
+            self.ended = True
+            self.termination = ev.termination
+        elif isinstance(ev, Result):
+            self.result = ev.message
+        elif isinstance(ev, Done):
+            self.done = True
+        elif isinstance(ev, SessionInit | Turn):
+            pass
+        elif ev.type == "error":
+            self.error = ev
+        return ev
+
+    def accept_ndjson(self, line: str) -> Event | None:
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise StreamError(f"a line that is not JSON: {line[:200]!r}") from e
+        if not isinstance(obj, dict):
+            raise StreamError(f"a line that is not a JSON object: {line[:200]!r}")
+        return self.accept(None, obj)
+
+    def accept_sse(self, frame: tuple[str, str, str | None]) -> Event | None:
+        kind, data, _id = frame
+        try:
+            obj = json.loads(data) if data else {}
+        except ValueError:
+            obj = {"text": data}
+        if not isinstance(obj, dict):
+            obj = {"value": obj}
+        return self.accept(kind, obj)
+
+
+def check_status(status: int, body: bytes) -> None:
+    if status >= 400:
+        raise AsbxError.from_problem(status, body)

@@ -1,0 +1,465 @@
+"""The blocking client, on `httpx.Client`.
+
+Streams resume by themselves after a dropped connection: a run re-reads
+`GET /api/runs/{id}/events?after=<last seq>`, a chat turn re-attaches to
+`GET /api/assistant/chats/{id}/stream` with `Last-Event-ID` (docs/api-runs.md,
+docs/api-assistant.md); lines already delivered are skipped by `seq`, so the
+caller sees every line once, in order.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import httpx
+
+from . import _core
+from ._core import SseDecoder, StreamState, check_status
+from ._crypto import ClientSession
+from ._errors import AsbxError, NotFoundError, StreamError
+from ._events import Delta, Event, TerminationInfo, ToolCall
+from ._models import Chat, ChatSummary, ClientTool, FileInfo, RunInfo
+
+
+class _Stream(Iterator[Event]):
+    """Events of one session, across reconnects. Iterate it; close it (or use `with`) to stop reading."""
+
+    def __init__(
+        self,
+        client: Client,
+        response: httpx.Response,
+        state: StreamState,
+        sse: bool,
+    ) -> None:
+        self._client = client
+        self._response = response
+        self._state = state
+        self._sse = sse
+        self._gen = self._events()
+        self.resumes = 0
+        """How many times the stream was re-opened after a dropped connection."""
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._gen)
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops reading (the run or turn goes on; `cancel()` ends it)."""
+        self._gen.close()
+        self._response.close()
+
+    @property
+    def last_seq(self) -> int:
+        return self._state.last_seq
+
+    @property
+    def termination(self) -> TerminationInfo | None:
+        """`session_ended`'s fields, once it came."""
+        return self._state.termination
+
+    @property
+    def result(self) -> str | None:
+        """The `result` message, once it came."""
+        return self._state.result
+
+    def wait(self) -> list[Event]:
+        """Reads to the end; returns every event."""
+        return list(self)
+
+    def text(self) -> str:
+        """Reads to the end; returns the streamed text (the `result` when nothing streamed)."""
+        parts = [e.text for e in self if isinstance(e, Delta)]
+        return "".join(parts) or (self._state.result or "")
+
+    def _finished(self) -> bool:
+        return self._state.ended
+
+    def _reopen(self) -> httpx.Response:
+        raise NotImplementedError
+
+    def _on_event(self, ev: Event) -> None:
+        pass
+
+    def _events(self) -> Iterator[Event]:
+        resp = self._response
+        failures = 0
+        try:
+            while True:
+                before = self._state.seen
+                cause: Exception | None = None
+                try:
+                    if self._sse:
+                        dec = SseDecoder()
+                        for line in resp.iter_lines():
+                            frame = dec.feed(line)
+                            if frame is None:
+                                continue
+                            ev = self._state.accept_sse(frame)
+                            if ev is None:
+                                continue
+                            self._on_event(ev)
+                            yield ev
+                            if self._finished():
+                                return
+                    else:
+                        for line in resp.iter_lines():
+                            ev = self._state.accept_ndjson(line)
+                            if ev is None:
+                                continue
+                            self._on_event(ev)
+                            yield ev
+                            if self._finished():
+                                return
+                except httpx.TransportError as e:
+                    cause = e
+                finally:
+                    resp.close()
+                if self._finished():
+                    return
+                failures = 0 if self._state.seen > before else failures + 1
+                if failures > self._client.max_resumes:
+                    raise StreamError(
+                        f"the stream broke {failures} times without progress (last: {cause!r})"
+                    ) from cause
+                time.sleep(min(0.05 * 2**failures, 2.0))
+                self.resumes += 1
+                try:
+                    resp = self._reopen()
+                except NotFoundError:
+                    if self._state.ended:
+                        return
+                    raise
+                self._response = resp
+        finally:
+            resp.close()
+
+
+class RunStream(_Stream):
+    """A protocol 2 run: `SessionInit` first, `SessionEnded` last.
+
+    Client tools with a handler are answered as their `ToolCall` arrives
+    (before it is yielded); answer others with `answer()`.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        response: httpx.Response,
+        run_id: str,
+        state: StreamState,
+        tools: dict[str, ClientTool],
+    ) -> None:
+        super().__init__(client, response, state, sse=False)
+        self.run_id = run_id
+        self._tools = tools
+
+    @property
+    def crypto(self) -> ClientSession | None:
+        return self._state.crypto
+
+    def _reopen(self) -> httpx.Response:
+        return self._client._open(
+            "GET",
+            f"/api/runs/{self.run_id}/events",
+            params={"after": str(self._state.last_seq)},
+            headers={"accept": "application/x-ndjson"},
+        )
+
+    def _on_event(self, ev: Event) -> None:
+        if not isinstance(ev, ToolCall):
+            return
+        tool = self._tools.get(ev.tool_name)
+        if tool is None or tool.handler is None:
+            return
+        try:
+            payload = _core.tool_payload(result=tool.handler(ev.args))
+        except Exception as e:  # the tool's failure is the agent's to see
+            payload = _core.tool_payload(error=f"{type(e).__name__}: {e}")
+        self._post_answer(ev.call_id, payload)
+
+    def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
+        """Answers a client tool call with `result`, or with `error`."""
+        self._post_answer(call_id, _core.tool_payload(result, error))
+
+    def _post_answer(self, call_id: str, payload: dict[str, Any]) -> None:
+        self._client.answer_tool(self.run_id, call_id, payload, crypto=self._state.crypto)
+
+    def cancel(self) -> bool:
+        """Cancels the run; the stream still ends with `session_ended` (`terminated`)."""
+        return self._client.cancel_run(self.run_id)
+
+
+class ChatStream(_Stream):
+    """One Assistant turn: `Turn` first, then the run's events, `Done` last."""
+
+    def __init__(self, client: Client, response: httpx.Response, chat_id: str, turn_id: str | None) -> None:
+        super().__init__(client, response, StreamState(), sse=True)
+        self.chat_id = chat_id
+        self.turn_id = turn_id
+
+    def _finished(self) -> bool:
+        return self._state.done
+
+    def _reopen(self) -> httpx.Response:
+        headers = {"accept": "text/event-stream"}
+        if self._state.last_seq:
+            headers["last-event-id"] = str(self._state.last_seq)
+        return self._client._open("GET", f"/api/assistant/chats/{self.chat_id}/stream", headers=headers)
+
+    def cancel(self) -> None:
+        """Asks the runner to end the turn; `error` `cancelled` and `Done` still come."""
+        self._client.cancel_chat(self.chat_id)
+
+
+class Client:
+    """A blocking client of one asbx workspace.
+
+    `base_url` is what `asbx up` prints; `api_key` (`asbx_key_...`, from
+    `asbx key`) is sent as `Authorization: Bearer` when given.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        stream_read_timeout: float = _core.STREAM_READ_TIMEOUT,
+        max_resumes: int = _core.MAX_RESUMES,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_resumes = max_resumes
+        self._stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
+        self._own = http is None
+        self._http = http or httpx.Client(timeout=timeout)
+        self._headers = _core.auth_headers(api_key)
+
+    def close(self) -> None:
+        if self._own:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        req = self._http.build_request(
+            method,
+            self.base_url + path,
+            json=json,
+            params=params,
+            headers={**self._headers, **(headers or {})},
+            timeout=self._stream_timeout,
+        )
+        resp = self._http.send(req, stream=True)
+        if resp.status_code >= 400:
+            body = resp.read()
+            resp.close()
+            check_status(resp.status_code, body)
+        return resp
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Any workspace route: the decoded JSON answer (None for an empty one); `AsbxError` on failure."""
+        resp = self._http.request(
+            method,
+            self.base_url + path,
+            json=json,
+            params=params,
+            content=content,
+            headers={**self._headers, **(headers or {})},
+        )
+        check_status(resp.status_code, resp.content)
+        if not resp.content:
+            return None
+        if "json" in resp.headers.get("content-type", ""):
+            return resp.json()
+        return resp.content
+
+    # -- chats ------------------------------------------------------------
+
+    def chat(
+        self,
+        message: str,
+        chat_id: str | None = None,
+        attachments: Iterable[str | FileInfo] | None = None,
+        *,
+        settings: Mapping[str, Any] | None = None,
+    ) -> ChatStream:
+        """Runs one Assistant turn (a new chat without `chat_id`); iterate the result for its events.
+
+        The request is sent now: a turn already in flight on the chat raises
+        `TurnInFlightError` here, and `.chat_id`/`.turn_id` are set at once.
+        """
+        resp = self._open(
+            "POST",
+            "/api/assistant/chat/stream",
+            json=_core.chat_body(message, chat_id, attachments, settings),
+            headers={"accept": "text/event-stream"},
+        )
+        return ChatStream(
+            self, resp, resp.headers.get("x-asbx-chat-id", chat_id or ""), resp.headers.get("x-asbx-turn-id")
+        )
+
+    def resume_chat(self, chat_id: str, after: int = 0) -> ChatStream:
+        """Re-attaches to a chat's turn in flight, after `seq` `after` (`NotFoundError` when none is)."""
+        headers = {"accept": "text/event-stream"}
+        if after:
+            headers["last-event-id"] = str(after)
+        resp = self._open("GET", f"/api/assistant/chats/{chat_id}/stream", headers=headers)
+        stream = ChatStream(self, resp, chat_id, None)
+        stream._state.last_seq = after
+        return stream
+
+    def cancel_chat(self, chat_id: str) -> None:
+        self.request("POST", f"/api/assistant/chats/{chat_id}/cancel")
+
+    def list_chats(self) -> list[ChatSummary]:
+        return [ChatSummary.from_json(c) for c in self.request("GET", "/api/assistant/chats") or []]
+
+    def get_chat(self, chat_id: str) -> Chat:
+        return Chat.from_json(self.request("GET", f"/api/assistant/chats/{chat_id}"))
+
+    def delete_chat(self, chat_id: str) -> None:
+        self.request("DELETE", f"/api/assistant/chats/{chat_id}")
+
+    def upload_file(
+        self,
+        data: bytes | str | os.PathLike[str] | IO[bytes],
+        name: str | None = None,
+        *,
+        mime_type: str | None = None,
+        chat_id: str | None = None,
+    ) -> FileInfo:
+        """Uploads an attachment (at most 16 MiB): bytes, a path, or a binary file object."""
+        content, name = _read_upload(data, name)
+        params = {"name": name}
+        if chat_id:
+            params["chatId"] = chat_id
+        mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return FileInfo.from_json(
+            self.request("POST", "/api/assistant/files", params=params, content=content, headers={"content-type": mime})
+        )
+
+    def download_file(self, file_id: str) -> bytes:
+        resp = self._http.get(f"{self.base_url}/api/files/{file_id}", headers=self._headers)
+        check_status(resp.status_code, resp.content)
+        return resp.content
+
+    # -- runs -------------------------------------------------------------
+
+    def run(
+        self,
+        prompt: str,
+        *,
+        tools: Sequence[ClientTool] | Mapping[str, ClientTool | Callable[[Any], Any]] | None = None,
+        encrypt: bool = False,
+        agent_id: str | None = None,
+        filter_types: Sequence[str] | None = None,
+        blocked_types: Sequence[str] | None = None,
+        environment: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> RunStream:
+        """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's); iterate it for its events."""
+        tool_map = _core.normalize_tools(tools)
+        crypto = ClientSession() if encrypt else None
+        body = _core.run_body(prompt, tool_map, crypto, filter_types, blocked_types, environment, extra)
+        path = f"/api/agents/{agent_id}/runs" if agent_id else "/api/runs"
+        resp = self._open("POST", path, json=body, headers={"accept": "application/x-ndjson"})
+        run_id = resp.headers.get("x-asbx-run-id")
+        if not run_id:
+            resp.close()
+            raise StreamError("the answer has no x-asbx-run-id")
+        return RunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
+
+    def events(
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        tools: Sequence[ClientTool] | Mapping[str, Any] | None = None,
+        crypto: ClientSession | None = None,
+    ) -> RunStream:
+        """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
+        resp = self._open(
+            "GET", f"/api/runs/{run_id}/events", params={"after": str(after)}, headers={"accept": "application/x-ndjson"}
+        )
+        state = StreamState(crypto=crypto, last_seq=after)
+        return RunStream(self, resp, run_id, state, _core.normalize_tools(tools))
+
+    def get_run(self, run_id: str) -> RunInfo:
+        return RunInfo.from_json(self.request("GET", f"/api/runs/{run_id}"))
+
+    def cancel_run(self, run_id: str) -> bool:
+        """Cancels a run: True while it ends (202), False when it had already ended (204)."""
+        resp = self._http.delete(f"{self.base_url}/api/runs/{run_id}", headers=self._headers)
+        check_status(resp.status_code, resp.content)
+        return resp.status_code == 202
+
+    def answer_tool(
+        self, run_id: str, call_id: str, payload: dict[str, Any], *, crypto: ClientSession | None = None
+    ) -> None:
+        """Posts `{"result": ..}` or `{"error": ..}` for a client tool call (sealed when `crypto`)."""
+        body: dict[str, Any] = {"callId": call_id}
+        if crypto is not None:
+            body["encrypted"] = crypto.seal_tool_result(call_id, payload)
+        else:
+            body.update(payload)
+        self.request("POST", f"/api/runs/{run_id}/tool-result", json=body)
+
+
+def _read_upload(data: bytes | str | os.PathLike[str] | IO[bytes], name: str | None) -> tuple[bytes, str]:
+    if isinstance(data, bytes | bytearray | memoryview):
+        if not name:
+            raise ValueError("name is required when uploading bytes")
+        return bytes(data), name
+    if isinstance(data, str | os.PathLike):
+        p = Path(data)
+        return p.read_bytes(), name or p.name
+    content = data.read()
+    guessed = os.path.basename(str(getattr(data, "name", "") or ""))
+    if not (name or guessed):
+        raise ValueError("name is required for a file object without a name")
+    return content, name or guessed
+
+
+__all__ = ["AsbxError", "ChatStream", "Client", "RunStream"]

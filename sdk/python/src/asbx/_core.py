@@ -88,7 +88,11 @@ def chat_body(
 
 
 def tool_payload(result: Any = None, error: str | None = None) -> dict[str, Any]:
-    return {"error": error} if error is not None else {"result": result}
+    """`{"error"}`, else `{"result"}`; a `None` result is sent as `""`, as the
+    runner reads a `null` result as none at all (docs/api-runs.md)."""
+    if error is not None:
+        return {"error": error}
+    return {"result": "" if result is None else result}
 
 
 class SseDecoder:

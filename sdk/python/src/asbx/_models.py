@@ -147,7 +147,7 @@ class ClientTool:
     """A tool the caller runs itself (`clientTools`, docs/api-runs.md).
 
     When the agent calls it, the SDK calls `handler(args)` and posts what it
-    returns as the result; an exception it raises is posted as the error
+    returns as the result (`None` as `""`); an exception it raises is posted as the error
     (its text). No handler: answer with `stream.answer(...)` yourself. With
     `AsyncClient`, the handler may be a coroutine function.
     """

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Tests of the Python SDK against a real `asbx up`: a fresh venv in a temp
+# dir, `pip install` of this package and pytest (from PyPI), then tests/.
+# Needs python3 (>= 3.11) with venv (Debian: python3 python3-venv), root for
+# the jailed runner, and target/debug/asbx (`cargo build -p asbx`) or $ASBX_BIN.
+# Exits non-zero when a test fails. Extra arguments go to pytest.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${PYTHON:-python3}"
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { echo "test.sh: $python is older than 3.11" >&2; exit 2; }
+
+venv="$(mktemp -d "${TMPDIR:-/tmp}/asbx-sdk-py-venv.XXXXXX")"
+trap 'rm -rf "$venv"' EXIT
+"$python" -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$here" "pytest>=7"
+
+cd "$here"
+"$venv/bin/python" -m pytest -p no:cacheprovider -rs -q tests "$@"

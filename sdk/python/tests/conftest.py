@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from asbx import Client
@@ -189,7 +188,7 @@ class CuttingProxy:
     def client(self) -> Client:
         """A client through this proxy (it names the workspace's own `Host`, which it checks)."""
         host = f"{self.target[0]}:{self.target[1]}"
-        return Client(self.url, http=httpx.Client(headers={"host": host}, timeout=30.0))
+        return Client(self.url, headers={"host": host})
 
     def cut_once(self, marker: bytes) -> None:
         with self._lock:

@@ -6,12 +6,11 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
 import pytest
+from conftest import AsbxUp, CuttingProxy
 
 import asbx
 from asbx import AsyncClient, ClientTool
-from conftest import AsbxUp, CuttingProxy
 
 
 def script(*steps: Any) -> str:
@@ -51,8 +50,13 @@ def test_async_run_with_sync_and_coroutine_tool_handlers(up: AsbxUp) -> None:
     async def main() -> None:
         async with AsyncClient(up.url) as c:
             run = await c.run(
-                script({"tool": "lookup", "args": {"k": 1}}, {"tool": "plain", "args": {"k": 2}}, {"say": "both"}),
-                tools=[ClientTool("lookup", handler=lookup), ClientTool("plain", handler=lambda a: seen.append(("plain", a)))],
+                script(
+                    {"tool": "lookup", "args": {"k": 1}}, {"tool": "plain", "args": {"k": 2}}, {"say": "both"}
+                ),
+                tools=[
+                    ClientTool("lookup", handler=lookup),
+                    ClientTool("plain", handler=lambda a: seen.append(("plain", a))),
+                ],
                 encrypt=True,
             )
             events = [e async for e in run]
@@ -75,8 +79,7 @@ def test_async_run_resumes_after_a_dropped_connection(up: AsbxUp, proxy: Cutting
 
     async def main() -> None:
         host = f"{proxy.target[0]}:{proxy.target[1]}"
-        async with httpx.AsyncClient(headers={"host": host}) as http:
-            c = AsyncClient(proxy.url, http=http)
+        async with AsyncClient(proxy.url, headers={"host": host}) as c:
             proxy.cut_once(b'"type":"delta"')
             run = await c.run(script({"say": " ".join(words), "stream_ms": 40}))
             events = await run.wait()

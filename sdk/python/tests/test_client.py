@@ -9,11 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import AsbxUp, CuttingProxy
 
 import asbx
 from asbx import Client, ClientSession, ClientTool
-
-from conftest import AsbxUp, CuttingProxy
 
 
 def script(*steps: Any) -> str:
@@ -42,7 +41,9 @@ def client(up: AsbxUp) -> Client:
 
 def test_chat_turns_with_an_attachment_then_read_and_delete(client: Client) -> None:
     turn = client.chat(
-        script({"tool": "shell", "args": {"command": "echo one; echo two"}}, {"say": "read it", "stream_ms": 5})
+        script(
+            {"tool": "shell", "args": {"command": "echo one; echo two"}}, {"say": "read it", "stream_ms": 5}
+        )
     )
     assert turn.chat_id and turn.turn_id
     events = turn.wait()
@@ -116,7 +117,11 @@ def test_run_with_client_tools_answered_by_callbacks(client: Client) -> None:
         raise RuntimeError("no printer")
 
     run = client.run(
-        script({"tool": "pick_color", "args": {"for": "walls"}}, {"tool": "print_it", "args": {}}, {"say": "thanks"}),
+        script(
+            {"tool": "pick_color", "args": {"for": "walls"}},
+            {"tool": "print_it", "args": {}},
+            {"say": "thanks"},
+        ),
         tools=[
             ClientTool("pick_color", "Asks the user for a color.", handler=pick_color),
             ClientTool("print_it", "Prints.", handler=broken),
@@ -167,7 +172,10 @@ def test_cancel_a_run_waiting_for_its_client_tool(client: Client) -> None:
             break
     rest = list(run)
     assert isinstance(rest[-1], asbx.SessionEnded)
-    assert run.termination and (run.termination.reason, run.termination.terminated_by) == ("terminated", "daemon")
+    assert run.termination and (run.termination.reason, run.termination.terminated_by) == (
+        "terminated",
+        "daemon",
+    )
     info = settled(client, run.run_id)
     assert info.status == "failed" and info.error and info.error["code"] == "cancelled"
     assert client.cancel_run(run.run_id) is False, "an ended run answers 204"
@@ -184,18 +192,28 @@ def test_problem_json_becomes_typed_errors_with_field_errors(client: Client) -> 
         client.resume_chat("0" * 32)
 
 
-def test_a_dropped_run_stream_resumes_with_no_gap_and_no_duplicate(client: Client, up: AsbxUp, proxy: CuttingProxy) -> None:
+@pytest.mark.parametrize("encrypt", [False, True], ids=["plain", "encrypted"])
+def test_a_dropped_run_stream_resumes_with_no_gap_and_no_duplicate(
+    up: AsbxUp, proxy: CuttingProxy, encrypt: bool
+) -> None:
     words = [f"w{i}" for i in range(20)]
     with proxy.client() as via:
-        proxy.cut_once(b'"type":"delta"')
-        run = via.run(script({"say": " ".join(words), "stream_ms": 40}))
+        # The first line after session_init is cut mid-way (sealed lines name only their type).
+        proxy.cut_once(b'"seq":3,')
+        run = via.run(script({"say": " ".join(words), "stream_ms": 40}), encrypt=encrypt)
         events = run.wait()
     assert proxy.cuts == 1 and run.resumes >= 1, "the connection was cut and the stream resumed"
+    assert proxy.connections >= 2
     assert seqs(events) == list(range(1, len(events) + 1)), seqs(events)
     assert "".join(e.text for e in events if isinstance(e, asbx.Delta)) == " ".join(words)
     assert run.termination and run.termination.ok
     # What was read equals the run's stored lines, one for one.
-    stored = [json.loads(l) for l in httpx.get(f"{up.url}/api/runs/{run.run_id}/events").text.splitlines() if l]
+    stored = [
+        json.loads(x) for x in httpx.get(f"{up.url}/api/runs/{run.run_id}/events").text.splitlines() if x
+    ]
+    if encrypt:
+        assert run.crypto is not None
+        stored = [run.crypto.decrypt_line(x) for x in stored]
     assert [e.raw for e in events] == stored
 
 
@@ -224,7 +242,9 @@ def test_an_encrypted_run_relays_only_ciphertext_and_opens_on_the_client(client:
     events = run.wait()
     assert got == [{"q": marker}], "the sealed tool call opened on the client"
     assert run.result == marker
-    assert any(isinstance(e, asbx.ToolResultApplied) for e in events), "the sealed answer opened in the sandbox"
+    assert any(isinstance(e, asbx.ToolResultApplied) for e in events), (
+        "the sealed answer opened in the sandbox"
+    )
     assert run.termination and run.termination.ok
     init = events[0]
     assert isinstance(init, asbx.SessionInit) and init.encryption
@@ -232,8 +252,8 @@ def test_an_encrypted_run_relays_only_ciphertext_and_opens_on_the_client(client:
     # The workspace keeps and relays ciphertext only.
     raw = httpx.get(f"{up.url}/api/runs/{run.run_id}/events").text
     assert marker not in raw
-    lines = [json.loads(l) for l in raw.splitlines() if l]
-    assert all("encrypted" in l for l in lines[1:]) and len(lines) == len(events)
+    lines = [json.loads(x) for x in raw.splitlines() if x]
+    assert all("encrypted" in x for x in lines[1:]) and len(lines) == len(events)
     # A replay opens with the run's key, and with no other (negative control).
     replay = client.events(run.run_id, crypto=run.crypto).wait()
     assert [e.raw for e in replay] == [e.raw for e in events]
@@ -241,7 +261,10 @@ def test_an_encrypted_run_relays_only_ciphertext_and_opens_on_the_client(client:
     other.agree(init.encryption, run.run_id)
     with pytest.raises(asbx.DecryptionError):
         client.events(run.run_id, crypto=other).wait()
-    assert client.get_run(run.run_id).termination is None or client.get_run(run.run_id).termination.message is None
+    assert (
+        client.get_run(run.run_id).termination is None
+        or client.get_run(run.run_id).termination.message is None
+    )
 
 
 def test_a_plain_answer_to_an_encrypted_run_is_refused(client: Client) -> None:

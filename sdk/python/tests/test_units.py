@@ -92,7 +92,9 @@ def test_a_tool_result_is_sealed_to_its_call() -> None:
 
 def test_sse_frames_ids_comments_and_multiline_data() -> None:
     dec = SseDecoder()
-    text = ": heartbeat\n\nid: 7\nevent: delta\ndata: {\"seq\":7,\ndata: \"text\":\"hi\"}\n\nevent: done\ndata: {}\n\n"
+    text = (
+        ': heartbeat\n\nid: 7\nevent: delta\ndata: {"seq":7,\ndata: "text":"hi"}\n\nevent: done\ndata: {}\n\n'
+    )
     frames = [f for f in (dec.feed(line) for line in text.split("\n")) if f]
     assert frames == [("delta", '{"seq":7,\n"text":"hi"}', "7"), ("done", "{}", None)]
     st = StreamState()
@@ -109,7 +111,12 @@ def test_unknown_types_arrive_as_unknown_events() -> None:
 
 def test_problem_json_maps_to_subclasses() -> None:
     body = json.dumps(
-        {"code": "invalid_request", "status": 400, "detail": "bad", "errors": [{"field": "f", "message": "m"}]}
+        {
+            "code": "invalid_request",
+            "status": 400,
+            "detail": "bad",
+            "errors": [{"field": "f", "message": "m"}],
+        }
     ).encode()
     e = asbx.AsbxError.from_problem(400, body)
     assert isinstance(e, asbx.BadRequestError) and e.errors == [asbx.FieldError("f", "m")]

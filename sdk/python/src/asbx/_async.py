@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import mimetypes
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
@@ -27,7 +27,7 @@ from ._sync import _read_upload
 
 
 class _AsyncStream(AsyncIterator[Event]):
-    """Events of one session, across reconnects. `async for` it; `aclose()` (or `async with`) stops reading."""
+    """Events of one session, across reconnects. `async for` it; `aclose()` or `async with` stops."""
 
     def __init__(self, client: AsyncClient, response: httpx.Response, state: StreamState, sse: bool) -> None:
         self._client = client
@@ -83,7 +83,7 @@ class _AsyncStream(AsyncIterator[Event]):
     async def _on_event(self, ev: Event) -> None:
         pass
 
-    async def _events(self) -> AsyncIterator[Event]:
+    async def _events(self) -> AsyncGenerator[Event, None]:
         resp = self._response
         failures = 0
         try:
@@ -119,10 +119,15 @@ class _AsyncStream(AsyncIterator[Event]):
                 self.resumes += 1
                 try:
                     resp = await self._reopen()
-                except NotFoundError:
+                except NotFoundError as e:
                     if self._state.ended:
                         return
-                    raise
+                    raise StreamError(
+                        "the stream broke and the session is no longer followable "
+                        f"(it ended while the stream was down; read it instead): {e.detail}",
+                        status=e.status,
+                        code=e.code,
+                    ) from e
                 self._response = resp
         finally:
             await resp.aclose()
@@ -182,7 +187,9 @@ class AsyncRunStream(_AsyncStream):
 class AsyncChatStream(_AsyncStream):
     """One Assistant turn (see `ChatStream`)."""
 
-    def __init__(self, client: AsyncClient, response: httpx.Response, chat_id: str, turn_id: str | None) -> None:
+    def __init__(
+        self, client: AsyncClient, response: httpx.Response, chat_id: str, turn_id: str | None
+    ) -> None:
         super().__init__(client, response, StreamState(), sse=True)
         self.chat_id = chat_id
         self.turn_id = turn_id
@@ -212,13 +219,14 @@ class AsyncClient:
         stream_read_timeout: float = _core.STREAM_READ_TIMEOUT,
         max_resumes: int = _core.MAX_RESUMES,
         http: httpx.AsyncClient | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_resumes = max_resumes
         self._stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
         self._own = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout)
-        self._headers = _core.auth_headers(api_key)
+        self._headers = {**_core.auth_headers(api_key), **(headers or {})}
 
     async def aclose(self) -> None:
         if self._own:
@@ -376,7 +384,10 @@ class AsyncClient:
         crypto: ClientSession | None = None,
     ) -> AsyncRunStream:
         resp = await self._open(
-            "GET", f"/api/runs/{run_id}/events", params={"after": str(after)}, headers={"accept": "application/x-ndjson"}
+            "GET",
+            f"/api/runs/{run_id}/events",
+            params={"after": str(after)},
+            headers={"accept": "application/x-ndjson"},
         )
         state = StreamState(crypto=crypto, last_seq=after)
         return AsyncRunStream(self, resp, run_id, state, _core.normalize_tools(tools))

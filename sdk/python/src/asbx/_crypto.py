@@ -46,14 +46,18 @@ def encode_public_key(key: ec.EllipticCurvePublicKey) -> str:
 def parse_public_key(text: str) -> ec.EllipticCurvePublicKey:
     raw = unb64(text, "public key")
     if len(raw) != 65 or raw[0] != 4:
-        raise DecryptionError("the public key is not a 65-byte uncompressed P-256 point", code="decryption_failed")
+        raise DecryptionError(
+            "the public key is not a 65-byte uncompressed P-256 point", code="decryption_failed"
+        )
     try:
         return ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), raw)
     except ValueError as e:
         raise DecryptionError("the public key is not a point on P-256", code="decryption_failed") from e
 
 
-def derive_key(private: ec.EllipticCurvePrivateKey, peer: ec.EllipticCurvePublicKey, salt: bytes, session_id: str) -> bytes:
+def derive_key(
+    private: ec.EllipticCurvePrivateKey, peer: ec.EllipticCurvePublicKey, salt: bytes, session_id: str
+) -> bytes:
     shared = private.exchange(ec.ECDH(), peer)
     return HKDF(
         algorithm=hashes.SHA256(), length=32, salt=salt, info=(INFO_PREFIX + session_id).encode()

@@ -256,9 +256,7 @@ def parse_event(kind: str, d: dict[str, Any]) -> Event:
     if kind == "log":
         return Log(**b, level=str(g("level", "info")), message=str(g("message", "")))
     if kind == "tool_call":
-        return ToolCall(
-            **b, call_id=str(g("callId", "")), tool_name=str(g("toolName", "")), args=g("args")
-        )
+        return ToolCall(**b, call_id=str(g("callId", "")), tool_name=str(g("toolName", "")), args=g("args"))
     if kind == "tool_result_applied":
         return ToolResultApplied(**b, call_id=str(g("callId", "")))
     if kind == "heartbeat":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mimetypes
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -22,7 +22,7 @@ import httpx
 from . import _core
 from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
-from ._errors import AsbxError, NotFoundError, StreamError
+from ._errors import NotFoundError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
 from ._models import Chat, ChatSummary, ClientTool, FileInfo, RunInfo
 
@@ -96,7 +96,7 @@ class _Stream(Iterator[Event]):
     def _on_event(self, ev: Event) -> None:
         pass
 
-    def _events(self) -> Iterator[Event]:
+    def _events(self) -> Generator[Event, None, None]:
         resp = self._response
         failures = 0
         try:
@@ -141,10 +141,15 @@ class _Stream(Iterator[Event]):
                 self.resumes += 1
                 try:
                     resp = self._reopen()
-                except NotFoundError:
+                except NotFoundError as e:
                     if self._state.ended:
                         return
-                    raise
+                    raise StreamError(
+                        "the stream broke and the session is no longer followable "
+                        f"(it ended while the stream was down; read it instead): {e.detail}",
+                        status=e.status,
+                        code=e.code,
+                    ) from e
                 self._response = resp
         finally:
             resp.close()
@@ -231,7 +236,8 @@ class Client:
     """A blocking client of one asbx workspace.
 
     `base_url` is what `asbx up` prints; `api_key` (`asbx_key_...`, from
-    `asbx key`) is sent as `Authorization: Bearer` when given.
+    `asbx key`) is sent as `Authorization: Bearer` when given; `headers` are
+    added to every request.
     """
 
     def __init__(
@@ -243,13 +249,14 @@ class Client:
         stream_read_timeout: float = _core.STREAM_READ_TIMEOUT,
         max_resumes: int = _core.MAX_RESUMES,
         http: httpx.Client | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_resumes = max_resumes
         self._stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
         self._own = http is None
         self._http = http or httpx.Client(timeout=timeout)
-        self._headers = _core.auth_headers(api_key)
+        self._headers = {**_core.auth_headers(api_key), **(headers or {})}
 
     def close(self) -> None:
         if self._own:
@@ -377,7 +384,9 @@ class Client:
             params["chatId"] = chat_id
         mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
         return FileInfo.from_json(
-            self.request("POST", "/api/assistant/files", params=params, content=content, headers={"content-type": mime})
+            self.request(
+                "POST", "/api/assistant/files", params=params, content=content, headers={"content-type": mime}
+            )
         )
 
     def download_file(self, file_id: str) -> bytes:
@@ -421,7 +430,10 @@ class Client:
     ) -> RunStream:
         """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
         resp = self._open(
-            "GET", f"/api/runs/{run_id}/events", params={"after": str(after)}, headers={"accept": "application/x-ndjson"}
+            "GET",
+            f"/api/runs/{run_id}/events",
+            params={"after": str(after)},
+            headers={"accept": "application/x-ndjson"},
         )
         state = StreamState(crypto=crypto, last_seq=after)
         return RunStream(self, resp, run_id, state, _core.normalize_tools(tools))
@@ -462,4 +474,4 @@ def _read_upload(data: bytes | str | os.PathLike[str] | IO[bytes], name: str | N
     return content, name or guessed
 
 
-__all__ = ["AsbxError", "ChatStream", "Client", "RunStream"]
+__all__ = ["ChatStream", "Client", "RunStream"]

@@ -12,7 +12,12 @@
 //!   once, checked like egress (no internal address unless the operator
 //!   allows it) and pinned to that address;
 //! - `GET /client-tool/{callId}` (protocol 2): held open until the client
-//!   answers the call through `POST /v1/sessions/{id}/tool-result`.
+//!   answers the call through `POST /v1/sessions/{id}/tool-result`;
+//! - `/workspace/{rest}` (GET, POST, PUT, DELETE) to
+//!   `{agent_url}/workspace/{rest}`, the in-sandbox workspace API: the path
+//!   is checked segment by segment (no `..`, no percent-encoding, so it
+//!   can't leave that prefix), the agent's `Authorization` passes through,
+//!   bodies stream both ways, a request body is capped at 16 MiB + 64 KiB.
 //!
 //! Routes come from the constants in `asbx_protocol::gateway`; everything
 //! else gets 404. No forward follows a redirect.
@@ -25,6 +30,8 @@ use asbx_protocol::gateway::{
     CALLBACK_CONFIG, CALLBACK_ENV, CALLBACK_RESULTS, CLIENT_TOOL_PREFIX, MCP_PREFIX, MODEL_PREFIX,
     ProviderKind, USAGE,
 };
+// TEMP until asbx_protocol::gateway::WORKSPACE_PREFIX lands.
+const WORKSPACE_PREFIX: &str = "/workspace/";
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -47,6 +54,16 @@ const MAX_ENV_BODY: usize = 4 << 20;
 const MAX_CONFIG_BODY: usize = 32 << 20;
 /// Largest model request (the conversation so far).
 const MAX_MODEL_BODY: usize = 32 << 20;
+/// Largest request body to the workspace API: a 16 MiB file and some room.
+const MAX_WORKSPACE_BODY: usize = (16 << 20) + (64 << 10);
+/// Headers of the workspace API's answer passed back to the agent.
+const WORKSPACE_ANSWER_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-length",
+    "x-asbx-sha256",
+    "retry-after",
+    "location",
+];
 
 /// Everything the gateway refuses or fails at, each with a stable code.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +97,10 @@ pub(crate) enum GatewayError {
     Unreachable(String),
     #[error("invalid upstream response")]
     UpstreamInvalid,
+    #[error("bad workspace path: {0}")]
+    BadWorkspacePath(&'static str),
+    #[error("request body over {0} bytes")]
+    TooLarge(usize),
 }
 
 impl GatewayError {
@@ -103,6 +124,8 @@ impl GatewayError {
                 (502, "upstream_invalid", "Invalid upstream answer")
             }
             GatewayError::Unreachable(_) => (502, "upstream_unreachable", "Upstream unreachable"),
+            GatewayError::BadWorkspacePath(_) => (400, "invalid_request", "Invalid request"),
+            GatewayError::TooLarge(_) => (413, "body_too_large", "Request body too large"),
         };
         Problem::new(status, code, title, self.to_string())
     }
@@ -184,6 +207,13 @@ fn app(spec: GatewaySpec) -> Router {
             get(client_tool),
         )
         .route(USAGE, post(usage))
+        .route(
+            &format!("{WORKSPACE_PREFIX}{{*rest}}"),
+            get(workspace)
+                .post(workspace)
+                .put(workspace)
+                .delete(workspace),
+        )
         .fallback(|| async { GatewayError::NoRoute })
         .with_state(state)
 }
@@ -381,6 +411,103 @@ async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Respon
     )
     .await
     .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `{agent_url}/workspace/{rest}?{query}` for a request to
+/// `/workspace/{rest}?{query}`, or why not. Only the raw path counts (an
+/// absolute-form request's authority is ignored); each segment of `rest`
+/// is unreserved characters only (`[A-Za-z0-9._~-]`, no `%`, not `.` or
+/// `..`), so neither a dot segment nor its encoding can climb out of the
+/// prefix once the workspace decodes the path.
+fn workspace_url(agent_url: &str, uri: &http::Uri) -> Result<String, GatewayError> {
+    let rest = uri
+        .path()
+        .strip_prefix(WORKSPACE_PREFIX)
+        .ok_or(GatewayError::NoRoute)?;
+    for seg in rest.split('/') {
+        if seg.is_empty() {
+            return Err(GatewayError::BadWorkspacePath("empty segment"));
+        }
+        if seg == "." || seg == ".." {
+            return Err(GatewayError::BadWorkspacePath("dot segment"));
+        }
+        if !seg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+        {
+            return Err(GatewayError::BadWorkspacePath(
+                "segments take [A-Za-z0-9._~-] only",
+            ));
+        }
+    }
+    let mut url = format!("{agent_url}{WORKSPACE_PREFIX}{rest}");
+    if let Some(q) = uri.query() {
+        url.push('?');
+        url.push_str(q);
+    }
+    Ok(url)
+}
+
+/// The in-sandbox workspace API: forwarded to this dispatch's `agent_url`
+/// with the agent's own bearer, nothing added; bodies streamed both ways.
+async fn workspace(
+    State(s): State<Arc<GatewayState>>,
+    req: Request,
+) -> Result<Response, GatewayError> {
+    let url = workspace_url(&s.agent_url, req.uri())?;
+    let method = req.method().clone();
+    let mut headers = HeaderMap::new();
+    for h in [
+        header::AUTHORIZATION,
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::ACCEPT,
+    ] {
+        if let Some(v) = req.headers().get(&h) {
+            headers.insert(h, v.clone());
+        }
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_WORKSPACE_BODY as u64) {
+        return Err(GatewayError::TooLarge(MAX_WORKSPACE_BODY));
+    }
+    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&over);
+    let limited = http_body_util::Limited::new(req.into_body(), MAX_WORKSPACE_BODY);
+    let stream = http_body_util::BodyDataStream::new(limited).map_err(move |e| {
+        if e.is::<http_body_util::LengthLimitError>() {
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        std::io::Error::other(e)
+    });
+    let sent = s
+        .client
+        .request(method, &url)
+        .headers(headers)
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await;
+    let too_large = || over.load(std::sync::atomic::Ordering::Relaxed);
+    let upstream = match sent {
+        Ok(_) | Err(_) if too_large() => return Err(GatewayError::TooLarge(MAX_WORKSPACE_BODY)),
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(error = %e, "workspace API unreachable");
+            return Err(GatewayError::Unreachable(e.to_string()));
+        }
+    };
+    let mut res = Response::builder().status(upstream.status().as_u16());
+    for name in WORKSPACE_ANSWER_HEADERS {
+        if let Some(v) = upstream.headers().get(name) {
+            res = res.header(name, v.as_bytes());
+        }
+    }
+    let body = Body::from_stream(upstream.bytes_stream().map_err(std::io::Error::other));
+    res.body(body).map_err(|_| GatewayError::UpstreamInvalid)
 }
 
 #[derive(serde::Deserialize)]

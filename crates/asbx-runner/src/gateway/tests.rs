@@ -229,3 +229,343 @@ async fn unknown_routes_are_problem_404() {
         "{p}"
     );
 }
+
+/// What the fake workspace API saw of one request.
+#[derive(Debug, Clone)]
+struct WsSeen {
+    method: String,
+    path_and_query: String,
+    headers: Vec<(String, String)>,
+    body_len: usize,
+}
+
+/// A fake workspace API under `/ws/workspace/`: records every request
+/// (after reading its body), answers `/ws/workspace/big` with `BIG` bytes
+/// and a checksum header, and `/ws/workspace/slow` with one chunk, then the
+/// rest once `release` is notified. `/ws/workspace/upload` tells `first`
+/// as soon as the first request chunk arrived.
+struct WsUpstream {
+    base: String,
+    seen: Arc<Mutex<Vec<WsSeen>>>,
+    release: Arc<tokio::sync::Notify>,
+    first: Arc<tokio::sync::Notify>,
+}
+
+const BIG: usize = 20 << 20;
+
+async fn ws_upstream() -> WsUpstream {
+    use futures::StreamExt;
+    let seen: Arc<Mutex<Vec<WsSeen>>> = Arc::default();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let first = Arc::new(tokio::sync::Notify::new());
+    let (s, r, f) = (Arc::clone(&seen), Arc::clone(&release), Arc::clone(&first));
+    let app = Router::new().fallback(move |req: Request| {
+        let (s, r, f) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&f));
+        async move {
+            let path_and_query = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str().to_owned())
+                .unwrap_or_default();
+            let headers = req
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            let method = req.method().to_string();
+            let mut body = req.into_body().into_data_stream();
+            let mut body_len = 0;
+            while let Some(chunk) = body.next().await {
+                let Ok(chunk) = chunk else { break };
+                if body_len == 0 && !chunk.is_empty() && path_and_query.ends_with("/upload") {
+                    f.notify_one();
+                }
+                body_len += chunk.len();
+            }
+            s.lock().unwrap().push(WsSeen {
+                method,
+                path_and_query: path_and_query.clone(),
+                headers,
+                body_len,
+            });
+            if path_and_query == "/ws/workspace/big" {
+                return Response::builder()
+                    .header(header::CONTENT_TYPE, "application/pdf")
+                    .header(header::CONTENT_LENGTH, BIG)
+                    .header("x-asbx-sha256", "ab12")
+                    .header("set-cookie", "session=upstream")
+                    .body(Body::from(vec![7u8; BIG]))
+                    .unwrap();
+            }
+            if path_and_query == "/ws/workspace/slow" {
+                let rest = async move {
+                    r.notified().await;
+                    Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"second"))
+                };
+                let stream = futures::stream::once(async {
+                    Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"first"))
+                })
+                .chain(futures::stream::once(rest));
+                return Response::new(Body::from_stream(stream));
+            }
+            (StatusCode::CREATED, "stored").into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    WsUpstream {
+        base,
+        seen,
+        release,
+        first,
+    }
+}
+
+async fn send(app: &Router, req: HttpRequest<Body>) -> Response {
+    app.clone().oneshot(req).await.unwrap()
+}
+
+#[tokio::test]
+async fn workspace_calls_go_to_the_agent_url_with_the_agents_bearer_only() {
+    let up = ws_upstream().await;
+    let gw = gateway(&up.base, &[]);
+    let res = send(
+        &gw,
+        HttpRequest::builder()
+            .method("POST")
+            .uri("/workspace/files?path=out%2Fa%20b.txt&x=1")
+            .header(header::AUTHORIZATION, "Bearer asbx_ws_mine")
+            .header(header::CONTENT_TYPE, "text/plain")
+            .header("x-api-key", "sk-test")
+            .header(header::COOKIE, "asbx_session=stolen")
+            .header("x-forwarded-for", "10.0.0.1")
+            .header(header::HOST, "evil.example")
+            .body(Body::from("hello"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(res.status(), 201);
+    let seen = up.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let s = &seen[0];
+    assert_eq!(s.method, "POST");
+    assert_eq!(
+        s.path_and_query,
+        "/ws/workspace/files?path=out%2Fa%20b.txt&x=1"
+    );
+    assert_eq!(s.body_len, 5);
+    let get = |name: &str| {
+        s.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("authorization"), Some("Bearer asbx_ws_mine"));
+    assert_eq!(get("content-type"), Some("text/plain"));
+    // The upstream's own Host, never the sandbox's.
+    assert_eq!(
+        get("host"),
+        Some(up.base.trim_start_matches("http://")),
+        "{s:?}"
+    );
+    for (name, value) in &s.headers {
+        assert!(
+            [
+                "authorization",
+                "content-type",
+                "accept",
+                "host",
+                // Framing, made by the gateway's client.
+                "content-length",
+                "transfer-encoding",
+            ]
+            .contains(&name.as_str()),
+            "header {name} was forwarded: {s:?}"
+        );
+        assert!(!value.contains("sk-test"), "a provider key leaked: {s:?}");
+    }
+    // An absolute-form request names another host: the path is taken,
+    // the host is not.
+    let res = send(
+        &gw,
+        HttpRequest::builder()
+            .uri("http://127.0.0.2:9/workspace/files")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(res.status(), 201);
+    assert_eq!(
+        up.seen.lock().unwrap().last().unwrap().path_and_query,
+        "/ws/workspace/files"
+    );
+}
+
+#[tokio::test]
+async fn workspace_paths_cant_climb_out_of_the_prefix() {
+    let up = ws_upstream().await;
+    let gw = gateway(&up.base, &[]);
+    for path in [
+        "/workspace/../callback/env",
+        "/workspace/files/../../env",
+        "/workspace/%2e%2e/config",
+        "/workspace/%2E%2E/%2e%2e/results",
+        "/workspace/files/..%2f..%2fenv",
+        "/workspace/files/a%2fb",
+        "/workspace/files/a%5c..%5cb",
+        "/workspace/./files",
+        "/workspace//evil.example/files",
+        "/workspace/files/",
+        "/workspace/files%00",
+        "/workspace/@evil.example/files",
+    ] {
+        let res = send(
+            &gw,
+            HttpRequest::builder()
+                .uri(path)
+                .header(header::AUTHORIZATION, "Bearer asbx_ws_mine")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        let status = res.status().as_u16();
+        assert!(status == 400 || status == 404, "{path} answered {status}");
+    }
+    assert!(
+        up.seen.lock().unwrap().is_empty(),
+        "{:?}",
+        up.seen.lock().unwrap()
+    );
+    // Positive control: a plain path reaches the workspace.
+    let (status, _) = call(&gw, "GET", "/workspace/files/f_1-a.b~c", "").await;
+    assert_eq!(status, 201);
+    assert_eq!(
+        up.seen.lock().unwrap()[0].path_and_query,
+        "/ws/workspace/files/f_1-a.b~c"
+    );
+}
+
+#[tokio::test]
+async fn workspace_bodies_stream_both_ways_and_uploads_are_capped() {
+    use futures::StreamExt;
+    let up = ws_upstream().await;
+    let gw = gateway(&up.base, &[]);
+    // Download: headers kept (not the upstream's cookie), every byte.
+    let res = send(
+        &gw,
+        HttpRequest::builder()
+            .uri("/workspace/big")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-length"], BIG.to_string().as_str());
+    assert_eq!(res.headers()["x-asbx-sha256"], "ab12");
+    assert_eq!(res.headers()["content-type"], "application/pdf");
+    assert!(res.headers().get("set-cookie").is_none());
+    let body = axum::body::to_bytes(res.into_body(), BIG + 1)
+        .await
+        .unwrap();
+    assert_eq!(body.len(), BIG);
+
+    // The answer streams: its first chunk arrives before the upstream has
+    // made the second.
+    let res = send(
+        &gw,
+        HttpRequest::builder()
+            .uri("/workspace/slow")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    let mut stream = res.into_body().into_data_stream();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("the first chunk came before the rest was made")
+        .unwrap()
+        .unwrap();
+    assert_eq!(&first[..], b"first");
+    up.release.notify_one();
+    let rest = stream.next().await.unwrap().unwrap();
+    assert_eq!(&rest[..], b"second");
+
+    // The request streams too: the upstream gets the first chunk while the
+    // agent still holds the second.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(1);
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let pending = tokio::spawn(
+        gw.clone().oneshot(
+            HttpRequest::builder()
+                .method("POST")
+                .uri("/workspace/upload")
+                .body(body)
+                .unwrap(),
+        ),
+    );
+    tx.send(Ok(bytes::Bytes::from_static(b"chunk-1")))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), up.first.notified())
+        .await
+        .expect("the upstream saw the first chunk before the body ended");
+    tx.send(Ok(bytes::Bytes::from_static(b"chunk-2")))
+        .await
+        .unwrap();
+    drop(tx);
+    assert_eq!(pending.await.unwrap().unwrap().status(), 201);
+    assert_eq!(up.seen.lock().unwrap().last().unwrap().body_len, 14);
+
+    // The cap: exactly 16 MiB + 64 KiB passes, one byte more does not,
+    // whether the length is declared or not.
+    let cap = (16 << 20) + (64 << 10);
+    let upload = |len: usize, declared: bool| {
+        let mut b = HttpRequest::builder()
+            .method("POST")
+            .uri("/workspace/files?path=big.bin");
+        let body = if declared {
+            b = b.header(header::CONTENT_LENGTH, len);
+            Body::from(vec![1u8; len])
+        } else {
+            let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![1u8; len]
+                .chunks(1 << 20)
+                .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+                .collect();
+            Body::from_stream(futures::stream::iter(chunks))
+        };
+        b.body(body).unwrap()
+    };
+    let before = up.seen.lock().unwrap().len();
+    let res = send(&gw, upload(cap, true)).await;
+    assert_eq!(res.status(), 201);
+    assert_eq!(up.seen.lock().unwrap().last().unwrap().body_len, cap);
+    let res = send(&gw, upload(cap, false)).await;
+    assert_eq!(res.status(), 201);
+    assert_eq!(up.seen.lock().unwrap().len(), before + 2);
+    let res = send(&gw, upload(cap + 1, true)).await;
+    assert_eq!(res.status(), 413);
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let p: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(p["code"], "body_too_large", "{p}");
+    assert_eq!(
+        up.seen.lock().unwrap().len(),
+        before + 2,
+        "a declared oversize body is refused before anything is sent"
+    );
+    let res = send(&gw, upload(cap + 1, false)).await;
+    assert_eq!(res.status(), 413);
+    assert!(
+        up.seen.lock().unwrap().iter().all(|s| s.body_len <= cap),
+        "no more than the cap reached the workspace"
+    );
+}

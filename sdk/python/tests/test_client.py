@@ -305,3 +305,32 @@ def test_streams_are_independent_across_threads(client: Client) -> None:
     for t in threads:
         t.join()
     assert results == {i: f"r{i}" for i in range(3)}
+
+
+def test_a_stored_agents_run_and_a_filtered_run(client: Client) -> None:
+    agent = client.create_agent(
+        {"name": "sdk agent", "environment": {"variables": {"GREETING": "hi from env"}}}
+    )
+    assert agent["id"] in [a["id"] for a in client.list_agents()]
+    run = client.run(
+        script({"tool": "shell", "args": {"command": "echo $GREETING"}}, {"say": "ok"}),
+        agent_id=agent["id"],
+        filter_types=["stdout"],
+    )
+    events = run.wait()
+    kinds = {e.type for e in events}
+    assert kinds <= {"stdout", "result", "error", "session_ended"}, kinds
+    assert "".join(e.chunk for e in events if isinstance(e, asbx.Stdout)) == "hi from env\n"
+    assert run.result == "ok"
+    assert client.get_run(run.run_id).raw.get("kind") == "agent"
+    client.delete_agent(agent["id"])
+    with pytest.raises(asbx.NotFoundError):
+        client.get_agent(agent["id"])
+
+
+def test_an_encrypted_run_read_without_its_key_says_so(client: Client) -> None:
+    run = client.run(script({"say": "sealed"}), encrypt=True)
+    assert run.text() == "sealed"
+    with pytest.raises(asbx.DecryptionError) as e:
+        client.events(run.run_id).wait()
+    assert "crypto=" in e.value.detail

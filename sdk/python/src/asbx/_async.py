@@ -409,3 +409,26 @@ class AsyncClient:
         else:
             body.update(payload)
         await self.request("POST", f"/api/runs/{run_id}/tool-result", json=body)
+
+    # -- stored agents (docs/api-agents.md) --------------------------------
+
+    async def create_agent(self, definition: Mapping[str, Any]) -> dict[str, Any]:
+        """Stores an agent (`name`, `systemPrompt`, `model`, `skills`, `environment`, `limits`...)."""
+        out: dict[str, Any] = await self.request("POST", "/api/agents", json=dict(definition))
+        return out
+
+    async def get_agent(self, agent_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self.request("GET", f"/api/agents/{agent_id}")
+        return out
+
+    async def list_agents(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = (await self.request("GET", "/api/agents") or {}).get("agents", [])
+        return out
+
+    async def update_agent(self, agent_id: str, definition: Mapping[str, Any]) -> dict[str, Any]:
+        """Replaces the definition whole."""
+        out: dict[str, Any] = await self.request("PUT", f"/api/agents/{agent_id}", json=dict(definition))
+        return out
+
+    async def delete_agent(self, agent_id: str) -> None:
+        await self.request("DELETE", f"/api/agents/{agent_id}")

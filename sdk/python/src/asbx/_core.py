@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._crypto import ClientSession
-from ._errors import AsbxError, StreamError
+from ._errors import AsbxError, DecryptionError, StreamError
 from ._events import Done, Event, Result, SessionEnded, SessionInit, TerminationInfo, Turn, parse_event
 from ._models import ClientTool, FileInfo
 
@@ -155,7 +155,13 @@ class StreamState:
             if self.turn_seen:
                 return None
             self.turn_seen = True
-        if self.crypto is not None:
+        if self.crypto is None:
+            if "encrypted" in obj:
+                raise DecryptionError(
+                    "the run is encrypted: read it with the key it was started with (crypto=)",
+                    code="decryption_failed",
+                )
+        else:
             if kind == "session_init" and not self.crypto.agreed:
                 enc = obj.get("encryption")
                 if not isinstance(enc, dict):

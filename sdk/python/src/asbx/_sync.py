@@ -458,6 +458,29 @@ class Client:
             body.update(payload)
         self.request("POST", f"/api/runs/{run_id}/tool-result", json=body)
 
+    # -- stored agents (docs/api-agents.md) --------------------------------
+
+    def create_agent(self, definition: Mapping[str, Any]) -> dict[str, Any]:
+        """Stores an agent (`name`, `systemPrompt`, `model`, `skills`, `environment`, `limits`...)."""
+        out: dict[str, Any] = self.request("POST", "/api/agents", json=dict(definition))
+        return out
+
+    def get_agent(self, agent_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.request("GET", f"/api/agents/{agent_id}")
+        return out
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = (self.request("GET", "/api/agents") or {}).get("agents", [])
+        return out
+
+    def update_agent(self, agent_id: str, definition: Mapping[str, Any]) -> dict[str, Any]:
+        """Replaces the definition whole."""
+        out: dict[str, Any] = self.request("PUT", f"/api/agents/{agent_id}", json=dict(definition))
+        return out
+
+    def delete_agent(self, agent_id: str) -> None:
+        self.request("DELETE", f"/api/agents/{agent_id}")
+
 
 def _read_upload(data: bytes | str | os.PathLike[str] | IO[bytes], name: str | None) -> tuple[bytes, str]:
     if isinstance(data, bytes | bytearray | memoryview):

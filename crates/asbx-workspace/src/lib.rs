@@ -99,10 +99,13 @@ impl Workspace {
             turns: Default::default(),
             run_hub: Default::default(),
             notifier,
+            node_id: tokens::random_id(),
+            me: std::sync::OnceLock::new(),
         };
-        Ok(Workspace {
-            state: Arc::new(state),
-        })
+        let state = Arc::new(state);
+        let _ = state.me.set(Arc::downgrade(&state));
+        chats::takeover::start_sweeper(&state);
+        Ok(Workspace { state })
     }
 
     /// The HTTP routes.
@@ -157,6 +160,11 @@ pub(crate) struct AppState {
     pub(crate) run_hub: crate::runs::events::RunHub,
     /// Other nodes' announcements of new run lines (PostgreSQL only).
     pub(crate) notifier: notify::Notifier,
+    /// This process among the workspace nodes: the lease holder of the chat
+    /// turns it took over (`chats::takeover`).
+    pub(crate) node_id: String,
+    /// This state itself, for work a request starts that outlives it.
+    me: std::sync::OnceLock<std::sync::Weak<AppState>>,
     /// The `Host`s and origins this server answers to.
     pub(crate) authority: Authority,
 }
@@ -164,6 +172,11 @@ pub(crate) struct AppState {
 impl AppState {
     pub(crate) fn now_ms(&self) -> i64 {
         self.config.clock.now_ms()
+    }
+
+    /// This state as an `Arc` (`None` only while the workspace is dropped).
+    pub(crate) fn arc(&self) -> Option<Arc<AppState>> {
+        self.me.get().and_then(std::sync::Weak::upgrade)
     }
 }
 

@@ -29,7 +29,7 @@ use crate::runs::dispatch;
 use crate::runs::relay::OutcomeTap;
 use crate::runs::store::{self as runs, Outcome};
 use crate::tokens;
-use crate::wire::{ContentBlock, Done, PersistedMessage, RunStatus, TurnInfo, TurnStatus};
+use crate::wire::{Done, PersistedMessage, RunStatus, TurnInfo, TurnStatus};
 
 /// Most bytes of SSE frames kept per turn for resumption; older frames are
 /// dropped first.
@@ -285,17 +285,36 @@ pub(crate) struct TurnContext {
 /// Registers the turn and spawns its driver.
 pub(crate) fn spawn(ctx: TurnContext, response: reqwest::Response) {
     ctx.state.turns.insert(Arc::clone(&ctx.turn));
-    tokio::spawn(drive(ctx, response));
+    tokio::spawn(drive(ctx, response, None));
 }
 
-async fn drive(ctx: TurnContext, response: reqwest::Response) {
+/// A turn this node took over from a node that stopped renewing its lease
+/// (`chats::takeover`): who holds the lease now, and the lines the turn had
+/// stored, which the driver folds in before the runner's lines after them.
+pub(crate) struct Resumed {
+    pub(crate) holder: String,
+    pub(crate) stored: Vec<u8>,
+}
+
+/// Registers a taken-over turn and spawns its driver on the runner's
+/// replay (`GET /v1/sessions/{id}/events?after=N`).
+pub(crate) fn spawn_resumed(ctx: TurnContext, response: reqwest::Response, resumed: Resumed) {
+    ctx.state.turns.insert(Arc::clone(&ctx.turn));
+    tokio::spawn(drive(ctx, response, Some(resumed)));
+}
+
+async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Resumed>) {
     let TurnContext { state, turn, lease } = ctx;
     let mut upstream = response.bytes_stream().boxed();
     let mut tap = OutcomeTap::default();
     let mut trace = TraceBuilder::default();
     let mut last_seq = 0u64;
     let session_id = turn.id.clone();
-    let renew_every = (state.config.lease_ttl / 3).max(Duration::from_millis(50));
+    let holder = resumed
+        .as_ref()
+        .map(|r| r.holder.clone())
+        .unwrap_or_default();
+    let renew_every = (state.config.lease_ttl / 4).max(Duration::from_millis(50));
     let mut renew = tokio::time::interval(renew_every);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     renew.tick().await;
@@ -338,6 +357,15 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
     };
     let mut flush = tokio::time::interval(STORE_EVERY);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if let Some(r) = &resumed {
+        // Already stored: folded in (and buffered for this node's clients)
+        // but not stored again.
+        let mut scratch = StoredLines::default();
+        let mut lines = tap.observe(&r.stored);
+        lines.extend(tap.finish_input());
+        handle(lines, &mut trace, &mut last_seq, &mut scratch);
+    }
+    let mut superseded = false;
 
     let mut cancelled = false;
     let mut broken: Option<String> = None;
@@ -362,9 +390,16 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
             }
             _ = renew.tick() => {
                 let until = state.now_ms().saturating_add(ms(state.config.lease_ttl));
-                match chats::renew_lease(state.store.pool(), &turn.chat_id, &turn.id, until).await {
+                match chats::renew_lease(state.store.pool(), &turn.chat_id, &turn.id, &holder, until).await {
                     Ok(true) => {}
-                    Ok(false) => tracing::warn!(turn = %turn.id, "lost the chat lease"),
+                    Ok(false) => {
+                        // Another node took the turn over (or marked it
+                        // lost) while this one could not renew: it is that
+                        // node's now; this one stops without a word.
+                        tracing::warn!(turn = %turn.id, "lost the chat lease; leaving the turn to its new holder");
+                        superseded = true;
+                        break;
+                    }
                     Err(e) => tracing::warn!(turn = %turn.id, error = %e, "renewing the chat lease failed"),
                 }
             }
@@ -384,8 +419,15 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
             },
         }
     }
-    // Dropping the upstream request cancels the sandbox if it still runs.
+    // Dropping the upstream request cancels the sandbox if it still runs
+    // (after the runner's detach grace).
     drop(upstream);
+    if superseded {
+        stored.flush(&state, &turn.id).await;
+        lease.forget();
+        state.turns.remove(&turn.id);
+        return;
+    }
     handle(tap.finish_input(), &mut trace, &mut last_seq, &mut stored);
 
     let (outcome, status) = match (tap.terminal().cloned(), cancelled) {
@@ -456,6 +498,8 @@ async fn drive(ctx: TurnContext, response: reqwest::Response) {
 const STORE_EVERY: Duration = Duration::from_millis(100);
 /// Lines stored in one go at the most.
 const STORE_BATCH: usize = 256;
+/// Lines kept waiting for the database at the most.
+const STORE_PENDING_MAX: usize = 50_000;
 
 /// A turn's lines not yet stored: `(seq, the line's JSON)`.
 #[derive(Default)]
@@ -476,17 +520,29 @@ impl StoredLines {
         self.rows.len() >= STORE_BATCH
     }
 
-    /// Stores what is pending. A failure is logged: the live stream goes
-    /// on, only a replay on another node would miss these lines.
+    /// Stores what is pending. On a failure (the database is unreachable)
+    /// the lines stay pending for the next try; past [`STORE_PENDING_MAX`]
+    /// the oldest are given up, logged.
     async fn flush(&mut self, state: &AppState, run_id: &str) {
         if self.rows.is_empty() {
             return;
         }
         let rows: Vec<(u64, &[u8])> = self.rows.iter().map(|(s, l)| (*s, l.as_bytes())).collect();
-        if let Err(e) = crate::runs::events::append_rows(state, run_id, &rows).await {
-            tracing::error!(turn = run_id, error = %crate::error::error_chain(&e), "storing the turn's lines failed");
+        match crate::runs::events::append_rows(state, run_id, &rows).await {
+            Ok(()) => self.rows.clear(),
+            Err(e) => {
+                tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "storing the turn's lines failed; will retry");
+                if self.rows.len() > STORE_PENDING_MAX {
+                    let over = self.rows.len() - STORE_PENDING_MAX;
+                    tracing::error!(
+                        turn = run_id,
+                        lines = over,
+                        "giving up storing the oldest lines of the turn"
+                    );
+                    self.rows.drain(..over);
+                }
+            }
         }
-        self.rows.clear();
     }
 }
 
@@ -549,53 +605,39 @@ pub(crate) async fn recover_lost_turn(
     let Some(turn_id) = chat.lease_turn_id.as_deref() else {
         return Ok(false);
     };
-    if state.turns.get(turn_id).is_some_and(|t| !t.is_done()) {
+    if drives(state, turn_id) {
         return Ok(false);
     }
-    let expired = chat.active_turn(now).is_none();
-    if !expired && !session_is_gone(state, turn_id, now).await {
+    if chat.active_turn(now).is_none() {
+        // Nothing renews the lease: take the turn over here and now (or
+        // end it as lost), as the sweep would (`chats::takeover`).
+        let Some(state) = state.arc() else {
+            return Ok(false);
+        };
+        return crate::chats::takeover::take_over(&state, chat).await;
+    }
+    if !session_is_gone(state, turn_id, now).await {
         return Ok(false);
     }
     let pool = state.store.pool();
-    let until = if expired { now } else { i64::MAX };
-    if !chats::clear_expired_lease(pool, &chat.id, turn_id, until).await? {
+    if !chats::clear_expired_lease(pool, &chat.id, turn_id, i64::MAX).await? {
         return Ok(false);
     }
-    if chats::has_assistant_message(pool, &chat.id, turn_id).await? {
-        return Ok(true);
+    if !chats::has_assistant_message(pool, &chat.id, turn_id).await? {
+        crate::chats::takeover::mark_lost(state, &chat.id, turn_id).await?;
     }
-    let message = "the workspace lost this turn before it ended (it restarted, or lost its runner)";
-    tracing::warn!(chat = %chat.id, turn = turn_id, "marking a lost turn as interrupted");
-    let lost = PersistedMessage {
-        id: tokens::random_id(),
-        role: Role::Assistant,
-        content: vec![ContentBlock::Error {
-            code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
-            message: message.to_owned(),
-            termination: None,
-            interrupted: true,
-        }],
-        file_attachments: Vec::new(),
-        created_at: now,
-        turn_id: Some(turn_id.to_owned()),
-    };
-    chats::append_message(pool, &chat.id, &lost).await?;
-    dispatch::settle(
-        state,
-        turn_id,
-        &Outcome::Failed {
-            code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
-            message: message.to_owned(),
-        },
-    )
-    .await;
     Ok(true)
 }
 
+/// Whether a turn of this process drives `turn_id` now.
+pub(crate) fn drives(state: &AppState, turn_id: &str) -> bool {
+    state.turns.get(turn_id).is_some_and(|t| !t.is_done())
+}
+
 /// Whether the runner a turn was dispatched to no longer runs its session,
-/// so no relay anywhere can still be reading it (turns are dispatched with
-/// no detach grace: a session without a reader ends at once). Unknown
-/// answers (a timeout, another status) count as not gone.
+/// so no relay anywhere can still be reading it (a session without a reader
+/// ends after its detach grace). Unknown answers (a timeout, another
+/// status) count as not gone.
 async fn session_is_gone(state: &AppState, turn_id: &str, now_ms: i64) -> bool {
     let run = match runs::get(state.store.pool(), turn_id).await {
         Ok(Some(run)) => run,
@@ -656,6 +698,11 @@ impl LeaseGuard {
     pub(crate) async fn release(mut self) {
         self.held = false;
         release(&self.state, &self.chat_id, &self.turn_id).await;
+    }
+
+    /// Lets go without releasing: another node holds the lease now.
+    pub(crate) fn forget(mut self) {
+        self.held = false;
     }
 }
 

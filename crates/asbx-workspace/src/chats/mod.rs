@@ -9,5 +9,6 @@ pub(crate) mod live;
 pub(crate) mod messages;
 pub(crate) mod remote;
 pub(crate) mod store;
+pub(crate) mod takeover;
 pub(crate) mod turn;
 pub(crate) mod view;

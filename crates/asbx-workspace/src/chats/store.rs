@@ -15,6 +15,7 @@ use crate::wire::PersistedMessage;
 #[derive(Debug, Clone)]
 pub(crate) struct ChatRow {
     pub id: String,
+    pub workspace_id: String,
     pub title: String,
     pub lease_turn_id: Option<String>,
     pub lease_expires_at: Option<i64>,
@@ -32,7 +33,8 @@ impl ChatRow {
     }
 }
 
-const COLUMNS: &str = "id, title, lease_turn_id, lease_expires_at, created_at, updated_at";
+const COLUMNS: &str =
+    "id, workspace_id, title, lease_turn_id, lease_expires_at, created_at, updated_at";
 
 /// Creates a chat whose lease is already held by `turn_id`.
 pub(crate) async fn create_leased<'c, E>(
@@ -76,7 +78,8 @@ where
     E: Executor<'c, Database = Any>,
 {
     let done = sqlx::query(
-        "UPDATE chats SET lease_turn_id = $1, lease_expires_at = $2, updated_at = $3 \
+        "UPDATE chats SET lease_turn_id = $1, lease_expires_at = $2, updated_at = $3, \
+         lease_holder = NULL \
          WHERE id = $4 AND workspace_id = $5 AND deleted_at IS NULL \
          AND (lease_turn_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $3)",
     )
@@ -90,24 +93,79 @@ where
     Ok(done.rows_affected() == 1)
 }
 
-/// Extends the lease while `turn_id` still holds it; false if it lost it.
+/// Extends the lease while `turn_id` still holds it and `holder` drives it
+/// (`""`: the node that started the turn; else the node that took it over);
+/// false if it lost it.
 pub(crate) async fn renew_lease<'c, E>(
     db: E,
     chat_id: &str,
     turn_id: &str,
+    holder: &str,
     lease_until: i64,
 ) -> Result<bool, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
-    let done =
-        sqlx::query("UPDATE chats SET lease_expires_at = $1 WHERE id = $2 AND lease_turn_id = $3")
-            .bind(lease_until)
-            .bind(chat_id)
-            .bind(turn_id)
-            .execute(db)
-            .await?;
+    let done = sqlx::query(
+        "UPDATE chats SET lease_expires_at = $1 WHERE id = $2 AND lease_turn_id = $3 \
+         AND COALESCE(lease_holder, '') = $4",
+    )
+    .bind(lease_until)
+    .bind(chat_id)
+    .bind(turn_id)
+    .bind(holder)
+    .execute(db)
+    .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Takes over the expired lease `turn_id` still holds (its node stopped
+/// renewing it): `holder` drives the turn from now on. One statement, so
+/// one node wins.
+pub(crate) async fn take_over_lease<'c, E>(
+    db: E,
+    chat_id: &str,
+    turn_id: &str,
+    holder: &str,
+    lease_until: i64,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE chats SET lease_holder = $1, lease_expires_at = $2 \
+         WHERE id = $3 AND lease_turn_id = $4 AND lease_expires_at <= $5 AND deleted_at IS NULL",
+    )
+    .bind(holder)
+    .bind(lease_until)
+    .bind(chat_id)
+    .bind(turn_id)
+    .bind(now_ms)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Chats whose lease expired at `now_ms` while a turn held it: the turns a
+/// node may take over. At most `limit`.
+pub(crate) async fn expired_leases<'c, E>(
+    db: E,
+    now_ms: i64,
+    limit: i64,
+) -> Result<Vec<ChatRow>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM chats WHERE lease_turn_id IS NOT NULL \
+         AND lease_expires_at <= $1 AND deleted_at IS NULL ORDER BY lease_expires_at LIMIT $2"
+    ))
+    .bind(now_ms)
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(from_row).collect()
 }
 
 /// Clears the lease if `turn_id` holds it.
@@ -289,10 +347,16 @@ where
         .map_err(|e| WorkspaceError::Corrupt(format!("message content: {e}")))?;
     let attachments = serde_json::to_string(&message.file_attachments)
         .map_err(|e| WorkspaceError::Corrupt(format!("message attachments: {e}")))?;
+    // A turn's assistant message is stored once, whichever node (the one
+    // that drove the turn, or one that took it over or found it lost) gets
+    // there first.
     sqlx::query(
         "INSERT INTO messages (id, chat_id, position, role, content, attachments, turn_id, \
-         created_at) SELECT $1, $2, COALESCE(MAX(position), 0) + 1, $3, $4, $5, $6, $7 \
-         FROM messages WHERE chat_id = $2",
+         created_at) SELECT $1, $2, next.position, $3, $4, $5, $6, $7 \
+         FROM (SELECT COALESCE(MAX(position), 0) + 1 AS position FROM messages \
+         WHERE chat_id = $2) AS next \
+         WHERE $3 <> 'assistant' OR $6 IS NULL OR NOT EXISTS (SELECT 1 FROM messages \
+         WHERE chat_id = $2 AND turn_id = $6 AND role = 'assistant')",
     )
     .bind(&message.id)
     .bind(chat_id)
@@ -389,6 +453,7 @@ fn message_from_row(r: &AnyRow) -> Result<PersistedMessage, WorkspaceError> {
 fn from_row(r: &AnyRow) -> Result<ChatRow, WorkspaceError> {
     Ok(ChatRow {
         id: r.try_get("id")?,
+        workspace_id: r.try_get("workspace_id")?,
         title: r.try_get("title")?,
         lease_turn_id: r.try_get("lease_turn_id")?,
         lease_expires_at: r.try_get("lease_expires_at")?,

@@ -8,11 +8,13 @@
 //! The run records the runner that served it (`runs.sandbox_url`); every
 //! later call for the run goes there.
 //!
-//! Every dispatch speaks protocol 2 (docs/protocol.md §4) with a detach
-//! grace of 0: the workspace is the runner's only reader, so when it drops
-//! the stream (a cancelled chat turn, a protocol 1 caller gone) the sandbox
-//! ends at once, as it did under protocol 1. Callers that want more pass
-//! [`RunOptions`] (filter, client tools, encryption).
+//! Every dispatch speaks protocol 2 (docs/protocol.md §4). Runs have a
+//! detach grace of 0: the workspace is the runner's only reader, so when it
+//! drops the stream (a protocol 1 caller gone) the sandbox ends at once, as
+//! it did under protocol 1. Chat turns have [`CHAT_DETACH_GRACE_MS`], so
+//! another node can take a turn over when its node dies
+//! (`chats::takeover`); they are cancelled with `DELETE`. Callers that want
+//! more pass [`RunOptions`] (filter, client tools, encryption).
 //!
 //! The runner's response is returned unread when it is a stream (`200`), so
 //! the caller relays it; anything else is read (bounded) and handed back for
@@ -37,6 +39,11 @@ use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::tokens::store as token_store;
 use crate::tokens::{self, OTP_PREFIX, TokenKind};
 use crate::wire::RunKind;
+
+/// How long a chat turn's sandbox waits for a reader after the node driving
+/// it went away: more than a lease expiry and a sweep, so another node can
+/// take the turn over (`chats::takeover`).
+pub(crate) const CHAT_DETACH_GRACE_MS: u64 = 60_000;
 
 /// Most bytes of a non-200 runner answer kept for pass-through.
 const MAX_REJECTION_BYTES: usize = 64 * 1024;
@@ -187,7 +194,12 @@ pub(crate) async fn start_with(
         session_id: Some(spec.id.clone()),
         filter: options.filter.clone(),
         client_tools: options.client_tools.clone(),
-        detach_grace_ms: Some(0),
+        detach_grace_ms: Some(match spec.kind {
+            // Another node may take a chat turn over (`chats::takeover`):
+            // the sandbox waits that long for it.
+            RunKind::Chat => CHAT_DETACH_GRACE_MS,
+            RunKind::Run | RunKind::Agent => 0,
+        }),
         encryption: options.encryption.clone(),
     };
     let mut response = None;

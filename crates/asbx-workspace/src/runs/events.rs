@@ -199,6 +199,26 @@ async fn prune(pool: &sqlx::AnyPool, run_id: &str, from: u64) -> Result<(), Work
     Ok(())
 }
 
+/// Every kept line of a run, newline-terminated, and the last `seq`.
+pub(crate) async fn stored(
+    pool: &sqlx::AnyPool,
+    run_id: &str,
+) -> Result<(Vec<u8>, u64), WorkspaceError> {
+    let (mut out, mut last) = (Vec::new(), 0u64);
+    loop {
+        let page = after(pool, run_id, last).await?;
+        let full = page.len() as i64 >= PAGE;
+        for k in page {
+            out.extend_from_slice(&k.raw);
+            out.push(b'\n');
+            last = k.seq;
+        }
+        if !full {
+            return Ok((out, last));
+        }
+    }
+}
+
 async fn after<'c, E>(db: E, run_id: &str, after: u64) -> Result<Vec<Kept>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,

@@ -3,61 +3,11 @@
 //! Concurrent runs fill exactly the capacity of each, a run beyond it gets
 //! the runners' `503`, and once a runner is down runs land on the other.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{ASBX, RunnerProc, script};
-
-/// `asbx workspace` on a loopback port; SIGTERM (by PID) on drop.
-struct WorkspaceProc {
-    child: Child,
-    url: String,
-    _data: tempfile::TempDir,
-}
-
-impl WorkspaceProc {
-    fn start(sandbox_url: &str) -> WorkspaceProc {
-        let data = tempfile::tempdir().unwrap();
-        let mut child = Command::new(ASBX)
-            .args(["workspace", "--listen", "127.0.0.1:0"])
-            .env_clear()
-            .env("ASBX_DATA", data.path())
-            .env("ASBX_LOG", "warn")
-            .env("SANDBOX_URL", sandbox_url)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in the workspace banner {line:?}"))
-            .to_owned();
-        WorkspaceProc {
-            child,
-            url,
-            _data: data,
-        }
-    }
-}
-
-impl Drop for WorkspaceProc {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
-}
+use crate::harness::{RunnerProc, WorkspaceProc, script};
 
 /// Starts a run; its id and the response, unread.
 async fn start_run(ws: &WorkspaceProc, command: &str) -> (String, reqwest::Response) {
@@ -115,7 +65,8 @@ async fn runs_spread_over_two_runners_by_capacity_and_skip_a_full_or_down_one() 
         "{health}"
     );
     assert_eq!(health["sessions"], 0, "{health}");
-    let ws = WorkspaceProc::start(&format!("{},{}", small.url, big.url));
+    let fleet = format!("{},{}", small.url, big.url);
+    let ws = WorkspaceProc::start("127.0.0.1:0", &[("SANDBOX_URL", &fleet)]);
 
     // Five at once fill both runners; each holds its sandbox a while.
     let mut held = Vec::new();

@@ -325,6 +325,67 @@ pub fn script(actions: serde_json::Value) -> String {
     serde_json::json!({ "script": actions }).to_string()
 }
 
+/// `asbx workspace` alone (its runners are separate processes) on `listen`
+/// with `env` over a clean environment; SIGTERM by PID on drop, or
+/// [`WorkspaceProc::kill`].
+pub struct WorkspaceProc {
+    child: Child,
+    pub url: String,
+    killed: bool,
+    _data: tempfile::TempDir,
+}
+
+impl WorkspaceProc {
+    pub fn start(listen: &str, env: &[(&str, &str)]) -> WorkspaceProc {
+        let data = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(ASBX);
+        cmd.args(["workspace", "--listen", listen])
+            .env_clear()
+            .env("ASBX_DATA", data.path())
+            .env("ASBX_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        reader.read_line(&mut line).unwrap();
+        drain(reader);
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in the workspace banner {line:?}"))
+            .to_owned();
+        WorkspaceProc {
+            child,
+            url,
+            killed: false,
+            _data: data,
+        }
+    }
+
+    /// SIGKILL, as a machine dying would: nothing gets to clean up.
+    pub fn kill(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.child.wait();
+        self.killed = true;
+    }
+}
+
+impl Drop for WorkspaceProc {
+    fn drop(&mut self) {
+        if !self.killed {
+            stop(&mut self.child);
+        }
+    }
+}
+
 /// `asbx up` (workspace + runner) from the real binary; killed on drop.
 pub struct UpProc {
     child: Child,

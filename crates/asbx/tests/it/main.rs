@@ -21,6 +21,7 @@ mod runner_auth;
 mod runs_api;
 mod startup;
 mod system;
+mod takeover;
 mod tidy;
 mod tool_kill;
 mod web_security;

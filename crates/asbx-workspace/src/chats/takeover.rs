@@ -1,0 +1,198 @@
+//! A chat turn outlives the workspace node that started it
+//! (docs/protocol.md §9). The driving node renews the chat's lease every
+//! quarter of `lease_ttl`; when it dies (or is cut off from the database)
+//! the lease expires, and any node may take the turn over with one
+//! conditional `UPDATE` ([`chats::take_over_lease`], one winner). The
+//! winner reads the lines the turn had stored, re-attaches to the runner's
+//! session after the last of them (`GET /v1/sessions/{id}/events?after=N`;
+//! chat turns are dispatched with a detach grace, so the sandbox waits for
+//! it) and drives the turn to its end as if it had started it: the thread
+//! gets its message once, the writeback lands (the sandbox calls the
+//! workspace's public URL, which any node answers), and clients resume on
+//! any node. A runner that no longer has the session (or is gone) ends the
+//! turn as lost: an `error` `runner_lost` marked interrupted.
+//!
+//! Every node sweeps for expired leases every quarter of `lease_ttl`;
+//! reading a chat tries too, so a thread never shows a turn as running
+//! that nobody drives.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use asbx_protocol::callback::Role;
+
+use crate::AppState;
+use crate::chats::live::{self as turns, LeaseGuard, LiveTurn, Resumed, TurnContext};
+use crate::chats::store::{self as chats, ChatRow};
+use crate::error::WorkspaceError;
+use crate::runs::dispatch;
+use crate::runs::events;
+use crate::runs::store::{self as runs, Outcome};
+use crate::tokens;
+use crate::wire::{ContentBlock, PersistedMessage, RunStatus};
+
+/// Expired leases looked at per sweep.
+const SWEEP_BATCH: i64 = 50;
+/// How long re-attaching to the runner may take.
+const REATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sweeps for turns to take over until the workspace is dropped.
+pub(crate) fn start_sweeper(state: &Arc<AppState>) {
+    let weak: Weak<AppState> = Arc::downgrade(state);
+    let every = (state.config.lease_ttl / 4).max(Duration::from_millis(50));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(state) = weak.upgrade() else {
+                return;
+            };
+            if let Err(e) = sweep(&state).await {
+                tracing::warn!(error = %crate::error::error_chain(&e), "sweeping for lost chat turns failed");
+            }
+        }
+    });
+}
+
+async fn sweep(state: &Arc<AppState>) -> Result<(), WorkspaceError> {
+    let expired = chats::expired_leases(state.store.pool(), state.now_ms(), SWEEP_BATCH).await?;
+    for chat in expired {
+        take_over(state, &chat).await?;
+    }
+    Ok(())
+}
+
+/// Takes over the turn of `chat` if its lease has expired and no turn of
+/// this node drives it: re-attached and driven here, or ended as lost.
+/// True when this call settled or took the turn.
+pub(crate) async fn take_over(
+    state: &Arc<AppState>,
+    chat: &ChatRow,
+) -> Result<bool, WorkspaceError> {
+    let Some(turn_id) = chat.lease_turn_id.clone() else {
+        return Ok(false);
+    };
+    if turns::drives(state, &turn_id) {
+        return Ok(false);
+    }
+    let pool = state.store.pool();
+    let now = state.now_ms();
+    let until = now.saturating_add(turns::ms(state.config.lease_ttl));
+    if !chats::take_over_lease(pool, &chat.id, &turn_id, &state.node_id, until, now).await? {
+        return Ok(false);
+    }
+    let lease = LeaseGuard::new(Arc::clone(state), chat.id.clone(), turn_id.clone());
+    let run = runs::get(pool, &turn_id).await?;
+    let run = match run {
+        Some(run) if run.status == RunStatus::Running => run,
+        // Already ended (its message was saved before it settled), or a
+        // turn that never reached the runs table.
+        Some(_) => {
+            lease.release().await;
+            return Ok(true);
+        }
+        None => {
+            mark_lost(state, &chat.id, &turn_id).await?;
+            lease.release().await;
+            return Ok(true);
+        }
+    };
+    let (stored, last_seq) = events::stored(pool, &turn_id).await?;
+    match reattach(state, run.sandbox_url.as_deref(), &turn_id, last_seq).await {
+        Some(response) => {
+            tracing::info!(chat = %chat.id, turn = %turn_id, after = last_seq, "took over a chat turn");
+            let (user, _) = chats::turn_message_ids(pool, &chat.id, &turn_id).await?;
+            let turn = LiveTurn::new(
+                turn_id,
+                chat.id.clone(),
+                chat.workspace_id.clone(),
+                user.unwrap_or_default(),
+                run.created_at,
+                state.config.detach_grace,
+            );
+            turns::spawn_resumed(
+                TurnContext {
+                    state: Arc::clone(state),
+                    turn,
+                    lease,
+                },
+                response,
+                Resumed {
+                    holder: state.node_id.clone(),
+                    stored,
+                },
+            );
+        }
+        None => {
+            mark_lost(state, &chat.id, &turn_id).await?;
+            lease.release().await;
+        }
+    }
+    Ok(true)
+}
+
+/// The runner's replay of the session after `after`, if it still has it.
+async fn reattach(
+    state: &AppState,
+    sandbox_url: Option<&str>,
+    turn_id: &str,
+    after: u64,
+) -> Option<reqwest::Response> {
+    let configured = state.config.sandbox_url.as_ref().map(url::Url::as_str);
+    let url = sandbox_url.or(configured)?;
+    let path = format!("/v1/sessions/{turn_id}/events?after={after}");
+    let request = dispatch::runner_request(state, reqwest::Method::GET, url, &path).ok()?;
+    let sent = tokio::time::timeout(REATTACH_TIMEOUT, request.send()).await;
+    match sent {
+        Ok(Ok(r)) if r.status().is_success() => Some(r),
+        Ok(Ok(r)) => {
+            tracing::info!(turn = turn_id, status = %r.status(), "the runner no longer has the turn's session");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::info!(turn = turn_id, error = %crate::error::error_chain(&e), "the turn's runner can't be reached");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Ends a turn nobody can finish: the thread says so (once), the run is
+/// settled `runner_lost`.
+pub(crate) async fn mark_lost(
+    state: &AppState,
+    chat_id: &str,
+    turn_id: &str,
+) -> Result<(), WorkspaceError> {
+    let message = "the workspace lost this turn before it ended (it restarted, or lost its runner)";
+    tracing::warn!(
+        chat = chat_id,
+        turn = turn_id,
+        "marking a lost turn as interrupted"
+    );
+    let lost = PersistedMessage {
+        id: tokens::random_id(),
+        role: Role::Assistant,
+        content: vec![ContentBlock::Error {
+            code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
+            message: message.to_owned(),
+            termination: None,
+            interrupted: true,
+        }],
+        file_attachments: Vec::new(),
+        created_at: state.now_ms(),
+        turn_id: Some(turn_id.to_owned()),
+    };
+    chats::append_message(state.store.pool(), chat_id, &lost).await?;
+    dispatch::settle(
+        state,
+        turn_id,
+        &Outcome::Failed {
+            code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
+            message: message.to_owned(),
+        },
+    )
+    .await;
+    Ok(())
+}

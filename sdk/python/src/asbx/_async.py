@@ -20,7 +20,7 @@ import httpx
 from . import _core
 from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
-from ._errors import NotFoundError, StreamError
+from ._errors import ConflictError, NotFoundError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
 from ._models import Chat, ChatSummary, ClientTool, FileInfo, RunInfo
 from ._sync import _read_upload
@@ -173,7 +173,17 @@ class AsyncRunStream(_AsyncStream):
             payload = _core.tool_payload(result=out)
         except Exception as e:  # the tool's failure is the agent's to see
             payload = _core.tool_payload(error=f"{type(e).__name__}: {e}")
-        await self._client.answer_tool(self.run_id, ev.call_id, payload, crypto=self._state.crypto)
+        # A dropped connection is retried; 409 means it was answered already.
+        for attempt in range(4):
+            try:
+                await self._client.answer_tool(self.run_id, ev.call_id, payload, crypto=self._state.crypto)
+                return
+            except ConflictError:
+                return
+            except httpx.TransportError:
+                if attempt == 3:
+                    raise
+                await asyncio.sleep(0.1 * 2**attempt)
 
     async def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
         await self._client.answer_tool(

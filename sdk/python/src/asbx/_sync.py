@@ -22,7 +22,7 @@ import httpx
 from . import _core
 from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
-from ._errors import NotFoundError, StreamError
+from ._errors import ConflictError, NotFoundError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
 from ._models import Chat, ChatSummary, ClientTool, FileInfo, RunInfo
 
@@ -196,7 +196,17 @@ class RunStream(_Stream):
             payload = _core.tool_payload(result=tool.handler(ev.args))
         except Exception as e:  # the tool's failure is the agent's to see
             payload = _core.tool_payload(error=f"{type(e).__name__}: {e}")
-        self._post_answer(ev.call_id, payload)
+        # A dropped connection is retried; 409 means it was answered already.
+        for attempt in range(4):
+            try:
+                self._post_answer(ev.call_id, payload)
+                return
+            except ConflictError:
+                return
+            except httpx.TransportError:
+                if attempt == 3:
+                    raise
+                time.sleep(0.1 * 2**attempt)
 
     def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
         """Answers a client tool call with `result`, or with `error`."""

@@ -46,7 +46,17 @@ from ._events import (
     Turn,
     UnknownEvent,
 )
-from ._models import Chat, ChatSummary, ClientTool, FileInfo, Message, RunInfo
+from ._models import (
+    Chat,
+    ChatSummary,
+    ClientTool,
+    Environment,
+    FileInfo,
+    Message,
+    ModelInfo,
+    RunInfo,
+    WorkspaceEvent,
+)
 from ._sync import ChatStream, Client, RunStream
 
 __version__ = "0.1.0"
@@ -67,6 +77,7 @@ __all__ = [
     "DecryptionError",
     "Delta",
     "Done",
+    "Environment",
     "ErrorEvent",
     "Event",
     "FieldError",
@@ -77,6 +88,7 @@ __all__ = [
     "Limits",
     "Log",
     "Message",
+    "ModelInfo",
     "NotFoundError",
     "PayloadTooLargeError",
     "Result",
@@ -98,4 +110,5 @@ __all__ = [
     "UnauthorizedError",
     "UnknownEvent",
     "UnsupportedMediaTypeError",
+    "WorkspaceEvent",
 ]

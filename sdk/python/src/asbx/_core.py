@@ -87,6 +87,31 @@ def chat_body(
     return body
 
 
+def environment_body(
+    name: str,
+    variables: Mapping[str, str] | None,
+    secrets: Mapping[str, str | None] | None,
+    setup_script: str | None,
+    allowed_hosts: Sequence[str] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "variables": dict(variables or {})}
+    if secrets is not None:
+        body["secrets"] = dict(secrets)
+    if setup_script is not None:
+        body["setupScript"] = setup_script
+    body["allowedHosts"] = list(allowed_hosts or [])
+    return body
+
+
+def chat_params(limit: int | None, before: str | None) -> dict[str, str] | None:
+    params = {}
+    if limit is not None:
+        params["limit"] = str(limit)
+    if before is not None:
+        params["before"] = before
+    return params or None
+
+
 def tool_payload(result: Any = None, error: str | None = None) -> dict[str, Any]:
     """`{"error"}`, else `{"result"}`; a `None` result is sent as `""`, as the
     runner reads a `null` result as none at all (docs/api-runs.md)."""
@@ -206,6 +231,14 @@ class StreamState:
         if not isinstance(obj, dict):
             obj = {"value": obj}
         return self.accept(kind, obj)
+
+
+def frame_json(frame: tuple[str, str, str | None]) -> dict[str, Any]:
+    try:
+        obj = json.loads(frame[1]) if frame[1] else {}
+    except ValueError as e:
+        raise StreamError(f"an event whose data is not JSON: {frame[1][:200]!r}") from e
+    return obj if isinstance(obj, dict) else {"value": obj}
 
 
 def check_status(status: int, body: bytes) -> None:

@@ -99,15 +99,22 @@ class Chat:
     title: str | None
     messages: list[Message]
     files: list[FileInfo]
+    settings: dict[str, Any] | None
+    """What is stored, plus `effective` (`model`, `systemPrompt`), when the workspace answers it."""
+    before: str | None
+    """Cursor of the next older page of messages (`get_chat(id, before=...)`), None when none."""
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Chat:
+        before = d.get("before")
         return Chat(
             id=str(d.get("id", "")),
             title=d.get("title"),
             messages=[Message.from_json(m) for m in d.get("messages") or []],
             files=[FileInfo.from_json(f) for f in d.get("files") or []],
+            settings=d.get("settings"),
+            before=None if before is None else str(before),
             raw=d,
         )
 
@@ -134,6 +141,75 @@ class RunInfo:
             error=d.get("error"),
             files=[FileInfo.from_json(f) for f in d.get("files") or [] if isinstance(f, dict)],
             termination=TerminationInfo.from_json(term) if isinstance(term, dict) else None,
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A named environment (`/api/environments`): never a secret's value, only `secret_names`."""
+
+    id: str
+    name: str
+    variables: dict[str, str]
+    secret_names: list[str]
+    setup_script: str | None
+    allowed_hosts: list[str]
+    created_at: int | None
+    updated_at: int | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Environment:
+        return Environment(
+            id=str(d.get("id", "")),
+            name=str(d.get("name", "")),
+            variables=dict(d.get("variables") or {}),
+            secret_names=list(d.get("secretNames") or []),
+            setup_script=d.get("setupScript"),
+            allowed_hosts=list(d.get("allowedHosts") or []),
+            created_at=d.get("createdAt"),
+            updated_at=d.get("updatedAt"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model of `GET /api/models`: `id` is `provider:model`."""
+
+    id: str
+    provider: str
+    default: bool
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ModelInfo:
+        return ModelInfo(
+            id=str(d.get("id", "")),
+            provider=str(d.get("provider", "")),
+            default=bool(d.get("default", False)),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class WorkspaceEvent:
+    """`GET /api/assistant/events`: a chat's turn started or ended, or it was deleted or updated."""
+
+    chat_id: str
+    turn_id: str | None
+    state: str
+    title: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> WorkspaceEvent:
+        return WorkspaceEvent(
+            chat_id=str(d.get("chatId", "")),
+            turn_id=d.get("turnId"),
+            state=str(d.get("state", "")),
+            title=d.get("title"),
             raw=d,
         )
 

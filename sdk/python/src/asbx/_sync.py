@@ -24,7 +24,16 @@ from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
 from ._errors import ConflictError, NotFoundError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
-from ._models import Chat, ChatSummary, ClientTool, FileInfo, RunInfo
+from ._models import (
+    Chat,
+    ChatSummary,
+    ClientTool,
+    Environment,
+    FileInfo,
+    ModelInfo,
+    RunInfo,
+    WorkspaceEvent,
+)
 
 
 class _Stream(Iterator[Event]):
@@ -373,8 +382,10 @@ class Client:
     def list_chats(self) -> list[ChatSummary]:
         return [ChatSummary.from_json(c) for c in self.request("GET", "/api/assistant/chats") or []]
 
-    def get_chat(self, chat_id: str) -> Chat:
-        return Chat.from_json(self.request("GET", f"/api/assistant/chats/{chat_id}"))
+    def get_chat(self, chat_id: str, *, limit: int | None = None, before: str | None = None) -> Chat:
+        """The thread (the newest `limit` messages before the cursor `before`, where paged) and the bag."""
+        params = _core.chat_params(limit, before)
+        return Chat.from_json(self.request("GET", f"/api/assistant/chats/{chat_id}", params=params))
 
     def delete_chat(self, chat_id: str) -> None:
         self.request("DELETE", f"/api/assistant/chats/{chat_id}")
@@ -490,6 +501,86 @@ class Client:
 
     def delete_agent(self, agent_id: str) -> None:
         self.request("DELETE", f"/api/agents/{agent_id}")
+
+    # -- environments, models, chat settings (docs/api-assistant.md) -------
+
+    def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo.from_json(m) for m in (self.request("GET", "/api/models") or {}).get("models", [])]
+
+    def list_environments(self) -> list[Environment]:
+        body = self.request("GET", "/api/environments") or {}
+        return [Environment.from_json(e) for e in body.get("environments", [])]
+
+    def create_environment(
+        self,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """A named environment; its secrets are set in the sandbox and never answered back."""
+        body = _core.environment_body(name, variables, secrets, setup_script, allowed_hosts)
+        return Environment.from_json(self.request("POST", "/api/environments", json=body))
+
+    def get_environment(self, environment_id: str) -> Environment:
+        return Environment.from_json(self.request("GET", f"/api/environments/{environment_id}"))
+
+    def replace_environment(
+        self,
+        environment_id: str,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str | None] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """Replaces everything but the secrets; `secrets`: None keeps them all, a name set to
+        None deletes that one, to a string sets it."""
+        body = _core.environment_body(name, variables, secrets, setup_script, allowed_hosts)
+        return Environment.from_json(self.request("PUT", f"/api/environments/{environment_id}", json=body))
+
+    def delete_environment(self, environment_id: str) -> None:
+        self.request("DELETE", f"/api/environments/{environment_id}")
+
+    def update_chat_settings(self, chat_id: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Stores a chat's settings (`model`, `systemPrompt`, `environmentId`, `skills`,
+        `mcpServers`); answers them with `effective`."""
+        out: dict[str, Any] = self.request(
+            "PUT", f"/api/assistant/chats/{chat_id}/settings", json=dict(settings)
+        )
+        return out
+
+    def workspace_events(self) -> Iterator[WorkspaceEvent]:
+        """Follows `GET /api/assistant/events` (chats starting and ending turns, deleted,
+        updated) until closed; re-connects after a dropped connection. Subscribed when it
+        returns (a missing route raises here)."""
+        first = self._open("GET", "/api/assistant/events", headers={"accept": "text/event-stream"})
+        return self._workspace_events(first)
+
+    def _workspace_events(self, resp: httpx.Response | None) -> Generator[WorkspaceEvent, None, None]:
+        failures = 0
+        while True:
+            try:
+                if resp is None:
+                    resp = self._open("GET", "/api/assistant/events", headers={"accept": "text/event-stream"})
+                try:
+                    dec = SseDecoder()
+                    for line in resp.iter_lines():
+                        failures = 0  # a heartbeat comment counts: the stream is alive
+                        frame = dec.feed(line)
+                        if frame is not None and frame[0] == "chat":
+                            yield WorkspaceEvent.from_json(_core.frame_json(frame))
+                finally:
+                    resp.close()
+                    resp = None
+            except httpx.TransportError:
+                failures += 1
+                if failures > self.max_resumes:
+                    raise
+                time.sleep(min(0.05 * 2**failures, 2.0))
 
 
 def _read_upload(data: bytes | str | os.PathLike[str] | IO[bytes], name: str | None) -> tuple[bytes, str]:

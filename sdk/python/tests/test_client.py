@@ -334,3 +334,14 @@ def test_an_encrypted_run_read_without_its_key_says_so(client: Client) -> None:
     with pytest.raises(asbx.DecryptionError) as e:
         client.events(run.run_id).wait()
     assert "crypto=" in e.value.detail
+
+
+def test_a_replay_past_a_finished_runs_end_is_empty(client: Client) -> None:
+    run = client.run(script({"say": "done"}))
+    events = run.wait()
+    started = time.monotonic()
+    tail = client.events(run.run_id, after=events[-1].seq or 0)
+    assert tail.wait() == [] and time.monotonic() - started < 3
+    assert tail.termination == run.termination, "taken from the run's record"
+    again = client.events(run.run_id, after=2).wait()
+    assert [e.raw for e in again] == [e.raw for e in events[2:]]

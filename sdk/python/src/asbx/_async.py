@@ -92,6 +92,10 @@ class _AsyncStream(AsyncIterator[Event]):
     async def _on_event(self, ev: Event) -> None:
         pass
 
+    async def _ended_elsewhere(self) -> bool:
+        """After a stream closed cleanly without its last event: is there nothing more to read?"""
+        return False
+
     async def _events(self) -> AsyncGenerator[Event, None]:
         resp = self._response
         failures = 0
@@ -117,7 +121,7 @@ class _AsyncStream(AsyncIterator[Event]):
                     cause = e
                 finally:
                     await resp.aclose()
-                if self._finished():
+                if self._finished() or (cause is None and await self._ended_elsewhere()):
                     return
                 failures = 0 if self._state.seen > before else failures + 1
                 if failures > self._client.max_resumes:
@@ -168,6 +172,16 @@ class AsyncRunStream(_AsyncStream):
             params={"after": str(self._state.last_seq)},
             headers={"accept": "application/x-ndjson"},
         )
+
+    async def _ended_elsewhere(self) -> bool:
+        # A replay after the last line, or a run settled without `session_ended`
+        # (its runner was lost): the run's record says how it ended.
+        info = await self._client.get_run(self.run_id)
+        if info.status == "running":
+            return False
+        if self._state.termination is None:
+            self._state.termination = info.termination
+        return True
 
     async def _on_event(self, ev: Event) -> None:
         if not isinstance(ev, ToolCall):

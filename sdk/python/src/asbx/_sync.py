@@ -105,6 +105,10 @@ class _Stream(Iterator[Event]):
     def _on_event(self, ev: Event) -> None:
         pass
 
+    def _ended_elsewhere(self) -> bool:
+        """After a stream closed cleanly without its last event: is there nothing more to read?"""
+        return False
+
     def _events(self) -> Generator[Event, None, None]:
         resp = self._response
         failures = 0
@@ -139,7 +143,7 @@ class _Stream(Iterator[Event]):
                     cause = e
                 finally:
                     resp.close()
-                if self._finished():
+                if self._finished() or (cause is None and self._ended_elsewhere()):
                     return
                 failures = 0 if self._state.seen > before else failures + 1
                 if failures > self._client.max_resumes:
@@ -194,6 +198,16 @@ class RunStream(_Stream):
             params={"after": str(self._state.last_seq)},
             headers={"accept": "application/x-ndjson"},
         )
+
+    def _ended_elsewhere(self) -> bool:
+        # A replay after the last line, or a run settled without `session_ended`
+        # (its runner was lost): the run's record says how it ended.
+        info = self._client.get_run(self.run_id)
+        if info.status == "running":
+            return False
+        if self._state.termination is None:
+            self._state.termination = info.termination
+        return True
 
     def _on_event(self, ev: Event) -> None:
         if not isinstance(ev, ToolCall):

@@ -1,0 +1,174 @@
+/**
+ * `AsbxClient`: the HTTP client of an asbx workspace (docs/protocol.md §7),
+ * with the runs API (`client.runs`), chat turns (`client.chat`) and chats
+ * (`client.chats`). Uses only the platform's `fetch` and WebCrypto.
+ */
+
+import { AsbxError } from "./errors.js";
+import type { RetryOptions } from "./resume.js";
+import { Run, type CreateRunOptions, type ToolAnswer } from "./run.js";
+import { ChatTurn, type ChatOptions } from "./chat.js";
+import type { ChatSummary, ChatThread, FileInfo, RunInfo } from "./types.js";
+
+export interface AsbxClientOptions {
+  /** The workspace URL (`asbx up` prints it as `open URL`). */
+  baseUrl: string;
+  /** A workspace API key (`asbx key`), sent as `Authorization: Bearer`. */
+  apiKey?: string;
+  /** A `fetch` to use instead of the global one. */
+  fetch?: typeof fetch;
+  /** How a dropped stream is resumed. */
+  retry?: RetryOptions;
+}
+
+interface RequestInit2 {
+  json?: unknown;
+  body?: BodyInit;
+  headers?: Record<string, string>;
+  signal?: AbortSignal;
+  accept?: string;
+}
+
+export class AsbxClient {
+  readonly baseUrl: string;
+  readonly runs: Runs;
+  readonly chats: Chats;
+  /** @internal */
+  readonly retry: Required<RetryOptions>;
+  readonly #apiKey: string | undefined;
+  readonly #fetch: typeof fetch;
+
+  constructor(options: AsbxClientOptions) {
+    if (!options?.baseUrl) throw new TypeError("AsbxClient: baseUrl is required");
+    this.baseUrl = options.baseUrl.replace(/\/+$/, "");
+    this.#apiKey = options.apiKey;
+    this.#fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.retry = { attempts: options.retry?.attempts ?? 6, delayMs: options.retry?.delayMs ?? 100 };
+    this.runs = new Runs(this);
+    this.chats = new Chats(this);
+  }
+
+  /**
+   * Runs one Assistant turn (`POST /api/assistant/chat/stream`): iterate the
+   * result for its events. Without `chatId` the turn starts a new chat.
+   */
+  chat(options: ChatOptions): ChatTurn {
+    return new ChatTurn(this, options);
+  }
+
+  /**
+   * One request; a response that is not ok becomes an `AsbxError` (its
+   * problem+json), a network failure one with code `connection_lost`.
+   * @internal
+   */
+  async request(method: string, path: string, init: RequestInit2 = {}): Promise<Response> {
+    const headers: Record<string, string> = { ...init.headers };
+    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    if (init.accept) headers.accept = init.accept;
+    let body = init.body;
+    if (init.json !== undefined) {
+      headers["content-type"] = "application/json";
+      body = JSON.stringify(init.json);
+    }
+    let res: Response;
+    try {
+      res = await this.#fetch(`${this.baseUrl}${path}`, {
+        method,
+        headers,
+        ...(body !== undefined ? { body } : {}),
+        ...(init.signal ? { signal: init.signal } : {}),
+      });
+    } catch (cause) {
+      if (init.signal?.aborted) throw init.signal.reason;
+      throw new AsbxError({ status: 0, code: "connection_lost", detail: `${method} ${path}: ${String(cause)}`, cause });
+    }
+    if (!res.ok) throw await AsbxError.fromResponse(res);
+    return res;
+  }
+
+  /** A request whose answer is JSON (or nothing, for `204`). @internal */
+  async json<T>(method: string, path: string, init: RequestInit2 = {}): Promise<T> {
+    const res = await this.request(method, path, { accept: "application/json", ...init });
+    if (res.status === 204) return undefined as T;
+    const text = await res.text();
+    return (text ? JSON.parse(text) : undefined) as T;
+  }
+}
+
+/** The runs API (`/api/runs`, docs/protocol.md §7). */
+export class Runs {
+  constructor(private readonly client: AsbxClient) {}
+
+  /**
+   * Starts a protocol 2 run (`POST /api/runs`, or a stored agent's with
+   * `agentId`): iterate the result for its events. The request starts at
+   * once; its errors surface from the iteration and from `run.ready`.
+   */
+  create(options: CreateRunOptions): Run {
+    return Run.create(this.client, options);
+  }
+
+  /** Follows an existing run from after `after` (`GET /api/runs/{id}/events`). */
+  attach(id: string, options: { after?: number; signal?: AbortSignal } = {}): Run {
+    return Run.attach(this.client, id, options.after ?? 0, options.signal);
+  }
+
+  /** `GET /api/runs/{id}`: status, result or error, and `termination` once ended. */
+  get(id: string): Promise<RunInfo> {
+    return this.client.json("GET", `/api/runs/${encodeURIComponent(id)}`);
+  }
+
+  /** `DELETE /api/runs/{id}`: ends the run (`terminated` by `daemon`). */
+  async cancel(id: string): Promise<void> {
+    await this.client.request("DELETE", `/api/runs/${encodeURIComponent(id)}`);
+  }
+
+  /** Answers a client tool call of a plaintext run (`POST /api/runs/{id}/tool-result`). */
+  async toolResult(id: string, callId: string, answer: ToolAnswer): Promise<void> {
+    await this.client.request("POST", `/api/runs/${encodeURIComponent(id)}/tool-result`, {
+      json: { callId, ...answer },
+    });
+  }
+}
+
+/** Chats of the Assistant (`/api/assistant/chats`). */
+export class Chats {
+  constructor(private readonly client: AsbxClient) {}
+
+  /** Newest first. */
+  list(): Promise<ChatSummary[]> {
+    return this.client.json("GET", "/api/assistant/chats");
+  }
+
+  /** The thread: every message, and the chat's files. */
+  get(id: string): Promise<ChatThread> {
+    return this.client.json("GET", `/api/assistant/chats/${encodeURIComponent(id)}`);
+  }
+
+  /** Deletes a chat (a turn in flight is cancelled). */
+  async delete(id: string): Promise<void> {
+    await this.client.request("DELETE", `/api/assistant/chats/${encodeURIComponent(id)}`);
+  }
+
+  /** Asks the runner to end the chat's turn in flight. */
+  async cancel(id: string): Promise<void> {
+    await this.client.request("POST", `/api/assistant/chats/${encodeURIComponent(id)}/cancel`);
+  }
+
+  /**
+   * Uploads an attachment (`POST /api/assistant/files`, at most 16 MiB);
+   * pass its `id` in a turn's `attachmentIds`.
+   */
+  upload(
+    data: Blob | ArrayBuffer | Uint8Array | string,
+    options: { name: string; mimeType?: string; chatId?: string },
+  ): Promise<FileInfo> {
+    const q = new URLSearchParams({ name: options.name });
+    if (options.chatId) q.set("chatId", options.chatId);
+    const mime = options.mimeType ?? (data instanceof Blob && data.type ? data.type : "application/octet-stream");
+    return this.client.json("POST", `/api/assistant/files?${q}`, {
+      body: data as BodyInit,
+      headers: { "content-type": mime },
+    });
+  }
+}

@@ -1,0 +1,12 @@
+/**
+ * `@asbx/sdk`: a client of an asbx workspace for Node 20+ and browsers,
+ * with no dependency beyond the platform's `fetch` and WebCrypto.
+ */
+
+export { AsbxClient, Runs, Chats, type AsbxClientOptions } from "./client.js";
+export { Run, type CreateRunOptions, type ClientTool, type ToolHandler, type ToolAnswer } from "./run.js";
+export { ChatTurn, type ChatOptions } from "./chat.js";
+export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";
+export { ClientKeyPair, SessionCipher, type Sealed } from "./crypto.js";
+export type { RetryOptions } from "./resume.js";
+export type * from "./types.js";

@@ -1,0 +1,285 @@
+/**
+ * A run (protocol 2, docs/protocol.md §4 and §7) as an async iterator of
+ * typed events: resumed after a dropped connection, client tools answered
+ * by callbacks, decrypted when encrypted, cancelled with an `AbortSignal`.
+ */
+
+import { AbortLink } from "./abort.js";
+import type { AsbxClient } from "./client.js";
+import { ClientKeyPair, type Sealed, type SessionCipher } from "./crypto.js";
+import { AsbxError } from "./errors.js";
+import { resumable, type Frame } from "./resume.js";
+import { ndjsonLines } from "./streams.js";
+import type {
+  ClientToolSpec,
+  CreateRunBody,
+  RunEvent,
+  RunInfo,
+  SessionInitEvent,
+  TerminationInfo,
+  ToolCallEvent,
+} from "./types.js";
+
+/** A client tool's answer: a JSON result, or an error message. */
+export type ToolAnswer = { result: unknown } | { error: string };
+
+/** Runs a client tool; what it returns is the result, what it throws the error. */
+export type ToolHandler = (args: any, call: ToolCallEvent) => unknown | Promise<unknown>;
+
+/** A client tool the SDK answers itself. */
+export interface ClientTool {
+  description?: string;
+  /** JSON Schema of the arguments. */
+  parameters?: unknown;
+  handler: ToolHandler;
+}
+
+export interface CreateRunOptions extends CreateRunBody {
+  /** Client tools answered by callbacks, by name. */
+  tools?: Record<string, ClientTool>;
+  /** Client tools the caller answers itself with `run.respond`. */
+  clientTools?: ClientToolSpec[];
+  /** End-to-end encryption (docs/protocol.md §4): the workspace sees only ciphertext. */
+  encrypt?: boolean;
+  /** Start the run of a stored agent (`POST /api/agents/{id}/runs`). */
+  agentId?: string;
+  /** Aborting it cancels the run (`DELETE /api/runs/{id}`) and ends the iteration. */
+  signal?: AbortSignal;
+}
+
+export class Run implements AsyncIterable<RunEvent> {
+  /** The run id (`x-asbx-run-id`), once the server answered. */
+  id: string | undefined;
+  /** Resolves to the run id when the server accepts the run; rejects with its error. */
+  readonly ready: Promise<string>;
+  /** `session_init`, once seen. */
+  init: SessionInitEvent | undefined;
+  /** How the session ended (`session_ended`), once seen. */
+  termination: TerminationInfo | undefined;
+  /** The `result` message, once seen. */
+  result: string | undefined;
+  /** The `error` line, once seen. */
+  error: { code: string; message: string } | undefined;
+
+  readonly #client: AsbxClient;
+  readonly #tools: Record<string, ClientTool>;
+  readonly #keys: Promise<ClientKeyPair> | undefined;
+  #cipher: SessionCipher | undefined;
+  readonly #link: AbortLink;
+  #iterator: AsyncGenerator<RunEvent> | undefined;
+  readonly #first: Promise<Response>;
+  #toolFailure: unknown;
+  /** Lines at or below this are read but not yielded (an attach after N). */
+  readonly #skipUpTo: number;
+
+  private constructor(
+    client: AsbxClient,
+    tools: Record<string, ClientTool>,
+    keys: Promise<ClientKeyPair> | undefined,
+    signal: AbortSignal | undefined,
+    open: (self: Run, link: AbortLink) => Promise<Response>,
+    skipUpTo: number,
+  ) {
+    this.#client = client;
+    this.#tools = tools;
+    this.#keys = keys;
+    this.#skipUpTo = skipUpTo;
+    this.#link = new AbortLink(signal, () => this.#onAbort());
+    this.#first = open(this, this.#link);
+    this.ready = this.#first.then(() => this.id as string);
+    this.ready.catch(() => {});
+  }
+
+  /** @internal */
+  static create(client: AsbxClient, options: CreateRunOptions): Run {
+    const { tools = {}, clientTools = [], encrypt, agentId, signal, ...body } = options;
+    const keys = encrypt ? ClientKeyPair.generate() : undefined;
+    const specs: ClientToolSpec[] = [
+      ...clientTools,
+      ...Object.entries(tools).map(([name, t]) => ({
+        name,
+        description: t.description ?? name,
+        parameters: t.parameters ?? { type: "object", properties: {} },
+      })),
+    ];
+    const path = agentId ? `/api/agents/${encodeURIComponent(agentId)}/runs` : "/api/runs";
+    return new Run(client, tools, keys, signal, async (self, link) => {
+      const json: Record<string, unknown> = { ...body, protocol: 2 };
+      if (specs.length) json.clientTools = specs;
+      if (keys) json.encryption = { clientPublicKey: (await keys).publicKey };
+      // The POST is not tied to the signal until its headers arrive, so an
+      // abort still learns the run id and cancels the run.
+      const res = await client.request("POST", path, {
+        json,
+        accept: "application/x-ndjson",
+        signal: link.controller.signal,
+      });
+      self.id = res.headers.get("x-asbx-run-id") ?? undefined;
+      if (!self.id) {
+        throw new AsbxError({ status: 0, code: "protocol_error", detail: "no x-asbx-run-id header" });
+      }
+      return res;
+    }, 0);
+  }
+
+  /** @internal */
+  static attach(client: AsbxClient, id: string, after: number, signal?: AbortSignal): Run {
+    return new Run(client, {}, undefined, signal, async (self, link) => {
+      self.id = id;
+      return client.request("GET", `/api/runs/${encodeURIComponent(id)}/events?after=${after}`, {
+        accept: "application/x-ndjson",
+        signal: link.controller.signal,
+      });
+    }, after);
+  }
+
+  [Symbol.asyncIterator](): AsyncGenerator<RunEvent> {
+    if (this.#iterator) throw new TypeError("a Run is iterated once");
+    this.#iterator = this.#events();
+    return this.#iterator;
+  }
+
+  /** Reads the run to its end; resolves to its termination. */
+  async finished(): Promise<TerminationInfo | undefined> {
+    for await (const _ of this) void _;
+    return this.termination;
+  }
+
+  /** Answers a client tool call (sealed when the run is encrypted). */
+  async respond(callId: string, answer: ToolAnswer): Promise<void> {
+    const id = await this.ready;
+    let json: { callId: string; encrypted?: Sealed } & Partial<ToolAnswer> = { callId, ...answer };
+    if (this.#keys) {
+      if (!this.#cipher) {
+        throw new AsbxError({ status: 0, code: "protocol_error", detail: "no session key before session_init" });
+      }
+      json = { callId, encrypted: await this.#cipher.sealToolResult(callId, answer) };
+    }
+    await this.#client.request("POST", `/api/runs/${encodeURIComponent(id)}/tool-result`, { json });
+  }
+
+  /** Cancels the run (`DELETE /api/runs/{id}`); the iteration goes on to `session_ended`. */
+  async cancel(): Promise<void> {
+    await this.#client.runs.cancel(await this.ready);
+  }
+
+  /** `GET /api/runs/{id}`. */
+  async info(): Promise<RunInfo> {
+    return this.#client.runs.get(await this.ready);
+  }
+
+  #onAbort(): void {
+    // Once the run has an id, end the stream and cancel the run; the POST
+    // stays open until then so the id is known.
+    this.#first.then(
+      () => {
+        this.#link.controller.abort(this.#link.aborted()?.reason);
+        if (this.id) this.#client.runs.cancel(this.id).catch(() => {});
+      },
+      () => {},
+    );
+  }
+
+  #events(): AsyncGenerator<RunEvent> {
+    let finalReplay = false;
+    return resumable<RunEvent>({
+      first: this.#first,
+      retry: this.#client.retry,
+      abortWait: this.#link.wait,
+      aborted: () => this.#link.aborted(),
+      frames: (res) => this.#frames(res),
+      reopen: async (after) => {
+        // Lines of an encrypted run need session_init's key: replay from 0.
+        const from = this.#keys && !this.#cipher ? 0 : after;
+        return this.#client.request("GET", `/api/runs/${encodeURIComponent(this.id!)}/events?after=${from}`, {
+          accept: "application/x-ndjson",
+          signal: this.#link.controller.signal,
+        });
+      },
+      stopAfterCleanEnd: async () => {
+        // The stream ended without session_ended: once the run is settled,
+        // one last replay picks up what is stored, then it is over.
+        if (finalReplay) return true;
+        const info = await this.#client.runs.get(this.id!);
+        if (info.status !== "running") finalReplay = true;
+        return false;
+      },
+    });
+  }
+
+  async *#frames(res: Response): AsyncGenerator<Frame<RunEvent>> {
+    if (!res.body) return;
+    for await (const text of ndjsonLines(res.body)) {
+      if (this.#toolFailure) throw this.#toolFailure;
+      let raw: Record<string, unknown>;
+      try {
+        raw = JSON.parse(text) as Record<string, unknown>;
+      } catch (cause) {
+        throw new AsbxError({ status: 0, code: "protocol_error", detail: "a line is not JSON", cause });
+      }
+      const seq = typeof raw.seq === "number" ? raw.seq : undefined;
+      const event = await this.#decode(raw);
+      this.#observe(event);
+      const hidden = seq !== undefined && seq <= this.#skipUpTo;
+      yield { seq, value: hidden ? undefined : event, end: event.type === "session_ended" };
+    }
+  }
+
+  async #decode(raw: Record<string, unknown>): Promise<RunEvent> {
+    if (raw.type === "session_init" && this.#keys) {
+      const init = raw as unknown as SessionInitEvent;
+      if (!init.encryption) {
+        throw new AsbxError({ status: 0, code: "protocol_error", detail: "encryption asked for, session_init has none" });
+      }
+      this.#cipher = await (await this.#keys).session(init.encryption, init.sessionId);
+      return init;
+    }
+    const sealed = raw.encrypted as Sealed | undefined;
+    if (!sealed) return raw as unknown as RunEvent;
+    if (!this.#cipher) {
+      throw new AsbxError({ status: 0, code: "decryption_failed", detail: "an encrypted line and no session key" });
+    }
+    const { encrypted: _, ...clear } = raw;
+    const opened = await this.#cipher.openLine(raw.seq as number, raw.type as string, sealed);
+    return { ...opened, ...clear } as unknown as RunEvent;
+  }
+
+  #observe(event: RunEvent): void {
+    switch (event.type) {
+      case "session_init":
+        this.init = event;
+        break;
+      case "result":
+        this.result = event.message;
+        break;
+      case "error":
+        this.error = { code: event.code, message: event.message };
+        break;
+      case "session_ended": {
+        const { type: _t, seq: _s, ts: _ts, sessionId: _id, ...termination } = event;
+        this.termination = termination;
+        break;
+      }
+      case "tool_call": {
+        const tool = this.#tools[event.toolName];
+        if (tool) void this.#answer(tool, event);
+        break;
+      }
+    }
+  }
+
+  async #answer(tool: ClientTool, call: ToolCallEvent): Promise<void> {
+    let answer: ToolAnswer;
+    try {
+      answer = { result: (await tool.handler(call.args, call)) ?? null };
+    } catch (e) {
+      answer = { error: e instanceof Error ? e.message : String(e) };
+    }
+    try {
+      await this.respond(call.callId, answer);
+    } catch (e) {
+      // 409: already answered (a replay showed the call again).
+      if (!(e instanceof AsbxError && e.status === 409)) this.#toolFailure = e;
+    }
+  }
+}

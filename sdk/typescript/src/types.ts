@@ -1,0 +1,271 @@
+/**
+ * The wire types of asbx, written after `docs/protocol.md` §2, §4 and §7
+ * (the JSON Schemas under `schemas/` are the source of truth).
+ */
+
+/** Stamp every line carries (docs/protocol.md §2). */
+export interface LineStamp {
+  /** 1, 2, 3, ... per session, without gaps before filtering. */
+  seq: number;
+  /** Unix milliseconds. */
+  ts: number;
+  sessionId: string;
+}
+
+export type LogLevel = "debug" | "info" | "warn" | "error";
+export type StepStatus = "running" | "succeeded" | "failed";
+export type EndReason = "completed" | "error" | "terminated";
+export type TerminatedBy = "agent" | "daemon";
+
+/** Stable error codes of `error` lines (docs/protocol.md §2). */
+export type ErrorCode =
+  | "otp_rejected"
+  | "bootstrap_failed"
+  | "setup_failed"
+  | "model_error"
+  | "model_timeout"
+  | "step_limit_exceeded"
+  | "tool_limit_exceeded"
+  | "duration_limit_exceeded"
+  | "runtime_cap_exceeded"
+  | "cancelled"
+  | "sandbox_crashed"
+  | "writeback_failed"
+  | "runner_lost"
+  | "internal"
+  | (string & {});
+
+export interface LogEvent extends LineStamp {
+  type: "log";
+  level: LogLevel;
+  message: string;
+}
+
+export interface StepEvent extends LineStamp {
+  type: "step";
+  id: string;
+  name: string;
+  status: StepStatus;
+  args?: unknown;
+  result?: unknown;
+  error?: string | null;
+  durationMs?: number | null;
+}
+
+export interface ResultEvent extends LineStamp {
+  type: "result";
+  message: string;
+}
+
+export interface ErrorEvent extends LineStamp {
+  type: "error";
+  code: ErrorCode;
+  message: string;
+}
+
+export interface SessionLimits {
+  maxDurationMs: number;
+  maxSteps: number;
+  maxToolCalls: number;
+  heartbeatIntervalMs: number;
+}
+
+/** The server half of the encryption handshake (docs/protocol.md §4). */
+export interface EncryptionInit {
+  algorithm: string;
+  serverPublicKey: string;
+  salt: string;
+}
+
+export interface SessionInitEvent extends LineStamp {
+  type: "session_init";
+  protocolVersion: 2;
+  limits: SessionLimits;
+  encryption?: EncryptionInit | null;
+}
+
+export interface DeltaEvent extends LineStamp {
+  type: "delta";
+  text: string;
+}
+
+export interface StdoutEvent extends LineStamp {
+  type: "stdout";
+  stepId: string;
+  stream: "stdout" | "stderr";
+  chunk: string;
+  /** Chat streams only: this line crossed the 64 KiB per-step cap. */
+  truncated?: boolean;
+}
+
+export interface ToolCallEvent extends LineStamp {
+  type: "tool_call";
+  callId: string;
+  toolName: string;
+  args: unknown;
+}
+
+export interface ToolResultAppliedEvent extends LineStamp {
+  type: "tool_result_applied";
+  callId: string;
+}
+
+export interface HeartbeatEvent extends LineStamp {
+  type: "heartbeat";
+}
+
+/** Head and tail of the sandbox process's stderr. */
+export interface StderrOutput {
+  head?: string | null;
+  tail?: string | null;
+  truncated: boolean;
+  totalLines: number;
+}
+
+export interface SessionStats {
+  durationMs: number;
+  steps: number;
+  toolCalls: number;
+  inputTokens: number;
+  outputTokens: number;
+}
+
+/**
+ * How a session ended: the `session_ended` payload, also a run's
+ * `termination` (docs/protocol.md §4).
+ */
+export interface TerminationInfo {
+  reason: EndReason;
+  terminatedBy: TerminatedBy;
+  /** Why, whenever `reason` is `error` or `terminated`. */
+  message?: string | null;
+  exitCode?: number | null;
+  signal?: number | null;
+  stderr?: StderrOutput | null;
+  stats: SessionStats;
+}
+
+export interface SessionEndedEvent extends LineStamp, TerminationInfo {
+  type: "session_ended";
+}
+
+/** One line of a run (protocol 2), decrypted when the run is encrypted. */
+export type RunEvent =
+  | SessionInitEvent
+  | LogEvent
+  | DeltaEvent
+  | StepEvent
+  | StdoutEvent
+  | ToolCallEvent
+  | ToolResultAppliedEvent
+  | HeartbeatEvent
+  | ResultEvent
+  | ErrorEvent
+  | SessionEndedEvent;
+
+/** First event of a chat turn. */
+export interface TurnEvent {
+  type: "turn";
+  chatId: string;
+  turnId: string;
+  userMessageId: string;
+}
+
+/** Last event of a chat turn: the stored assistant message. */
+export interface DoneEvent {
+  type: "done";
+  chatId: string;
+  turnId: string;
+  status: "succeeded" | "failed" | "cancelled";
+  messageId: string;
+}
+
+/** An event of a chat turn's SSE stream (docs/protocol.md §7). */
+export type ChatEvent = TurnEvent | Exclude<RunEvent, LogEvent | HeartbeatEvent> | DoneEvent;
+
+/** A client tool as the model sees it. */
+export interface ClientToolSpec {
+  name: string;
+  description?: string;
+  /** JSON Schema of the arguments. */
+  parameters?: unknown;
+}
+
+/** A skill installed into the sandbox. */
+export interface Skill {
+  name: string;
+  files: Record<string, string> | unknown;
+  [key: string]: unknown;
+}
+
+export interface RunLimits {
+  maxSteps?: number;
+  maxToolCalls?: number;
+  toolTimeoutMs?: number;
+  toolOutputBytes?: number;
+  maxDurationMs?: number;
+}
+
+/** `{"types": [..]}` or `{"blockedTypes": [..]}`. */
+export type Filter = { types: RunEvent["type"][] } | { blockedTypes: RunEvent["type"][] };
+
+/** The body of `POST /api/runs` the SDK sends (always `"protocol": 2`). */
+export interface CreateRunBody {
+  prompt: string;
+  model?: string;
+  systemPrompt?: string;
+  setupScript?: string;
+  variables?: Record<string, string>;
+  allowedHosts?: string[];
+  limits?: RunLimits;
+  skills?: Skill[];
+  mcpServers?: unknown[];
+  filter?: Filter;
+  /** Workspace environment (name or id), where the server supports it. */
+  environment?: string;
+}
+
+/** `GET /api/runs/{id}`. */
+export interface RunInfo {
+  id: string;
+  status: "running" | "succeeded" | "failed";
+  result?: string | null;
+  error?: { code: string; message: string } | null;
+  termination?: TerminationInfo | null;
+  files?: unknown[];
+  [key: string]: unknown;
+}
+
+/** A file in the workspace (`POST /api/assistant/files`). */
+export interface FileInfo {
+  id: string;
+  name?: string;
+  mimeType?: string;
+  size?: number;
+  [key: string]: unknown;
+}
+
+/** An entry of `GET /api/assistant/chats`. */
+export interface ChatSummary {
+  id: string;
+  title?: string | null;
+  activeTurnId?: string | null;
+  [key: string]: unknown;
+}
+
+/** A message block of a chat thread. */
+export interface ChatMessage {
+  id: string;
+  role: "user" | "assistant";
+  content: Array<{ type: string; [key: string]: unknown }>;
+  [key: string]: unknown;
+}
+
+/** `GET /api/assistant/chats/{id}`. */
+export interface ChatThread {
+  id: string;
+  title?: string | null;
+  messages: ChatMessage[];
+  files?: FileInfo[];
+  [key: string]: unknown;
+}

@@ -27,6 +27,37 @@ pub struct EnvResponse {
     pub setup_script: Option<String>,
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// The in-sandbox workspace API of this session (docs/protocol.md §3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceAccess>,
+}
+
+/// `EnvResponse.workspace`: the in-sandbox workspace API of this session.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkspaceAccess {
+    /// `asbx_ws_...` bearer, valid only for this session, until it settles
+    /// or its runtime cap passes. Only its SHA-256 is stored.
+    pub token: String,
+    /// Files the agent fetches (through the gateway) into its working
+    /// directory before the setup script runs.
+    #[serde(default)]
+    pub attachments: Vec<AttachmentRef>,
+}
+
+/// A file of the workspace the agent places in its working directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttachmentRef {
+    /// File id in the workspace (`GET workspace/files/{id}`).
+    pub id: String,
+    /// Relative path in the working directory, e.g. `attachments/report.pdf`.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// SHA-256 of the content, lowercase hex.
+    pub sha256: String,
+    pub mime_type: String,
 }
 
 /// `GET {agent_url}/config`.

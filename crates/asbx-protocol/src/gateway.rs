@@ -31,6 +31,9 @@ pub const CLIENT_TOOL_PREFIX: &str = "/client-tool/";
 pub const USAGE: &str = "/usage";
 /// `GET|POST|DELETE /mcp/{name}`: a streamable-HTTP MCP server by name.
 pub const MCP_PREFIX: &str = "/mcp/";
+/// `GET|POST|PUT|DELETE /workspace/{rest}`: forwarded to
+/// `{agent_url}/workspace/{rest}`, the in-sandbox workspace API.
+pub const WORKSPACE_PREFIX: &str = "/workspace/";
 
 /// What the agent reports of its model use before its last line.
 ///

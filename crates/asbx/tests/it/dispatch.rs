@@ -61,7 +61,7 @@ async fn environment_variables_and_setup_script_run_before_the_model() {
     ws.set_env(EnvResponse {
         variables: [("GREETING".to_owned(), "bonjour".to_owned())].into(),
         setup_script: Some("echo \"$GREETING\" > setup-ran.txt".to_owned()),
-        allowed_hosts: vec![],
+        ..Default::default()
     });
     let t = ws.mint(&session_id("setup"));
     let prompt = script(json!([

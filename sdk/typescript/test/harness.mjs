@@ -1,7 +1,7 @@
 // A real `asbx up` for the SDK's tests: started on a loopback port with a
 // temporary data directory and auth required, ended by its PID.
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync, existsSync } from "node:fs";
+import { mkdtempSync, rmSync, existsSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -57,6 +57,7 @@ export async function startUp({ requireAuth = true } = {}) {
     url,
     key,
     data,
+    pid: child.pid,
     async stop() {
       if (child.exitCode === null) {
         process.kill(child.pid, "SIGTERM");
@@ -117,4 +118,41 @@ export function recordingFetch({ cut } = {}) {
     return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
   };
   return { fetch: f, requests, wire, cut: () => cutDone };
+}
+
+const CONTROLLERS = ["memory", "pids", "cpu", "cpu,cpuacct", "freezer", "unified", ""];
+
+/**
+ * The sandbox cgroup directories that exist now whose name starts with
+ * `prefix`: `asbx-<sessionId>`, or `asbx-warm-<runner pid>-` for the warm pool.
+ */
+export function cgroupsOf(prefix) {
+  const out = [];
+  for (const c of CONTROLLERS) {
+    const dir = join("/sys/fs/cgroup", c, "asbx");
+    let names = [];
+    try {
+      names = readdirSync(dir);
+    } catch {
+      continue;
+    }
+    for (const n of names) if (n.startsWith(prefix)) out.push(join(dir, n));
+  }
+  return out;
+}
+
+/** Processes whose command line contains `needle`. */
+export function pidsWith(needle) {
+  const out = [];
+  for (const e of readdirSync("/proc")) {
+    if (!/^\d+$/.test(e) || Number(e) === process.pid) continue;
+    let cmd = "";
+    try {
+      cmd = readFileSync(`/proc/${e}/cmdline`, "utf8").replaceAll("\0", " ");
+    } catch {
+      continue;
+    }
+    if (cmd.includes(needle)) out.push(Number(e));
+  }
+  return out;
 }

@@ -2,7 +2,8 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { AsbxClient, AsbxError } from "../dist/index.js";
-import { missing, startUp, script, recordingFetch } from "./harness.mjs";
+import { existsSync } from "node:fs";
+import { missing, startUp, script, recordingFetch, cgroupsOf, pidsWith } from "./harness.mjs";
 
 const why = missing();
 if (why) console.log(`SKIP sdk.test.mjs: ${why}`);
@@ -10,15 +11,26 @@ let up;
 before(async () => {
   if (!why) up = await startUp();
 });
+const sessions = new Set();
 after(async () => {
-  await up?.stop();
+  if (!up) return;
+  await up.stop();
+  // Nothing is left behind: no sandbox cgroup, no process, no data dir.
+  assert.ok(sessions.size >= 8, `saw ${sessions.size} sessions`);
+  for (const id of sessions) assert.deepEqual(cgroupsOf(`asbx-${id}`), [], `cgroups of ${id} left behind`);
+  assert.deepEqual(cgroupsOf(`asbx-warm-${up.pid}-`), [], "warm sandboxes left behind");
+  assert.deepEqual(pidsWith(up.data), [], "processes of this asbx up left behind");
+  assert.ok(!existsSync(up.data), "the data dir is removed");
 });
 const t = (name, fn) => test(name, { skip: why }, fn);
 const client = (extra = {}) => new AsbxClient({ baseUrl: up.url, apiKey: up.key, ...extra });
 
 async function collect(iterable) {
   const out = [];
-  for await (const ev of iterable) out.push(ev);
+  for await (const ev of iterable) {
+    if (ev.sessionId) sessions.add(ev.sessionId);
+    out.push(ev);
+  }
   return out;
 }
 
@@ -120,7 +132,10 @@ t("a run with a client tool answered by a callback", async () => {
   assert.equal(run.result, "picked");
   assert.equal(run.termination.reason, "completed");
   assert.equal(run.termination.stats.toolCalls, 1);
-  const info = await run.info();
+  const info = await eventually("the run to settle", async () => {
+    const i = await run.info();
+    return i.status !== "running" && i;
+  });
   assert.equal(info.status, "succeeded");
 });
 
@@ -132,6 +147,7 @@ t("a tool call answered twice is a 409; a bad request a 400 naming the field", a
   });
   let conflict;
   for await (const ev of run) {
+    sessions.add(ev.sessionId);
     if (ev.type === "tool_call") {
       await run.respond(ev.callId, { result: "first" });
       conflict = await c.runs.toolResult(run.id, ev.callId, { result: "second" }).catch((e) => e);
@@ -220,7 +236,11 @@ t("a failed run carries its termination info (exit code, stderr)", async () => {
   assert.ok(term.message, "a message when not completed");
   assert.match(term.stderr?.head ?? "", /scripted crash/);
   assert.equal(run.error?.code, "sandbox_crashed");
-  const info = await c.runs.get(run.id);
+  // The relay settles the run just after the stream's last line.
+  const info = await eventually("the run to settle", async () => {
+    const i = await c.runs.get(run.id);
+    return i.status !== "running" && i;
+  });
   assert.equal(info.status, "failed");
   assert.equal(info.termination.exitCode, 3);
 });
@@ -240,7 +260,16 @@ t("aborting a run's signal cancels the run on the server", async () => {
   const run = c.runs.create({ prompt: script({ sleep_ms: 30_000 }, { say: "late" }), signal: ac.signal });
   await assert.rejects(
     (async () => {
-      for await (const ev of run) if (ev.type === "session_init") ac.abort();
+      for await (const ev of run) {
+        if (ev.type !== "session_init") continue;
+        sessions.add(ev.sessionId);
+        // Positive control of the cleanup check: the live sandbox has cgroups.
+        if ((process.env.ASBX_TEST_PROFILE ?? "strict") === "strict") {
+          const live = [...cgroupsOf(`asbx-${ev.sessionId}`), ...cgroupsOf(`asbx-warm-${up.pid}-`)];
+          assert.notDeepEqual(live, [], "a live sandbox has a cgroup");
+        }
+        ac.abort();
+      }
     })(),
     (e) => e.name === "AbortError",
   );

@@ -49,7 +49,7 @@ export async function startUp({ requireAuth = true } = {}) {
   child.stdout.resume();
   let key;
   if (requireAuth) {
-    const out = execFileSync(ASBX, ["key", "--new-workspace", "sdk-tests"], { env, encoding: "utf8" });
+    const out = execFileSync(ASBX, ["key", "--new-workspace", "sdk-tests"], { env, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
     key = out.split("\n").map((l) => l.match(/^key\s+(\S+)/)?.[1]).find(Boolean);
     if (!key) throw new Error(`no key in: ${out}`);
   }

@@ -29,6 +29,9 @@ use url::Url;
 /// - `public_url`: the base the sandbox calls back at; a dispatch's
 ///   `agent_url` is `{public_url}/api/assistant/sandbox/{sessionId}`.
 /// - `default_model`: `provider:model` used when a request names none.
+/// - `models`: the models a chat may choose (`GET /api/models`,
+///   `ASBX_MODELS`), `provider:model` each; `default_model` is always
+///   among them (first, when not listed).
 /// - `clock`: the time source for token and lease expiry.
 /// - `detach_grace`: how long a chat turn outlives its dropped SSE client
 ///   before it is cancelled (zero: cancel on close).
@@ -61,6 +64,7 @@ pub struct WorkspaceConfig {
     pub sandbox_urls: Vec<Url>,
     pub public_url: Url,
     pub default_model: String,
+    pub models: Vec<String>,
     pub clock: Arc<dyn Clock>,
     pub detach_grace: Duration,
     pub lease_ttl: Duration,
@@ -81,6 +85,7 @@ impl WorkspaceConfig {
             sandbox_urls: Vec::new(),
             public_url,
             default_model: "scripted:demo".to_owned(),
+            models: Vec::new(),
             clock: Arc::new(SystemClock),
             detach_grace: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(15),
@@ -101,6 +106,21 @@ impl WorkspaceConfig {
         } else {
             self.sandbox_urls.clone()
         }
+    }
+
+    /// The models a chat may choose: `models` in order, without repeats,
+    /// `default_model` first when `models` does not name it.
+    pub(crate) fn model_list(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::with_capacity(self.models.len() + 1);
+        if !self.models.contains(&self.default_model) {
+            out.push(self.default_model.clone());
+        }
+        for m in &self.models {
+            if !out.contains(m) {
+                out.push(m.clone());
+            }
+        }
+        out
     }
 
     /// Whether `url` is a runner the operator configured (it gets the runner
@@ -131,6 +151,7 @@ impl fmt::Debug for WorkspaceConfig {
             )
             .field("public_url", &self.public_url.as_str())
             .field("default_model", &self.default_model)
+            .field("models", &self.models)
             .field("detach_grace", &self.detach_grace)
             .field("lease_ttl", &self.lease_ttl)
             .field("replay_safety_poll", &self.replay_safety_poll)

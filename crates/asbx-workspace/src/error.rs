@@ -24,6 +24,7 @@ pub(crate) enum ProblemCode {
     PayloadTooLarge,
     UnsupportedMediaType,
     TurnInFlight,
+    Conflict,
     SandboxUrlMissing,
     UpstreamFailed,
     EventsGone,
@@ -45,6 +46,7 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => "payload_too_large",
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
             ProblemCode::TurnInFlight => "turn_in_flight",
+            ProblemCode::Conflict => "conflict",
             ProblemCode::SandboxUrlMissing => "sandbox_url_missing",
             ProblemCode::UpstreamFailed => "upstream_failed",
             ProblemCode::EventsGone => "events_gone",
@@ -80,6 +82,10 @@ pub enum WorkspaceError {
     UnsupportedMediaType { found: String },
     #[error("chat {chat_id} has a turn in flight: {turn_id}")]
     TurnInFlight { chat_id: String, turn_id: String },
+    /// The request clashes with what is stored (a name taken, a reference
+    /// to something since deleted): `409 conflict`.
+    #[error("conflict: {0}")]
+    Conflict(String),
     #[error("no SANDBOX_URL: start the workspace with SANDBOX_URL")]
     SandboxUrlMissing,
     #[error(
@@ -219,6 +225,12 @@ impl WorkspaceError {
             )
             .with("activeTurnId", turn_id.clone())
             .with("chatId", chat_id.clone()),
+            WorkspaceError::Conflict(what) => Problem::new(
+                409,
+                ProblemCode::Conflict.as_str(),
+                "Conflict",
+                what.clone(),
+            ),
             WorkspaceError::SandboxUrlMissing => Problem::new(
                 503,
                 ProblemCode::SandboxUrlMissing.as_str(),

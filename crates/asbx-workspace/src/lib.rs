@@ -25,10 +25,12 @@ mod wire;
 
 // Features, each with its store, logic and handlers. Dependencies point one
 // way: agents, chats and callbacks use runs and files; runs uses files;
-// files uses none of them.
+// agents, chats and runs use environments; files and environments use
+// none of them.
 mod agents;
 mod callbacks;
 mod chats;
+mod environments;
 mod files;
 mod runs;
 
@@ -75,6 +77,10 @@ impl Workspace {
             return Err(WorkspaceError::Config(
                 "public_url must be an http(s) URL".to_owned(),
             ));
+        }
+        for m in &config.models {
+            asbx_protocol::rules::names::check_model(m)
+                .map_err(|e| WorkspaceError::Config(format!("model {m:?}: {e}")))?;
         }
         tokio::fs::create_dir_all(&config.data_dir)
             .await
@@ -205,6 +211,17 @@ fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/agents/{id}/runs", post(agents::api::run))
         .route(
+            "/api/environments",
+            get(environments::api::list).post(environments::api::create),
+        )
+        .route(
+            "/api/environments/{id}",
+            get(environments::api::get)
+                .put(environments::api::update)
+                .delete(environments::api::delete),
+        )
+        .route("/api/models", get(environments::api::models))
+        .route(
             "/api/runs/{id}",
             get(runs::api::get).delete(runs::api::cancel),
         )
@@ -228,6 +245,10 @@ fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/assistant/chats/{id}/stream", get(chats::api::resume))
         .route("/api/assistant/chats/{id}/cancel", post(chats::api::cancel))
+        .route(
+            "/api/assistant/chats/{id}/settings",
+            axum::routing::put(environments::api::put_chat_settings),
+        )
         .route(
             "/api/assistant/files",
             post(chats::api::upload).layer(DefaultBodyLimit::max(chats::view::MAX_UPLOAD_BYTES)),

@@ -18,7 +18,10 @@ use asbx_protocol::dispatch::MAX_PROMPT_BYTES;
 use asbx_protocol::rules::{mcp, names, skills};
 use url::Url;
 
-use crate::wire::{AgentDefinition, AgentEnvironment, AgentRunRequest, CreateRunRequest};
+use crate::wire::{
+    AgentDefinition, AgentEnvironment, AgentRunRequest, ChatSettings, CreateRunRequest,
+    EnvironmentBody,
+};
 
 /// Longest system prompt or setup script, in bytes.
 pub(crate) const MAX_SCRIPT_BYTES: usize = 1 << 20;
@@ -76,6 +79,84 @@ pub(crate) fn agent_definition(d: &AgentDefinition) -> Vec<FieldError> {
     skills::check_skills(&d.skills, "skills", &mut errors);
     mcp::check_servers(&d.mcp_servers, "mcpServers", &mut errors);
     agent_environment(&d.environment, &mut errors);
+    errors
+}
+
+/// A named environment (`/api/environments`): every problem, by field.
+/// `secrets` is the set the environment ends up with (the body's on `POST`;
+/// the stored ones changed by the body's on `PUT`); a secret `null` in a
+/// `POST` body is refused.
+pub(crate) fn named_environment(
+    body: &EnvironmentBody,
+    secrets: &BTreeMap<String, String>,
+    creating: bool,
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    display_name(&body.name, "name", true, &mut errors);
+    environment(
+        &body.variables,
+        body.setup_script.as_deref(),
+        &body.allowed_hosts,
+        "",
+        &mut errors,
+    );
+    if creating {
+        for (name, _) in body.secrets.iter().flatten().filter(|(_, v)| v.is_none()) {
+            errors.push(FieldError::new(
+                &format!("secrets.{name}"),
+                "must be a string (null deletes a secret on PUT)",
+            ));
+        }
+    }
+    if body.variables.len().saturating_add(secrets.len()) > MAX_VARIABLES {
+        errors.push(FieldError::new(
+            "secrets",
+            format!("more than {MAX_VARIABLES} variables and secrets"),
+        ));
+    }
+    for (name, value) in secrets {
+        let field = format!("secrets.{name}");
+        if let Err(msg) = names::check_env_name(name) {
+            errors.push(FieldError::new(&field, msg));
+        }
+        if value.contains('\0') {
+            errors.push(FieldError::new(&field, "value must not contain NUL"));
+        }
+        if body.variables.contains_key(name) {
+            errors.push(FieldError::new(&field, "also named in variables"));
+        }
+    }
+    errors
+}
+
+/// A chat's settings (fields `settings.*`): the model must be one of
+/// `models` (`GET /api/models`). The environment's existence is checked by
+/// the caller, against the store.
+pub(crate) fn chat_settings(s: &ChatSettings, models: &[String]) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if let Some(m) = &s.model {
+        match names::check_model(m) {
+            Err(msg) => errors.push(FieldError::new("settings.model", msg)),
+            Ok(()) if !models.iter().any(|known| known == m) => errors.push(FieldError::new(
+                "settings.model",
+                "not one of this workspace's models (GET /api/models)",
+            )),
+            Ok(()) => {}
+        }
+    }
+    script(
+        s.system_prompt.as_deref(),
+        "settings.systemPrompt",
+        &mut errors,
+    );
+    if s.environment_id.as_ref().is_some_and(|id| id.is_empty()) {
+        errors.push(FieldError::new(
+            "settings.environmentId",
+            "must not be empty when given",
+        ));
+    }
+    skills::check_skills(&s.skills, "settings.skills", &mut errors);
+    mcp::check_servers(&s.mcp_servers, "settings.mcpServers", &mut errors);
     errors
 }
 

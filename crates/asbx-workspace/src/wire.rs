@@ -23,6 +23,10 @@ use serde_json::Value;
 /// - `skills`, `mcpServers`: sent in `/config`.
 /// - `protocol`, `filter`, `clientTools`, `encryption`: the protocol 2
 ///   choices, checked by `runs::request::options` (docs/api-runs.md).
+/// - `environment`: a named environment (`/api/environments`), by id or
+///   name: its variables, secrets, setup script and allowed hosts go into
+///   `/env`; this request's own `variables` and `setupScript` win on a
+///   clash, allowed hosts are the union.
 ///
 /// There is deliberately no `sandboxUrl` (issue 13, item 2): the runner a
 /// request reaches is the operator's `SANDBOX_URL`, never one an anonymous
@@ -58,6 +62,8 @@ pub(crate) struct CreateRunRequest {
     pub client_tools: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
 }
 
 /// `POST /api/runs/{id}/tool-result`: `{"callId", "result"}`,
@@ -160,6 +166,9 @@ pub(crate) const TURN_ID_HEADER: &str = "x-asbx-turn-id";
 /// - `mcpServers`: stdio commands or streamable-HTTP URLs, sent in `/config`;
 ///   unique names matching `^[A-Za-z0-9_-]{1,64}$`.
 /// - `environment`: the named environment sent in `/env`.
+/// - `environmentId`: a stored environment (`/api/environments`) whose
+///   variables, secrets, setup script and allowed hosts go into `/env`
+///   under `environment`'s (which win on a clash; hosts are the union).
 /// - `limits`: as on `POST /api/runs`, sent in `/config`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -177,6 +186,8 @@ pub(crate) struct AgentDefinition {
     pub mcp_servers: Vec<McpServer>,
     #[serde(default)]
     pub environment: AgentEnvironment,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
 }
@@ -305,6 +316,8 @@ impl RunStatus {
 /// - `chatId`: the chat to continue; absent: the turn creates a chat.
 /// - `message`: the user's message, non-empty.
 /// - `attachmentIds`: bag files (`POST /api/assistant/files`) to attach.
+/// - `settings`: the new chat's [`ChatSettings`]; only without `chatId`
+///   (an existing chat's change with `PUT /api/assistant/chats/{id}/settings`).
 ///
 /// There is no `sandboxUrl`: chat turns always use the server's runner.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -315,6 +328,8 @@ pub(crate) struct TurnRequest {
     pub message: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachment_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<ChatSettings>,
 }
 
 /// `POST /api/assistant/chats/{id}/cancel` (`202`).
@@ -339,7 +354,7 @@ pub(crate) struct ChatSummary {
     pub active_turn_id: Option<String>,
 }
 
-/// One chat: its thread and its bag.
+/// One chat: its thread, its bag and its settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatDetail {
@@ -347,6 +362,7 @@ pub(crate) struct ChatDetail {
     pub chat: ChatSummary,
     pub messages: Vec<PersistedMessage>,
     pub files: Vec<FileInfo>,
+    pub settings: ChatSettingsView,
 }
 
 /// One message of a chat (also its stored form).
@@ -536,4 +552,127 @@ pub(crate) struct SessionInfo {
 #[derive(Debug, Serialize)]
 pub(crate) struct Health {
     pub status: &'static str,
+}
+
+/// `POST /api/environments` and `PUT /api/environments/{id}`: a named
+/// environment, what a run's `/env` carries.
+///
+/// - `name`: unique among the workspace's environments; 1 to 200 characters.
+/// - `variables`: set in the sandbox, returned by the API.
+/// - `secrets`: set in the sandbox like variables, never returned (only
+///   their names, `secretNames`). On `PUT`: absent keeps every secret, a
+///   name with `null` deletes that one, a name with a string sets it.
+/// - `setupScript`: bash, run before the first model call.
+/// - `allowedHosts`: what the sandbox's tools may reach.
+///
+/// `PUT` replaces everything but the secrets.
+#[derive(Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct EnvironmentBody {
+    pub name: String,
+    #[serde(default)]
+    pub variables: BTreeMap<String, String>,
+    #[serde(default)]
+    pub secrets: Option<BTreeMap<String, Option<String>>>,
+    #[serde(default)]
+    pub setup_script: Option<String>,
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for EnvironmentBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never a secret's value.
+        f.debug_struct("EnvironmentBody")
+            .field("name", &self.name)
+            .field(
+                "secrets",
+                &self.secrets.as_ref().map(|s| s.keys().collect::<Vec<_>>()),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// A named environment as the API answers it: never a secret's value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct EnvironmentRecord {
+    pub id: String,
+    pub name: String,
+    pub variables: BTreeMap<String, String>,
+    pub secret_names: Vec<String>,
+    pub setup_script: Option<String>,
+    pub allowed_hosts: Vec<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// `GET /api/environments`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct EnvironmentList {
+    pub environments: Vec<EnvironmentRecord>,
+}
+
+/// A chat's settings, stored on the chat: chosen with its first turn or
+/// `PUT /api/assistant/chats/{id}/settings`, used by every turn.
+///
+/// - `model`: `provider:model`, one of `GET /api/models`; absent: the
+///   server's default model.
+/// - `systemPrompt`: absent: the Assistant's default system prompt.
+/// - `environmentId`: a named environment of the workspace, sent in `/env`.
+/// - `skills`, `mcpServers`: as on stored agents, sent in `/config`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct ChatSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<Skill>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServer>,
+}
+
+/// A chat's settings as answered: what is stored, plus `effective`, the
+/// model and system prompt a turn uses now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ChatSettingsView {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<Skill>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServer>,
+    pub effective: EffectiveSettings,
+}
+
+/// The model and system prompt a chat's turn uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct EffectiveSettings {
+    pub model: String,
+    pub system_prompt: String,
+}
+
+/// `GET /api/models`: the models a chat may choose, the default first
+/// marked `default`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct ModelList {
+    pub models: Vec<ModelInfo>,
+}
+
+/// One model: `id` is `provider:model`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct ModelInfo {
+    pub id: String,
+    pub provider: String,
+    pub default: bool,
 }

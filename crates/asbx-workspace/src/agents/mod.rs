@@ -7,6 +7,9 @@
 //! stored definition is what `/config` returns, and the runner's NDJSON is
 //! relayed unchanged, as for `POST /api/runs`.
 //!
+//! `environmentId` names a stored environment (`crate::environments`): its
+//! values go into `/env` under the definition's own `environment`.
+//!
 //! `SANDBOX_URL` resolution (docs/protocol.md §7): the agent environment's
 //! `SANDBOX_URL` variable (the workflow environment), then the server's;
 //! with none the run fails before anything is recorded. A run request
@@ -15,19 +18,37 @@
 pub(crate) mod api;
 pub(crate) mod store;
 
-use asbx_protocol::callback::{ConfigResponse, EnvResponse};
+use asbx_protocol::FieldError;
+use asbx_protocol::callback::ConfigResponse;
 use url::Url;
 
 use crate::AppState;
 use crate::agents::store::{self as agent_store, AgentRow};
+use crate::environments;
 use crate::error::WorkspaceError;
 use crate::runs::dispatch::RunSpec;
 use crate::tokens;
 use crate::validate::{self, SANDBOX_URL_VARIABLE};
 use crate::wire::{AgentDefinition, AgentRecord, AgentRunRequest, RunKind};
 
-fn validated(d: &AgentDefinition) -> Result<String, WorkspaceError> {
-    let errors = validate::agent_definition(d);
+/// Checks a definition, its `environmentId` against the workspace's
+/// environments; the definition as stored.
+async fn validated(
+    state: &AppState,
+    workspace_id: &str,
+    d: &AgentDefinition,
+) -> Result<String, WorkspaceError> {
+    let mut errors = validate::agent_definition(d);
+    if let Some(id) = &d.environment_id
+        && environments::find(state, workspace_id, id)
+            .await?
+            .is_none_or(|e| e.id != *id)
+    {
+        errors.push(FieldError::new(
+            "environmentId",
+            "no such environment in this workspace",
+        ));
+    }
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
     }
@@ -55,7 +76,7 @@ pub(crate) async fn create(
     workspace_id: &str,
     definition: AgentDefinition,
 ) -> Result<AgentRecord, WorkspaceError> {
-    let json = validated(&definition)?;
+    let json = validated(state, workspace_id, &definition).await?;
     let now = state.now_ms();
     let row = AgentRow {
         id: tokens::random_id(),
@@ -100,7 +121,7 @@ pub(crate) async fn update(
     id: &str,
     definition: AgentDefinition,
 ) -> Result<AgentRecord, WorkspaceError> {
-    let json = validated(&definition)?;
+    let json = validated(state, workspace_id, &definition).await?;
     let updated = agent_store::update(
         state.store.pool(),
         workspace_id,
@@ -158,6 +179,14 @@ pub(crate) async fn run_spec(
         .ok_or_else(|| WorkspaceError::AgentSandboxUrlMissing {
             agent_id: agent.id.clone(),
         })?;
+    // A deleted environment fails the run (409), not silently runs without.
+    let named = match &d.environment_id {
+        Some(id) => Some(
+            environments::referenced(state, workspace_id, id, &format!("agent {}", agent.id))
+                .await?,
+        ),
+        None => None,
+    };
     Ok(RunSpec {
         id: tokens::random_id(),
         workspace_id: workspace_id.to_owned(),
@@ -165,11 +194,12 @@ pub(crate) async fn run_spec(
         chat_id: None,
         agent_id: Some(agent.id),
         prompt: request.prompt,
-        env: EnvResponse {
-            variables: d.environment.variables,
-            setup_script: d.environment.setup_script,
-            allowed_hosts: d.environment.allowed_hosts,
-        },
+        env: environments::merged_env(
+            named,
+            d.environment.variables,
+            d.environment.setup_script,
+            d.environment.allowed_hosts,
+        ),
         config: ConfigResponse {
             system_prompt: d.system_prompt,
             model: d

@@ -14,13 +14,16 @@ use bytes::Bytes;
 use crate::AppState;
 use crate::chats::live::{self as turns, LeaseGuard, LiveTurn, TurnContext};
 use crate::chats::store as chats;
+use crate::environments;
 use crate::error::WorkspaceError;
 use crate::files::ascii_file_name;
 use crate::files::store::{self as files, FileRow};
 use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::tokens;
 use crate::validate;
-use crate::wire::{ContentBlock, FileAttachment, PersistedMessage, RunKind, TurnRequest};
+use crate::wire::{
+    ChatSettings, ContentBlock, FileAttachment, PersistedMessage, RunKind, TurnRequest,
+};
 
 /// Most attachments on one message.
 pub(crate) const MAX_ATTACHMENTS: usize = 20;
@@ -48,10 +51,17 @@ pub(crate) enum TurnStart {
 pub(crate) async fn start_turn(
     state: &Arc<AppState>,
     workspace_id: &str,
-    request: TurnRequest,
+    mut request: TurnRequest,
 ) -> Result<TurnStart, WorkspaceError> {
     let mut errors = Vec::new();
     validate::prompt(&request.message, "message", &mut errors);
+    if request.chat_id.is_some() && request.settings.is_some() {
+        errors.push(FieldError::new(
+            "settings",
+            "only on a new chat's first turn: change an existing chat's with \
+             PUT /api/assistant/chats/{id}/settings",
+        ));
+    }
     if request.attachment_ids.len() > MAX_ATTACHMENTS {
         errors.push(FieldError::new(
             "attachmentIds",
@@ -73,6 +83,8 @@ pub(crate) async fn start_turn(
         &request.attachment_ids,
     )
     .await?;
+    let (new_settings, (settings_env, settings_config)) =
+        chat_settings(state, workspace_id, &mut request).await?;
 
     let turn_id = tokens::random_id();
     let now = state.now_ms();
@@ -116,6 +128,9 @@ pub(crate) async fn start_turn(
                 now,
             )
             .await?;
+            if let Some(settings) = &new_settings {
+                environments::store_chat_settings(state, workspace_id, &chat_id, settings).await?;
+            }
             chat_id
         }
     };
@@ -156,17 +171,12 @@ pub(crate) async fn start_turn(
         agent_id: None,
         prompt: prompt_with_attachments(&request.message, &placed),
         env: EnvResponse {
-            variables: Default::default(),
-            setup_script,
-            allowed_hosts: Vec::new(),
+            setup_script: join_scripts(setup_script, settings_env.setup_script.clone()),
+            ..settings_env
         },
         config: ConfigResponse {
-            system_prompt: None,
-            model: state.config.default_model.clone(),
-            skills: Vec::new(),
-            mcp_servers: Vec::new(),
             conversation: history.iter().map(PersistedMessage::to_chat_turn).collect(),
-            limits: None,
+            ..settings_config
         },
         sandbox_url,
     };
@@ -226,6 +236,38 @@ pub(crate) async fn start_turn(
             lease.release().await;
             Err(e)
         }
+    }
+}
+
+/// The turn's settings: a new chat's checked `settings` (returned to be
+/// stored with the chat), or the chat's stored ones; and the `/env` and
+/// `/config` they make (a deleted environment is `409 conflict`).
+async fn chat_settings(
+    state: &AppState,
+    workspace_id: &str,
+    request: &mut TurnRequest,
+) -> Result<(Option<ChatSettings>, (EnvResponse, ConfigResponse)), WorkspaceError> {
+    let (new, settings) = match (&request.chat_id, request.settings.take()) {
+        (None, Some(s)) => {
+            environments::check_chat_settings(state, workspace_id, &s).await?;
+            (Some(s.clone()), s)
+        }
+        (None, None) => (None, ChatSettings::default()),
+        (Some(chat_id), _) => (
+            None,
+            environments::chat_settings(state, workspace_id, chat_id).await?,
+        ),
+    };
+    let run = environments::chat_run(state, workspace_id, &settings).await?;
+    Ok((new, run))
+}
+
+/// The attachments' script (in a subshell, so its `set -e` stays there),
+/// then the environment's setup script.
+fn join_scripts(first: Option<String>, then: Option<String>) -> Option<String> {
+    match (first, then) {
+        (Some(a), Some(b)) => Some(format!("(\n{a}\n) || exit $?\n{b}")),
+        (a, b) => a.or(b),
     }
 }
 

@@ -55,10 +55,12 @@ pub(crate) async fn detail(
     }
     let messages = chats::all_messages(state.store.pool(), chat_id).await?;
     let files = files::list_for_chat(state.store.pool(), chat_id, workspace_id).await?;
+    let settings = crate::environments::chat_settings_view(state, workspace_id, chat_id).await?;
     Ok(ChatDetail {
         chat: summary(&chat, state.now_ms()),
         messages,
         files: files.iter().map(file_info).collect(),
+        settings,
     })
 }
 

@@ -30,12 +30,7 @@ pub(crate) async fn create(
     caller: Caller,
     JsonBody(request): JsonBody<CreateRunRequest, MAX_DEFINITION_BODY>,
 ) -> Result<Response, WorkspaceError> {
-    let (spec, stream) = run_request::to_spec(
-        request,
-        &caller.workspace_id,
-        &state.config.default_model,
-        state.config.sandbox_url.as_ref(),
-    )?;
+    let (spec, stream) = run_request::to_spec(&state, request, &caller.workspace_id).await?;
     stream_response(state, &spec, &stream).await
 }
 

@@ -1,11 +1,14 @@
-//! `POST /api/runs` bodies: checked by `validate`, turned into a dispatch;
+//! `POST /api/runs` bodies: checked by `validate`, turned into a dispatch
+//! (with a named environment's `/env` under the request's own values);
 //! the protocol 2 choices of any run request checked by [`options`].
 
-use asbx_protocol::callback::{ConfigResponse, EnvResponse};
+use asbx_protocol::callback::ConfigResponse;
 use asbx_protocol::dispatch::{ClientTool, EncryptionRequest, FieldError};
 use asbx_protocol::{EventKind, Filter};
 use serde_json::Value;
 
+use crate::AppState;
+use crate::environments;
 use crate::error::WorkspaceError;
 use crate::runs::dispatch::{RunOptions, RunSpec};
 use crate::tokens;
@@ -14,14 +17,27 @@ use crate::wire::{CreateRunRequest, RunKind};
 
 /// Checks a request field by field and turns it into a dispatch to the
 /// server's runner (a request never names its runner: see
-/// [`CreateRunRequest`]).
-pub(crate) fn to_spec(
+/// [`CreateRunRequest`]). A named `environment` goes under the request's
+/// own values ([`environments::merged_env`]).
+pub(crate) async fn to_spec(
+    state: &AppState,
     request: CreateRunRequest,
     workspace_id: &str,
-    default_model: &str,
-    server_sandbox_url: Option<&url::Url>,
 ) -> Result<(RunSpec, Stream), WorkspaceError> {
     let mut errors = validate::run_request(&request);
+    let named = match request.environment.as_deref() {
+        Some(name) => {
+            let found = environments::find(state, workspace_id, name).await?;
+            if found.is_none() {
+                errors.push(FieldError::new(
+                    "environment",
+                    "no such environment in this workspace (by id or name)",
+                ));
+            }
+            found
+        }
+        None => None,
+    };
     let stream = options(
         request.protocol.as_ref(),
         request.filter.as_ref(),
@@ -32,8 +48,10 @@ pub(crate) fn to_spec(
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
     }
-    let sandbox_url = server_sandbox_url
-        .cloned()
+    let sandbox_url = state
+        .config
+        .sandbox_url
+        .clone()
         .ok_or(WorkspaceError::SandboxUrlMissing)?;
     let spec = RunSpec {
         id: tokens::random_id(),
@@ -41,14 +59,17 @@ pub(crate) fn to_spec(
         kind: RunKind::Run,
         chat_id: None,
         agent_id: None,
-        env: EnvResponse {
-            variables: request.variables,
-            setup_script: request.setup_script,
-            allowed_hosts: request.allowed_hosts,
-        },
+        env: environments::merged_env(
+            named,
+            request.variables,
+            request.setup_script,
+            request.allowed_hosts,
+        ),
         config: ConfigResponse {
             system_prompt: request.system_prompt,
-            model: request.model.unwrap_or_else(|| default_model.to_owned()),
+            model: request
+                .model
+                .unwrap_or_else(|| state.config.default_model.clone()),
             skills: request.skills,
             mcp_servers: request.mcp_servers,
             conversation: Vec::new(),

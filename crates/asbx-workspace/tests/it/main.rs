@@ -8,6 +8,7 @@ mod agents;
 mod callbacks;
 mod chat_nodes;
 mod chats;
+mod environments;
 mod fleet;
 mod runs;
 mod runs_api;

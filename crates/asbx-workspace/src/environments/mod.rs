@@ -1,0 +1,501 @@
+//! Named environments and per-chat settings (docs/api-environments.md).
+//!
+//! An environment is what a run's `/env` carries (variables, secrets, a
+//! setup script, allowed hosts), stored once per workspace and picked by a
+//! run (`"environment"`), a stored agent (`"environmentId"`) or a chat's
+//! settings. Secret values are write-only: no response, log line or page
+//! carries them; they reach a sandbox only through `/env` (docs/protocol.md
+//! §3), as variables.
+//!
+//! A chat's settings (model, system prompt, environment, skills, MCP
+//! servers) are stored on the chat and turned into each turn's `/env` and
+//! `/config` by [`chat_run`].
+//!
+//! This module uses no other feature: runs, agents and chats use it.
+
+pub(crate) mod api;
+pub(crate) mod store;
+
+use std::collections::BTreeMap;
+
+use asbx_protocol::FieldError;
+use asbx_protocol::callback::{ConfigResponse, EnvResponse};
+
+use crate::AppState;
+use crate::environments::store::{self as env_store, EnvironmentRow};
+use crate::error::WorkspaceError;
+use crate::tokens;
+use crate::validate;
+use crate::wire::{
+    ChatSettings, ChatSettingsView, EffectiveSettings, EnvironmentBody, EnvironmentRecord,
+    ModelInfo, ModelList,
+};
+
+/// The Assistant's system prompt when a chat sets none.
+pub(crate) const DEFAULT_SYSTEM_PROMPT: &str = "\
+You are the asbx Assistant. You work in a private Linux sandbox: a working \
+directory of your own, a bash shell tool to run commands in it, and file \
+tools to read and write files there. Network access is limited to the hosts \
+the chat's environment allows.
+
+Files the user attached to their message are in the `attachments/` folder of \
+your working directory: read them there.
+
+The chat's files (its bag) are reachable with these tools, when present:
+- `workspace_list_files`: the files of this chat (id, path, type, size).
+- `workspace_read_file` {\"id\", \"saveAs\"?}: a file's text, or with \
+`saveAs` its bytes written to that relative path.
+- `workspace_create_file` {\"path\", \"content\" or \"fromPath\", \"mimeType\"?}: \
+put a file in the chat's bag so the user can download it. Give the user \
+every file they asked for this way.
+- `chat_history` {\"limit\"?}: earlier messages of this chat.
+
+Work step by step: look before you change things, check what your commands \
+print, and say plainly what you did, what you found and what failed. Keep \
+answers short and concrete; use Markdown.";
+
+/// A stored environment with its secrets: for building `/env` only.
+#[derive(Clone)]
+pub(crate) struct Environment {
+    pub(crate) id: String,
+    pub(crate) variables: BTreeMap<String, String>,
+    pub(crate) secrets: BTreeMap<String, String>,
+    pub(crate) setup_script: Option<String>,
+    pub(crate) allowed_hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for Environment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Environment")
+            .field("id", &self.id)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+fn corrupt(id: &str, e: serde_json::Error) -> WorkspaceError {
+    WorkspaceError::Corrupt(format!("stored environment {id}: {e}"))
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<String, WorkspaceError> {
+    serde_json::to_string(v).map_err(|e| WorkspaceError::Corrupt(format!("environment: {e}")))
+}
+
+fn secrets_of(row: &EnvironmentRow) -> Result<BTreeMap<String, String>, WorkspaceError> {
+    serde_json::from_str(&row.secrets).map_err(|e| corrupt(&row.id, e))
+}
+
+fn environment(row: EnvironmentRow) -> Result<Environment, WorkspaceError> {
+    Ok(Environment {
+        variables: serde_json::from_str(&row.variables).map_err(|e| corrupt(&row.id, e))?,
+        secrets: secrets_of(&row)?,
+        allowed_hosts: serde_json::from_str(&row.allowed_hosts).map_err(|e| corrupt(&row.id, e))?,
+        setup_script: row.setup_script,
+        id: row.id,
+    })
+}
+
+fn record(row: EnvironmentRow) -> Result<EnvironmentRecord, WorkspaceError> {
+    let secret_names = secrets_of(&row)?.into_keys().collect();
+    Ok(EnvironmentRecord {
+        variables: serde_json::from_str(&row.variables).map_err(|e| corrupt(&row.id, e))?,
+        allowed_hosts: serde_json::from_str(&row.allowed_hosts).map_err(|e| corrupt(&row.id, e))?,
+        secret_names,
+        id: row.id,
+        name: row.name,
+        setup_script: row.setup_script,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+    })
+}
+
+fn not_found(id: &str) -> WorkspaceError {
+    WorkspaceError::NotFound(format!("environment {id}"))
+}
+
+/// A row from a checked body and its final secrets.
+fn checked_row(
+    body: EnvironmentBody,
+    secrets: &BTreeMap<String, String>,
+    creating: bool,
+    id: String,
+    workspace_id: &str,
+    created_at: i64,
+    now: i64,
+) -> Result<EnvironmentRow, WorkspaceError> {
+    let errors = validate::named_environment(&body, secrets, creating);
+    if !errors.is_empty() {
+        return Err(WorkspaceError::invalid_fields(errors));
+    }
+    Ok(EnvironmentRow {
+        id,
+        workspace_id: workspace_id.to_owned(),
+        variables: json(&body.variables)?,
+        secrets: json(secrets)?,
+        allowed_hosts: json(&body.allowed_hosts)?,
+        name: body.name,
+        setup_script: body.setup_script,
+        created_at,
+        updated_at: now,
+    })
+}
+
+/// Stores a new environment in `workspace_id`.
+pub(crate) async fn create(
+    state: &AppState,
+    workspace_id: &str,
+    body: EnvironmentBody,
+) -> Result<EnvironmentRecord, WorkspaceError> {
+    let secrets: BTreeMap<String, String> = body
+        .secrets
+        .iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+        .collect();
+    let now = state.now_ms();
+    let row = checked_row(
+        body,
+        &secrets,
+        true,
+        tokens::random_id(),
+        workspace_id,
+        now,
+        now,
+    )?;
+    env_store::insert(state.store.pool(), &row).await?;
+    record(row)
+}
+
+/// Every environment of `workspace_id`, by name.
+pub(crate) async fn list(
+    state: &AppState,
+    workspace_id: &str,
+) -> Result<Vec<EnvironmentRecord>, WorkspaceError> {
+    env_store::list(state.store.pool(), workspace_id)
+        .await?
+        .into_iter()
+        .map(record)
+        .collect()
+}
+
+/// One environment of `workspace_id`; another workspace's is not found.
+pub(crate) async fn get(
+    state: &AppState,
+    workspace_id: &str,
+    id: &str,
+) -> Result<EnvironmentRecord, WorkspaceError> {
+    let row = env_store::get(state.store.pool(), workspace_id, id)
+        .await?
+        .ok_or_else(|| not_found(id))?;
+    record(row)
+}
+
+/// Replaces an environment; its secrets change only as `body.secrets` says
+/// (absent: kept; a name with `null`: deleted; with a string: set).
+pub(crate) async fn update(
+    state: &AppState,
+    workspace_id: &str,
+    id: &str,
+    mut body: EnvironmentBody,
+) -> Result<EnvironmentRecord, WorkspaceError> {
+    let old = env_store::get(state.store.pool(), workspace_id, id)
+        .await?
+        .ok_or_else(|| not_found(id))?;
+    let mut secrets = secrets_of(&old)?;
+    for (name, value) in body.secrets.take().into_iter().flatten() {
+        match value {
+            Some(v) => {
+                secrets.insert(name, v);
+            }
+            None => {
+                secrets.remove(&name);
+            }
+        }
+    }
+    let row = checked_row(
+        body,
+        &secrets,
+        false,
+        old.id,
+        workspace_id,
+        old.created_at,
+        state.now_ms(),
+    )?;
+    if !env_store::update(state.store.pool(), &row).await? {
+        return Err(not_found(id));
+    }
+    record(row)
+}
+
+/// Deletes an environment: never found again. Chats and agents naming it
+/// fail their next run with `409 conflict` until they name another.
+pub(crate) async fn delete(
+    state: &AppState,
+    workspace_id: &str,
+    id: &str,
+) -> Result<(), WorkspaceError> {
+    if env_store::delete(state.store.pool(), workspace_id, id, state.now_ms()).await? {
+        Ok(())
+    } else {
+        Err(not_found(id))
+    }
+}
+
+/// The live environment of `workspace_id` with this id or name.
+pub(crate) async fn find(
+    state: &AppState,
+    workspace_id: &str,
+    id_or_name: &str,
+) -> Result<Option<Environment>, WorkspaceError> {
+    env_store::find(state.store.pool(), workspace_id, id_or_name)
+        .await?
+        .map(environment)
+        .transpose()
+}
+
+/// The environment `id` a chat or an agent refers to; `409 conflict` when
+/// it was deleted since (`owner` says whose reference it is).
+pub(crate) async fn referenced(
+    state: &AppState,
+    workspace_id: &str,
+    id: &str,
+    owner: &str,
+) -> Result<Environment, WorkspaceError> {
+    match env_store::get(state.store.pool(), workspace_id, id).await? {
+        Some(row) => environment(row),
+        None => Err(WorkspaceError::Conflict(format!(
+            "{owner} uses environment {id}, which no longer exists: choose another environment"
+        ))),
+    }
+}
+
+/// `/env` from a named environment under inline values: the inline
+/// variables and setup script win on a clash; secrets are variables in the
+/// sandbox; allowed hosts are the union.
+pub(crate) fn merged_env(
+    named: Option<Environment>,
+    variables: BTreeMap<String, String>,
+    setup_script: Option<String>,
+    allowed_hosts: Vec<String>,
+) -> EnvResponse {
+    // Field by field: `EnvResponse` gains fields this module doesn't set.
+    let mut env = EnvResponse::default();
+    let Some(named) = named else {
+        env.variables = variables;
+        env.setup_script = setup_script;
+        env.allowed_hosts = allowed_hosts;
+        return env;
+    };
+    let mut all = named.variables;
+    all.extend(named.secrets);
+    all.extend(variables);
+    let mut hosts = named.allowed_hosts;
+    for h in allowed_hosts {
+        if !hosts.contains(&h) {
+            hosts.push(h);
+        }
+    }
+    env.variables = all;
+    env.setup_script = setup_script.or(named.setup_script);
+    env.allowed_hosts = hosts;
+    env
+}
+
+/// `GET /api/models`.
+pub(crate) fn models(state: &AppState) -> ModelList {
+    let default = &state.config.default_model;
+    ModelList {
+        models: state
+            .config
+            .model_list()
+            .into_iter()
+            .map(|id| ModelInfo {
+                provider: id.split_once(':').map(|(p, _)| p).unwrap_or("").to_owned(),
+                default: id == *default,
+                id,
+            })
+            .collect(),
+    }
+}
+
+/// Checks chat settings (fields `settings.*`), the environment among them
+/// against this workspace's.
+pub(crate) async fn check_chat_settings(
+    state: &AppState,
+    workspace_id: &str,
+    settings: &ChatSettings,
+) -> Result<(), WorkspaceError> {
+    let mut errors = validate::chat_settings(settings, &state.config.model_list());
+    if let Some(id) = settings
+        .environment_id
+        .as_deref()
+        .filter(|id| !id.is_empty())
+        && env_store::get(state.store.pool(), workspace_id, id)
+            .await?
+            .is_none()
+    {
+        errors.push(FieldError::new(
+            "settings.environmentId",
+            "no such environment in this workspace",
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(WorkspaceError::invalid_fields(errors))
+    }
+}
+
+/// A live chat's settings (the defaults when it has none stored).
+pub(crate) async fn chat_settings(
+    state: &AppState,
+    workspace_id: &str,
+    chat_id: &str,
+) -> Result<ChatSettings, WorkspaceError> {
+    match env_store::chat_settings(state.store.pool(), workspace_id, chat_id).await? {
+        None => Err(WorkspaceError::NotFound(format!("chat {chat_id}"))),
+        Some(None) => Ok(ChatSettings::default()),
+        Some(Some(text)) => serde_json::from_str(&text)
+            .map_err(|e| WorkspaceError::Corrupt(format!("settings of chat {chat_id}: {e}"))),
+    }
+}
+
+/// Stores a chat's settings, unchecked (see [`check_chat_settings`]).
+pub(crate) async fn store_chat_settings(
+    state: &AppState,
+    workspace_id: &str,
+    chat_id: &str,
+    settings: &ChatSettings,
+) -> Result<(), WorkspaceError> {
+    let text = json(settings)?;
+    if env_store::set_chat_settings(
+        state.store.pool(),
+        workspace_id,
+        chat_id,
+        &text,
+        state.now_ms(),
+    )
+    .await?
+    {
+        Ok(())
+    } else {
+        Err(WorkspaceError::NotFound(format!("chat {chat_id}")))
+    }
+}
+
+/// `PUT /api/assistant/chats/{id}/settings`: checks and replaces them.
+pub(crate) async fn put_chat_settings(
+    state: &AppState,
+    workspace_id: &str,
+    chat_id: &str,
+    settings: ChatSettings,
+) -> Result<ChatSettingsView, WorkspaceError> {
+    // A missing chat is 404 before its body's problems.
+    chat_settings(state, workspace_id, chat_id).await?;
+    check_chat_settings(state, workspace_id, &settings).await?;
+    store_chat_settings(state, workspace_id, chat_id, &settings).await?;
+    Ok(settings_view(state, settings))
+}
+
+/// Settings as answered: stored plus the effective model and system prompt.
+pub(crate) fn settings_view(state: &AppState, s: ChatSettings) -> ChatSettingsView {
+    let effective = EffectiveSettings {
+        model: s
+            .model
+            .clone()
+            .unwrap_or_else(|| state.config.default_model.clone()),
+        system_prompt: s
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_owned()),
+    };
+    ChatSettingsView {
+        model: s.model,
+        system_prompt: s.system_prompt,
+        environment_id: s.environment_id,
+        skills: s.skills,
+        mcp_servers: s.mcp_servers,
+        effective,
+    }
+}
+
+/// A live chat's settings as answered in `GET /api/assistant/chats/{id}`.
+pub(crate) async fn chat_settings_view(
+    state: &AppState,
+    workspace_id: &str,
+    chat_id: &str,
+) -> Result<ChatSettingsView, WorkspaceError> {
+    let s = chat_settings(state, workspace_id, chat_id).await?;
+    Ok(settings_view(state, s))
+}
+
+/// What a chat turn's `/env` and `/config` start from, by its settings
+/// (the turn adds attachments and the replayed conversation). A deleted
+/// environment is `409 conflict`.
+pub(crate) async fn chat_run(
+    state: &AppState,
+    workspace_id: &str,
+    settings: &ChatSettings,
+) -> Result<(EnvResponse, ConfigResponse), WorkspaceError> {
+    let named = match settings.environment_id.as_deref() {
+        Some(id) => Some(referenced(state, workspace_id, id, "this chat").await?),
+        None => None,
+    };
+    let env = merged_env(named, BTreeMap::new(), None, Vec::new());
+    let config = ConfigResponse {
+        system_prompt: Some(
+            settings
+                .system_prompt
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_owned()),
+        ),
+        model: settings
+            .model
+            .clone()
+            .unwrap_or_else(|| state.config.default_model.clone()),
+        skills: settings.skills.clone(),
+        mcp_servers: settings.mcp_servers.clone(),
+        ..Default::default()
+    };
+    Ok((env, config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named() -> Environment {
+        Environment {
+            id: "e".into(),
+            variables: [("A".to_owned(), "env".to_owned())].into(),
+            secrets: [("TOKEN".to_owned(), "s3cret".to_owned())].into(),
+            setup_script: Some("echo env".into()),
+            allowed_hosts: vec!["a.example".into()],
+        }
+    }
+
+    #[test]
+    fn inline_values_win_and_hosts_are_the_union() {
+        let env = merged_env(
+            Some(named()),
+            [("A".to_owned(), "inline".to_owned())].into(),
+            Some("echo inline".into()),
+            vec!["b.example".into(), "a.example".into()],
+        );
+        assert_eq!(env.variables["A"], "inline");
+        assert_eq!(env.variables["TOKEN"], "s3cret");
+        assert_eq!(env.setup_script.as_deref(), Some("echo inline"));
+        assert_eq!(env.allowed_hosts, ["a.example", "b.example"]);
+        let env = merged_env(Some(named()), BTreeMap::new(), None, Vec::new());
+        assert_eq!(env.setup_script.as_deref(), Some("echo env"));
+    }
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let shown = format!("{:?}", named());
+        assert!(
+            shown.contains("TOKEN") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
+}

@@ -182,6 +182,7 @@ export class Run implements AsyncIterable<RunEvent> {
 
   #events(): AsyncGenerator<RunEvent> {
     let finalReplay = false;
+    let settled: RunInfo | undefined;
     return resumable<RunEvent>({
       first: this.#first,
       retry: this.#client.retry,
@@ -199,9 +200,18 @@ export class Run implements AsyncIterable<RunEvent> {
       stopAfterCleanEnd: async () => {
         // The stream ended without session_ended: once the run is settled,
         // one last replay picks up what is stored, then it is over.
-        if (finalReplay) return true;
+        if (finalReplay) {
+          // Settled without session_ended (e.g. runner_lost): the run
+          // record says how it ended.
+          if (!this.termination && settled?.termination) this.termination = settled.termination;
+          if (!this.error && settled?.error) this.error = settled.error;
+          return true;
+        }
         const info = await this.#client.runs.get(this.id!);
-        if (info.status !== "running") finalReplay = true;
+        if (info.status !== "running") {
+          finalReplay = true;
+          settled = info;
+        }
         return false;
       },
     });
@@ -275,11 +285,21 @@ export class Run implements AsyncIterable<RunEvent> {
     } catch (e) {
       answer = { error: e instanceof Error ? e.message : String(e) };
     }
-    try {
-      await this.respond(call.callId, answer);
-    } catch (e) {
-      // 409: already answered (a replay showed the call again).
-      if (!(e instanceof AsbxError && e.status === 409)) this.#toolFailure = e;
+    // A dropped connection or a 5xx is retried; 409 means an earlier try
+    // (or a replay's) already got through.
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await this.respond(call.callId, answer);
+        return;
+      } catch (e) {
+        if (e instanceof AsbxError && e.status === 409) return;
+        const retryable = e instanceof AsbxError && (e.code === "connection_lost" || e.status >= 500);
+        if (!retryable || attempt >= this.#client.retry.attempts || this.#link.aborted()) {
+          this.#toolFailure = e;
+          return;
+        }
+        await new Promise((r) => setTimeout(r, this.#client.retry.delayMs * 2 ** attempt));
+      }
     }
   }
 }

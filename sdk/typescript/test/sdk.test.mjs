@@ -294,3 +294,17 @@ t("aborting a run's signal cancels the run on the server", async () => {
   });
   assert.equal(info2.error?.code, "cancelled");
 });
+
+t("an encrypted run resumed after a cut opens every line once", async () => {
+  const words = Array.from({ length: 30 }, (_, i) => `e${i}`).join(" ");
+  const rec = recordingFetch({ cut: { bytes: 1500, match: (url, init) => init.method === "POST" && url.endsWith("/api/runs") } });
+  const run = client({ fetch: rec.fetch }).runs.create({ prompt: script({ say: words, stream_ms: 15 }), encrypt: true });
+  const events = await collect(run);
+  assert.ok(rec.cut(), "the connection was cut");
+  const seqs = events.map((e) => e.seq);
+  assert.deepEqual(seqs, Array.from({ length: seqs.length }, (_, i) => i + 1));
+  assert.equal(events.filter((e) => e.type === "delta").map((e) => e.text).join(""), words);
+  assert.equal(run.result, words);
+  assert.ok(!rec.wire.join("").includes(" e17 "), "no plaintext on the wire");
+  assert.ok(rec.requests.some((r) => /\/events\?after=[1-9]/.test(r.url)), JSON.stringify(rec.requests.map((r) => r.url)));
+});

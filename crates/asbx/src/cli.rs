@@ -136,6 +136,11 @@ pub(crate) struct WorkspaceOpts {
     /// answers only while ASBX_REQUIRE_AUTH is off.
     #[arg(long, env = "ASBX_METRICS_TOKEN", hide_env_values = true)]
     pub(crate) metrics_token: Option<String>,
+    /// Models a chat may choose, comma-separated `provider:model` (the
+    /// first is the default when ASBX_MODEL is unset). `up` without it
+    /// lists the providers it configures the runner with.
+    #[arg(long, env = "ASBX_MODELS", value_delimiter = ',')]
+    pub(crate) models: Vec<String>,
 }
 
 #[derive(Debug, Args)]

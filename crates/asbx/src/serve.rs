@@ -35,14 +35,20 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let addr = listener.local_addr()?;
             // Sandboxes call this workspace back: its origin is the runner's.
             let runner = start_runner(&args.runner, &data, Some(format!("http://{addr}")))?;
-            let model = default_model(args.model.as_deref(), &args.runner);
             let mut config =
                 WorkspaceConfig::new(data.join("workspace"), format!("http://{addr}").parse()?);
+            apply_workspace_opts(&mut config, &args.workspace);
+            if config.models.is_empty() {
+                config.models = provider_models(&args.runner);
+            }
+            let model = match (&args.model, config.models.first()) {
+                (None, Some(first)) if !args.workspace.models.is_empty() => first.clone(),
+                _ => default_model(args.model.as_deref(), &args.runner),
+            };
             config.sandbox_url = Some(runner_url.parse()?);
             config.default_model = model.clone();
             config.listen = Some(addr);
             config.runner_token = args.runner.token.clone();
-            apply_workspace_opts(&mut config, &args.workspace);
             let workspace = Workspace::open(config)
                 .await
                 .context("opening the workspace")?;
@@ -92,8 +98,12 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 Some(u) => u,
                 None => format!("http://{addr}").parse()?,
             };
-            let model = args.model.unwrap_or_else(|| "scripted:demo".to_owned());
             let mut config = WorkspaceConfig::new(data.join("workspace"), public_url);
+            apply_workspace_opts(&mut config, &args.opts);
+            let model = args
+                .model
+                .or_else(|| config.models.first().cloned())
+                .unwrap_or_else(|| "scripted:demo".to_owned());
             config.database_url = args.database_url;
             config.sandbox_url = args
                 .sandbox_url
@@ -104,7 +114,6 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.default_model = model;
             config.listen = Some(addr);
             config.runner_token = args.runner_token;
-            apply_workspace_opts(&mut config, &args.opts);
             let workspace = Workspace::open(config)
                 .await
                 .context("opening the workspace")?;
@@ -144,6 +153,27 @@ fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::cli::Workspa
     config.require_auth = opts.require_auth;
     config.detach_grace = Duration::from_millis(opts.detach_grace_ms);
     config.metrics_token = opts.metrics_token.clone().filter(|t| !t.is_empty());
+    config.models = opts
+        .models
+        .iter()
+        .map(|m| m.trim().to_owned())
+        .filter(|m| !m.is_empty())
+        .collect();
+}
+
+/// The models `up` offers without `ASBX_MODELS`: those of the providers it
+/// configures the runner with (the default first, as [`default_model`]
+/// picks it), and the scripted model, always there.
+fn provider_models(opts: &RunnerOpts) -> Vec<String> {
+    let mut out = Vec::new();
+    if opts.openai_api_key.is_some() {
+        out.push("openai:gpt-4.1-mini".to_owned());
+    }
+    if opts.anthropic_api_key.is_some() {
+        out.push("anthropic:claude-sonnet-4-5".to_owned());
+    }
+    out.push("scripted:demo".to_owned());
+    out
 }
 
 /// Prints a line; a closed stdout (a reader that went away) is not an error.

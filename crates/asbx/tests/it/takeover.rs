@@ -75,9 +75,9 @@ async fn read_until(body: &mut reqwest::Response, seen: &mut String, want: &str)
     .await
     .expect("the stream went on in time");
     seen.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("id:"))
-        .filter_map(|v| v.trim().parse().ok())
-        .last()
+        .find_map(|v| v.trim().parse().ok())
 }
 
 #[tokio::test]

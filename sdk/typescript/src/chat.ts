@@ -10,7 +10,7 @@ import type { AsbxClient } from "./client.js";
 import { AsbxError } from "./errors.js";
 import { resumable, type Frame } from "./resume.js";
 import { sseMessages } from "./streams.js";
-import type { ChatEvent, DoneEvent, TerminationInfo, TurnEvent } from "./types.js";
+import type { ChatEvent, ChatSettings, DoneEvent, TerminationInfo, TurnEvent } from "./types.js";
 
 export interface ChatOptions {
   /** The user's message. */
@@ -19,8 +19,8 @@ export interface ChatOptions {
   chatId?: string;
   /** Files uploaded with `client.chats.upload`. */
   attachmentIds?: string[];
-  /** A new chat's settings, where the server supports them. */
-  settings?: Record<string, unknown>;
+  /** A new chat's settings (with `chatId` the server answers 400). */
+  settings?: ChatSettings;
   /** Aborting it cancels the turn and ends the iteration. */
   signal?: AbortSignal;
 }

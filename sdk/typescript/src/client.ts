@@ -8,7 +8,21 @@ import { AsbxError } from "./errors.js";
 import type { RetryOptions } from "./resume.js";
 import { Run, type CreateRunOptions, type ToolAnswer } from "./run.js";
 import { ChatTurn, type ChatOptions } from "./chat.js";
-import type { ChatSummary, ChatThread, FileInfo, RunInfo } from "./types.js";
+import { AbortLink } from "./abort.js";
+import { sseMessages } from "./streams.js";
+import type {
+  ChatSettings,
+  ChatSettingsView,
+  ChatSummary,
+  ChatThread,
+  EnvironmentCreate,
+  EnvironmentInfo,
+  EnvironmentUpdate,
+  FileInfo,
+  ModelInfo,
+  RunInfo,
+  WorkspaceChatEvent,
+} from "./types.js";
 
 export interface AsbxClientOptions {
   /** The workspace URL (`asbx up` prints it as `open URL`). */
@@ -33,6 +47,7 @@ export class AsbxClient {
   readonly baseUrl: string;
   readonly runs: Runs;
   readonly chats: Chats;
+  readonly environments: Environments;
   /** @internal */
   readonly retry: Required<RetryOptions>;
   readonly #apiKey: string | undefined;
@@ -46,6 +61,41 @@ export class AsbxClient {
     this.retry = { attempts: options.retry?.attempts ?? 6, delayMs: options.retry?.delayMs ?? 100 };
     this.runs = new Runs(this);
     this.chats = new Chats(this);
+    this.environments = new Environments(this);
+  }
+
+  /** `GET /api/models`: the models a chat or run can name. */
+  async models(): Promise<ModelInfo[]> {
+    return (await this.json<{ models: ModelInfo[] }>("GET", "/api/models")).models;
+  }
+
+  /**
+   * `GET /api/assistant/events`: the workspace's chat events (a turn
+   * started or ended, a chat deleted or changed) as they happen, until
+   * `signal` aborts (the iteration then ends quietly) or the server closes.
+   */
+  async *events(options: { signal?: AbortSignal } = {}): AsyncGenerator<WorkspaceChatEvent> {
+    const link = new AbortLink(options.signal, () => link.controller.abort());
+    let res: Response;
+    try {
+      res = await this.request("GET", "/api/assistant/events", {
+        accept: "text/event-stream",
+        signal: link.controller.signal,
+      });
+    } catch (e) {
+      if (link.aborted()) return;
+      throw e;
+    }
+    if (!res.body) return;
+    try {
+      for await (const msg of sseMessages(res.body)) {
+        if (msg.event !== "chat") continue;
+        yield { type: "chat", ...(JSON.parse(msg.data) as Omit<WorkspaceChatEvent, "type">) };
+      }
+    } catch (e) {
+      if (link.aborted()) return;
+      throw e;
+    }
   }
 
   /**
@@ -140,9 +190,22 @@ export class Chats {
     return this.client.json("GET", "/api/assistant/chats");
   }
 
-  /** The thread: every message, and the chat's files. */
-  get(id: string): Promise<ChatThread> {
-    return this.client.json("GET", `/api/assistant/chats/${encodeURIComponent(id)}`);
+  /**
+   * The thread: its messages (oldest first), the chat's files and settings.
+   * `limit`/`before` page it: the newest `limit` messages before the cursor
+   * `before` (the previous page's `before`).
+   */
+  get(id: string, page: { limit?: number; before?: string | number } = {}): Promise<ChatThread> {
+    const q = new URLSearchParams();
+    if (page.limit !== undefined) q.set("limit", String(page.limit));
+    if (page.before !== undefined && page.before !== null) q.set("before", String(page.before));
+    const qs = q.toString() ? `?${q}` : "";
+    return this.client.json("GET", `/api/assistant/chats/${encodeURIComponent(id)}${qs}`);
+  }
+
+  /** `PUT /api/assistant/chats/{id}/settings`. */
+  updateSettings(id: string, settings: ChatSettings): Promise<ChatSettingsView> {
+    return this.client.json("PUT", `/api/assistant/chats/${encodeURIComponent(id)}/settings`, { json: settings });
   }
 
   /** Deletes a chat (a turn in flight is cancelled). */
@@ -170,5 +233,31 @@ export class Chats {
       body: data as BodyInit,
       headers: { "content-type": mime },
     });
+  }
+}
+
+/** Named environments of the workspace (`/api/environments`). */
+export class Environments {
+  constructor(private readonly client: AsbxClient) {}
+
+  async list(): Promise<EnvironmentInfo[]> {
+    return (await this.client.json<{ environments: EnvironmentInfo[] }>("GET", "/api/environments")).environments;
+  }
+
+  get(id: string): Promise<EnvironmentInfo> {
+    return this.client.json("GET", `/api/environments/${encodeURIComponent(id)}`);
+  }
+
+  /** A second live environment of the same name is `409 conflict`. */
+  create(env: EnvironmentCreate): Promise<EnvironmentInfo> {
+    return this.client.json("POST", "/api/environments", { json: env });
+  }
+
+  update(id: string, env: EnvironmentUpdate): Promise<EnvironmentInfo> {
+    return this.client.json("PUT", `/api/environments/${encodeURIComponent(id)}`, { json: env });
+  }
+
+  async delete(id: string): Promise<void> {
+    await this.client.request("DELETE", `/api/environments/${encodeURIComponent(id)}`);
   }
 }

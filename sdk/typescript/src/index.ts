@@ -3,7 +3,7 @@
  * with no dependency beyond the platform's `fetch` and WebCrypto.
  */
 
-export { AsbxClient, Runs, Chats, type AsbxClientOptions } from "./client.js";
+export { AsbxClient, Runs, Chats, Environments, type AsbxClientOptions } from "./client.js";
 export { Run, type CreateRunOptions, type ClientTool, type ToolHandler, type ToolAnswer } from "./run.js";
 export { ChatTurn, type ChatOptions } from "./chat.js";
 export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";

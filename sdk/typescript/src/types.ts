@@ -267,5 +267,71 @@ export interface ChatThread {
   title?: string | null;
   messages: ChatMessage[];
   files?: FileInfo[];
+  settings?: ChatSettingsView;
+  /** Cursor of the next older page (`get(id, {before})`), `null` when none. */
+  before?: string | number | null;
   [key: string]: unknown;
+}
+
+/** A named environment of the workspace (secret values are never answered). */
+export interface EnvironmentInfo {
+  id: string;
+  name: string;
+  variables: Record<string, string>;
+  secretNames: string[];
+  setupScript?: string | null;
+  allowedHosts: string[];
+  createdAt: string | number;
+  updatedAt: string | number;
+}
+
+/** `POST /api/environments`. */
+export interface EnvironmentCreate {
+  name: string;
+  variables?: Record<string, string>;
+  secrets?: Record<string, string>;
+  setupScript?: string | null;
+  allowedHosts?: string[];
+}
+
+/**
+ * `PUT /api/environments/{id}`: `secrets` absent keeps them all; a key set
+ * to `null` deletes that secret, a string sets it.
+ */
+export interface EnvironmentUpdate {
+  name: string;
+  variables?: Record<string, string>;
+  secrets?: Record<string, string | null>;
+  setupScript?: string | null;
+  allowedHosts?: string[];
+}
+
+/** A model of `GET /api/models` (`id` is `provider:model`). */
+export interface ModelInfo {
+  id: string;
+  provider: string;
+  default: boolean;
+}
+
+/** A chat's settings (first turn, or `PUT /api/assistant/chats/{id}/settings`). */
+export interface ChatSettings {
+  model?: string;
+  systemPrompt?: string;
+  environmentId?: string;
+  skills?: Skill[];
+  mcpServers?: unknown[];
+}
+
+/** A chat's settings as answered, with what a turn uses now. */
+export interface ChatSettingsView extends ChatSettings {
+  effective: { model: string; systemPrompt: string };
+}
+
+/** `event: chat` of `GET /api/assistant/events`. */
+export interface WorkspaceChatEvent {
+  type: "chat";
+  chatId: string;
+  turnId?: string;
+  state: "started" | "ended" | "deleted" | "updated";
+  title?: string;
 }

@@ -62,9 +62,13 @@ test("models and environments: secrets write-only, 409 on a taken name, used by 
   const out = (await drain(run)).filter((e) => e.type === "stdout").map((e) => e.chunk).join("");
   assert.match(out, /var-9917\/secret-4471/);
 
-  const updated = await c.environments.update(env.id, { name, secrets: { SDK_SECRET: null } });
+  // PUT replaces the definition, but absent `secrets` keeps them all ...
+  const kept = await c.environments.update(env.id, { name, variables: { SDK_VAR: "var-2" } });
+  assert.deepEqual(kept.secretNames, ["SDK_SECRET"]);
+  assert.equal(kept.variables.SDK_VAR, "var-2");
+  // ... and a secret set to null is deleted.
+  const updated = await c.environments.update(env.id, { name, variables: { SDK_VAR: "var-2" }, secrets: { SDK_SECRET: null } });
   assert.deepEqual(updated.secretNames, []);
-  assert.equal(updated.variables.SDK_VAR, "var-9917", "variables kept");
   await c.environments.delete(env.id);
   await assert.rejects(c.environments.get(env.id), (e) => e instanceof AsbxError && e.status === 404);
 });

@@ -308,3 +308,25 @@ t("an encrypted run resumed after a cut opens every line once", async () => {
   assert.ok(!rec.wire.join("").includes(" e17 "), "no plaintext on the wire");
   assert.ok(rec.requests.some((r) => /\/events\?after=[1-9]/.test(r.url)), JSON.stringify(rec.requests.map((r) => r.url)));
 });
+
+t("aborting a chat turn's signal cancels the turn", async () => {
+  const c = client();
+  const ac = new AbortController();
+  const turn = c.chat({ message: script({ sleep_ms: 30_000 }, { say: "late" }), signal: ac.signal });
+  await assert.rejects(
+    (async () => {
+      for await (const ev of turn) {
+        if (ev.sessionId) sessions.add(ev.sessionId);
+        if (ev.type === "session_init") ac.abort();
+      }
+    })(),
+    (e) => e.name === "AbortError",
+  );
+  const thread = await eventually("the turn to be cancelled", async () => {
+    const th = await c.chats.get(turn.chatId);
+    const last = th.messages.at(-1);
+    return last?.role === "assistant" && th;
+  });
+  const blocks = JSON.stringify(thread.messages.at(-1).content);
+  assert.match(blocks, /cancelled/, blocks);
+});

@@ -21,6 +21,16 @@ pub(crate) enum AgentError {
     ToolLimit(u32),
     #[error("duration limit exceeded: the run took longer than {0} ms")]
     DurationLimit(u64),
+    #[error("attachment {path}: {reason}")]
+    Attachment { path: String, reason: String },
+    #[error("writeback failed: {0}")]
+    Writeback(String),
+    /// The turn failed, and the writeback after it failed too.
+    #[error("{error}; and the writeback failed: {writeback}")]
+    AndWriteback {
+        error: Box<AgentError>,
+        writeback: String,
+    },
     #[error("could not write to stdout: {0}")]
     Output(#[source] std::io::Error),
 }
@@ -36,6 +46,9 @@ impl AgentError {
             AgentError::StepLimit(_) => ErrorCode::StepLimitExceeded,
             AgentError::ToolLimit(_) => ErrorCode::ToolLimitExceeded,
             AgentError::DurationLimit(_) => ErrorCode::DurationLimitExceeded,
+            AgentError::Attachment { .. } => ErrorCode::AttachmentFailed,
+            AgentError::Writeback(_) => ErrorCode::WritebackFailed,
+            AgentError::AndWriteback { error, .. } => error.code(),
             AgentError::Output(_) => ErrorCode::Internal,
         }
     }

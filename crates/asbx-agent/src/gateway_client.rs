@@ -74,6 +74,29 @@ impl GatewayClient {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> Result<Response<Incoming>, GatewayError> {
+        let json: &[(&str, &str)] = if body.is_empty() {
+            &[]
+        } else {
+            &[(header::CONTENT_TYPE.as_str(), "application/json")]
+        };
+        let all: Vec<(&str, &str)> = headers.iter().chain(json).copied().collect();
+        self.send_body(method, path, &all, Full::new(body)).await
+    }
+
+    /// Sends one request with any body (streamed as it is polled) and
+    /// exactly `headers`; returns the response with its body unread.
+    pub(crate) async fn send_body<B>(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: B,
+    ) -> Result<Response<Incoming>, GatewayError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let stream =
             UnixStream::connect(&self.socket)
                 .await
@@ -95,10 +118,7 @@ impl GatewayClient {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        if !body.is_empty() {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-        }
-        let req = req.body(Full::new(body))?;
+        let req = req.body(body)?;
         Ok(sender.send_request(req).await?)
     }
 

@@ -52,6 +52,7 @@ use crate::gateway_client::GatewayClient;
 use crate::providers::{Message, ModelRequest, Provider};
 use crate::tools::process::CgroupRoot;
 use crate::tools::{Sources, ToolContext, Toolbox};
+use crate::writeback::WritebackError;
 
 /// The environment variable naming the model stall timeout in ms.
 pub(crate) const STALL_TIMEOUT_ENV: &str = "ASBX_MODEL_STALL_TIMEOUT_MS";
@@ -184,6 +185,8 @@ struct Prepared {
     /// The model request of the first call: system prompt, conversation
     /// ending with the user's prompt; tools are added once assembled.
     request: ModelRequest,
+    /// The in-sandbox workspace API (`/env`), if this session has one.
+    workspace: Option<asbx_protocol::callback::WorkspaceAccess>,
     /// Held until the turn ends; dropping it stops the relay.
     _relay: Option<EgressRelay>,
 }
@@ -204,6 +207,7 @@ async fn turn(
         gateway: &p.gw,
         gateway_socket: &b.gateway_socket,
         deadline,
+        workspace: p.workspace.as_ref(),
     };
     let toolbox = Toolbox::assemble(p.ctx, sources)
         .await
@@ -227,23 +231,31 @@ async fn turn(
     )
     .await;
     toolbox.shutdown().await;
-    let text = match looped {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(AgentError::DurationLimit(
-                u64::try_from(p.limits.max_duration.as_millis()).unwrap_or(u64::MAX),
-            ));
-        }
-    };
-    writeback::writeback(
+    let outcome = looped.unwrap_or_else(|_| {
+        Err(AgentError::DurationLimit(
+            u64::try_from(p.limits.max_duration.as_millis()).unwrap_or(u64::MAX),
+        ))
+    });
+    // Files written before a failure are written back all the same.
+    let written = writeback::writeback(
         &p.gw,
         b.otp_upload.as_deref(),
         &PathBuf::from(&b.workdir),
         emitter,
     )
-    .await
-    .map_err(AgentError::Output)?;
-    Ok(text)
+    .await;
+    match (outcome, written) {
+        (Err(AgentError::Output(e)), _) | (_, Err(WritebackError::Output(e))) => {
+            Err(AgentError::Output(e))
+        }
+        (Ok(text), Ok(())) => Ok(text),
+        (Err(e), Ok(())) => Err(e),
+        (Ok(_), Err(WritebackError::Failed(w))) => Err(AgentError::Writeback(w)),
+        (Err(e), Err(WritebackError::Failed(w))) => Err(AgentError::AndWriteback {
+            error: Box::new(e),
+            writeback: w,
+        }),
+    }
 }
 
 /// Redeems the tokens, starts the egress relay, runs the setup script, and
@@ -288,6 +300,24 @@ async fn prepare(
         emitter: emitter.clone(),
         cgroup_root: CgroupRoot::default(),
     };
+    if let Some(ws) = env.workspace.as_ref().filter(|w| !w.attachments.is_empty()) {
+        let api = tools::workspace::WorkspaceApi::new(gw.clone(), ws);
+        let t = Instant::now();
+        let total = tools::workspace::fetch_attachments(&api, &ctx, &ws.attachments)
+            .await
+            .map_err(|(path, reason)| AgentError::Attachment { path, reason })?;
+        emitter
+            .log(
+                LogLevel::Info,
+                format!(
+                    "fetched {} attachment(s), {total} bytes, in {} ms",
+                    ws.attachments.len(),
+                    t.elapsed().as_millis()
+                ),
+            )
+            .await
+            .map_err(AgentError::Output)?;
+    }
     if let Some(script) = env.setup_script.as_deref().filter(|s| !s.trim().is_empty()) {
         emitter
             .log(LogLevel::Info, "running setup script")
@@ -337,6 +367,7 @@ async fn prepare(
         limits,
         provider,
         request,
+        workspace: env.workspace,
         _relay: relay,
     })
 }

@@ -4,8 +4,12 @@
 //! The tree is walked by descriptor with `O_NOFOLLOW` (like the file tools),
 //! so symlinks and anything that is not a regular file are skipped, never
 //! followed. At most [`MAX_FILES`] files and [`MAX_TOTAL_BYTES`] bytes are
-//! sent; the rest is skipped and named in a `log` line. A failed writeback is
-//! a `warn` log line, never the end of the turn.
+//! sent; the rest is skipped. It runs after the loop whatever its outcome
+//! (a model error, a limit, the duration cap), so files written before a
+//! failure still reach the workspace. A failed writeback (the `POST` failed
+//! or timed out, or files were left out over the limits) is a
+//! [`WritebackError::Failed`], which the turn ends with as an `error` line
+//! `writeback_failed` (docs/protocol.md §2): never only a log line.
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -141,35 +145,51 @@ fn read_regular(dir: &OwnedFd, name: &str, room: u64) -> Result<Option<Vec<u8>>,
     Ok(Some(content))
 }
 
-/// Collects `out/` and posts it once; reports the outcome as `log` lines.
+/// Why files of `out/` did not all reach the workspace.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WritebackError {
+    #[error("writeback failed: {0}")]
+    Failed(String),
+    #[error("could not write to stdout: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Collects `out/` and posts it once; logs what was stored, fails when
+/// anything was not.
 pub(crate) async fn writeback(
     gw: &GatewayClient,
     otp_upload: Option<&str>,
     workdir: &Path,
     emitter: &Emitter,
-) -> std::io::Result<()> {
+) -> Result<(), WritebackError> {
     let Some(token) = otp_upload else {
         return Ok(());
     };
     let dir = workdir.to_path_buf();
-    let collected = match tokio::task::spawn_blocking(move || collect(&dir)).await {
-        Ok(c) => c,
-        Err(e) => {
-            return emitter
-                .log(LogLevel::Warn, format!("writeback failed: {e}"))
-                .await;
-        }
-    };
-    if !collected.skipped.is_empty() {
-        emitter
-            .log(
-                LogLevel::Warn,
-                format!("writeback skipped: {}", collected.skipped.join(", ")),
-            )
-            .await?;
-    }
+    let collected = tokio::task::spawn_blocking(move || collect(&dir))
+        .await
+        .map_err(|e| WritebackError::Failed(format!("cannot read out/: {e}")))?;
+    let skipped = (!collected.skipped.is_empty()).then(|| {
+        let shown: Vec<&str> = collected
+            .skipped
+            .iter()
+            .take(10)
+            .map(String::as_str)
+            .collect();
+        let more = collected.skipped.len() - shown.len();
+        format!(
+            "{} file(s) of out/ not written back: {}{}",
+            collected.skipped.len(),
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        )
+    });
     if collected.files.is_empty() {
-        return Ok(());
+        return skipped.map_or(Ok(()), |s| Err(WritebackError::Failed(s)));
     }
     let b64 = base64::engine::general_purpose::STANDARD;
     let body = ResultsRequest {
@@ -190,33 +210,27 @@ pub(crate) async fn writeback(
     };
     let n = body.files.len();
     let post = gw.post_json::<_, ResultsResponse>(CALLBACK_RESULTS, token, &body);
-    match tokio::time::timeout(UPLOAD_TIMEOUT, post).await {
-        Ok(Ok(resp)) => {
-            emitter
-                .log(
-                    LogLevel::Info,
-                    format!(
-                        "wrote back {n} file(s) from out/ ({} stored)",
-                        resp.files.len()
-                    ),
-                )
-                .await
-        }
+    let resp = match tokio::time::timeout(UPLOAD_TIMEOUT, post).await {
+        Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
-            emitter
-                .log(
-                    LogLevel::Warn,
-                    format!("writeback of {n} file(s) failed: {e}"),
-                )
-                .await
+            return Err(WritebackError::Failed(format!(
+                "{n} file(s) of out/ not stored: {e}"
+            )));
         }
         Err(_) => {
-            emitter
-                .log(
-                    LogLevel::Warn,
-                    format!("writeback of {n} file(s) timed out after {UPLOAD_TIMEOUT:?}"),
-                )
-                .await
+            return Err(WritebackError::Failed(format!(
+                "{n} file(s) of out/ not stored: timed out after {UPLOAD_TIMEOUT:?}"
+            )));
         }
-    }
+    };
+    emitter
+        .log(
+            LogLevel::Info,
+            format!(
+                "wrote back {n} file(s) from out/ ({} stored)",
+                resp.files.len()
+            ),
+        )
+        .await?;
+    skipped.map_or(Ok(()), |s| Err(WritebackError::Failed(s)))
 }

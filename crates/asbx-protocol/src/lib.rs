@@ -55,11 +55,14 @@ pub enum ErrorCode {
     WritebackFailed,
     RunnerLost,
     Internal,
+    /// An attachment could not be fetched into the sandbox, or did not
+    /// match its declared size and SHA-256.
+    AttachmentFailed,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::OtpRejected,
         ErrorCode::BootstrapFailed,
         ErrorCode::SetupFailed,
@@ -74,6 +77,7 @@ impl ErrorCode {
         ErrorCode::WritebackFailed,
         ErrorCode::RunnerLost,
         ErrorCode::Internal,
+        ErrorCode::AttachmentFailed,
     ];
 
     /// The wire string.
@@ -93,6 +97,7 @@ impl ErrorCode {
             ErrorCode::WritebackFailed => "writeback_failed",
             ErrorCode::RunnerLost => "runner_lost",
             ErrorCode::Internal => "internal",
+            ErrorCode::AttachmentFailed => "attachment_failed",
         }
     }
 
@@ -127,6 +132,7 @@ pub mod codes {
     pub const WRITEBACK_FAILED: &str = ErrorCode::WritebackFailed.as_str();
     pub const RUNNER_LOST: &str = ErrorCode::RunnerLost.as_str();
     pub const INTERNAL: &str = ErrorCode::Internal.as_str();
+    pub const ATTACHMENT_FAILED: &str = ErrorCode::AttachmentFailed.as_str();
 }
 
 /// Exit codes the sandbox processes (`asbx jail`, `asbx agent`) end with.

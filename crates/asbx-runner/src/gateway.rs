@@ -28,10 +28,8 @@ use std::sync::{Arc, OnceLock};
 use asbx_protocol::Problem;
 use asbx_protocol::gateway::{
     CALLBACK_CONFIG, CALLBACK_ENV, CALLBACK_RESULTS, CLIENT_TOOL_PREFIX, MCP_PREFIX, MODEL_PREFIX,
-    ProviderKind, USAGE,
+    ProviderKind, USAGE, WORKSPACE_PREFIX,
 };
-// TEMP until asbx_protocol::gateway::WORKSPACE_PREFIX lands.
-const WORKSPACE_PREFIX: &str = "/workspace/";
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};

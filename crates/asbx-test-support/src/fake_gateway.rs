@@ -20,6 +20,11 @@
 //!   `{"result": ..}` or `{"error": ".."}`, or the status the test chose
 //!   ([`ClientToolAnswer::Status`], e.g. `404` unknown call, `410` session
 //!   ending). Each call id is answered at most once; asking again is `404`.
+//! - `/workspace/files` (GET, POST), `/workspace/files/{id}`,
+//!   `/workspace/history`: the in-sandbox workspace API of
+//!   [`GatewayConfig::workspace`], to its bearer only (else `401`): files
+//!   served with `content-length` and `x-asbx-sha256`, uploads recorded
+//!   ([`FakeGateway::created_files`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -64,6 +69,28 @@ pub struct GatewayConfig {
     pub env: EnvResponse,
     pub config: ConfigResponse,
     pub providers: Vec<GatewayProvider>,
+    /// The workspace API behind `/workspace/`, if any.
+    pub workspace: Option<FakeWorkspaceApi>,
+}
+
+/// The file bag and history the fake gateway's `/workspace/` serves.
+#[derive(Debug, Clone, Default)]
+pub struct FakeWorkspaceApi {
+    /// The bearer it takes.
+    pub token: String,
+    pub files: Vec<FakeFile>,
+    /// `(role, text)`, oldest first.
+    pub history: Vec<(String, String)>,
+}
+
+/// One file of the bag. `sha256` is sent as `x-asbx-sha256` as it is.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FakeFile {
+    pub id: String,
+    pub path: String,
+    pub mime_type: String,
+    pub content: Vec<u8>,
+    pub sha256: String,
 }
 
 #[derive(Debug, Default)]
@@ -127,6 +154,10 @@ struct Shared {
     /// Woken on every `GET /client-tool/...`.
     client_call_arrived: Notify,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// Files posted to `/workspace/files`.
+    created: Mutex<Vec<FakeFile>>,
+    /// Every `/workspace/...` request: method, path and query, status.
+    workspace_log: Mutex<Vec<(String, String, u16)>>,
 }
 
 /// The running fake gateway; stops when dropped.
@@ -158,6 +189,8 @@ impl FakeGateway {
             client_calls: Mutex::default(),
             client_call_arrived: Notify::new(),
             client: Client::builder(TokioExecutor::new()).build_http(),
+            created: Mutex::default(),
+            workspace_log: Mutex::default(),
         });
         let app = Router::new()
             .route("/callback/env", get(env))
@@ -166,6 +199,7 @@ impl FakeGateway {
             .route("/model/{provider}/{*rest}", post(model))
             .route("/mcp/{name}", get(mcp).post(mcp).delete(mcp))
             .route("/client-tool/{call_id}", get(client_tool))
+            .route("/workspace/{*rest}", get(workspace).post(workspace))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -231,6 +265,16 @@ impl FakeGateway {
             }
             None => c.next.push_back(answer),
         }
+    }
+
+    /// Files posted to `/workspace/files`, in order.
+    pub fn created_files(&self) -> Vec<FakeFile> {
+        lock(&self.shared.created).clone()
+    }
+
+    /// Every `/workspace/...` request: method, path with query, status.
+    pub fn workspace_requests(&self) -> Vec<(String, String, u16)> {
+        lock(&self.shared.workspace_log).clone()
     }
 
     /// Call ids of every `GET /client-tool/{callId}` so far, in order.
@@ -457,5 +501,95 @@ async fn client_tool(State(s): State<Arc<Shared>>, UrlPath(call_id): UrlPath<Str
     match rx.await {
         Ok(a) => a.into_response(),
         Err(_) => (StatusCode::GONE, "fake gateway stopped").into_response(),
+    }
+}
+
+async fn workspace(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    let method = req.method().to_string();
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    let res = workspace_answer(&s, req).await;
+    lock(&s.workspace_log).push((method, target, res.status().as_u16()));
+    res
+}
+
+async fn workspace_answer(s: &Shared, req: Request) -> Response {
+    let Some(api) = &s.cfg.workspace else {
+        return (StatusCode::NOT_FOUND, "no workspace API").into_response();
+    };
+    if bearer(req.headers()) != Some(api.token.as_str()) {
+        return unauthorized();
+    }
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let meta = |f: &FakeFile| {
+        json!({"id": f.id, "path": f.path, "mimeType": f.mime_type,
+               "size": f.content.len(), "sha256": f.sha256, "createdAt": 1})
+    };
+    match (req.method().as_str(), path.as_str()) {
+        ("GET", "/workspace/files") => {
+            let mut files: Vec<Value> = api.files.iter().map(meta).collect();
+            files.extend(lock(&s.created).iter().map(meta));
+            axum::Json(json!({ "files": files })).into_response()
+        }
+        ("GET", "/workspace/history") => {
+            let limit = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("limit="))
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(20);
+            let skip = api.history.len().saturating_sub(limit);
+            let messages: Vec<Value> = api.history[skip..]
+                .iter()
+                .map(|(role, text)| json!({"role": role, "text": text, "createdAt": 1}))
+                .collect();
+            axum::Json(json!({ "messages": messages })).into_response()
+        }
+        ("POST", "/workspace/files") => {
+            let Some(file_path) = query.split('&').find_map(|kv| kv.strip_prefix("path=")) else {
+                return (StatusCode::BAD_REQUEST, "no path").into_response();
+            };
+            let file_path = url::form_urlencoded::parse(format!("p={file_path}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default();
+            let mime_type = req
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("application/octet-stream")
+                .to_owned();
+            let Ok(content) = axum::body::to_bytes(req.into_body(), 17 << 20).await else {
+                return (StatusCode::PAYLOAD_TOO_LARGE, "too large").into_response();
+            };
+            let mut created = lock(&s.created);
+            let f = FakeFile {
+                id: format!("created_{}", created.len() + 1),
+                path: file_path,
+                mime_type,
+                content: content.to_vec(),
+                sha256: String::new(),
+            };
+            let body = meta(&f);
+            created.push(f);
+            (StatusCode::CREATED, axum::Json(body)).into_response()
+        }
+        ("GET", p) => {
+            let id = p.strip_prefix("/workspace/files/").unwrap_or("");
+            let created = lock(&s.created).clone();
+            match api.files.iter().chain(created.iter()).find(|f| f.id == id) {
+                Some(f) => Response::builder()
+                    .header(header::CONTENT_TYPE, f.mime_type.as_str())
+                    .header(header::CONTENT_LENGTH, f.content.len())
+                    .header("x-asbx-sha256", f.sha256.as_str())
+                    .body(Body::from(f.content.clone()))
+                    .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()),
+                None => (StatusCode::NOT_FOUND, format!("no file {id}")).into_response(),
+            }
+        }
+        _ => (StatusCode::NOT_FOUND, "no such route").into_response(),
     }
 }

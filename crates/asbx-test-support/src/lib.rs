@@ -26,7 +26,9 @@ pub mod mock_provider;
 pub mod procs;
 pub mod skip;
 
-pub use fake_gateway::{ClientToolAnswer, FakeGateway, GatewayConfig, GatewayProvider};
+pub use fake_gateway::{
+    ClientToolAnswer, FakeFile, FakeGateway, FakeWorkspaceApi, GatewayConfig, GatewayProvider,
+};
 pub use mcp_server::{McpHttpServer, McpRequest, echo_server_path, echo_server_source};
 pub use mock_provider::{MockProvider, MockToolCall, RecordedRequest, Tape};
 pub use procs::descendants_of;

@@ -4,8 +4,9 @@
 //! can be exercised without a provider. It needs no gateway.
 //!
 //! It reads the prompt like any model: from the request, as the last user
-//! message of the conversation. If that prompt, trimmed, is a JSON object whose `script` is an array,
-//! the model follows it; each model call consumes elements until one of them
+//! message of the conversation. If that prompt, trimmed, starts with a JSON
+//! object whose `script` is an array (text after the object is ignored), the
+//! model follows it; each model call consumes elements until one of them
 //! produces an answer:
 //!
 //! - `{"tool": "<name>", "args": {..}}`: one tool call.
@@ -78,7 +79,14 @@ impl Scripted {
             Message::User(text) => Some(text.as_str()),
             Message::Assistant { .. } | Message::ToolResult { .. } => None,
         });
-        match prompt.map(|p| serde_json::from_str::<Value>(p.trim())) {
+        // The prompt may go on after the object (a chat appends the list of
+        // attached files): only the first JSON value counts.
+        let first = prompt.and_then(|p| {
+            serde_json::Deserializer::from_str(p.trim())
+                .into_iter::<Value>()
+                .next()
+        });
+        match first {
             Some(Ok(Value::Object(mut o))) => match o.remove("script") {
                 Some(Value::Array(steps)) => Mode::Script(steps),
                 _ => Mode::Demo,

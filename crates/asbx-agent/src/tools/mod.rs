@@ -6,7 +6,9 @@
 //! - [`skills`]: bundles from `/config`, read with `load_skill`, their
 //!   scripts run through `shell`;
 //! - [`mcp`]: the tools of the run's MCP servers;
-//! - [`client`]: protocol 2 client tools, executed by the client.
+//! - [`client`]: protocol 2 client tools, executed by the client;
+//! - [`workspace`]: the in-sandbox workspace API's tools and the
+//!   `asbx_files` skill, when the session has workspace access.
 //!
 //! Each source sees only [`context`] (what a call needs and produces) and
 //! [`process`] (how tool processes start and end); only this module knows
@@ -29,11 +31,12 @@ mod mcp;
 pub(crate) mod process;
 pub(crate) mod shell;
 mod skills;
+pub(crate) mod workspace;
 
 use std::collections::HashSet;
 use std::time::Instant;
 
-use asbx_protocol::callback::ConfigResponse;
+use asbx_protocol::callback::{ConfigResponse, WorkspaceAccess};
 use asbx_protocol::dispatch::ClientTool;
 use asbx_protocol::{LogLevel, Protocol};
 use serde_json::Value;
@@ -46,6 +49,7 @@ use crate::providers::{ToolCallRequest, ToolSpec};
 use client::ClientTools;
 use mcp::McpHub;
 use skills::{LOAD_SKILL, Skills};
+use workspace::{WorkspaceApi, WorkspaceTools};
 
 /// Every tool of one run.
 #[derive(Debug)]
@@ -54,6 +58,7 @@ pub(crate) struct Toolbox {
     skills: Skills,
     mcp: McpHub,
     client: ClientTools,
+    workspace: Option<WorkspaceTools>,
 }
 
 /// What [`Toolbox::assemble`] needs besides the tool context.
@@ -66,6 +71,8 @@ pub(crate) struct Sources<'a> {
     pub(crate) gateway_socket: &'a str,
     /// MCP servers must be up before this.
     pub(crate) deadline: Instant,
+    /// The session's workspace API, if it has one.
+    pub(crate) workspace: Option<&'a WorkspaceAccess>,
 }
 
 impl Toolbox {
@@ -74,8 +81,26 @@ impl Toolbox {
     /// line for each one left out. `Err` only when stdout fails.
     pub(crate) async fn assemble(ctx: ToolContext, src: Sources<'_>) -> std::io::Result<Toolbox> {
         let emitter = ctx.emitter.clone();
-        let skills = Skills::install(&ctx.workdir, &src.config.skills, &emitter).await?;
+        let workspace = src
+            .workspace
+            .map(|w| WorkspaceTools::new(WorkspaceApi::new(src.gateway.clone(), w)));
+        let skills = if workspace.is_some()
+            && !src
+                .config
+                .skills
+                .iter()
+                .any(|s| s.name == workspace::SKILL_NAME)
+        {
+            let mut bundles = src.config.skills.clone();
+            bundles.push(workspace::default_skill());
+            Skills::install(&ctx.workdir, &bundles, &emitter).await?
+        } else {
+            Skills::install(&ctx.workdir, &src.config.skills, &emitter).await?
+        };
         let mut taken: HashSet<String> = builtin::NAMES.iter().map(|n| (*n).to_owned()).collect();
+        if workspace.is_some() {
+            taken.extend(workspace::NAMES.iter().map(|n| (*n).to_owned()));
+        }
         taken.extend(skills.spec().map(|t| t.name));
         let mcp = if src.config.mcp_servers.is_empty() {
             McpHub::default()
@@ -118,6 +143,7 @@ impl Toolbox {
             skills,
             mcp,
             client,
+            workspace,
         })
     }
 
@@ -126,10 +152,13 @@ impl Toolbox {
         self.skills.prompt_section()
     }
 
-    /// The specs sent to the model: built-ins, `load_skill`, MCP tools,
-    /// client tools.
+    /// The specs sent to the model: built-ins, the workspace tools,
+    /// `load_skill`, MCP tools, client tools.
     pub(crate) fn specs(&self) -> Vec<ToolSpec> {
         let mut v = builtin::specs();
+        if let Some(w) = &self.workspace {
+            v.extend(w.specs());
+        }
         v.extend(self.skills.spec());
         v.extend(self.mcp.specs());
         v.extend(self.client.specs());
@@ -185,6 +214,9 @@ impl Toolbox {
     async fn run(&self, step_id: &str, name: &str, args: &Value) -> ToolOutput {
         if name == LOAD_SKILL && !self.skills.is_empty() {
             return self.skills.load(args, self.ctx.output_bytes);
+        }
+        if let Some(w) = self.workspace.as_ref().filter(|w| w.offers(name)) {
+            return w.call(&self.ctx, name, args).await;
         }
         if let Some(t) = self.mcp.find(name) {
             return self.mcp.call(&self.ctx, t, args).await;

@@ -74,6 +74,7 @@ impl Harness {
                     ..Default::default()
                 },
                 providers: vec![],
+                workspace: None,
             },
             dir,
             workdir,

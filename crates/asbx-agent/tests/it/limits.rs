@@ -123,6 +123,6 @@ async fn max_duration() {
     assert_eq!(o.error().0, "duration_limit_exceeded");
     assert!(
         o.gateway.results().is_empty(),
-        "no writeback after a failed run"
+        "nothing under out/, nothing written back"
     );
 }

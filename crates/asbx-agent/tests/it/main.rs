@@ -15,3 +15,4 @@ mod openai;
 mod protocol;
 mod scripted;
 mod skills;
+mod workspace;

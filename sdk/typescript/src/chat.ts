@@ -46,6 +46,7 @@ export class ChatTurn implements AsyncIterable<ChatEvent> {
   readonly #first: Promise<Response>;
   #iterator: AsyncGenerator<ChatEvent> | undefined;
   #sawTurn = false;
+  #observed = 0;
 
   /** @internal */
   constructor(client: AsbxClient, options: ChatOptions) {
@@ -140,8 +141,12 @@ export class ChatTurn implements AsyncIterable<ChatEvent> {
         return;
       }
       const event = { type: msg.event, ...data } as ChatEvent;
-      this.#observe(event);
       const seq = msg.id !== undefined ? Number(msg.id) : undefined;
+      // A replay may repeat frames (the resume loop drops them): act once.
+      if (seq === undefined || !Number.isFinite(seq) || seq > this.#observed) {
+        this.#observe(event);
+        if (seq !== undefined && Number.isFinite(seq)) this.#observed = seq;
+      }
       yield { seq: Number.isFinite(seq) ? seq : undefined, value: event };
     }
   }

@@ -69,6 +69,7 @@ export class Run implements AsyncIterable<RunEvent> {
   #iterator: AsyncGenerator<RunEvent> | undefined;
   readonly #first: Promise<Response>;
   #toolFailure: unknown;
+  #observed = 0;
   /** Lines at or below this are read but not yielded (an attach after N). */
   readonly #skipUpTo: number;
 
@@ -229,7 +230,11 @@ export class Run implements AsyncIterable<RunEvent> {
       }
       const seq = typeof raw.seq === "number" ? raw.seq : undefined;
       const event = await this.#decode(raw);
-      this.#observe(event);
+      // A replay may repeat lines (the resume loop drops them): act once.
+      if (seq === undefined || seq > this.#observed) {
+        this.#observe(event);
+        if (seq !== undefined) this.#observed = seq;
+      }
       const hidden = seq !== undefined && seq <= this.#skipUpTo;
       yield { seq, value: hidden ? undefined : event, end: event.type === "session_ended" };
     }

@@ -71,3 +71,31 @@ test("a 410 past the retention is not retried: AsbxError events_gone", async () 
   );
   assert.equal(srv.calls.length, 1);
 });
+
+test("lines repeated by a replay are yielded and acted on once", async () => {
+  const lines = [
+    line(1, "session_init", { protocolVersion: 2, limits: {} }),
+    line(2, "tool_call", { callId: "c1", toolName: "t", args: {} }),
+    line(3, "delta", { text: "a" }),
+    line(4, "result", { message: "a" }),
+    line(5, "session_ended", { reason: "completed", terminatedBy: "agent", stats: {} }),
+  ];
+  let posted = 0;
+  const srv = fake({
+    "POST /api/runs": () => ndjson(lines.slice(0, 3).join(""), { "x-asbx-run-id": "r1" }),
+    "GET /api/runs/r1": () => Response.json({ id: "r1", status: "running" }),
+    // A replay that starts too early: seq 2 and 3 again.
+    "GET /api/runs/r1/events?after=3": () => ndjson(lines.slice(1).join("")),
+    "POST /api/runs/r1/tool-result": () => (posted++, Response.json({})),
+  });
+  const client = new AsbxClient({ baseUrl: "http://asbx.test", fetch: srv.fetch, retry: { delayMs: 1 } });
+  let calls = 0;
+  const run = client.runs.create({ prompt: "x", tools: { t: { handler: () => ++calls } } });
+  const seqs = [];
+  for await (const ev of run) seqs.push(ev.seq);
+  await new Promise((r) => setTimeout(r, 20));
+  assert.deepEqual(seqs, [1, 2, 3, 4, 5]);
+  assert.equal(calls, 1);
+  assert.equal(posted, 1);
+  assert.equal(run.result, "a");
+});

@@ -6,6 +6,6 @@ root=$(cd ../.. && pwd)
 if [ -z "${ASBX_BIN:-}" ] && [ ! -x "$root/target/debug/asbx" ]; then
   (cd "$root" && cargo build -p asbx)
 fi
-npm ci --no-audit --no-fund
+npm ci --no-audit --no-fund --loglevel=error
 npm run build
 npm test

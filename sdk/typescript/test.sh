@@ -8,4 +8,5 @@ if [ -z "${ASBX_BIN:-}" ] && [ ! -x "$root/target/debug/asbx" ]; then
 fi
 npm ci --no-audit --no-fund --loglevel=error
 npm run build
+npm run typecheck
 npm test

@@ -95,7 +95,7 @@ fn env_and_config(runner: &FakeRunner, n: usize) -> (Value, Value) {
         assert_eq!(*status, 200);
         body.clone()
     };
-    (nth("env"), nth("config"))
+    (crate::support::env_without_access(&nth("env")).0, nth("config"))
 }
 
 on_both!(crud_answers_secret_names_never_values);
@@ -462,6 +462,24 @@ async fn another_workspace_can_neither_read_nor_use_an_environment(db: Db) {
         .unwrap();
     let id = env["id"].as_str().unwrap().to_owned();
     let path = format!("/api/environments/{id}");
+
+    // Without a key: 401 on every route of this feature.
+    for (m, p) in [
+        (M::GET, "/api/environments".to_owned()),
+        (M::POST, "/api/environments".to_owned()),
+        (M::GET, path.clone()),
+        (M::PUT, path.clone()),
+        (M::DELETE, path.clone()),
+        (M::GET, "/api/models".to_owned()),
+        (M::PUT, "/api/assistant/chats/x/settings".to_owned()),
+    ] {
+        let r = req(&ws, m.clone(), &p)
+            .json(&json!({"name": "x"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(problem(r, 401).await["code"], "unauthorized", "{m} {p}");
+    }
 
     // B sees nothing, changes nothing, uses nothing.
     let list: Value = authed(M::GET, "/api/environments", &key_b)

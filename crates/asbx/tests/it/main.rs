@@ -19,6 +19,7 @@ mod models;
 mod protocol2;
 mod runner_auth;
 mod runs_api;
+mod sandbox_api;
 mod startup;
 mod system;
 mod takeover;

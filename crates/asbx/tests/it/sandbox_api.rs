@@ -1,0 +1,246 @@
+//! The in-sandbox workspace API through the real `asbx up` and the jailed
+//! runner (docs/protocol.md §3): attachments of 30 B, 5 MB and 16 MiB are
+//! streamed into the sandbox byte-exact (the scripted model runs
+//! `sha256sum` on them; the test hashes what it uploaded with the host's
+//! `sha256sum`), a turn puts a file into the chat's bag with
+//! `workspace_create_file`, and a sandbox can't read another chat's file.
+
+use std::time::Duration;
+
+use asbx_protocol::sse::{Parser, SseEvent};
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+/// Skips (out loud) unless the jailed runner can run here.
+fn can_jail(test: &str) -> bool {
+    if profile() == "strict" && !nix::unistd::geteuid().is_root() {
+        asbx_test_support::skip(test, "the strict jail needs root");
+        return false;
+    }
+    true
+}
+
+/// The host's `sha256sum` of `bytes`, independent of the code under test.
+fn host_sha256(bytes: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    std::fs::write(&path, bytes).unwrap();
+    let out = std::process::Command::new("sha256sum")
+        .arg(&path)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()[..64].to_owned()
+}
+
+/// Bytes that are not all alike, so a shifted or repeated chunk shows.
+fn bytes(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// Uploads `content` to the bag (of `chat_id`, or not yet of a chat).
+async fn upload(up: &UpProc, name: &str, chat_id: Option<&str>, content: Vec<u8>) -> Value {
+    let mut url = format!("{}/api/assistant/files?name={name}", up.url);
+    if let Some(c) = chat_id {
+        url.push_str(&format!("&chatId={c}"));
+    }
+    let res = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/octet-stream")
+        .body(content)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201, "{:?}", res.text().await);
+    res.json().await.unwrap()
+}
+
+/// Runs one chat turn to its end; returns the chat id and the SSE events.
+async fn turn(up: &UpProc, body: Value) -> (String, Vec<(SseEvent, Value)>) {
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/assistant/chat/stream", up.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{:?}", res.text().await);
+    let chat_id = res.headers()["x-asbx-chat-id"].to_str().unwrap().to_owned();
+    let text = tokio::time::timeout(Duration::from_secs(120), res.bytes())
+        .await
+        .expect("the turn ended")
+        .unwrap();
+    let events = Parser::new()
+        .push(&text)
+        .into_iter()
+        .map(|e| {
+            let data = serde_json::from_str(&e.data).unwrap_or(Value::Null);
+            (e, data)
+        })
+        .collect::<Vec<_>>();
+    let done = events
+        .iter()
+        .find(|(e, _)| e.event == "done")
+        .unwrap_or_else(|| panic!("no done event: {events:?}"));
+    assert_eq!(done.1["status"], "succeeded", "{events:#?}");
+    (chat_id, events)
+}
+
+/// The finished `step` events: (name, data).
+fn finished_steps(events: &[(SseEvent, Value)]) -> Vec<(String, Value)> {
+    events
+        .iter()
+        .filter(|(e, d)| e.event == "step" && d["status"] != "running")
+        .map(|(_, d)| (d["name"].as_str().unwrap_or("").to_owned(), d.clone()))
+        .collect()
+}
+
+async fn chat(up: &UpProc, chat_id: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}/api/assistant/chats/{chat_id}", up.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn attachments_of_30_b_5_mb_and_16_mib_arrive_byte_exact_in_the_sandbox() {
+    if !can_jail("attachments_of_30_b_5_mb_and_16_mib_arrive_byte_exact_in_the_sandbox") {
+        return;
+    }
+    let up = UpProc::start(&[]);
+    let small = b"a thirty byte attachment text!".to_vec();
+    assert_eq!(small.len(), 30);
+    let files = [
+        ("small.txt", small),
+        ("five.bin", bytes(5_000_000, 7)),
+        ("sixteen.bin", bytes(16 << 20, 11)),
+    ];
+    // One turn per attachment: a sandbox takes at most 16 MiB of them.
+    for (name, content) in files {
+        let want = host_sha256(&content);
+        let size = content.len();
+        let info = upload(&up, name, None, content).await;
+        let (_, events) = turn(
+            &up,
+            json!({
+                "message": script(json!([
+                    {"tool": "shell", "args": {"command": "sha256sum attachments/* && stat -c %s attachments/*"}},
+                    {"say": "hashed"}
+                ])),
+                "attachmentIds": [info["id"]],
+            }),
+        )
+        .await;
+        let steps = finished_steps(&events);
+        assert_eq!(steps.len(), 1, "{events:#?}");
+        assert_eq!(steps[0].1["status"], "succeeded", "{:?}", steps[0]);
+        let stdout = steps[0].1["result"]["stdout"].as_str().unwrap();
+        assert!(
+            stdout.starts_with(&want),
+            "{name}: the sandbox hashed {stdout:?}, the host {want}"
+        );
+        assert!(
+            stdout.lines().any(|l| l == size.to_string()),
+            "{name}: {stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_turn_puts_a_file_into_the_chats_bag_through_the_sandbox_api() {
+    if !can_jail("a_turn_puts_a_file_into_the_chats_bag_through_the_sandbox_api") {
+        return;
+    }
+    let up = UpProc::start(&[]);
+    let summary = "A summary written from inside the sandbox.\n";
+    let (chat_id, events) = turn(
+        &up,
+        json!({"message": script(json!([
+            {"tool": "workspace_create_file", "args": {"path": "summary.txt", "content": summary}},
+            {"tool": "workspace_list_files", "args": {}},
+            {"say": "filed"}
+        ]))}),
+    )
+    .await;
+    let steps = finished_steps(&events);
+    assert_eq!(
+        steps.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["workspace_create_file", "workspace_list_files"],
+        "{events:#?}"
+    );
+    assert_eq!(steps[0].1["status"], "succeeded", "{:?}", steps[0]);
+    let id = steps[0].1["result"]["id"].as_str().unwrap().to_owned();
+    assert!(
+        steps[1].1["result"].as_str().unwrap().contains(&id),
+        "{:?}",
+        steps[1]
+    );
+    // The bag of the chat has it, as the page and the API see it.
+    let d = chat(&up, &chat_id).await;
+    let files = d["files"].as_array().unwrap_or_else(|| panic!("{d}"));
+    let f = files
+        .iter()
+        .find(|f| f["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{d}"));
+    assert_eq!(f["path"], "summary.txt", "{f}");
+    let body = reqwest::get(format!("{}/api/files/{id}", up.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, summary);
+}
+
+#[tokio::test]
+async fn a_sandbox_cant_read_another_chats_file() {
+    if !can_jail("a_sandbox_cant_read_another_chats_file") {
+        return;
+    }
+    let up = UpProc::start(&[]);
+    // Chat A, with a file of its own.
+    let (chat_a, _) = turn(&up, json!({"message": script(json!([{"say": "a"}]))})).await;
+    let secret = upload(&up, "secret.txt", Some(&chat_a), b"chat A only".to_vec()).await;
+    let secret_id = secret["id"].as_str().unwrap().to_owned();
+    // Chat B's sandbox asks for it by id, and lists its own bag.
+    let (_, events) = turn(
+        &up,
+        json!({"message": script(json!([
+            {"tool": "workspace_read_file", "args": {"id": secret_id}},
+            {"tool": "workspace_list_files", "args": {}},
+            {"say": "b"}
+        ]))}),
+    )
+    .await;
+    let steps = finished_steps(&events);
+    assert_eq!(steps.len(), 2, "{events:#?}");
+    assert_eq!(steps[0].1["status"], "failed", "{:?}", steps[0]);
+    let err = steps[0].1["error"].as_str().unwrap();
+    assert!(err.contains("404"), "{err}");
+    assert!(!err.contains("chat A only"), "{err}");
+    let listed = steps[1].1["result"].as_str().unwrap();
+    assert!(!listed.contains(&secret_id), "{listed}");
+    // Positive control: chat A's own sandbox reads it.
+    let (_, events) = turn(
+        &up,
+        json!({"chatId": chat_a, "message": script(json!([
+            {"tool": "workspace_read_file", "args": {"id": secret_id}},
+            {"say": "a again"}
+        ]))}),
+    )
+    .await;
+    let steps = finished_steps(&events);
+    assert_eq!(steps[0].1["status"], "succeeded", "{:?}", steps[0]);
+    assert_eq!(steps[0].1["result"], "chat A only");
+}

@@ -38,13 +38,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let mut config =
                 WorkspaceConfig::new(data.join("workspace"), format!("http://{addr}").parse()?);
             apply_workspace_opts(&mut config, &args.workspace);
-            if config.models.is_empty() {
-                config.models = provider_models(&args.runner);
-            }
-            let model = match (&args.model, config.models.first()) {
-                (None, Some(first)) if !args.workspace.models.is_empty() => first.clone(),
-                _ => default_model(args.model.as_deref(), &args.runner),
-            };
+            let (model, models) = up_models(args.model.as_deref(), &config.models, &args.runner);
+            config.models = models;
             config.sandbox_url = Some(runner_url.parse()?);
             config.default_model = model.clone();
             config.listen = Some(addr);
@@ -159,6 +154,21 @@ fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::cli::Workspa
         .map(|m| m.trim().to_owned())
         .filter(|m| !m.is_empty())
         .collect();
+}
+
+/// `up`'s default model and the models a chat may choose: `ASBX_MODELS`
+/// when set (its first the default unless `ASBX_MODEL` names one), else
+/// [`provider_models`] and [`default_model`].
+fn up_models(
+    explicit: Option<&str>,
+    listed: &[String],
+    opts: &RunnerOpts,
+) -> (String, Vec<String>) {
+    match (explicit, listed.first()) {
+        (_, None) => (default_model(explicit, opts), provider_models(opts)),
+        (None, Some(first)) => (first.clone(), listed.to_vec()),
+        (Some(m), Some(_)) => (m.to_owned(), listed.to_vec()),
+    }
 }
 
 /// The models `up` offers without `ASBX_MODELS`: those of the providers it
@@ -359,4 +369,44 @@ fn check_isolation(exe: &Path, profile: JailProfile, name: &str) -> anyhow::Resu
     }
     tracing::info!(profile = ?profile, "isolation layers checked");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn runner_opts(args: &[&str]) -> RunnerOpts {
+        let argv = ["asbx", "up"].iter().chain(args).copied();
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Up(up)) => up.runner,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn up_lists_its_providers_models_unless_told_which() {
+        let with_openai = runner_opts(&["--openai-api-key", "k", "--anthropic-api-key", "k"]);
+        let (default, models) = up_models(None, &[], &with_openai);
+        assert_eq!(default, "openai:gpt-4.1-mini");
+        assert_eq!(
+            models,
+            [
+                "openai:gpt-4.1-mini",
+                "anthropic:claude-sonnet-4-5",
+                "scripted:demo"
+            ]
+        );
+        let listed = vec!["ollama:llama3".to_owned(), "scripted:demo".to_owned()];
+        assert_eq!(
+            up_models(None, &listed, &with_openai),
+            ("ollama:llama3".to_owned(), listed.clone())
+        );
+        assert_eq!(
+            up_models(Some("scripted:demo"), &listed, &with_openai).0,
+            "scripted:demo"
+        );
+    }
 }

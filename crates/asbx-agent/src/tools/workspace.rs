@@ -585,6 +585,9 @@ impl WorkspaceTools {
                     .await
             }
             (None, Some(from)) => {
+                if let Err(e) = check_relative_path(from) {
+                    return ToolOutput::failed(format!("fromPath {from:?}: {e}"));
+                }
                 let (w, f) = (ctx.workdir.clone(), from.to_owned());
                 let opened = tokio::task::spawn_blocking(move || open_for_upload(&w, &f)).await;
                 let (file, len) = match opened {

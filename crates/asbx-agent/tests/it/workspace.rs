@@ -222,6 +222,8 @@ async fn the_workspace_tools_list_read_save_create_and_read_history() {
             {"tool": "workspace_create_file", "args": {"path": "x.txt", "content": "a", "fromPath": "big.txt"}},
             {"tool": "workspace_create_file", "args": {"path": "../x.txt", "content": "a"}},
             {"tool": "workspace_read_file", "args": {"id": "../callback/env"}},
+            {"tool": "workspace_create_file", "args": {"path": "p.txt", "fromPath": "/etc/passwd"}},
+            {"tool": "workspace_read_file", "args": {"id": "f_text", "saveAs": "../../escaped.md"}},
             {"say": "done"}
         ])),
         vec![text.clone(), bin.clone()],
@@ -244,6 +246,8 @@ async fn the_workspace_tools_list_read_save_create_and_read_history() {
             "chat_history",
             "workspace_read_file",
             "workspace_create_file",
+            "workspace_create_file",
+            "workspace_read_file",
             "workspace_create_file",
             "workspace_read_file",
         ]
@@ -275,6 +279,8 @@ async fn the_workspace_tools_list_read_save_create_and_read_history() {
         (8, "exactly one of"),
         (9, "must not contain .."),
         (10, "not a file id"),
+        (11, "must be relative"),
+        (12, "must not contain .."),
     ] {
         let err = steps[i]
             .error

@@ -237,52 +237,28 @@ impl WorkspaceApi {
             )));
         }
         let (w, p) = (workdir.to_path_buf(), path.to_owned());
-        let file = tokio::task::spawn_blocking(move || create_file(&w, &p, owner))
+        let (dir, name, file) = tokio::task::spawn_blocking(move || create_file(&w, &p, owner))
             .await
             .map_err(|e| WsError::Refused(format!("{path}: {e}")))?
             .map_err(WsError::Refused)?;
-        let mut file = tokio::fs::File::from_std(file);
-        let mut hasher = Sha256::new();
-        let mut written = 0u64;
-        let mut body = resp.into_body();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(GatewayError::Http)?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            written += data.len() as u64;
-            if written > max {
-                return Err(WsError::Mismatch(format!(
-                    "{path}: more than the {max} bytes declared"
-                )));
-            }
-            hasher.update(&data);
-            file.write_all(&data)
-                .await
-                .map_err(|e| WsError::Refused(format!("{path}: {e}")))?;
+        let written = write_checked(
+            tokio::fs::File::from_std(file),
+            resp.into_body(),
+            path,
+            max,
+            size,
+            sha,
+        )
+        .await;
+        if written.is_err() {
+            // Nothing half-written or unchecked stays behind.
+            let _ = nix::unistd::unlinkat(
+                &dir,
+                name.as_os_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
         }
-        file.flush()
-            .await
-            .map_err(|e| WsError::Refused(format!("{path}: {e}")))?;
-        let got = hex::encode(hasher.finalize());
-        if let Some(size) = size
-            && written != size
-        {
-            return Err(WsError::Mismatch(format!(
-                "{path}: got {written} bytes, {size} declared"
-            )));
-        }
-        if let Some(sha) = sha
-            && got != sha
-        {
-            return Err(WsError::Mismatch(format!(
-                "{path}: SHA-256 {got} does not match the declared {sha}"
-            )));
-        }
-        Ok(Saved {
-            bytes: written,
-            sha256: got,
-        })
+        written
     }
 
     /// `POST files?path=..` with `body` (`len` bytes) as `mime`.
@@ -320,6 +296,58 @@ impl WorkspaceApi {
     }
 }
 
+/// Streams `body` into `file`, at most `max` bytes, and checks the size and
+/// SHA-256 when known.
+async fn write_checked(
+    mut file: tokio::fs::File,
+    mut body: Incoming,
+    path: &str,
+    max: u64,
+    size: Option<u64>,
+    sha: Option<String>,
+) -> Result<Saved, WsError> {
+    let mut hasher = Sha256::new();
+    let mut written = 0u64;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(GatewayError::Http)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        written += data.len() as u64;
+        if written > max {
+            return Err(WsError::Mismatch(format!(
+                "{path}: more than the {max} bytes declared"
+            )));
+        }
+        hasher.update(&data);
+        file.write_all(&data)
+            .await
+            .map_err(|e| WsError::Refused(format!("{path}: {e}")))?;
+    }
+    file.flush()
+        .await
+        .map_err(|e| WsError::Refused(format!("{path}: {e}")))?;
+    let got = hex::encode(hasher.finalize());
+    if let Some(size) = size
+        && written != size
+    {
+        return Err(WsError::Mismatch(format!(
+            "{path}: got {written} bytes, {size} declared"
+        )));
+    }
+    if let Some(sha) = sha
+        && got != sha
+    {
+        return Err(WsError::Mismatch(format!(
+            "{path}: SHA-256 {got} does not match the declared {sha}"
+        )));
+    }
+    Ok(Saved {
+        bytes: written,
+        sha256: got,
+    })
+}
+
 fn content_length(resp: &hyper::Response<Incoming>) -> Option<u64> {
     resp.headers()
         .get(header::CONTENT_LENGTH)
@@ -334,12 +362,13 @@ pub(crate) struct Saved {
     pub(crate) sha256: String,
 }
 
-/// Creates (or truncates) `path` under `workdir` like `write_file` does.
+/// Creates (or truncates) `path` under `workdir` like `write_file` does;
+/// returns its folder and name too, to remove it again.
 fn create_file(
     workdir: &Path,
     path: &str,
     owner: Option<(u32, u32)>,
-) -> Result<std::fs::File, String> {
+) -> Result<(std::os::fd::OwnedFd, std::ffi::OsString, std::fs::File), String> {
     let comps = components(workdir, path)?;
     let Some((name, dirs)) = comps.split_last() else {
         return Err(format!("{path}: is a directory"));
@@ -359,7 +388,7 @@ fn create_file(
             Some(nix::unistd::Gid::from_raw(gid)),
         );
     }
-    Ok(std::fs::File::from(fd))
+    Ok((dir, name.clone(), std::fs::File::from(fd)))
 }
 
 /// Streams every attachment into the working directory, checked. The first

@@ -189,6 +189,10 @@ async fn a_bad_attachment_stops_the_turn_before_the_setup_script() {
             "{what}: the setup script ran"
         );
         assert!(
+            !o.workdir.join("attachments/a.txt").exists(),
+            "{what}: a bad file was left behind"
+        );
+        assert!(
             !o.workdir.parent().unwrap().join("escaped.txt").exists(),
             "{what}"
         );
@@ -203,6 +207,10 @@ async fn a_bad_attachment_stops_the_turn_before_the_setup_script() {
     let o = h.run().await;
     assert_eq!(o.result(), "fine");
     assert!(o.workdir.join("setup-ran").exists());
+    assert_eq!(
+        std::fs::read(o.workdir.join("attachments/a.txt")).unwrap(),
+        f.content
+    );
 }
 
 #[tokio::test]

@@ -181,10 +181,15 @@ pub(crate) async fn run_spec(
         })?;
     // A deleted environment fails the run (409), not silently runs without.
     let named = match &d.environment_id {
-        Some(id) => Some(
-            environments::referenced(state, workspace_id, id, &format!("agent {}", agent.id))
-                .await?,
-        ),
+        Some(id) => {
+            let env =
+                environments::referenced(state, workspace_id, id, &format!("agent {}", agent.id))
+                    .await?;
+            environments::check_merged(&env, &d.environment.variables).map_err(|msg| {
+                WorkspaceError::invalid_fields(vec![FieldError::new("environmentId", msg)])
+            })?;
+            Some(env)
+        }
         None => None,
     };
     Ok(RunSpec {

@@ -269,6 +269,27 @@ pub(crate) async fn referenced(
     }
 }
 
+/// Whether a named environment under `inline` variables stays within
+/// [`validate::MAX_VARIABLES`] (each is checked alone when stored).
+pub(crate) fn check_merged(
+    named: &Environment,
+    inline: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    let extra = named
+        .variables
+        .keys()
+        .chain(named.secrets.keys())
+        .filter(|k| !inline.contains_key(*k))
+        .count();
+    if inline.len().saturating_add(extra) > validate::MAX_VARIABLES {
+        return Err(format!(
+            "with this request's variables, more than {} variables and secrets",
+            validate::MAX_VARIABLES
+        ));
+    }
+    Ok(())
+}
+
 /// `/env` from a named environment under inline values: the inline
 /// variables and setup script win on a clash; secrets are variables in the
 /// sandbox; allowed hosts are the union.
@@ -488,6 +509,20 @@ mod tests {
         assert_eq!(env.allowed_hosts, ["a.example", "b.example"]);
         let env = merged_env(Some(named()), BTreeMap::new(), None, Vec::new());
         assert_eq!(env.setup_script.as_deref(), Some("echo env"));
+    }
+
+    #[test]
+    fn a_merged_environment_is_bounded() {
+        let many: BTreeMap<String, String> = (0..validate::MAX_VARIABLES - 1)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect();
+        // A and TOKEN are new: one too many.
+        assert!(check_merged(&named(), &many).is_err());
+        let mut clash = many.clone();
+        clash.remove("V0");
+        clash.insert("A".into(), String::new());
+        // Only TOKEN is new: exactly the maximum.
+        assert_eq!(check_merged(&named(), &clash), Ok(()));
     }
 
     #[test]

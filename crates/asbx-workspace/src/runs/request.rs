@@ -28,11 +28,16 @@ pub(crate) async fn to_spec(
     let named = match request.environment.as_deref() {
         Some(name) => {
             let found = environments::find(state, workspace_id, name).await?;
-            if found.is_none() {
-                errors.push(FieldError::new(
+            match &found {
+                None => errors.push(FieldError::new(
                     "environment",
                     "no such environment in this workspace (by id or name)",
-                ));
+                )),
+                Some(env) => {
+                    if let Err(msg) = environments::check_merged(env, &request.variables) {
+                        errors.push(FieldError::new("environment", msg));
+                    }
+                }
             }
             found
         }

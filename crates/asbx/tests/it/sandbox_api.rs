@@ -244,3 +244,60 @@ async fn a_sandbox_cant_read_another_chats_file() {
     assert_eq!(steps[0].1["status"], "succeeded", "{:?}", steps[0]);
     assert_eq!(steps[0].1["result"], "chat A only");
 }
+
+#[tokio::test]
+async fn files_written_before_a_model_error_still_reach_the_workspace() {
+    if !can_jail("files_written_before_a_model_error_still_reach_the_workspace") {
+        return;
+    }
+    let up = UpProc::start(&[]);
+    let client = reqwest::Client::new();
+    let prompt = script(json!([
+        {"tool": "write_file", "args": {"path": "out/partial.txt", "content": "half the work"}},
+        {"fail": "the model fell over"}
+    ]));
+    let res = client
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({ "prompt": prompt }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let bytes = res.bytes().await.unwrap();
+    let lines: Vec<_> = asbx_protocol::LineDecoder::default()
+        .push(&bytes)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect();
+    assert_well_formed(&lines);
+    match terminal(&lines) {
+        asbx_protocol::Event::Error(e) => {
+            assert_eq!(e.code, "model_error", "{e:?}");
+            assert!(!e.message.contains("writeback"), "{e:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let run: Value = client
+        .get(format!("{}/api/runs/{run_id}", up.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(run["status"], "failed", "{run}");
+    let files = run["files"].as_array().unwrap_or_else(|| panic!("{run}"));
+    assert_eq!(files.len(), 1, "{run}");
+    assert_eq!(files[0]["path"], "partial.txt");
+    let id = files[0]["id"].as_str().unwrap();
+    let body = client
+        .get(format!("{}/api/files/{id}", up.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, "half the work");
+}

@@ -33,6 +33,7 @@ mod chats;
 mod environments;
 mod files;
 mod runs;
+mod sandbox_api;
 
 use std::sync::Arc;
 
@@ -264,6 +265,18 @@ fn router(state: Arc<AppState>) -> Router {
         .route(
             "/api/assistant/sandbox/{session_id}/results",
             post(callbacks::api::results).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
+        )
+        .route(
+            "/api/assistant/sandbox/{session_id}/workspace/files",
+            get(sandbox_api::api::list_files).post(sandbox_api::api::create_file),
+        )
+        .route(
+            "/api/assistant/sandbox/{session_id}/workspace/files/{id}",
+            get(sandbox_api::api::read_file),
+        )
+        .route(
+            "/api/assistant/sandbox/{session_id}/workspace/history",
+            get(sandbox_api::api::history),
         )
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

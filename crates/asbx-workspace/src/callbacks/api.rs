@@ -22,7 +22,7 @@ pub(crate) async fn env(
     headers: HeaderMap,
 ) -> Result<Json<EnvResponse>, WorkspaceError> {
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
-    let env = callbacks::redeem_payload(&state, &session_id, token, TokenKind::Setup).await?;
+    let env = callbacks::redeem_env(&state, &session_id, token).await?;
     Ok(Json(env))
 }
 

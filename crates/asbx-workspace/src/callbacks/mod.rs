@@ -1,6 +1,7 @@
 //! The sandbox callback routes (docs/protocol.md §3): `/env` and `/config`
-//! redeem their one-time token for the payload stored at dispatch;
-//! `/results` (the `writeback` module) stores the files a run sends back.
+//! redeem their one-time token for the payload stored at dispatch (`/env`
+//! also mints the session's workspace API bearer); `/results` (the
+//! `writeback` module) stores the files a run sends back.
 //!
 //! Uses `runs` (the run row) and `files` (where written-back files go).
 
@@ -14,19 +15,12 @@ use crate::AppState;
 use crate::error::WorkspaceError;
 use crate::runs::store as runs;
 use crate::tokens::store as token_store;
-use crate::tokens::{self, TokenKind};
+use crate::tokens::{self, TokenKind, WORKSPACE_PREFIX};
 
 /// A callback payload stored on the run row.
 pub(crate) trait Payload: DeserializeOwned {
     const KIND: TokenKind;
     fn stored(run: &runs::RunRow) -> &str;
-}
-
-impl Payload for EnvResponse {
-    const KIND: TokenKind = TokenKind::Setup;
-    fn stored(run: &runs::RunRow) -> &str {
-        &run.env_json
-    }
 }
 
 impl Payload for ConfigResponse {
@@ -60,4 +54,53 @@ pub(crate) async fn redeem_payload<P: Payload>(
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
     serde_json::from_str(P::stored(&run))
         .map_err(|e| WorkspaceError::Corrupt(format!("stored payload of run {session_id}: {e}")))
+}
+
+/// Redeems the setup token of `session_id` for its `/env`, with a freshly
+/// minted workspace API bearer in `workspace.token` (docs/protocol.md §3):
+/// the redemption and the bearer's hash are stored in one transaction, and
+/// the plaintext exists only in this answer. The bearer lives for the run's
+/// runtime cap + 60 s and is revoked when the run settles.
+pub(crate) async fn redeem_env(
+    state: &AppState,
+    session_id: &str,
+    token: &str,
+) -> Result<EnvResponse, WorkspaceError> {
+    if !asbx_protocol::dispatch::is_valid_session_id(session_id) {
+        return Err(WorkspaceError::OtpRejected);
+    }
+    let now = state.now_ms();
+    let mut tx = state.store.pool().begin().await?;
+    token_store::redeem(
+        &mut *tx,
+        &tokens::hash(token),
+        TokenKind::Setup,
+        session_id,
+        now,
+    )
+    .await?;
+    let run = runs::get(&mut *tx, session_id)
+        .await?
+        .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
+    let corrupt = |e: serde_json::Error| {
+        WorkspaceError::Corrupt(format!("stored payload of run {session_id}: {e}"))
+    };
+    let mut env: EnvResponse = serde_json::from_str(&run.env_json).map_err(corrupt)?;
+    if let Some(access) = env.workspace.as_mut() {
+        let config: ConfigResponse = serde_json::from_str(&run.config_json).map_err(corrupt)?;
+        let cap_ms = tokens::runtime_cap_ms(config.limits.as_ref());
+        let minted = tokens::mint(WORKSPACE_PREFIX);
+        token_store::insert(
+            &mut *tx,
+            &minted,
+            TokenKind::Workspace,
+            session_id,
+            cap_ms,
+            now,
+        )
+        .await?;
+        access.token = minted.plaintext;
+    }
+    tx.commit().await?;
+    Ok(env)
 }

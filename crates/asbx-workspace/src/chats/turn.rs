@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use asbx_protocol::FieldError;
-use asbx_protocol::callback::{ConfigResponse, EnvResponse, REPLAY_TURN_LIMIT, Role};
+use asbx_protocol::callback::{
+    AttachmentRef, ConfigResponse, EnvResponse, REPLAY_TURN_LIMIT, Role, WorkspaceAccess,
+};
 use axum::http::{HeaderValue, StatusCode};
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 
 use crate::AppState;
@@ -162,7 +162,7 @@ pub(crate) async fn start_turn(
     chats::append_message(state.store.pool(), &chat_id, &user_message).await?;
     chats::set_conversation_id(state.store.pool(), &chat_id, &user_message.id).await?;
 
-    let (setup_script, placed) = attachment_script(state, &attachments).await?;
+    let placed = attachment_refs(&attachments);
     let spec = RunSpec {
         id: turn_id.clone(),
         workspace_id: workspace_id.to_owned(),
@@ -171,7 +171,11 @@ pub(crate) async fn start_turn(
         agent_id: None,
         prompt: prompt_with_attachments(&request.message, &placed),
         env: EnvResponse {
-            setup_script: join_scripts(setup_script, settings_env.setup_script.clone()),
+            // The bearer is minted when `/env` is redeemed (`callbacks`).
+            workspace: Some(WorkspaceAccess {
+                token: String::new(),
+                attachments: placed,
+            }),
             ..settings_env
         },
         config: ConfigResponse {
@@ -262,15 +266,6 @@ async fn chat_settings(
     Ok((new, run))
 }
 
-/// The attachments' script (in a subshell, so its `set -e` stays there),
-/// then the environment's setup script.
-fn join_scripts(first: Option<String>, then: Option<String>) -> Option<String> {
-    match (first, then) {
-        (Some(a), Some(b)) => Some(format!("(\n{a}\n) || exit $?\n{b}")),
-        (a, b) => a.or(b),
-    }
-}
-
 async fn persist_failure(
     state: &AppState,
     chat_id: &str,
@@ -334,51 +329,40 @@ async fn resolve_attachments(
     }
 }
 
-/// A setup script writing each attachment under `attachments/` in the
-/// sandbox's working directory (the contract's way into the sandbox), and
-/// the relative paths it writes.
-async fn attachment_script<'a>(
-    state: &AppState,
-    attachments: &'a [FileRow],
-) -> Result<(Option<String>, Vec<(String, &'a FileRow)>), WorkspaceError> {
-    if attachments.is_empty() {
-        return Ok((None, Vec::new()));
-    }
-    let mut script = format!("set -e\nmkdir -p {ATTACHMENT_DIR}\n");
-    let mut placed: Vec<(String, &'a FileRow)> = Vec::new();
+/// Where each attachment goes in the sandbox's working directory: under
+/// `attachments/`, by its sanitized name (`2-name`, `3-name`... on a clash).
+/// The agent fetches each through the workspace API and checks its size and
+/// SHA-256 before the setup script runs (docs/protocol.md §3); the bytes
+/// never travel in `/env`.
+fn attachment_refs(attachments: &[FileRow]) -> Vec<AttachmentRef> {
+    let mut placed: Vec<AttachmentRef> = Vec::with_capacity(attachments.len());
     for file in attachments {
-        let mut name = ascii_file_name(&file.path);
+        let base = ascii_file_name(&file.path);
+        let mut path = format!("{ATTACHMENT_DIR}/{base}");
         let mut n = 1;
-        while placed
-            .iter()
-            .any(|(p, _)| *p == format!("{ATTACHMENT_DIR}/{name}"))
-        {
+        while placed.iter().any(|p| p.path == path) {
             n += 1;
-            name = format!("{n}-{}", ascii_file_name(&file.path));
+            path = format!("{ATTACHMENT_DIR}/{n}-{base}");
         }
-        let path = format!("{ATTACHMENT_DIR}/{name}");
-        let bytes = state.blobs.read(&file.sha256).await?;
-        let encoded = STANDARD.encode(&bytes);
-        // The file name is sanitized to [A-Za-z0-9._-], so quoting is safe;
-        // the heredoc delimiter cannot occur in base64.
-        script.push_str(&format!("base64 -d > '{path}' <<'ASBX_ATTACHMENT_EOF'\n"));
-        for chunk in encoded.as_bytes().chunks(76) {
-            script.push_str(&String::from_utf8_lossy(chunk));
-            script.push('\n');
-        }
-        script.push_str("ASBX_ATTACHMENT_EOF\n");
-        placed.push((path, file));
+        placed.push(AttachmentRef {
+            id: file.id.clone(),
+            path,
+            size: u64::try_from(file.size).unwrap_or(0),
+            sha256: file.sha256.clone(),
+            mime_type: file.mime_type.clone(),
+        });
     }
-    Ok((Some(script), placed))
+    placed
 }
 
-fn prompt_with_attachments(message: &str, placed: &[(String, &FileRow)]) -> String {
+/// The message, and the list of attached files' paths for the model.
+fn prompt_with_attachments(message: &str, placed: &[AttachmentRef]) -> String {
     if placed.is_empty() {
         return message.to_owned();
     }
     let list: Vec<String> = placed
         .iter()
-        .map(|(path, f)| format!("- {path} ({}, {} bytes)", f.mime_type, f.size))
+        .map(|a| format!("- {} ({}, {} bytes)", a.path, a.mime_type, a.size))
         .collect();
     format!(
         "{message}\n\nAttached files, in the working directory:\n{}",
@@ -403,6 +387,45 @@ fn title_of(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attachments_become_refs_with_distinct_paths() {
+        let row = |id: &str, path: &str| FileRow {
+            id: id.to_owned(),
+            workspace_id: "w".to_owned(),
+            run_id: None,
+            chat_id: None,
+            origin: files::FileOrigin::Upload,
+            path: path.to_owned(),
+            mime_type: "text/plain".to_owned(),
+            size: 3,
+            sha256: "ab".repeat(32),
+            created_at: 0,
+        };
+        let refs = attachment_refs(&[
+            row("a", "dir/notes.txt"),
+            row("b", "notes.txt"),
+            row("c", "../we ird;.txt"),
+        ]);
+        let paths: Vec<_> = refs.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "attachments/notes.txt",
+                "attachments/2-notes.txt",
+                "attachments/we_ird_.txt"
+            ]
+        );
+        assert_eq!(refs[1].id, "b");
+        assert_eq!(
+            (refs[1].size, refs[1].sha256.as_str()),
+            (3, "ab".repeat(32).as_str())
+        );
+        let prompt = prompt_with_attachments("read them", &refs);
+        assert!(prompt.starts_with("read them\n\nAttached files"));
+        assert!(prompt.contains("- attachments/2-notes.txt (text/plain, 3 bytes)"));
+        assert_eq!(prompt_with_attachments("x", &[]), "x");
+    }
 
     #[test]
     fn titles() {

@@ -49,6 +49,77 @@ impl BlobStore {
         Ok(sha)
     }
 
+    /// Stores a body as it arrives, hashing while it is written, without
+    /// holding it in memory: at most `limit` bytes, else
+    /// [`WorkspaceError::PayloadTooLarge`] and nothing is kept. Returns the
+    /// SHA-256 (hex) and the size.
+    pub(crate) async fn put_stream<S, E>(
+        &self,
+        mut body: S,
+        limit: usize,
+    ) -> Result<(String, u64), WorkspaceError>
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        use futures::StreamExt as _;
+        use tokio::io::AsyncWriteExt as _;
+
+        let tmp = self
+            .root
+            .join("tmp")
+            .join(format!("upload.{}", crate::tokens::random_id()));
+        let written = async {
+            let mut file = tokio::fs::File::create(&tmp)
+                .await
+                .map_err(|e| WorkspaceError::io(&tmp, e))?;
+            let mut hasher = Sha256::new();
+            let mut size = 0usize;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| {
+                    WorkspaceError::invalid(format!("could not read the body: {e}"))
+                })?;
+                size = size.saturating_add(chunk.len());
+                if size > limit {
+                    return Err(WorkspaceError::PayloadTooLarge { limit });
+                }
+                hasher.update(&chunk);
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|e| WorkspaceError::io(&tmp, e))?;
+            }
+            file.flush()
+                .await
+                .map_err(|e| WorkspaceError::io(&tmp, e))?;
+            Ok((hex::encode(hasher.finalize()), size as u64))
+        }
+        .await;
+        let (sha, size) = match written {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(e);
+            }
+        };
+        let path = self.path_of(&sha);
+        if tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Ok((sha, size));
+        }
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
+        let placed = match tokio::fs::create_dir_all(&dir).await {
+            Ok(()) => tokio::fs::rename(&tmp, &path)
+                .await
+                .map_err(|e| WorkspaceError::io(&path, e)),
+            Err(e) => Err(WorkspaceError::io(&dir, e)),
+        };
+        if let Err(e) = placed {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(e);
+        }
+        Ok((sha, size))
+    }
+
     /// Opens a blob for reading.
     pub(crate) async fn open_blob(&self, sha: &str) -> Result<tokio::fs::File, WorkspaceError> {
         if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -61,6 +132,7 @@ impl BlobStore {
     }
 
     /// Reads a whole blob.
+    #[cfg(test)]
     pub(crate) async fn read(&self, sha: &str) -> Result<Vec<u8>, WorkspaceError> {
         use tokio::io::AsyncReadExt as _;
         let mut file = self.open_blob(sha).await?;
@@ -74,5 +146,69 @@ impl BlobStore {
     fn path_of(&self, sha: &str) -> PathBuf {
         let (a, rest) = sha.split_at(2.min(sha.len()));
         self.root.join(a).join(rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(
+        parts: &[&'static [u8]],
+    ) -> impl futures::Stream<Item = Result<bytes::Bytes, String>> + Unpin {
+        futures::stream::iter(
+            parts
+                .iter()
+                .map(|p| Ok(bytes::Bytes::from_static(p)))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    async fn tmp_entries(root: &std::path::Path) -> usize {
+        let mut n = 0;
+        let mut dir = tokio::fs::read_dir(root.join("tmp")).await.unwrap();
+        while dir.next_entry().await.unwrap().is_some() {
+            n += 1;
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn a_streamed_body_is_hashed_stored_and_capped() {
+        let root = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(root.path().to_path_buf()).await.unwrap();
+        let (sha, size) = blobs
+            .put_stream(chunks(&[b"hello ", b"world"]), 11)
+            .await
+            .unwrap();
+        assert_eq!(size, 11);
+        assert_eq!(sha, hex::encode(Sha256::digest(b"hello world")));
+        assert_eq!(blobs.read(&sha).await.unwrap(), b"hello world");
+        // The same bytes again: one blob, no temporary file left.
+        let again = blobs
+            .put_stream(chunks(&[b"hello world"]), 11)
+            .await
+            .unwrap();
+        assert_eq!(again.0, sha);
+        assert_eq!(tmp_entries(root.path()).await, 0);
+        // One byte over the cap: refused, nothing kept.
+        let err = blobs
+            .put_stream(chunks(&[b"hello ", b"world!"]), 11)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, WorkspaceError::PayloadTooLarge { limit: 11 }),
+            "{err:?}"
+        );
+        assert_eq!(tmp_entries(root.path()).await, 0);
+        let missing = hex::encode(Sha256::digest(b"hello world!"));
+        assert!(blobs.open_blob(&missing).await.is_err());
+        // A body that breaks off: refused, nothing kept.
+        let broken = futures::stream::iter(vec![
+            Ok(bytes::Bytes::from_static(b"part")),
+            Err("connection reset".to_owned()),
+        ]);
+        assert!(blobs.put_stream(broken, 100).await.is_err());
+        assert_eq!(tmp_entries(root.path()).await, 0);
     }
 }

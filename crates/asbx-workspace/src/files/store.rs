@@ -12,6 +12,8 @@ pub(crate) enum FileOrigin {
     Writeback,
     /// Uploaded by a user to a chat's bag.
     Upload,
+    /// Created by a run through the in-sandbox workspace API.
+    Sandbox,
 }
 
 impl FileOrigin {
@@ -19,6 +21,7 @@ impl FileOrigin {
         match self {
             FileOrigin::Writeback => "writeback",
             FileOrigin::Upload => "upload",
+            FileOrigin::Sandbox => "sandbox",
         }
     }
 
@@ -26,6 +29,7 @@ impl FileOrigin {
         match s {
             "writeback" => Ok(FileOrigin::Writeback),
             "upload" => Ok(FileOrigin::Upload),
+            "sandbox" => Ok(FileOrigin::Sandbox),
             other => Err(WorkspaceError::Corrupt(format!("file origin {other:?}"))),
         }
     }

@@ -1,4 +1,6 @@
-//! Dispatch: mint the three tokens, record the run, `POST {SANDBOX_URL}/stream`.
+//! Dispatch: mint the three one-time tokens, record the run (its `/env`
+//! with the workspace API's access, the bearer minted when `/env` is
+//! redeemed), `POST {SANDBOX_URL}/stream`.
 //!
 //! When `SANDBOX_URL` lists several runners (a fleet, [`super::fleet`]) a
 //! dispatch to the operator's runner tries them in the fleet's order: a
@@ -153,11 +155,18 @@ pub(crate) async fn start_with(
     options: &RunOptions,
 ) -> Result<Started, WorkspaceError> {
     let now = state.now_ms();
-    let env_json = serde_json::to_string(&spec.env)
-        .map_err(|e| WorkspaceError::Corrupt(format!("env: {e}")))?;
+    // Every run gets the in-sandbox workspace API (docs/protocol.md §3). Its
+    // bearer is minted when `/env` is redeemed (`callbacks`), so the stored
+    // payload never holds one: only its hash is ever stored.
+    let mut env = spec.env.clone();
+    env.workspace.get_or_insert_with(Default::default).token = String::new();
+    let env_json =
+        serde_json::to_string(&env).map_err(|e| WorkspaceError::Corrupt(format!("env: {e}")))?;
+    drop(env);
+    let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref());
     let config_json = serde_json::to_string(&spec.config)
         .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
-    let minted = TokenKind::ALL.map(|kind| (kind, tokens::mint(OTP_PREFIX)));
+    let minted = TokenKind::ONE_TIME.map(|kind| (kind, tokens::mint(OTP_PREFIX)));
     let (candidates, fleet) = candidates(state, spec).await;
     let first = candidates.first().unwrap_or(&spec.sandbox_url);
     let mut tx = state.store.pool().begin().await?;
@@ -179,7 +188,7 @@ pub(crate) async fn start_with(
     )
     .await?;
     for (kind, m) in &minted {
-        token_store::insert(&mut *tx, m, *kind, &spec.id, now).await?;
+        token_store::insert(&mut *tx, m, *kind, &spec.id, cap_ms, now).await?;
     }
     tx.commit().await?;
 

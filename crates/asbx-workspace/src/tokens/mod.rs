@@ -1,13 +1,15 @@
 //! One-time tokens and other secrets: minting, hashing, bearer parsing.
 //!
 //! A token is 32 random bytes, base64url without padding, behind a prefix
-//! that names what it is (`asbx_otp_`, `asbx_key_`, ...). Only its SHA-256
-//! (hex) is ever stored; the plaintext exists in memory while it is minted
-//! and sent, and nowhere else.
+//! that names what it is (`asbx_otp_`, `asbx_key_`, `asbx_ws_`, ...). Only
+//! its SHA-256 (hex) is ever stored; the plaintext exists in memory while it
+//! is minted and sent, and nowhere else.
 
 pub(crate) mod store;
 
-use asbx_protocol::callback::{RUN_TOKEN_TTL_SECS, SETUP_TOKEN_TTL_SECS, UPLOAD_TOKEN_TTL_SECS};
+use asbx_protocol::callback::{
+    RUN_TOKEN_TTL_SECS, RunLimits, SETUP_TOKEN_TTL_SECS, UPLOAD_TOKEN_TTL_SECS,
+};
 use axum::http::{HeaderMap, header};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -16,38 +18,66 @@ use sha2::{Digest, Sha256};
 
 /// Prefix of one-time callback tokens.
 pub(crate) const OTP_PREFIX: &str = "asbx_otp_";
+/// Prefix of a session's in-sandbox workspace API bearer
+/// (`EnvResponse.workspace.token`, docs/protocol.md §3).
+pub(crate) const WORKSPACE_PREFIX: &str = "asbx_ws_";
 
-/// What a one-time token may be redeemed for (docs/protocol.md §3).
+/// How long after its runtime cap a run's tokens stay valid: the runner
+/// ends a sandbox at its cap, so nothing legitimate calls back later.
+const CAP_GRACE_MS: u64 = 60_000;
+
+/// What a token may be redeemed for (docs/protocol.md §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TokenKind {
-    /// `GET {agent_url}/env`.
+    /// `GET {agent_url}/env`, once.
     Setup,
-    /// `GET {agent_url}/config`.
+    /// `GET {agent_url}/config`, once.
     Run,
-    /// `POST {agent_url}/results`.
+    /// `POST {agent_url}/results`, once.
     Upload,
+    /// `{agent_url}/workspace/...`, any number of times until the run
+    /// settles (minted when `/env` is redeemed).
+    Workspace,
 }
 
 impl TokenKind {
-    pub(crate) const ALL: [TokenKind; 3] = [TokenKind::Setup, TokenKind::Run, TokenKind::Upload];
+    /// The one-time tokens a dispatch carries.
+    pub(crate) const ONE_TIME: [TokenKind; 3] =
+        [TokenKind::Setup, TokenKind::Run, TokenKind::Upload];
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             TokenKind::Setup => "setup",
             TokenKind::Run => "run",
             TokenKind::Upload => "upload",
+            TokenKind::Workspace => "workspace",
         }
     }
 
-    /// The token's lifetime in milliseconds.
-    pub(crate) fn ttl_ms(self) -> i64 {
-        let secs = match self {
-            TokenKind::Setup => SETUP_TOKEN_TTL_SECS,
-            TokenKind::Run => RUN_TOKEN_TTL_SECS,
-            TokenKind::Upload => UPLOAD_TOKEN_TTL_SECS,
+    /// The token's lifetime in milliseconds for a run whose runtime cap is
+    /// `cap_ms` ([`runtime_cap_ms`]). The setup token is redeemed first
+    /// thing, so its contract TTL stands; every token used later lives as
+    /// long as the run can: the run token (redeemed right after `/env`, but
+    /// never cut short by a slow start), the upload token (writeback comes
+    /// last, after the longest turn) and the workspace bearer.
+    pub(crate) fn ttl_ms(self, cap_ms: u64) -> i64 {
+        let run_can = cap_ms.saturating_add(CAP_GRACE_MS);
+        let ms = match self {
+            TokenKind::Setup => SETUP_TOKEN_TTL_SECS.saturating_mul(1000),
+            TokenKind::Run => RUN_TOKEN_TTL_SECS.saturating_mul(1000).max(run_can),
+            TokenKind::Upload => UPLOAD_TOKEN_TTL_SECS.saturating_mul(1000).max(run_can),
+            TokenKind::Workspace => run_can,
         };
-        i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX)
+        i64::try_from(ms).unwrap_or(i64::MAX)
     }
+}
+
+/// A run's runtime cap: its `limits.maxDurationMs`, else the runner's
+/// default cap (the runner clamps both to its own maximum).
+pub(crate) fn runtime_cap_ms(limits: Option<&RunLimits>) -> u64 {
+    limits
+        .and_then(|l| l.max_duration_ms)
+        .unwrap_or(asbx_protocol::gateway::MaxLimits::default().max_duration_ms)
 }
 
 /// A freshly minted secret: the plaintext to hand out and the hash to store.
@@ -131,9 +161,25 @@ mod tests {
     }
 
     #[test]
-    fn ttls_follow_the_contract() {
-        assert_eq!(TokenKind::Setup.ttl_ms(), 600_000);
-        assert_eq!(TokenKind::Run.ttl_ms(), 600_000);
-        assert_eq!(TokenKind::Upload.ttl_ms(), 3_600_000);
+    fn ttls_follow_the_contract_and_the_runtime_cap() {
+        // A short run: the contract's TTLs, the bearer for the cap + 60 s.
+        assert_eq!(TokenKind::Setup.ttl_ms(60_000), 600_000);
+        assert_eq!(TokenKind::Run.ttl_ms(60_000), 600_000);
+        assert_eq!(TokenKind::Upload.ttl_ms(60_000), 3_600_000);
+        assert_eq!(TokenKind::Workspace.ttl_ms(60_000), 120_000);
+        // A two-hour run: everything used late lives as long as the run can.
+        let cap = 2 * 3_600_000;
+        assert_eq!(TokenKind::Setup.ttl_ms(cap), 600_000);
+        assert_eq!(TokenKind::Run.ttl_ms(cap), 7_260_000);
+        assert_eq!(TokenKind::Upload.ttl_ms(cap), 7_260_000);
+        assert_eq!(TokenKind::Workspace.ttl_ms(cap), 7_260_000);
+        assert_eq!(TokenKind::Workspace.ttl_ms(u64::MAX), i64::MAX);
+        // No cap named: the runner's default (8 h).
+        assert_eq!(runtime_cap_ms(None), 28_800_000);
+        let limits = RunLimits {
+            max_duration_ms: Some(5_000),
+            ..RunLimits::default()
+        };
+        assert_eq!(runtime_cap_ms(Some(&limits)), 5_000);
     }
 }

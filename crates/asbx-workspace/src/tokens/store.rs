@@ -1,16 +1,19 @@
-//! One-time tokens: insert hashed, redeem atomically, revoke.
+//! Tokens: insert hashed, redeem a one-time token atomically, look up a
+//! session's workspace bearer, revoke.
 
-use sqlx::{Any, Executor};
+use sqlx::{Any, Executor, Row as _};
 
 use crate::error::WorkspaceError;
 use crate::tokens::{Minted, TokenKind};
 
-/// Stores the hash of a freshly minted token bound to `session_id`.
+/// Stores the hash of a freshly minted token bound to `session_id`, valid
+/// for `kind`'s TTL given the run's runtime cap ([`TokenKind::ttl_ms`]).
 pub(crate) async fn insert<'c, E>(
     db: E,
     minted: &Minted,
     kind: TokenKind,
     session_id: &str,
+    cap_ms: u64,
     now_ms: i64,
 ) -> Result<(), WorkspaceError>
 where
@@ -23,7 +26,7 @@ where
     .bind(&minted.hash)
     .bind(kind.as_str())
     .bind(session_id)
-    .bind(now_ms.saturating_add(kind.ttl_ms()))
+    .bind(now_ms.saturating_add(kind.ttl_ms(cap_ms)))
     .bind(now_ms)
     .execute(db)
     .await?;
@@ -85,6 +88,33 @@ where
     } else {
         Err(WorkspaceError::OtpRejected)
     }
+}
+
+/// The run a workspace bearer (by hash) opens, when it is one of
+/// `session_id`, unexpired, not revoked, and the run still running:
+/// `(workspace_id, chat_id)`. A workspace bearer is not spent by use.
+pub(crate) async fn workspace_bearer<'c, E>(
+    db: E,
+    hash: &str,
+    session_id: &str,
+    now_ms: i64,
+) -> Result<Option<(String, Option<String>)>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(
+        "SELECT r.workspace_id, r.chat_id FROM tokens t JOIN runs r ON r.id = t.session_id \
+         WHERE t.hash = $1 AND t.kind = $2 AND t.session_id = $3 AND t.used_at IS NULL \
+         AND t.expires_at > $4 AND r.status = 'running'",
+    )
+    .bind(hash)
+    .bind(TokenKind::Workspace.as_str())
+    .bind(session_id)
+    .bind(now_ms)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| Ok((r.try_get("workspace_id")?, r.try_get("chat_id")?)))
+        .transpose()
 }
 
 /// Marks every unused token of a session used: once its stream has ended, the

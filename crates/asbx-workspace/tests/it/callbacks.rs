@@ -4,7 +4,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
-use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem, settled_run};
+use crate::support::{
+    Db, FakeRunner, Mode, TestWorkspace, client, env_without_access, on_both, problem, settled_run,
+};
 
 on_both!(env_and_config_return_what_the_run_configured);
 async fn env_and_config_return_what_the_run_configured(db: Db) {
@@ -34,9 +36,11 @@ async fn env_and_config_return_what_the_run_configured(db: Db) {
     assert_eq!(callbacks.len(), 2);
     let (route, status, env) = &callbacks[0];
     assert_eq!((route.as_str(), *status), ("env", 200));
+    let (env, attachments) = env_without_access(env);
+    assert_eq!(attachments, json!([]));
     assert_eq!(
         env,
-        &json!({"variables": {"FOO": "bar", "N": "1"}, "setup_script": "echo setup",
+        json!({"variables": {"FOO": "bar", "N": "1"}, "setup_script": "echo setup",
                 "allowed_hosts": ["pypi.org", "*.example.com"]})
     );
     let (route, status, config) = &callbacks[1];
@@ -71,7 +75,7 @@ async fn defaults_apply_when_the_run_names_little(db: Db) {
     resp.text().await.unwrap();
     let callbacks = runner.callbacks();
     assert_eq!(
-        callbacks[0].2,
+        env_without_access(&callbacks[0].2).0,
         json!({"variables": {}, "setup_script": null, "allowed_hosts": []})
     );
     assert_eq!(callbacks[1].2, json!({"model": "scripted:demo"}));

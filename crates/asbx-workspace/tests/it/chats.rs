@@ -385,24 +385,16 @@ async fn attachments_reach_the_sandbox_and_show_in_history(db: Db) {
         .to_owned();
     SseReader::new(resp).until_done().await;
 
-    // The setup script writes the file into the sandbox's working directory.
+    // The sandbox gets a reference to fetch through the workspace API
+    // (tests/it/sandbox_api.rs), never the bytes in a setup script.
     let d = &runner.dispatches()[0];
     assert!(d.prompt.contains("attachments/notes.txt"), "{}", d.prompt);
-    let env = &runner.callbacks()[0].2;
-    let script = env["setup_script"].as_str().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let (env, attachments) = crate::support::env_without_access(&runner.callbacks()[0].2);
+    assert_eq!(env["setup_script"], Value::Null);
     assert_eq!(
-        std::fs::read(dir.path().join("attachments/notes.txt")).unwrap(),
-        content
+        attachments,
+        json!([{"id": file_id, "path": "attachments/notes.txt", "size": content.len(),
+                "sha256": crate::support::sha256_bytes_hex(&content), "mimeType": "text/plain"}])
     );
 
     // History shows the chip on the user message; the bag lists the file.

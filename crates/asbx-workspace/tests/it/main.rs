@@ -12,6 +12,7 @@ mod environments;
 mod fleet;
 mod runs;
 mod runs_api;
+mod sandbox_api;
 mod security;
 mod support;
 mod tokens;

@@ -18,6 +18,12 @@ pub(crate) fn sha256_hex(plaintext: &str) -> String {
     hex::encode(sha2::Sha256::digest(plaintext.as_bytes()))
 }
 
+/// Lowercase hex SHA-256 of bytes.
+pub(crate) fn sha256_bytes_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
 /// 128 random bits as hex.
 pub(crate) fn random_hex() -> String {
     hex::encode(rand::random::<[u8; 16]>())
@@ -330,4 +336,21 @@ pub(crate) async fn post_turn(ws: &TestWorkspace, body: Value) -> reqwest::Respo
         .send()
         .await
         .unwrap()
+}
+
+/// `/env` as a sandbox got it, without its `workspace` access, which is
+/// checked first: a fresh `asbx_ws_` bearer (its attachments are returned
+/// as the second value).
+pub(crate) fn env_without_access(env: &Value) -> (Value, Value) {
+    let mut env = env.clone();
+    let access = env
+        .as_object_mut()
+        .and_then(|o| o.remove("workspace"))
+        .unwrap_or_else(|| panic!("no workspace access in /env: {env}"));
+    let token = access["token"].as_str().unwrap_or_default();
+    assert!(
+        token.starts_with("asbx_ws_") && token.len() == "asbx_ws_".len() + 43,
+        "{access}"
+    );
+    (env, access["attachments"].clone())
 }

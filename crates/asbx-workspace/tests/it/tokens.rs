@@ -14,7 +14,10 @@ async fn held_run(
 ) -> (asbx_protocol::DispatchRequest, reqwest::Response) {
     let resp = client()
         .post(ws.url("/api/runs"))
-        .json(&json!({"prompt": "hi", "variables": {"A": "1"}}))
+        // A one-minute cap: the contract's TTLs stand (a longer run's
+        // tokens live as long as it can, tests/it/sandbox_api.rs).
+        .json(&json!({"prompt": "hi", "variables": {"A": "1"},
+                      "limits": {"max_duration_ms": 60_000}}))
         .send()
         .await
         .unwrap();

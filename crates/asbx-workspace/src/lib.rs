@@ -25,8 +25,8 @@ mod wire;
 
 // Features, each with its store, logic and handlers. Dependencies point one
 // way: agents, chats and callbacks use runs and files; runs uses files;
-// agents, chats and runs use environments; files and environments use
-// none of them.
+// agents, chats and runs use environments; sandbox_api uses chats and
+// files; files and environments use none of them.
 mod agents;
 mod callbacks;
 mod chats;

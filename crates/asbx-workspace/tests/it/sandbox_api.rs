@@ -220,7 +220,11 @@ async fn a_bearer_opens_its_own_session_and_nothing_else(db: Db) {
         "bad id",
     )
     .await;
-    assert_eq!(ids(&ws, &b).await, std::slice::from_ref(&fb), "nothing was created in B");
+    assert_eq!(
+        ids(&ws, &b).await,
+        std::slice::from_ref(&fb),
+        "nothing was created in B"
+    );
 
     // Its own session, another bag's file: not found, like no file at all.
     for (h, id) in [
@@ -588,4 +592,30 @@ async fn a_refused_writeback_shows_on_the_chat_turn() {
     assert_eq!(last["type"], "error");
     assert_eq!(last["code"], "writeback_failed");
     assert!(last["message"].as_str().unwrap().contains("400"));
+}
+
+#[tokio::test]
+async fn a_workspace_bearer_is_no_api_key_and_needs_none() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start_with(Some(runner.url.clone()), |c| c.require_auth = true).await;
+    let key = ws.workspace.create_api_key("default", "k").await.unwrap();
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .bearer_auth(&key)
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    let h = held(&runner, 0, resp).await;
+    // With auth required, the sandbox's routes take its bearer alone...
+    assert!(ids(&ws, &h).await.is_empty());
+    // ... and the bearer opens none of the API's routes (the key does).
+    for path in [
+        "/api/assistant/chats".to_owned(),
+        format!("/api/runs/{}", h.session),
+    ] {
+        unauthorized(get(&ws.url(&path), &h.token).await, &path).await;
+        assert_eq!(get(&ws.url(&path), &key).await.status(), 200, "{path}");
+    }
+    runner.shared.release.notify_waiters();
 }

@@ -7,6 +7,8 @@
 //! - `idle`: host memory of idle sandboxes and of an idle runner.
 //! - `jail-startup`: `asbx-sandbox jail` running `true`, beside bubblewrap,
 //!   and one idle sandbox's memory (the jail alone, no runner).
+//! - `turn`: an Assistant turn end to end through `asbx up`, on SQLite and
+//!   (with `ASBX_BENCH_PG_URL`) PostgreSQL.
 //!
 //! Build with `cargo build --release -p asbx -p asbx-bench`, then run
 //! `target/release/asbx-bench all`. Needs root for the jailed parts.
@@ -22,6 +24,7 @@ use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
 
 mod jail;
+mod turn;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -43,12 +46,14 @@ fn main() -> anyhow::Result<()> {
             "first-line" => first_line(n).await,
             "idle" => idle(n.min(2000)).await,
             "jail-startup" => jail::startup(n),
+            "turn" => turn::turn(n.min(2000)).await,
             "all" => {
                 throughput().await?;
                 first_line(n).await?;
-                idle(100).await
+                idle(100).await?;
+                turn::turn(100).await
             }
-            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | all"),
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | turn [N] | all"),
         }
     })
 }

@@ -86,6 +86,7 @@ class AsbxUp:
                 break
         if url is None:
             self.stop()
+            shutil.rmtree(self.data, ignore_errors=True)
             raise RuntimeError("`asbx up` printed no `open URL` banner line")
         self.url = url
         out = self.proc.stdout

@@ -49,7 +49,7 @@ case "${1:-}" in
     ;;
   test)
     shift
-    ensure_packages postgresql bash coreutils python3 chromium prometheus curl jq
+    ensure_packages postgresql bash coreutils python3 python3-venv chromium prometheus curl jq
     if [ "$(id -u)" -eq 0 ]; then
       start_postgres
       trap stop_postgres EXIT
@@ -72,6 +72,9 @@ case "${1:-}" in
     [ -x target/debug/asbx ] || cargo build --locked -p asbx
     npm ci --prefix e2e/browser --no-audit --no-fund --loglevel=error >/dev/null
     node --test e2e/browser/
+    # The SDKs, each against a real `asbx up` it starts (sdk/*/README.md).
+    bash sdk/python/test.sh
+    bash sdk/typescript/test.sh
     ;;
   *)
     echo "usage: bash dev.sh up [--listen ADDR] | bash dev.sh test" >&2

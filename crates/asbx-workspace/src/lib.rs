@@ -11,6 +11,7 @@
 // Shared, below every feature: errors, configuration, the store's pool,
 // tokens, validation, the wire bodies, the HTTP plumbing.
 mod auth;
+mod chat_events;
 mod config;
 mod error;
 mod guard;
@@ -107,6 +108,7 @@ impl Workspace {
             run_hub: Default::default(),
             notifier,
             node_id: tokens::random_id(),
+            chat_events: Default::default(),
             me: std::sync::OnceLock::new(),
         };
         let state = Arc::new(state);
@@ -170,6 +172,9 @@ pub(crate) struct AppState {
     /// This process among the workspace nodes: the lease holder of the chat
     /// turns it took over (`chats::takeover`).
     pub(crate) node_id: String,
+    /// Chats' turns starting and ending, deletions, settings changes, for
+    /// `GET /api/assistant/events`.
+    pub(crate) chat_events: chat_events::ChatEvents,
     /// This state itself, for work a request starts that outlives it.
     me: std::sync::OnceLock<std::sync::Weak<AppState>>,
     /// The `Host`s and origins this server answers to.
@@ -240,6 +245,7 @@ fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/assistant/chat/stream", post(chats::api::turn))
         .route("/api/assistant/chats", get(chats::api::list))
+        .route("/api/assistant/events", get(chat_events::serve))
         .route(
             "/api/assistant/chats/{id}",
             get(chats::api::detail).delete(chats::api::delete),

@@ -361,9 +361,26 @@ pub(crate) struct ChatDetail {
     #[serde(flatten)]
     pub chat: ChatSummary,
     pub messages: Vec<PersistedMessage>,
+    /// The cursor of the next older page (`?before=`), `null` when the
+    /// thread starts with this page.
+    pub before: Option<i64>,
     pub files: Vec<FileInfo>,
     pub settings: ChatSettingsView,
 }
+
+/// `GET /api/assistant/chats/{id}?limit=N&before=C`: the newest `limit`
+/// messages (default [`CHAT_PAGE_DEFAULT`], at most [`CHAT_PAGE_MAX`])
+/// before the cursor `before` (a previous page's `before`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ChatPageQuery {
+    pub limit: Option<String>,
+    pub before: Option<String>,
+}
+
+/// Messages in a page of a thread when `limit` is not given.
+pub(crate) const CHAT_PAGE_DEFAULT: i64 = 100;
+/// Most messages in a page of a thread.
+pub(crate) const CHAT_PAGE_MAX: i64 = 500;
 
 /// One message of a chat (also its stored form).
 ///

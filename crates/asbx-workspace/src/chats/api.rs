@@ -23,7 +23,8 @@ use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
 use crate::wire::{
-    CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatSummary, FileInfo, TURN_ID_HEADER, TurnRequest,
+    CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatPageQuery, ChatSummary, FileInfo,
+    TURN_ID_HEADER, TurnRequest,
 };
 
 pub(crate) async fn turn(
@@ -117,13 +118,28 @@ pub(crate) async fn list(
     Ok(Json(chat_view::list(&state, &caller.workspace_id).await?))
 }
 
+/// `GET /api/assistant/chats/{id}`: the thread a page at a time (newest
+/// first, `?limit=N&before=C`), the bag and the settings.
 pub(crate) async fn detail(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(chat_id): Path<String>,
+    Query(page): Query<HashMap<String, String>>,
 ) -> Result<Json<ChatDetail>, WorkspaceError> {
+    if let Some(k) = page
+        .keys()
+        .find(|k| !matches!(k.as_str(), "limit" | "before"))
+    {
+        return Err(WorkspaceError::invalid(format!(
+            "unknown query parameter {k}"
+        )));
+    }
+    let page = ChatPageQuery {
+        limit: page.get("limit").cloned(),
+        before: page.get("before").cloned(),
+    };
     Ok(Json(
-        chat_view::detail(&state, &caller.workspace_id, &chat_id).await?,
+        chat_view::detail(&state, &caller.workspace_id, &chat_id, &page).await?,
     ))
 }
 
@@ -146,6 +162,9 @@ pub(crate) async fn delete(
     if let Some(turn) = state.turns.for_chat(&chat_id, &caller.workspace_id) {
         turn.cancel();
     }
+    state
+        .chat_events
+        .emit(&caller.workspace_id, &chat_id, None, "deleted");
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -285,6 +285,10 @@ pub(crate) struct TurnContext {
 /// Registers the turn and spawns its driver.
 pub(crate) fn spawn(ctx: TurnContext, response: reqwest::Response) {
     ctx.state.turns.insert(Arc::clone(&ctx.turn));
+    let t = &ctx.turn;
+    ctx.state
+        .chat_events
+        .emit(&t.workspace_id, &t.chat_id, Some(&t.id), "started");
     tokio::spawn(drive(ctx, response, None));
 }
 
@@ -484,6 +488,9 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
     dispatch::settle_ended(&state, &turn.id, &outcome, tap.termination()).await;
     crate::runs::events::announce_end(&state, &turn.id).await;
     lease.release().await;
+    state
+        .chat_events
+        .emit(&turn.workspace_id, &turn.chat_id, Some(&turn.id), "ended");
     turn.finish(Done {
         chat_id: turn.chat_id.clone(),
         turn_id: turn.id.clone(),

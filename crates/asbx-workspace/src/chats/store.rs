@@ -412,22 +412,43 @@ where
     Ok(out)
 }
 
-/// Every message of a chat, oldest first.
-pub(crate) async fn all_messages<'c, E>(
+/// A page of a chat's thread: the newest `limit` messages with a position
+/// below `before` (all, without it), oldest first, and the position to page
+/// on from when older ones exist. One indexed range read
+/// (`UNIQUE (chat_id, position)`), so its cost does not grow with the chat.
+pub(crate) async fn messages_page<'c, E>(
     db: E,
     chat_id: &str,
-) -> Result<Vec<PersistedMessage>, WorkspaceError>
+    before: Option<i64>,
+    limit: i64,
+) -> Result<(Vec<PersistedMessage>, Option<i64>), WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
     let rows = sqlx::query(
-        "SELECT id, role, content, attachments, turn_id, created_at FROM messages \
-         WHERE chat_id = $1 ORDER BY position",
+        "SELECT id, role, content, attachments, turn_id, created_at, position FROM messages \
+         WHERE chat_id = $1 AND position < $2 ORDER BY position DESC LIMIT $3",
     )
     .bind(chat_id)
+    .bind(before.unwrap_or(i64::MAX))
+    .bind(limit.saturating_add(1))
     .fetch_all(db)
     .await?;
-    rows.iter().map(message_from_row).collect()
+    let more = rows.len() as i64 > limit;
+    let page = &rows[..rows.len().min(usize::try_from(limit).unwrap_or(0))];
+    let cursor = if more {
+        page.last()
+            .map(|r| r.try_get::<i64, _>("position"))
+            .transpose()?
+    } else {
+        None
+    };
+    let mut messages = page
+        .iter()
+        .map(message_from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    messages.reverse();
+    Ok((messages, cursor))
 }
 
 fn message_from_row(r: &AnyRow) -> Result<PersistedMessage, WorkspaceError> {

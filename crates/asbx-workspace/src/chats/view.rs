@@ -9,7 +9,11 @@ use crate::files::file_info;
 use crate::files::store::{self as files, FileOrigin, FileRow};
 use crate::tokens;
 use crate::validate;
-use crate::wire::{ChatDetail, ChatSummary, FileInfo};
+use asbx_protocol::FieldError;
+
+use crate::wire::{
+    CHAT_PAGE_DEFAULT, CHAT_PAGE_MAX, ChatDetail, ChatPageQuery, ChatSummary, FileInfo,
+};
 
 /// Largest upload to a bag.
 pub(crate) const MAX_UPLOAD_BYTES: usize = 32 * 1024 * 1024;
@@ -44,7 +48,33 @@ pub(crate) async fn detail(
     state: &AppState,
     workspace_id: &str,
     chat_id: &str,
+    page: &ChatPageQuery,
 ) -> Result<ChatDetail, WorkspaceError> {
+    let limit = match page.limit.as_deref() {
+        None => CHAT_PAGE_DEFAULT,
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=CHAT_PAGE_MAX).contains(n))
+            .ok_or_else(|| {
+                WorkspaceError::invalid_fields(vec![FieldError::new(
+                    "limit",
+                    format!("must be a whole number from 1 to {CHAT_PAGE_MAX}"),
+                )])
+            })?,
+    };
+    let before = page
+        .before
+        .as_deref()
+        .map(|v| {
+            v.parse::<i64>().map_err(|_| {
+                WorkspaceError::invalid_fields(vec![FieldError::new(
+                    "before",
+                    "must be the cursor of a previous page",
+                )])
+            })
+        })
+        .transpose()?;
     let mut chat = chats::get(state.store.pool(), chat_id, workspace_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
@@ -53,12 +83,14 @@ pub(crate) async fn detail(
             .await?
             .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
     }
-    let messages = chats::all_messages(state.store.pool(), chat_id).await?;
+    let (messages, before) =
+        chats::messages_page(state.store.pool(), chat_id, before, limit).await?;
     let files = files::list_for_chat(state.store.pool(), chat_id, workspace_id).await?;
     let settings = crate::environments::chat_settings_view(state, workspace_id, chat_id).await?;
     Ok(ChatDetail {
         chat: summary(&chat, state.now_ms()),
         messages,
+        before,
         files: files.iter().map(file_info).collect(),
         settings,
     })

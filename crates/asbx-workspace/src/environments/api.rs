@@ -76,5 +76,8 @@ pub(crate) async fn put_chat_settings(
 ) -> Result<Json<ChatSettingsView>, WorkspaceError> {
     let view =
         environments::put_chat_settings(&state, &caller.workspace_id, &chat_id, settings).await?;
+    state
+        .chat_events
+        .emit(&caller.workspace_id, &chat_id, None, "updated");
     Ok(Json(view))
 }

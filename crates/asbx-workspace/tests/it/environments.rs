@@ -95,7 +95,10 @@ fn env_and_config(runner: &FakeRunner, n: usize) -> (Value, Value) {
         assert_eq!(*status, 200);
         body.clone()
     };
-    (crate::support::env_without_access(&nth("env")).0, nth("config"))
+    (
+        crate::support::env_without_access(&nth("env")).0,
+        nth("config"),
+    )
 }
 
 on_both!(crud_answers_secret_names_never_values);

@@ -7,6 +7,7 @@ mod access;
 mod agents;
 mod callbacks;
 mod chat_nodes;
+mod chat_pages;
 mod chats;
 mod environments;
 mod fleet;

@@ -6,7 +6,13 @@
 // step's output shows while it runs, the answer appears word by word and
 // renders as sanitised Markdown, a crashed turn says why with its stderr,
 // after a reload the thread is the same DOM as it was live, and an encrypted
-// run through /api/runs opens in the page with WebCrypto alone.
+// run through /api/runs opens in the page with WebCrypto alone. A second
+// test (issue 10) picks a named environment and a model in the settings
+// panel, has the turn write a file into the chat's bag through the
+// in-sandbox workspace API, cuts the network under the live turn (a TCP
+// proxy between the browser and asbx) and sees the page resume it with
+// Last-Event-ID and no reload, sees another tab follow the chat live, and
+// pages back through a long thread.
 //
 // Run: `node --test e2e/browser/` after `cargo build -p asbx` (as root: the
 // jail needs it). Environment: ASBX_BIN (default target/debug/asbx),
@@ -397,4 +403,149 @@ test("web chat: streaming text, live tool output, a crash explained, sanitised M
     t.diagnostic(`page html (tail):\n${(await page.content().catch(() => "")).slice(-4_000)}`);
     throw e;
   }
+});
+
+// A TCP proxy between the browser and asbx whose live connections the test
+// cuts, as a dropped network would. It rewrites the browser's idea of the
+// origin (its own port) into asbx's, so Host and Origin checks see asbx.
+async function cuttableProxy(target) {
+  const net = await import("node:net");
+  const { port: upPort } = new URL(target);
+  const sockets = new Set();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(upPort), "127.0.0.1");
+    sockets.add(client);
+    sockets.add(upstream);
+    const own = `127.0.0.1:${server.address().port}`;
+    client.on("data", (b) => upstream.write(Buffer.from(b.toString("latin1").split(own).join(`127.0.0.1:${upPort}`), "latin1")));
+    upstream.on("data", (b) => client.write(b));
+    const end = () => { client.destroy(); upstream.destroy(); sockets.delete(client); sockets.delete(upstream); };
+    client.on("error", end); upstream.on("error", end); client.on("close", end); upstream.on("close", end);
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    cut: () => { for (const s of sockets) s.destroy(); sockets.clear(); },
+    close: () => new Promise((r) => { for (const s of sockets) s.destroy(); server.close(r); }),
+  };
+}
+
+test("assistant: an environment and a model chosen on the page, a file made through the in-sandbox API, a dropped network resumed, another tab updated live, history paged", { timeout: 600_000 }, async (t) => {
+  assert.ok(existsSync(ASBX_BIN), `${ASBX_BIN} is missing: run cargo build -p asbx first`);
+  const cleanups = [];
+  t.after(async () => {
+    for (const undo of cleanups.reverse()) {
+      try { await undo(); } catch (e) { t.diagnostic(`cleanup: ${e.message}`); }
+    }
+  });
+  const tmp = await mkdtemp(path.join(tmpdir(), "asbx-e2e-assistant-"));
+  cleanups.push(() => rm(tmp, { recursive: true, force: true }));
+  const asbx = startAsbx(path.join(tmp, "data"));
+  cleanups.push(() => stopProcess(asbx.child));
+  const base = await asbx.ready;
+  const proxy = await cuttableProxy(base);
+  cleanups.push(() => proxy.close());
+
+  // An environment with a variable and a write-only secret.
+  const envRes = await fetch(`${base}/api/environments`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ name: "staging", variables: { GREETING: "hello-from-env" }, secrets: { TOKEN: "s3cret-token" } }),
+  });
+  assert.equal(envRes.status, 201, await envRes.clone().text());
+  const env = await envRes.json();
+
+  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
+    executablePath: CHROMIUM,
+    headless: true,
+    chromiumSandbox: false,
+    env: cleanEnv({}),
+    args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+      "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"],
+  });
+  cleanups.push(() => context.close());
+  context.setDefaultTimeout(WAIT_LIMIT_MS);
+  const page = context.pages()[0] ?? (await context.newPage());
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+  const resumes = [];
+  page.on("request", (r) => {
+    if (r.method() === "GET" && r.url().endsWith("/stream")) resumes.push(r.headers()["last-event-id"]);
+  });
+
+  await page.goto(proxy.url);
+  await page.waitForSelector("#app:not([hidden])");
+  await page.evaluate(() => { window.sameDocument = true; });
+  await page.waitForSelector(`#set-env option[value="${env.id}"]`, { state: "attached" });
+  await page.click("#settings summary");
+  await page.selectOption("#set-env", env.id);
+  await page.selectOption("#set-model", "scripted:demo");
+
+  // The turn reads the environment, writes a file into the chat's bag
+  // through the in-sandbox workspace API, and sleeps long enough for the
+  // network to drop under it.
+  const prompt = JSON.stringify({
+    script: [
+      { tool: "shell", args: { command: "echo $GREETING; echo started" } },
+      { tool: "workspace_create_file", args: { path: "summary.txt", content: "a summary written in the sandbox" } },
+      { tool: "shell", args: { command: "sleep 3; echo after-the-drop" } },
+      { say: "All done, the summary is in the bag." },
+    ],
+  });
+  await send(page, prompt);
+  await page.waitForFunction(() => document.querySelector("#thread").textContent.includes("hello-from-env"));
+  await page.waitForSelector("[data-step-name=shell][data-status=running] >> nth=0");
+  // The network drops mid-turn; the page resumes by itself, no reload.
+  await page.waitForFunction(() => document.querySelectorAll("[data-step-name=shell]").length >= 2);
+  proxy.cut();
+  await page.waitForFunction(() => document.querySelector("#thread").textContent.includes("All done, the summary is in the bag."));
+  await settled(page);
+  assert.equal(await page.evaluate(() => window.sameDocument), true, "no reload");
+  assert.ok(resumes.some((id) => Number(id) > 0), `resumed with Last-Event-ID: ${JSON.stringify(resumes)}`);
+  // What streamed after the drop shows once: the last step's live output
+  // and the answer, no frame twice.
+  const outputs = await page.$$eval("[data-step-name=shell] [data-part=output] pre", (p) => p.map((x) => x.textContent));
+  assert.equal(outputs[outputs.length - 1], "after-the-drop\n", JSON.stringify(outputs));
+  const answers = await page.$$eval("[data-role=assistant] > [data-part=text]", (n) => n.map((x) => x.textContent.trim()));
+  assert.deepEqual(answers, ["All done, the summary is in the bag."]);
+  await page.waitForFunction(() => document.querySelector("#bag-list").textContent.includes("summary.txt"));
+  const chatId = await page.evaluate(() => location.hash.replace("#chat=", ""));
+  const detail = await (await fetch(`${base}/api/assistant/chats/${chatId}`)).json();
+  assert.equal(detail.settings.environmentId, env.id);
+  assert.ok(!JSON.stringify(detail).includes("s3cret-token"), "the secret is never answered");
+
+  // Another tab on the same chat sees this tab's next turn live, without a
+  // reload (GET /api/assistant/events).
+  const page2 = await context.newPage();
+  page2.on("pageerror", (e) => pageErrors.push(e.message));
+  await page2.goto(`${base}/#chat=${chatId}`);
+  await page2.waitForSelector("#app:not([hidden])");
+  await page2.waitForFunction(() => document.querySelector("#thread").textContent.includes("All done"));
+  await page2.evaluate(() => { window.sameDocument = true; });
+  await send(page, JSON.stringify({ script: [{ say: "seen in the other tab" }] }));
+  await page2.waitForFunction(() => document.querySelector("#thread").textContent.includes("seen in the other tab"));
+  assert.equal(await page2.evaluate(() => window.sameDocument), true, "the other tab did not reload");
+  await settled(page);
+  await page2.close();
+
+  // A long thread: the page shows the newest page and loads earlier ones.
+  for (let i = 0; i < 50; i++) {
+    const r = await fetch(`${base}/api/assistant/chat/stream`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ chatId, message: JSON.stringify({ script: [{ say: `reply ${i}` }] }) }),
+    });
+    await r.text();
+  }
+  await page.reload();
+  await page.waitForSelector("#earlier");
+  const before = await page.$$eval("[data-role]", (n) => n.length);
+  assert.equal(before, 100, "the newest page");
+  await page.click("#earlier");
+  await page.waitForFunction((n) => document.querySelectorAll("[data-role]").length > n, before);
+  const all = await page.$$eval("[data-role]", (n) => n.length);
+  assert.equal(all, 104, "every message once");
+  assert.equal(await page.$("#earlier"), null, "nothing older");
+  assert.deepEqual(pageErrors, []);
 });

@@ -17,7 +17,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { chatId: null, turn: null, pending: [], abort: null };
+const state = { chatId: null, turn: null, pending: [], abort: null, settings: {} };
 
 async function api(path, options = {}) {
   const res = await fetch(path, { credentials: "same-origin", ...options });
@@ -305,12 +305,14 @@ async function openChat(id) {
   $("chat-title").textContent = "New chat";
   renderBag([]);
   setBusy(false);
-  if (!id) { loadChats(); return; }
+  if (!id) { showSettings({}); loadChats(); return; }
   let chat;
   try { chat = await api("/api/assistant/chats/" + encodeURIComponent(id)); }
   catch (e) { showStatus(e.message, true); state.chatId = null; return; }
   $("chat-title").textContent = chat.title;
+  showSettings(chat.settings || {});
   chat.messages.forEach((m) => $("thread").append(renderMessage(m)));
+  showEarlier(id, chat.before);
   renderBag(chat.files);
   scrollDown();
   loadChats();
@@ -322,6 +324,89 @@ async function openChat(id) {
     const res = await fetch("/api/assistant/chats/" + encodeURIComponent(id) + "/stream", { credentials: "same-origin" });
     if (res.ok) await consume(res, node); else { node.remove(); setBusy(false); }
   }
+}
+
+// ---- chat settings ---------------------------------------------------------
+// Model (GET /api/models), named environment (GET /api/environments) and
+// system prompt. A new chat sends them with its first turn; an existing one
+// PUTs them (skills and MCP servers set through the API are kept).
+
+async function loadSettingChoices() {
+  const [models, envs] = await Promise.all([
+    api("/api/models").catch(() => ({ models: [] })),
+    api("/api/environments").catch(() => ({ environments: [] })),
+  ]);
+  const m = $("set-model");
+  m.replaceChildren();
+  models.models.forEach((x) => {
+    const o = el("option", null, x.id + (x.default ? " (default)" : ""));
+    o.value = x.id;
+    if (x.default) o.selected = true;
+    m.append(o);
+  });
+  const e = $("set-env");
+  e.replaceChildren(Object.assign(el("option", null, "None"), { value: "" }));
+  envs.environments.forEach((x) => { const o = el("option", null, x.name); o.value = x.id; e.append(o); });
+  showSettings(state.settings);
+}
+
+function showSettings(settings) {
+  state.settings = settings;
+  const model = settings.model || (settings.effective && settings.effective.model);
+  if (model) $("set-model").value = model;
+  $("set-env").value = settings.environmentId || "";
+  $("set-prompt").value = settings.systemPrompt || "";
+}
+
+function chosenSettings() {
+  const out = {};
+  const { skills, mcpServers } = state.settings;
+  if (skills && skills.length) out.skills = skills;
+  if (mcpServers && mcpServers.length) out.mcpServers = mcpServers;
+  if ($("set-model").value) out.model = $("set-model").value;
+  if ($("set-env").value) out.environmentId = $("set-env").value;
+  if ($("set-prompt").value.trim()) out.systemPrompt = $("set-prompt").value;
+  return out;
+}
+
+async function saveSettings() {
+  if (!state.chatId) { showStatus("Settings apply from this chat's first message."); return; }
+  try {
+    const saved = await api("/api/assistant/chats/" + encodeURIComponent(state.chatId) + "/settings", {
+      method: "PUT",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(chosenSettings()),
+    });
+    showSettings(saved);
+    showStatus("Settings saved.");
+  } catch (e) { showStatus(e.message, true); }
+}
+
+// A long thread loads a page at a time (newest first): "Load earlier" at
+// the top fetches the page before the cursor and keeps the view in place.
+function showEarlier(id, before) {
+  const old = $("earlier");
+  if (old) old.remove();
+  if (before === null || before === undefined) return;
+  const b = el("button", "link", "Load earlier messages");
+  b.id = "earlier";
+  b.type = "button";
+  b.onclick = async () => {
+    b.disabled = true;
+    let page;
+    try {
+      page = await api("/api/assistant/chats/" + encodeURIComponent(id) + "?before=" + encodeURIComponent(before));
+    } catch (e) { showStatus(e.message, true); b.disabled = false; return; }
+    if (state.chatId !== id) return;
+    const t = $("thread");
+    const height = t.scrollHeight;
+    b.remove();
+    const first = t.firstChild;
+    page.messages.forEach((m) => t.insertBefore(renderMessage(m), first));
+    t.scrollTop += t.scrollHeight - height;
+    showEarlier(id, page.before);
+  };
+  $("thread").prepend(b);
 }
 
 // ---- a turn --------------------------------------------------------------
@@ -338,13 +423,66 @@ function showStatus(text, isError) {
   $("status").className = isError ? "error" : "muted";
 }
 
-// Reads an SSE response, folding events into the assistant node.
+// Reads an SSE response, folding events into the assistant node. A
+// dropped connection resumes by itself with Last-Event-ID (the frames after
+// the last one folded in, so no text twice), backing off up to 30 s, until
+// the turn's `done` or until the turn is no longer in flight (then the
+// thread is read back).
 async function consume(res, node) {
+  let chatId = state.chatId;
+  let lastId = null;
+  let finished = false;
+  let left = false;
+  for (let attempt = 0; ; attempt++) {
+    const outcome = await consumeOnce(res, node, (id) => { lastId = id; attempt = 0; });
+    // A new chat learns its id from the turn's first event.
+    if (chatId === null) chatId = state.chatId;
+    if (outcome === "done") { finished = true; break; }
+    if (outcome === "left" || state.chatId !== chatId) { left = true; break; }
+    const id = chatId;
+    if (!id) break;
+    showStatus("Reconnecting…", true);
+    $("composer").dataset.reconnecting = "true";
+    await new Promise((r) => setTimeout(r, Math.min(30000, 500 * 2 ** Math.min(attempt, 6))));
+    if (state.chatId !== id) { left = true; break; }
+    const headers = lastId === null ? {} : { "Last-Event-ID": lastId };
+    try {
+      res = await fetch("/api/assistant/chats/" + encodeURIComponent(id) + "/stream", { credentials: "same-origin", headers });
+    } catch (_) { res = null; continue; }
+    if (res.status === 404) { res = null; break; }
+    if (!res.ok) { res = null; continue; }
+    showStatus("Working…");
+  }
+  delete $("composer").dataset.reconnecting;
+  state.abort = null;
+  state.turn = null;
+  if (left) return;
+  setBusy(false);
+  if (!finished && state.chatId) {
+    // The turn ended while we were away: the thread has how.
+    return openChat(state.chatId);
+  }
+  if (finished && state.chatId) {
+    // The live view stays as it is (it renders what a reload renders); only
+    // the bag and the title may have changed.
+    const chat = await api("/api/assistant/chats/" + encodeURIComponent(state.chatId)).catch(() => null);
+    if (chat) {
+      renderBag(chat.files);
+      $("chat-title").textContent = chat.title;
+    }
+    loadChats();
+  }
+}
+
+// One SSE response: "done" after the turn's done, "left" when the page
+// stopped reading (another chat), "dropped" when the connection ended first.
+async function consumeOnce(res, node, onId) {
+  if (!res) return "dropped";
   const reader = res.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
-  let finished = false;
-  state.abort = { abort: () => reader.cancel() };
+  let left = false;
+  state.abort = { abort: () => { left = true; reader.cancel(); } };
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -354,11 +492,13 @@ async function consume(res, node) {
       while ((i = buf.indexOf("\n\n")) >= 0) {
         const block = buf.slice(0, i);
         buf = buf.slice(i + 2);
-        let event = "message", data = "";
+        let event = "message", data = "", id = null;
         for (const line of block.split("\n")) {
           if (line.startsWith("event:")) event = line.slice(6).trim();
           else if (line.startsWith("data:")) data += line.slice(5).replace(/^ /, "");
+          else if (line.startsWith("id:")) id = line.slice(3).trim();
         }
+        if (id !== null) onId(id);
         if (!data) continue;
         const payload = JSON.parse(data);
         const t = $("thread");
@@ -373,28 +513,17 @@ async function consume(res, node) {
         } else if (event === "error") {
           applyBlock(node, { type: "error", code: payload.code, message: payload.message });
         } else if (event === "done") {
-          finished = true;
           settleNode(node);
+          if (nearEnd) scrollDown();
+          return "done";
         }
         if (nearEnd) scrollDown();
       }
     }
-  } catch (e) {
-    if (!finished) showStatus("Connection lost: " + e.message, true);
+  } catch (_) {
+    // A network error: resumed by the caller.
   }
-  state.abort = null;
-  state.turn = null;
-  setBusy(false);
-  if (finished && state.chatId) {
-    // The live view stays as it is (it renders what a reload renders); only
-    // the bag and the title may have changed.
-    const chat = await api("/api/assistant/chats/" + encodeURIComponent(state.chatId)).catch(() => null);
-    if (chat) {
-      renderBag(chat.files);
-      $("chat-title").textContent = chat.title;
-    }
-    loadChats();
-  }
+  return left ? "left" : "dropped";
 }
 
 async function send(ev) {
@@ -414,6 +543,7 @@ async function send(ev) {
   setBusy(true);
   const body = { message };
   if (state.chatId) body.chatId = state.chatId;
+  else body.settings = chosenSettings();
   if (attachments.length) body.attachmentIds = attachments.map((f) => f.id);
   let res;
   try {
@@ -477,6 +607,30 @@ async function attach(ev) {
   renderPending();
 }
 
+// ---- other tabs and devices ------------------------------------------------
+// GET /api/assistant/events: the list follows every chat of the workspace;
+// the open chat re-reads its thread when a turn another tab started begins
+// or ends (and attaches to it while it runs), and its settings when changed.
+
+function followChatEvents() {
+  const es = new EventSource("/api/assistant/events");
+  es.addEventListener("chat", async (e) => {
+    let ev;
+    try { ev = JSON.parse(e.data); } catch (_) { return; }
+    loadChats();
+    if (ev.chatId !== state.chatId) return;
+    if (ev.state === "deleted") { openChat(null); return; }
+    // This page's own turn is already on screen.
+    if (state.turn || $("composer").dataset.busy === "true") return;
+    if (ev.state === "updated") {
+      const chat = await api("/api/assistant/chats/" + encodeURIComponent(state.chatId)).catch(() => null);
+      if (chat) showSettings(chat.settings || {});
+      return;
+    }
+    openChat(state.chatId);
+  });
+}
+
 // ---- sign-in and start ---------------------------------------------------
 
 async function start() {
@@ -489,6 +643,8 @@ async function start() {
   $("signin").hidden = true;
   $("app").hidden = false;
   $("workspace-name").textContent = session.workspaceName || "";
+  await loadSettingChoices();
+  followChatEvents();
   const m = location.hash.match(/chat=([A-Za-z0-9_-]+)/);
   await openChat(m ? m[1] : null);
 }
@@ -515,5 +671,6 @@ document.addEventListener("DOMContentLoaded", () => {
   $("stop").onclick = stop;
   $("delete-chat").onclick = deleteChat;
   $("attach").onchange = attach;
+  $("set-save").onclick = saveSettings;
   start().catch((e) => showStatus(e.message, true));
 });

@@ -446,15 +446,6 @@ test("assistant: an environment and a model chosen on the page, a file made thro
   const proxy = await cuttableProxy(base);
   cleanups.push(() => proxy.close());
 
-  // An environment with a variable and a write-only secret.
-  const envRes = await fetch(`${base}/api/environments`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ name: "staging", variables: { GREETING: "hello-from-env" }, secrets: { TOKEN: "s3cret-token" } }),
-  });
-  assert.equal(envRes.status, 201, await envRes.clone().text());
-  const env = await envRes.json();
-
   const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
     executablePath: CHROMIUM,
     headless: true,
@@ -477,17 +468,33 @@ test("assistant: an environment and a model chosen on the page, a file made thro
   await page.goto(proxy.url);
   await page.waitForSelector("#app:not([hidden])");
   await page.evaluate(() => { window.sameDocument = true; });
-  await page.waitForSelector(`#set-env option[value="${env.id}"]`, { state: "attached" });
-  await page.click("#settings summary");
-  await page.selectOption("#set-env", env.id);
+  // An environment made in the page: a variable and a write-only secret.
+  await page.click("#settings > summary");
+  await page.click("#environments > summary");
+  await page.fill("#env-name", "staging");
+  await page.fill("#env-vars", "GREETING=hello-from-env");
+  await page.fill("#env-secrets", "TOKEN=s3cret-token");
+  await page.click("#env-save");
+  const envItem = await page.waitForSelector("#env-list li[data-env-id]");
+  assert.match(await envItem.textContent(), /staging · secrets set: TOKEN/);
+  assert.ok(!(await page.content()).includes("s3cret-token"), "the secret is not shown back");
+  const envId = await envItem.getAttribute("data-env-id");
+  await page.selectOption("#set-env", envId);
   await page.selectOption("#set-model", "scripted:demo");
+  // A 5 MB attachment, hashed here and in the sandbox.
+  const big = Buffer.alloc(5 * 1024 * 1024);
+  for (let i = 0; i < big.length; i++) big[i] = (i * 131 + 7) & 0xff;
+  const { createHash } = await import("node:crypto");
+  const bigHash = createHash("sha256").update(big).digest("hex");
+  await page.setInputFiles("#attach", { name: "big.bin", mimeType: "application/octet-stream", buffer: big });
+  await page.waitForFunction(() => document.querySelector("#pending").textContent.includes("big.bin"));
 
   // The turn reads the environment, writes a file into the chat's bag
   // through the in-sandbox workspace API, and sleeps long enough for the
   // network to drop under it.
   const prompt = JSON.stringify({
     script: [
-      { tool: "shell", args: { command: "echo $GREETING; echo started" } },
+      { tool: "shell", args: { command: "echo $GREETING; sha256sum attachments/big.bin" } },
       { tool: "workspace_create_file", args: { path: "summary.txt", content: "a summary written in the sandbox" } },
       { tool: "shell", args: { command: "sleep 3; echo after-the-drop" } },
       { say: "All done, the summary is in the bag." },
@@ -495,6 +502,7 @@ test("assistant: an environment and a model chosen on the page, a file made thro
   });
   await send(page, prompt);
   await page.waitForFunction(() => document.querySelector("#thread").textContent.includes("hello-from-env"));
+  await page.waitForFunction((h) => document.querySelector("#thread").textContent.includes(h), bigHash);
   await page.waitForSelector("[data-step-name=shell][data-status=running] >> nth=0");
   // The network drops mid-turn; the page resumes by itself, no reload.
   await page.waitForFunction(() => document.querySelectorAll("[data-step-name=shell]").length >= 2);
@@ -512,7 +520,7 @@ test("assistant: an environment and a model chosen on the page, a file made thro
   await page.waitForFunction(() => document.querySelector("#bag-list").textContent.includes("summary.txt"));
   const chatId = await page.evaluate(() => location.hash.replace("#chat=", ""));
   const detail = await (await fetch(`${base}/api/assistant/chats/${chatId}`)).json();
-  assert.equal(detail.settings.environmentId, env.id);
+  assert.equal(detail.settings.environmentId, envId);
   assert.ok(!JSON.stringify(detail).includes("s3cret-token"), "the secret is never answered");
 
   // Another tab on the same chat sees this tab's next turn live, without a

@@ -344,10 +344,76 @@ async function loadSettingChoices() {
     if (x.default) o.selected = true;
     m.append(o);
   });
+  state.environments = envs.environments;
   const e = $("set-env");
   e.replaceChildren(Object.assign(el("option", null, "None"), { value: "" }));
   envs.environments.forEach((x) => { const o = el("option", null, x.name); o.value = x.id; e.append(o); });
+  renderEnvironments();
   showSettings(state.settings);
+}
+
+// The workspace's named environments: listed with their secrets' names
+// only (the values are write-only), edited by name, deleted.
+function renderEnvironments() {
+  const list = $("env-list");
+  list.replaceChildren();
+  (state.environments || []).forEach((env) => {
+    const li = el("li");
+    li.dataset.envId = env.id;
+    const secrets = env.secretNames.length ? " · secrets set: " + env.secretNames.join(", ") : "";
+    li.append(el("span", null, env.name + secrets + " "));
+    const edit = el("button", "link", "Edit");
+    edit.type = "button";
+    edit.onclick = () => {
+      $("env-name").value = env.name;
+      $("env-vars").value = Object.entries(env.variables).map(([k, v]) => k + "=" + v).join("\n");
+      $("env-secrets").value = "";
+      $("env-setup").value = env.setupScript || "";
+      $("env-hosts").value = (env.allowedHosts || []).join(", ");
+    };
+    const del = el("button", "link danger", "Delete");
+    del.type = "button";
+    del.onclick = async () => {
+      if (!confirm("Delete the environment " + env.name + "?")) return;
+      await api("/api/environments/" + encodeURIComponent(env.id), { method: "DELETE" }).catch((e) => showStatus(e.message, true));
+      loadSettingChoices();
+    };
+    li.append(edit, del);
+    list.append(li);
+  });
+}
+
+function pairs(text) {
+  const out = {};
+  text.split("\n").map((l) => l.trim()).filter(Boolean).forEach((l) => {
+    const i = l.indexOf("=");
+    if (i > 0) out[l.slice(0, i).trim()] = l.slice(i + 1);
+  });
+  return out;
+}
+
+async function saveEnvironment(ev) {
+  ev.preventDefault();
+  const name = $("env-name").value.trim();
+  const body = {
+    name,
+    variables: pairs($("env-vars").value),
+    setupScript: $("env-setup").value.trim() ? $("env-setup").value : undefined,
+    allowedHosts: $("env-hosts").value.split(",").map((h) => h.trim()).filter(Boolean),
+  };
+  const secrets = pairs($("env-secrets").value);
+  if (Object.keys(secrets).length) body.secrets = secrets;
+  const existing = (state.environments || []).find((x) => x.name === name);
+  try {
+    await api(existing ? "/api/environments/" + encodeURIComponent(existing.id) : "/api/environments", {
+      method: existing ? "PUT" : "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    $("env-form").reset();
+    showStatus("Environment " + name + " saved.");
+    await loadSettingChoices();
+  } catch (e) { showStatus(e.message, true); }
 }
 
 function showSettings(settings) {
@@ -356,13 +422,21 @@ function showSettings(settings) {
   if (model) $("set-model").value = model;
   $("set-env").value = settings.environmentId || "";
   $("set-prompt").value = settings.systemPrompt || "";
+  const extra = {};
+  if (settings.skills && settings.skills.length) extra.skills = settings.skills;
+  if (settings.mcpServers && settings.mcpServers.length) extra.mcpServers = settings.mcpServers;
+  $("set-extra").value = Object.keys(extra).length ? JSON.stringify(extra, null, 1) : "";
 }
 
 function chosenSettings() {
   const out = {};
-  const { skills, mcpServers } = state.settings;
-  if (skills && skills.length) out.skills = skills;
-  if (mcpServers && mcpServers.length) out.mcpServers = mcpServers;
+  let extra = {};
+  if ($("set-extra").value.trim()) {
+    try { extra = JSON.parse($("set-extra").value); }
+    catch (_) { throw new Error("Skills and MCP servers: not valid JSON"); }
+  }
+  if (extra.skills && extra.skills.length) out.skills = extra.skills;
+  if (extra.mcpServers && extra.mcpServers.length) out.mcpServers = extra.mcpServers;
   if ($("set-model").value) out.model = $("set-model").value;
   if ($("set-env").value) out.environmentId = $("set-env").value;
   if ($("set-prompt").value.trim()) out.systemPrompt = $("set-prompt").value;
@@ -543,7 +617,10 @@ async function send(ev) {
   setBusy(true);
   const body = { message };
   if (state.chatId) body.chatId = state.chatId;
-  else body.settings = chosenSettings();
+  else {
+    try { body.settings = chosenSettings(); }
+    catch (e) { applyBlock(node, { type: "error", code: "settings", message: e.message }); setBusy(false); return; }
+  }
   if (attachments.length) body.attachmentIds = attachments.map((f) => f.id);
   let res;
   try {
@@ -672,5 +749,6 @@ document.addEventListener("DOMContentLoaded", () => {
   $("delete-chat").onclick = deleteChat;
   $("attach").onchange = attach;
   $("set-save").onclick = saveSettings;
+  $("env-form").onsubmit = saveEnvironment;
   start().catch((e) => showStatus(e.message, true));
 });

@@ -144,6 +144,9 @@ impl<'a> AgentEvent<'a> {
         let ev: AgentEvent<'a> =
             serde_json::from_slice(line).map_err(|e| RawError::Json(e.to_string()))?;
         let kind = ev.check()?;
+        for raw in [ev.args, ev.result].into_iter().flatten() {
+            check_value(raw)?;
+        }
         Ok((kind, ev))
     }
 
@@ -247,6 +250,60 @@ impl<'a> AgentEvent<'a> {
     }
 }
 
+/// Parses a [`RawValue`] the way a consumer that builds the value will.
+///
+/// serde_json checks a `RawValue`'s shape but skips what is inside its
+/// strings and numbers: a lone surrogate escape (`"\ude00"`) or a number out
+/// of range (`1e999`) passes, while every reader that decodes the line
+/// (`serde_json::Value`, a browser's `JSON.parse` into a string with a
+/// different meaning) refuses or changes it. Found by fuzz/agent_line. Walks
+/// the value once, decoding every key and string and every number, keeping
+/// nothing.
+fn check_value(raw: &RawValue) -> Result<(), RawError> {
+    struct Checked;
+    struct CheckedVisitor;
+    impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
+        type Value = Checked;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_unit<E>(self) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+            while seq.next_element::<Checked>()?.is_some() {}
+            Ok(Checked)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+            while map.next_entry::<Checked, Checked>()?.is_some() {}
+            Ok(Checked)
+        }
+    }
+    impl<'de> Deserialize<'de> for Checked {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
+            d.deserialize_any(CheckedVisitor)
+        }
+    }
+    serde_json::from_str::<Checked>(raw.get())
+        .map(|_| ())
+        .map_err(|e| RawError::Json(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +373,34 @@ mod tests {
                 Ok(AgentKind::Delta)
             );
         }
+    }
+
+    #[test]
+    fn refuses_what_a_decoding_reader_would_refuse_inside_args() {
+        // Found by fuzz/agent_line: a RawValue skips escapes and numbers, so
+        // the runner forwarded lines that `serde_json::Value` then refused.
+        for inner in [
+            r#"{"k":"\ude00"}"#,
+            r#"{"\ud83d x":1}"#,
+            r#"[1e999]"#,
+            r#"{"a":[{"b":"\udfff"}]}"#,
+        ] {
+            let l = format!(r#"{{"type":"tool_call","callId":"c","toolName":"t","args":{inner}}}"#);
+            assert!(
+                matches!(AgentEvent::parse(l.as_bytes()), Err(RawError::Json(_))),
+                "accepted {l}"
+            );
+            let l = format!(
+                r#"{{"type":"step","id":"s","name":"n","status":"succeeded","result":{inner},"durationMs":1}}"#
+            );
+            assert!(AgentEvent::parse(l.as_bytes()).is_err(), "accepted {l}");
+        }
+        // Positive control: a proper pair, escapes and big but finite numbers pass.
+        let l = r#"{"type":"tool_call","callId":"c","toolName":"t","args":{"\ud83d\ude00":"\u00e9\n","n":[1e300,-0.5,18446744073709551615,null,true]}}"#;
+        assert_eq!(
+            AgentEvent::parse(l.as_bytes()).map(|(k, _)| k),
+            Ok(AgentKind::ToolCall)
+        );
     }
 
     #[test]

@@ -24,8 +24,86 @@ pub fn all() -> Vec<(&'static str, Schema)> {
     ]
 }
 
+/// Every published schema and every type they name, keyed by type name and
+/// ready for an OpenAPI 3.1 document's `components.schemas`: each schema's
+/// `$defs` are hoisted beside it, `#/$defs/X` becomes
+/// `#/components/schemas/X`, and `$schema` is dropped (OpenAPI 3.1 schema
+/// objects are JSON Schema 2020-12, what schemars writes).
+///
+/// Two schemas naming the same type with different definitions is an error.
+pub fn components() -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut out = serde_json::Map::new();
+    for (stem, schema) in all() {
+        let mut root = serde_json::to_value(&schema).map_err(|e| format!("{stem}: {e}"))?;
+        let defs = match root.as_object_mut() {
+            Some(obj) => {
+                obj.remove("$schema");
+                obj.remove("$defs")
+            }
+            None => return Err(format!("{stem}: the schema is not an object")),
+        };
+        let title = root
+            .get("title")
+            .and_then(|t| t.as_str())
+            .ok_or_else(|| format!("{stem}: the schema has no title"))?
+            .to_owned();
+        let mut entries = vec![(title, root)];
+        if let Some(serde_json::Value::Object(defs)) = defs {
+            entries.extend(defs);
+        }
+        for (name, mut value) in entries {
+            rewrite_refs(&mut value);
+            match out.get(&name) {
+                Some(have) if *have != value => {
+                    return Err(format!("{stem}: two different schemas named {name}"));
+                }
+                Some(_) => {}
+                None => {
+                    out.insert(name, value);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn rewrite_refs(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(obj) => {
+            for (key, v) in obj.iter_mut() {
+                if key == "$ref"
+                    && let serde_json::Value::String(r) = v
+                    && let Some(name) = r.strip_prefix("#/$defs/")
+                {
+                    *r = format!("#/components/schemas/{name}");
+                } else {
+                    rewrite_refs(v);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(rewrite_refs),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn components_are_self_contained() {
+        let components = super::components().unwrap();
+        assert!(components.contains_key("Line"));
+        assert!(components.contains_key("Termination"));
+        let text = serde_json::to_string(&components).unwrap();
+        assert!(!text.contains("#/$defs/"), "a $defs reference was left");
+        for name in text.split("#/components/schemas/").skip(1) {
+            let name = name.split('"').next().unwrap();
+            assert!(
+                components.contains_key(name),
+                "{name} is referenced, not defined"
+            );
+        }
+    }
+
     use std::path::PathBuf;
 
     #[test]

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -56,6 +57,9 @@ use url::Url;
 ///   never to a runner a stored agent names itself.
 /// - `metrics_token`: `ASBX_METRICS_TOKEN`, the bearer `GET /metrics`
 ///   takes; unset, `/metrics` answers only while `require_auth` is off.
+/// - `blob_store`: where the file bag's bytes live (`ASBX_BLOB_STORE`);
+///   `None`: [`BlobBackend::Dir`] on SQLite, [`BlobBackend::Db`] on
+///   PostgreSQL, so nodes sharing a database share the files too.
 #[derive(Clone)]
 pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
@@ -73,6 +77,7 @@ pub struct WorkspaceConfig {
     pub listen: Option<SocketAddr>,
     pub runner_token: Option<String>,
     pub metrics_token: Option<String>,
+    pub blob_store: Option<BlobBackend>,
 }
 
 impl WorkspaceConfig {
@@ -94,6 +99,7 @@ impl WorkspaceConfig {
             listen: None,
             runner_token: None,
             metrics_token: None,
+            blob_store: None,
         }
     }
 }
@@ -163,7 +169,40 @@ impl fmt::Debug for WorkspaceConfig {
                 "metrics_token",
                 &self.metrics_token.as_ref().map(|_| "<set>"),
             )
+            .field("blob_store", &self.blob_store)
             .finish_non_exhaustive()
+    }
+}
+
+/// Where the file bag's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobBackend {
+    /// A folder on this node's disk (`{data_dir}/blobs`): one node, or a
+    /// folder every node mounts.
+    Dir,
+    /// The database, in 1 MiB chunks: every node sharing the database
+    /// serves every file.
+    Db,
+}
+
+impl FromStr for BlobBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "dir" => Ok(BlobBackend::Dir),
+            "db" => Ok(BlobBackend::Db),
+            other => Err(format!("blob store {other:?}: expected `dir` or `db`")),
+        }
+    }
+}
+
+impl fmt::Display for BlobBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BlobBackend::Dir => "dir",
+            BlobBackend::Db => "db",
+        })
     }
 }
 

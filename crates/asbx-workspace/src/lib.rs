@@ -38,7 +38,7 @@ mod sandbox_api;
 
 use std::sync::Arc;
 
-pub use config::{Clock, ManualClock, SystemClock, WorkspaceConfig};
+pub use config::{BlobBackend, Clock, ManualClock, SystemClock, WorkspaceConfig};
 pub use error::WorkspaceError;
 
 use axum::Router;
@@ -88,7 +88,7 @@ impl Workspace {
             .await
             .map_err(|e| WorkspaceError::io(&config.data_dir, e))?;
         let store = Store::open(config.database_url.as_deref(), &config.data_dir).await?;
-        let blobs = BlobStore::open(config.data_dir.join("blobs")).await?;
+        let blobs = BlobStore::open(&config, &store).await?;
         let notifier = match store.listen_url() {
             Some(url) => notify::Notifier::listen(url).await?,
             None => notify::Notifier::off(),

@@ -4,7 +4,8 @@
 //!
 //! Why `sqlx::Any` and one migration folder: the schema uses only `TEXT` and
 //! `BIGINT` columns (times are epoch milliseconds, JSON is text, no booleans,
-//! no autoincrement), and every query is a runtime `sqlx::query` with `$N`
+//! no autoincrement), and `BYTEA` for blob chunks (PostgreSQL's type; SQLite
+//! keeps a blob in a column of any type), and every query is a runtime `sqlx::query` with `$N`
 //! placeholders, which both SQLite and PostgreSQL accept. So one set of
 //! migrations and one set of queries serve both databases, and the tests run
 //! the very same code on each. If a dialect ever needs its own DDL, split
@@ -40,6 +41,7 @@ pub(crate) struct Store {
     /// PostgreSQL's URL, for the node's `LISTEN` connection
     /// ([`crate::notify`]); `None` on SQLite.
     listen_url: Option<String>,
+    backend: Backend,
 }
 
 impl Store {
@@ -90,13 +92,22 @@ impl Store {
         }
         MIGRATOR.run(&pool).await?;
         let listen_url = (backend == Backend::Postgres).then_some(url);
-        Ok(Store { pool, listen_url })
+        Ok(Store {
+            pool,
+            listen_url,
+            backend,
+        })
     }
 
     /// Where a node listens for other nodes' notifications: PostgreSQL's
     /// URL, `None` on SQLite.
     pub(crate) fn listen_url(&self) -> Option<&str> {
         self.listen_url.as_deref()
+    }
+
+    /// Which database this is.
+    pub(crate) fn backend(&self) -> Backend {
+        self.backend
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {

@@ -207,6 +207,11 @@ pub(crate) struct WorkspaceArgs {
     /// Database URL (sqlite:... or postgres://...); SQLite under the data folder by default.
     #[arg(long, env = "DATABASE_URL")]
     pub(crate) database_url: Option<String>,
+    /// Where file bytes live: `dir` (a folder under the data folder, this
+    /// node only) or `db` (the database, so every node serves every file).
+    /// Default: `db` on PostgreSQL, `dir` on SQLite.
+    #[arg(long, env = "ASBX_BLOB_STORE", value_parser = ["dir", "db"])]
+    pub(crate) blob_store: Option<String>,
     #[arg(long, env = "ASBX_MODEL")]
     pub(crate) model: Option<String>,
     /// Bearer token sent to the runner (`SANDBOX_URL`) on every dispatch:

@@ -100,6 +100,12 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 .or_else(|| config.models.first().cloned())
                 .unwrap_or_else(|| "scripted:demo".to_owned());
             config.database_url = args.database_url;
+            config.blob_store = args
+                .blob_store
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
             config.sandbox_url = args
                 .sandbox_url
                 .first()

@@ -5,6 +5,7 @@
 
 mod access;
 mod agents;
+mod blobs;
 mod callbacks;
 mod chat_nodes;
 mod chat_pages;

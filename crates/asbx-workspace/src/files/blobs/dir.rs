@@ -1,8 +1,8 @@
-//! The blob folder: file bytes stored under their SHA-256.
+//! The blob folder (`ASBX_BLOB_STORE=dir`): file bytes stored under their
+//! SHA-256 on this node's disk.
 //!
-//! Content addressing makes writes idempotent and lets two files with the
-//! same bytes share one blob. A blob is written to a temporary file in the
-//! same folder and renamed into place, so a reader never sees half a blob.
+//! A blob is written to a temporary file in the same folder and renamed
+//! into place, so a reader never sees half a blob.
 
 use std::path::PathBuf;
 
@@ -11,21 +11,21 @@ use sha2::{Digest, Sha256};
 use crate::error::WorkspaceError;
 
 #[derive(Debug, Clone)]
-pub(crate) struct BlobStore {
+pub(super) struct DirBlobs {
     root: PathBuf,
 }
 
-impl BlobStore {
+impl DirBlobs {
     /// Uses (and creates) `root`.
-    pub(crate) async fn open(root: PathBuf) -> Result<BlobStore, WorkspaceError> {
+    pub(super) async fn open(root: PathBuf) -> Result<DirBlobs, WorkspaceError> {
         tokio::fs::create_dir_all(root.join("tmp"))
             .await
             .map_err(|e| WorkspaceError::io(&root, e))?;
-        Ok(BlobStore { root })
+        Ok(DirBlobs { root })
     }
 
     /// Stores `bytes` and returns their SHA-256 (hex).
-    pub(crate) async fn put(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
+    pub(super) async fn put(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
         let sha = hex::encode(Sha256::digest(bytes));
         let path = self.path_of(&sha);
         if tokio::fs::try_exists(&path).await.unwrap_or(false) {
@@ -53,7 +53,7 @@ impl BlobStore {
     /// holding it in memory: at most `limit` bytes, else
     /// [`WorkspaceError::PayloadTooLarge`] and nothing is kept. Returns the
     /// SHA-256 (hex) and the size.
-    pub(crate) async fn put_stream<S, E>(
+    pub(super) async fn put_stream<S, E>(
         &self,
         mut body: S,
         limit: usize,
@@ -120,27 +120,12 @@ impl BlobStore {
         Ok((sha, size))
     }
 
-    /// Opens a blob for reading.
-    pub(crate) async fn open_blob(&self, sha: &str) -> Result<tokio::fs::File, WorkspaceError> {
-        if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(WorkspaceError::Corrupt(format!("blob name {sha:?}")));
-        }
+    /// Opens a blob for reading (`sha` checked by the caller).
+    pub(super) async fn open_blob(&self, sha: &str) -> Result<tokio::fs::File, WorkspaceError> {
         let path = self.path_of(sha);
         tokio::fs::File::open(&path)
             .await
             .map_err(|e| WorkspaceError::io(&path, e))
-    }
-
-    /// Reads a whole blob.
-    #[cfg(test)]
-    pub(crate) async fn read(&self, sha: &str) -> Result<Vec<u8>, WorkspaceError> {
-        use tokio::io::AsyncReadExt as _;
-        let mut file = self.open_blob(sha).await?;
-        let mut out = Vec::new();
-        file.read_to_end(&mut out)
-            .await
-            .map_err(|e| WorkspaceError::io(self.path_of(sha), e))?;
-        Ok(out)
     }
 
     fn path_of(&self, sha: &str) -> PathBuf {
@@ -152,17 +137,8 @@ impl BlobStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn chunks(
-        parts: &[&'static [u8]],
-    ) -> impl futures::Stream<Item = Result<bytes::Bytes, String>> + Unpin {
-        futures::stream::iter(
-            parts
-                .iter()
-                .map(|p| Ok(bytes::Bytes::from_static(p)))
-                .collect::<Vec<_>>(),
-        )
-    }
+    use crate::files::blobs::BlobStore;
+    use crate::files::blobs::tests::chunks;
 
     async fn tmp_entries(root: &std::path::Path) -> usize {
         let mut n = 0;
@@ -176,7 +152,9 @@ mod tests {
     #[tokio::test]
     async fn a_streamed_body_is_hashed_stored_and_capped() {
         let root = tempfile::tempdir().unwrap();
-        let blobs = BlobStore::open(root.path().to_path_buf()).await.unwrap();
+        let blobs = BlobStore::open_dir(root.path().to_path_buf())
+            .await
+            .unwrap();
         let (sha, size) = blobs
             .put_stream(chunks(&[b"hello ", b"world"]), 11)
             .await

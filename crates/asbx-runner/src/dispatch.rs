@@ -37,6 +37,8 @@ pub(crate) async fn start(
         .try_acquire_owned()
         .map_err(|_| RunnerError::AtCapacity(inner.config.max_sandboxes))?;
     let started = Instant::now();
+    let trace = crate::otel::dispatch_span(&session.id);
+    let bootstrap = crate::otel::bootstrap_span(&trace);
     let booted = match inner.pool.take(inner) {
         Some(b) => b,
         None => crate::pool::boot(inner, "sessions", &session.id)?,
@@ -46,7 +48,7 @@ pub(crate) async fn start(
     tokio::spawn(async move { Pool::refill(&refill) });
 
     let Booted { mut child, slot } = booted;
-    let gateway_stop = match connect(inner, session, req, &slot, &mut child) {
+    let gateway_stop = match connect(inner, session, req, &slot, &mut child, &trace) {
         Ok(g) => g,
         Err(e) => {
             crate::drive::kill_tree(&mut child).await;
@@ -75,6 +77,8 @@ pub(crate) async fn start(
             max_tool_calls: limits.max_tool_calls,
             heartbeat_interval_ms: crate::drive::HEARTBEAT.as_millis() as u64,
         },
+        trace,
+        bootstrap,
     };
     let task_inner = Arc::clone(inner);
     let task_session = Arc::clone(session);
@@ -122,6 +126,7 @@ fn connect(
     req: &DispatchRequest,
     slot: &Slot,
     child: &mut tokio::process::Child,
+    trace: &tracing::Span,
 ) -> Result<CancellationToken, RunnerError> {
     // Jailed sandboxes run the agent as their own host uid; unconfined
     // agents run as the runner's user.
@@ -146,6 +151,7 @@ fn connect(
             egress: inner.egress.clone(),
         },
         gateway_stop.clone(),
+        trace.clone(),
     );
     crate::egress::spawn(proxy_listener, egress);
     let bootstrap = AgentBootstrap {

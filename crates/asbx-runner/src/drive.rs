@@ -54,6 +54,10 @@ pub(crate) struct Drive {
     pub(crate) deadline: Instant,
     pub(crate) max_line: usize,
     pub(crate) session_limits: SessionLimits,
+    /// The dispatch's span (`Span::none()` with traces off) and its
+    /// bootstrap child, ended by the agent's first line.
+    pub(crate) trace: tracing::Span,
+    pub(crate) bootstrap: Option<tracing::Span>,
 }
 
 /// How the turn ended, as the runner saw it.
@@ -80,7 +84,8 @@ struct State {
     stamper: Stamper,
     protocol: Protocol,
     filter: Option<Filter>,
-    open_steps: HashMap<String, (String, Instant)>,
+    /// Running steps: name, start, span (`Span::none()` with traces off).
+    open_steps: HashMap<String, (String, Instant, tracing::Span)>,
     seen_steps: HashSet<String>,
     dropped: u32,
     terminal: Option<End>,
@@ -98,6 +103,8 @@ struct State {
     started: Instant,
     first_sent: bool,
     counted_seq: u64,
+    trace: tracing::Span,
+    bootstrap: Option<tracing::Span>,
 }
 
 impl Drive {
@@ -112,6 +119,8 @@ impl Drive {
             deadline,
             max_line,
             session_limits,
+            trace,
+            bootstrap,
         } = self;
         let started = Instant::now();
         let mut stamper = Stamper::new(&session.id);
@@ -139,6 +148,8 @@ impl Drive {
             started,
             first_sent: false,
             counted_seq: 0,
+            trace,
+            bootstrap,
         };
         let mut tx = Some(tx);
         let end = match child.stdout.take() {
@@ -442,6 +453,8 @@ impl State {
         if line.is_empty() {
             return;
         }
+        // The agent is up: the bootstrap span ends.
+        self.bootstrap = None;
         if line.len() > self.max_line {
             self.reject(&format!("a line longer than {} bytes", self.max_line));
             return;
@@ -512,16 +525,18 @@ impl State {
                     return false;
                 }
                 self.seen_steps.insert(id.to_string());
+                let span = crate::otel::step_span(&self.trace, id, name);
                 self.open_steps
-                    .insert(id.to_string(), (name.to_string(), Instant::now()));
+                    .insert(id.to_string(), (name.to_string(), Instant::now(), span));
                 self.stats.tool_calls += 1;
                 true
             }
             StepStatus::Succeeded | StepStatus::Failed => {
-                let Some((name, _)) = self.open_steps.remove(&**id) else {
+                let Some((name, _, span)) = self.open_steps.remove(&**id) else {
                     self.reject("a step that is not running");
                     return false;
                 };
+                crate::otel::step_ended(&span, status == StepStatus::Succeeded, ev.duration_ms);
                 crate::metrics::METRICS.tool_call(name, status == StepStatus::Succeeded);
                 true
             }
@@ -530,9 +545,12 @@ impl State {
 
     /// Ends every step still running with `failed`.
     fn close_open_steps(&mut self, why: &str) {
-        let mut open: Vec<(String, (String, Instant))> = self.open_steps.drain().collect();
-        open.sort_by_key(|(_, (_, started))| *started);
-        for (id, (name, started)) in open {
+        let mut open: Vec<(String, (String, Instant, tracing::Span))> =
+            self.open_steps.drain().collect();
+        open.sort_by_key(|(_, (_, started, _))| *started);
+        for (id, (name, started, span)) in open {
+            let duration_ms = started.elapsed().as_millis() as u64;
+            crate::otel::step_ended(&span, false, Some(duration_ms));
             crate::metrics::METRICS.tool_call(name.clone(), false);
             self.emit(Event::Step(Step {
                 id,
@@ -541,7 +559,7 @@ impl State {
                 args: None,
                 result: None,
                 error: Some(why.to_owned()),
-                duration_ms: Some(started.elapsed().as_millis() as u64),
+                duration_ms: Some(duration_ms),
             }));
         }
     }
@@ -655,6 +673,8 @@ mod tests {
             started: Instant::now(),
             first_sent: false,
             counted_seq: 0,
+            trace: tracing::Span::none(),
+            bootstrap: None,
         }
     }
 

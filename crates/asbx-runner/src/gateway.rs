@@ -216,9 +216,21 @@ fn app(spec: GatewaySpec) -> Router {
         .with_state(state)
 }
 
-/// Serves the gateway on `listener` until `stop` is cancelled.
-pub(crate) fn spawn(listener: UnixListener, spec: GatewaySpec, stop: CancellationToken) {
-    let app = app(spec);
+/// Serves the gateway on `listener` until `stop` is cancelled; with traces
+/// on, each request is a span under `trace`, the dispatch's.
+pub(crate) fn spawn(
+    listener: UnixListener,
+    spec: GatewaySpec,
+    stop: CancellationToken,
+    trace: tracing::Span,
+) {
+    let mut app = app(spec);
+    if crate::otel::enabled() {
+        app = app.layer(axum::middleware::from_fn_with_state(
+            trace,
+            crate::otel::gateway,
+        ));
+    }
     tokio::spawn(async move {
         let listener = crate::limit::LimitedListener::new(listener, crate::limit::MAX_CONNECTIONS);
         let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
@@ -400,6 +412,8 @@ async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Respon
             headers.insert(h, v.clone());
         }
     }
+    // The workspace's handler joins the dispatch's trace.
+    crate::otel::inject(&mut headers);
     forward(
         &s.client,
         req.method().clone(),
@@ -465,6 +479,7 @@ async fn workspace(
             headers.insert(h, v.clone());
         }
     }
+    crate::otel::inject(&mut headers);
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

@@ -6,7 +6,8 @@
 //!   `dispatch` owns a dispatch's start, socket binding and teardown;
 //!   `drive` is the per-dispatch task; `session` the registry and the
 //!   response-body guards; `gateway` is the sandbox's only way out; `egress`
-//!   its proxy; `sandbox` starts the jail; `metrics` is `GET /metrics`.
+//!   its proxy; `sandbox` starts the jail; `metrics` is `GET /metrics`;
+//!   `otel` the OpenTelemetry spans of a dispatch (off unless enabled).
 
 mod auth;
 mod config;
@@ -20,6 +21,7 @@ mod error;
 mod gateway;
 mod limit;
 mod metrics;
+mod otel;
 mod pool;
 mod resume;
 mod routes;
@@ -38,6 +40,7 @@ use tokio::sync::Semaphore;
 pub use config::{ProviderConfig, RunnerConfig};
 pub use egress::Cidr;
 pub use error::RunnerError;
+pub use otel::enable as enable_traces;
 
 use crate::sandbox::{Jailed, Sandbox, Unconfined};
 use crate::session::Sessions;
@@ -114,7 +117,12 @@ impl Runner {
     }
 
     pub fn router(&self) -> Router {
-        routes::router(Arc::clone(&self.inner))
+        let router = routes::router(Arc::clone(&self.inner));
+        // Traces on: each handler runs in its caller's `traceparent` context.
+        if otel::enabled() {
+            return router.layer(axum::middleware::from_fn(otel::incoming));
+        }
+        router
     }
 
     /// Boots the warm pool in the background. Call once the runner serves.

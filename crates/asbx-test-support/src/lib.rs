@@ -17,12 +17,15 @@
 //! - [`skip()`]: skip a check out loud (never silently).
 //! - [`mcp_server`]: test MCP servers: a stdio one in Python
 //!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
+//! - [`otlp`]: an OTLP/HTTP trace receiver ([`OtlpReceiver`]) that keeps
+//!   every span it gets.
 
 pub mod fake_gateway;
 pub mod fake_runner;
 pub mod fake_workspace;
 pub mod mcp_server;
 pub mod mock_provider;
+pub mod otlp;
 pub mod procs;
 pub mod skip;
 
@@ -31,6 +34,7 @@ pub use fake_gateway::{
 };
 pub use mcp_server::{McpHttpServer, McpRequest, echo_server_path, echo_server_source};
 pub use mock_provider::{MockProvider, MockToolCall, RecordedRequest, Tape};
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use procs::descendants_of;
 pub use skip::skip;
 

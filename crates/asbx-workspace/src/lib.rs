@@ -18,6 +18,7 @@ mod guard;
 mod http;
 mod metrics;
 mod notify;
+mod otel;
 mod pages;
 mod store;
 mod tokens;
@@ -40,6 +41,7 @@ use std::sync::Arc;
 
 pub use config::{BlobBackend, Clock, ManualClock, SystemClock, WorkspaceConfig};
 pub use error::WorkspaceError;
+pub use otel::enable as enable_traces;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -119,7 +121,12 @@ impl Workspace {
 
     /// The HTTP routes.
     pub fn router(&self) -> axum::Router {
-        router(Arc::clone(&self.state))
+        let router = router(Arc::clone(&self.state));
+        // Traces on: each request is a span (`otel`).
+        if otel::enabled() {
+            return router.layer(middleware::from_fn(otel::incoming));
+        }
+        router
     }
 
     pub fn config(&self) -> &WorkspaceConfig {

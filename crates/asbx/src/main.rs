@@ -5,6 +5,7 @@
 //! single-threaded process when it creates namespaces.
 
 mod cli;
+mod otel;
 mod providers;
 mod render;
 mod sandbox_cmd;
@@ -32,7 +33,6 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         command => {
-            init_tracing();
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -43,7 +43,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(serve::run(command)) {
+            let service = match &command {
+                Command::Up(_) => Some("asbx"),
+                Command::Runner(_) => Some("asbx-runner"),
+                Command::Workspace(_) => Some("asbx-workspace"),
+                _ => None,
+            };
+            let traces = init_tracing(rt.handle(), service);
+            let code = match rt.block_on(serve::run(command)) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("asbx: {e}");
@@ -52,16 +59,61 @@ fn main() -> ExitCode {
                     }
                     ExitCode::from(1)
                 }
+            };
+            if let Some(provider) = traces {
+                otel::shutdown(&provider);
             }
+            code
         }
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ASBX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+/// Logs to stderr (`ASBX_LOG`), and, for the servers when the environment
+/// asks for it (`otel::wanted`), OpenTelemetry traces of the runner's and
+/// the workspace's spans; the provider is returned for the flush at exit.
+fn init_tracing(
+    rt: &tokio::runtime::Handle,
+    service: Option<&'static str>,
+) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("ASBX_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let provider = match service.filter(|_| otel::wanted()) {
+        Some(name) => match otel::provider(rt, name) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("asbx: OpenTelemetry traces are off: {e}");
+                None
+            }
+        },
+        None => None,
+    };
+    let Some(provider) = provider else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .init();
+        return None;
+    };
+    // Each layer its own filter: the log level does not decide which spans
+    // are exported, and the exported ones are the runner's and the
+    // workspace's own (the spans of a turn), not every library's.
+    let spans = tracing_subscriber::filter::Targets::new()
+        .with_target("asbx_runner", tracing::Level::INFO)
+        .with_target("asbx_workspace", tracing::Level::INFO);
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter()),
+        )
+        .with(otel::layer(&provider).with_filter(spans))
         .init();
+    asbx_runner::enable_traces();
+    asbx_workspace::enable_traces();
+    Some(provider)
 }

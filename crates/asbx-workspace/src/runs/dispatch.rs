@@ -221,6 +221,7 @@ pub(crate) async fn start_with(
             .dispatcher
             .client
             .post(stream_endpoint(runner))
+            .headers(crate::otel::headers())
             .header(http::header::ACCEPT, "application/x-ndjson")
             .json(&request);
         // The runner token goes to the operator's runners only: a stored
@@ -362,6 +363,7 @@ pub(crate) fn runner_request(
         .dispatcher
         .client
         .request(method, url)
+        .headers(crate::otel::headers())
         .timeout(Duration::from_secs(30));
     if let Some(token) = &state.dispatcher.runner_token
         && state.config.is_operator_runner(&base)

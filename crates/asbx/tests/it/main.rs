@@ -25,4 +25,5 @@ mod system;
 mod takeover;
 mod tidy;
 mod tool_kill;
+mod traces;
 mod web_security;

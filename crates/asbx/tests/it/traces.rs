@@ -1,0 +1,172 @@
+//! OpenTelemetry traces: `asbx workspace` and `asbx runner` as separate
+//! processes export to a local OTLP/HTTP receiver; one chat turn (model
+//! calls through the gateway to the mock provider, one shell step) is one
+//! trace from the caller's `traceparent` through the workspace's request,
+//! the runner's dispatch, the bootstrap, the model calls, the tool call and
+//! the sandbox's callbacks back to the workspace.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use serde_json::json;
+
+use asbx_test_support::{MockProvider, OtlpReceiver, ReceivedSpan, Tape};
+
+use crate::harness::*;
+
+/// The span named `name` of `service`, exactly one.
+fn one<'a>(spans: &'a [ReceivedSpan], service: &str, name: &str) -> &'a ReceivedSpan {
+    let found: Vec<_> = spans
+        .iter()
+        .filter(|s| s.service == service && s.name == name)
+        .collect();
+    assert_eq!(found.len(), 1, "{service} {name:?} in {spans:#?}");
+    found[0]
+}
+
+/// Whether `span` descends from the span `ancestor` (by parent ids).
+fn descends(spans: &[ReceivedSpan], span: &ReceivedSpan, ancestor: &ReceivedSpan) -> bool {
+    let mut at = span;
+    for _ in 0..32 {
+        if at.parent_span_id == ancestor.span_id {
+            return true;
+        }
+        match spans.iter().find(|s| s.span_id == at.parent_span_id) {
+            Some(p) => at = p,
+            None => return false,
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_chat_turn_is_one_trace_across_the_workspace_the_runner_and_the_gateway() {
+    let receiver = OtlpReceiver::start().await;
+    let mock = MockProvider::start().await;
+    mock.push(Tape::tool_call(
+        "shell",
+        json!({ "command": "echo traced-step" }),
+    ));
+    mock.push(Tape::text("the step ran"));
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let mut runner_env = vec![
+        ("OPENAI_BASE_URL", mock.base_url.as_str()),
+        ("OPENAI_API_KEY", "sk-traces"),
+        ("ASBX_WARM_POOL", "0"),
+    ];
+    runner_env.extend(otel);
+    let mut runner = RunnerProc::start(&runner_env);
+    let mut ws_env = vec![
+        ("SANDBOX_URL", runner.url.as_str()),
+        ("ASBX_MODEL", "openai:test-model"),
+        ("ASBX_MODELS", "openai:test-model"),
+    ];
+    ws_env.extend(otel);
+    let ws = WorkspaceProc::start("127.0.0.1:0", &ws_env);
+
+    // The caller's own trace: the workspace's span is its child.
+    let trace_id = hex::encode(rand::random::<[u8; 16]>());
+    let caller_span = hex::encode(rand::random::<[u8; 8]>());
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/assistant/chat/stream", ws.url))
+        .header("traceparent", format!("00-{trace_id}-{caller_span}-01"))
+        .json(&json!({ "message": "run the step" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let mut body = res.bytes_stream();
+    let mut seen = Vec::new();
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            seen.extend_from_slice(&chunk.unwrap());
+            if seen.windows(11).any(|w| w == b"event: done") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(240), read)
+        .await
+        .expect("the turn went on too long");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("traced-step"), "{text}");
+    assert!(text.contains("the step ran"), "{text}");
+
+    // The runner's spans end with the dispatch; a graceful stop flushes
+    // what the batch has not sent yet.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !receiver
+        .spans()
+        .iter()
+        .any(|s| s.service == "asbx-runner" && s.name == "dispatch")
+    {
+        assert!(Instant::now() < deadline, "{:#?}", receiver.spans());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    runner.terminate();
+    drop(ws);
+    let spans = receiver.spans();
+
+    let turn = one(&spans, "asbx-workspace", "POST /api/assistant/chat/stream");
+    assert_eq!(turn.trace_id, trace_id, "{turn:?}");
+    assert_eq!(turn.parent_span_id, caller_span, "{turn:?}");
+    let dispatch = one(&spans, "asbx-runner", "dispatch");
+    assert_eq!(dispatch.trace_id, trace_id);
+    assert_eq!(
+        dispatch.parent_span_id, turn.span_id,
+        "the dispatch's parent is the workspace's request span"
+    );
+
+    let bootstrap = one(&spans, "asbx-runner", "bootstrap");
+    assert_eq!(bootstrap.parent_span_id, dispatch.span_id);
+
+    let models: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "model call openai")
+        .collect();
+    assert_eq!(models.len(), 2, "two model calls: {spans:#?}");
+    for m in &models {
+        assert_eq!(m.service, "asbx-runner");
+        assert_eq!(m.trace_id, trace_id);
+        assert!(descends(&spans, m, dispatch), "{m:?}");
+        assert_eq!(m.attributes["http.response.status_code"], "200");
+    }
+
+    let tool = one(&spans, "asbx-runner", "tool shell");
+    assert_eq!(tool.trace_id, trace_id);
+    assert!(descends(&spans, tool, dispatch), "{tool:?}");
+    assert_eq!(tool.attributes["tool.status"], "succeeded");
+    assert!(tool.end_ns >= tool.start_ns);
+
+    // The sandbox's callbacks, through the gateway, reach the workspace's
+    // handlers in the same trace.
+    for (gateway_name, route) in [
+        (
+            "callback env",
+            "GET /api/assistant/sandbox/{session_id}/env",
+        ),
+        (
+            "callback config",
+            "GET /api/assistant/sandbox/{session_id}/config",
+        ),
+    ] {
+        let hop = one(&spans, "asbx-runner", gateway_name);
+        assert!(descends(&spans, hop, dispatch), "{hop:?}");
+        let handler = one(&spans, "asbx-workspace", route);
+        assert_eq!(handler.trace_id, trace_id, "{handler:?}");
+        assert_eq!(handler.parent_span_id, hop.span_id, "{handler:?}");
+    }
+
+    // Every span of the turn is in the caller's trace.
+    let others: Vec<_> = spans
+        .iter()
+        .filter(|s| s.trace_id != trace_id && s.service == "asbx-runner")
+        .collect();
+    assert!(
+        others.is_empty(),
+        "runner spans outside the turn: {others:#?}"
+    );
+}

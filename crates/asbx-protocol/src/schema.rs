@@ -30,6 +30,9 @@ pub fn all() -> Vec<(&'static str, Schema)> {
 /// `#/components/schemas/X`, and `$schema` is dropped (OpenAPI 3.1 schema
 /// objects are JSON Schema 2020-12, what schemars writes).
 ///
+/// Boolean schemas (`true`: anything) become `{}`, which many OpenAPI tools
+/// read where they do not read `true`.
+///
 /// Two schemas naming the same type with different definitions is an error.
 pub fn components() -> Result<serde_json::Map<String, serde_json::Value>, String> {
     let mut out = serde_json::Map::new();
@@ -71,6 +74,18 @@ fn rewrite_refs(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(obj) => {
             for (key, v) in obj.iter_mut() {
+                if key == "properties"
+                    && let serde_json::Value::Object(props) = v
+                {
+                    for p in props.values_mut() {
+                        if *p == serde_json::Value::Bool(true) {
+                            *p = serde_json::json!({});
+                        }
+                    }
+                }
+                if key == "items" && *v == serde_json::Value::Bool(true) {
+                    *v = serde_json::json!({});
+                }
                 if key == "$ref"
                     && let serde_json::Value::String(r) = v
                     && let Some(name) = r.strip_prefix("#/$defs/")

@@ -21,6 +21,7 @@ mod error;
 mod gateway;
 mod limit;
 mod metrics;
+mod openapi;
 mod otel;
 mod pool;
 mod resume;

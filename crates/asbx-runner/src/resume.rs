@@ -29,10 +29,14 @@ use tokio::sync::watch;
 use crate::Inner;
 use crate::auth::Authorized;
 use crate::error::RunnerError;
+use crate::openapi::protocol as doc;
 use crate::session::{AnswerError, Backlog, LoggedLine, Session, SessionGuard, ToolAnswer};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct EventsQuery {
+    /// Send the lines with `seq` above this (default 0: all retained). With
+    /// SSE, `Last-Event-ID` wins over it.
     after: Option<u64>,
 }
 
@@ -47,6 +51,28 @@ fn v2_session(inner: &Inner, id: String) -> Result<Arc<Session>, RunnerError> {
     Ok(s)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/events",
+    tag = "sessions",
+    security(("runner_token" = [])),
+    params(
+        ("id" = String, Path, description = "The session id"),
+        EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "SSE only: resume after this `seq`"),
+    ),
+    responses(
+        (status = 200, description = "The retained lines after the cursor, then the live tail until the session ends: NDJSON, or SSE (`id: <seq>`, `event: <type>`, `data: <line>`) with `Accept: text/event-stream`",
+            content(
+                (doc::Line = "application/x-ndjson"),
+                (doc::Line = "text/event-stream"),
+            )),
+        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such session", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not_protocol_2`: the session speaks protocol 1, which has no resume", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`events_gone`: lines after the cursor were already dropped; `oldestSeq` is the oldest retained", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn events(
     _: Authorized,
     State(inner): State<Arc<Inner>>,
@@ -151,17 +177,43 @@ impl Reader {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The answer to a client-tool call: exactly one of `result` and `error`,
+/// or, in an encrypted session, only `encrypted` (sealing `{result}` or
+/// `{error}`, docs/protocol.md §4).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ToolResultBody {
+pub(crate) struct ToolResultBody {
+    /// The `callId` of the `tool_call` line answered.
     #[serde(rename = "callId")]
     call_id: String,
+    /// The tool's result, any JSON value.
     #[serde(default)]
     result: Option<serde_json::Value>,
+    /// Why the tool failed.
     #[serde(default)]
     error: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Sealed>)]
     encrypted: Option<asbx_crypto::Sealed>,
+}
+
+/// `"encrypted": {"iv", "ciphertext"}`: base64url (no padding) of a
+/// 12-byte nonce and of the AES-256-GCM ciphertext with its tag.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct Sealed {
+    iv: String,
+    ciphertext: String,
+}
+
+/// The answer was handed to the agent.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ToolResultApplied {
+    #[serde(rename = "callId")]
+    call_id: String,
+    /// Always `applied`.
+    #[schema(value_type = String, example = "applied")]
+    status: &'static str,
 }
 
 /// What an encrypted tool result holds once opened.
@@ -174,6 +226,21 @@ struct OpenedAnswer {
     error: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/tool-result",
+    tag = "sessions",
+    security(("runner_token" = [])),
+    params(("id" = String, Path, description = "The session id")),
+    request_body(content = ToolResultBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer was handed to the agent", body = ToolResultApplied),
+        (status = 400, description = "`invalid_request`: not a tool result, both or neither of `result` and `error`, or `encrypted` where the session is (not) encrypted; `decryption_failed`: `encrypted` did not open with the session's key", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such session; `unknown_call`: the agent made no such call", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not_protocol_2`: a protocol 1 session; `already_answered`: the call has its answer; `session_ended`: the session ended before the answer", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn tool_result(
     _: Authorized,
     State(inner): State<Arc<Inner>>,
@@ -224,7 +291,10 @@ pub(crate) async fn tool_result(
     match session.answer_call(&parsed.call_id, answer) {
         Ok(()) => Ok((
             StatusCode::OK,
-            axum::Json(serde_json::json!({ "callId": parsed.call_id, "status": "applied" })),
+            axum::Json(ToolResultApplied {
+                call_id: parsed.call_id,
+                status: "applied",
+            }),
         )
             .into_response()),
         Err(AnswerError::Unknown) => Err(RunnerError::UnknownCall(parsed.call_id)),

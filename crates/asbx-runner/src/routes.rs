@@ -15,6 +15,7 @@ use axum::{Json, Router};
 use crate::Inner;
 use crate::auth::Authorized;
 use crate::error::RunnerError;
+use crate::openapi::protocol as doc;
 use crate::session::CancelCause;
 
 /// Largest `POST /stream` body.
@@ -24,6 +25,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
     Router::new()
         .route("/stream", post(stream))
         .route("/healthz", get(healthz))
+        .route("/openapi.json", get(crate::openapi::openapi_json))
         .route("/metrics", get(metrics))
         .route("/v1/sessions", get(list_sessions))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
@@ -39,20 +41,55 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
 /// runner fleet ranks runners by: `sessions` live, `warm` sandboxes booted
 /// ahead, `capacity` (the most sandboxes at once) and `free` (how many more
 /// dispatches fit now).
-async fn healthz(State(inner): State<Arc<Inner>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
-        "status": "ok",
-        "profile": inner.sandbox.profile().as_str(),
-        "sessions": inner.sessions.running(),
-        "warm": inner.pool.warm(),
-        "capacity": inner.config.max_sandboxes,
-        "free": inner.capacity.available_permits(),
-    }))
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    responses((status = 200, description = "The runner is up", body = Health)),
+)]
+pub(crate) async fn healthz(State(inner): State<Arc<Inner>>) -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        profile: inner.sandbox.profile().as_str(),
+        sessions: inner.sessions.running(),
+        warm: inner.pool.warm(),
+        capacity: inner.config.max_sandboxes,
+        free: inner.capacity.available_permits(),
+    })
+}
+
+/// The body of `GET /healthz`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct Health {
+    /// Always `ok`.
+    #[schema(value_type = String, example = "ok")]
+    status: &'static str,
+    /// The isolation profile in force.
+    #[schema(value_type = String)]
+    profile: &'static str,
+    /// Sessions live now.
+    sessions: usize,
+    /// Sandboxes booted ahead.
+    warm: usize,
+    /// The most sandboxes at once.
+    capacity: usize,
+    /// How many more dispatches fit now.
+    free: usize,
 }
 
 /// `GET /metrics`: the Prometheus exposition, behind the runner's bearer
 /// like every route but `/healthz`.
-async fn metrics(_: Authorized, State(inner): State<Arc<Inner>>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "meta",
+    security(("runner_token" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub(crate) async fn metrics(_: Authorized, State(inner): State<Arc<Inner>>) -> Response {
     let body = crate::metrics::METRICS.render(inner.sessions.running(), inner.pool.warm());
     Response::builder()
         .header(
@@ -63,14 +100,39 @@ async fn metrics(_: Authorized, State(inner): State<Arc<Inner>>) -> Response {
         .unwrap_or_default()
 }
 
-async fn list_sessions(
+/// `GET /v1/sessions`: every session the runner holds (live, and ended
+/// ones kept for their detach grace).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    security(("runner_token" = [])),
+    responses(
+        (status = 200, description = "The sessions", body = Vec<doc::SessionInfo>),
+        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub(crate) async fn list_sessions(
     _: Authorized,
     State(inner): State<Arc<Inner>>,
 ) -> Result<Json<Vec<SessionInfo>>, RunnerError> {
     Ok(Json(inner.sessions.list()))
 }
 
-async fn get_session(
+/// `GET /v1/sessions/{id}`: one session, with its termination once ended.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    security(("runner_token" = [])),
+    params(("id" = String, Path, description = "The session id")),
+    responses(
+        (status = 200, description = "The session", body = doc::SessionInfo),
+        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such session", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub(crate) async fn get_session(
     _: Authorized,
     State(inner): State<Arc<Inner>>,
     Path(id): Path<String>,
@@ -82,7 +144,21 @@ async fn get_session(
     Ok(Json(s.info()))
 }
 
-async fn delete_session(
+/// `DELETE /v1/sessions/{id}`: cancels the session (its stream ends with
+/// `cancelled`).
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    security(("runner_token" = [])),
+    params(("id" = String, Path, description = "The session id")),
+    responses(
+        (status = 202, description = "Cancellation started"),
+        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such session", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub(crate) async fn delete_session(
     _: Authorized,
     State(inner): State<Arc<Inner>>,
     Path(id): Path<String>,
@@ -95,7 +171,28 @@ async fn delete_session(
     Ok(StatusCode::ACCEPTED)
 }
 
-async fn stream(
+/// `POST /stream`: validates the dispatch, boots (or takes a warm) sandbox
+/// and streams the session's lines as NDJSON (docs/protocol.md §2) until
+/// its last line. Errors found before the stream starts are problems; later
+/// ones are `error` lines in the stream.
+#[utoipa::path(
+    post,
+    path = "/stream",
+    tag = "dispatch",
+    security(("runner_token" = [])),
+    request_body(content = doc::DispatchRequest, content_type = "application/json", description = "The dispatch (at most 2 MiB)"),
+    responses(
+        (status = 200, description = "The session's lines, one JSON object a line, each flushed", body = doc::Line, content_type = "application/x-ndjson"),
+        (status = 400, description = "`invalid_request`: a field is wrong (`errors` names each), the body is not a dispatch, the agent URL is not allowed or the encryption key is not a P-256 point", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`session_exists`: the requested `sessionId` is taken (`sessionId` names it)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over 2 MiB", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal`: the sandbox could not be started", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`at_capacity`: every sandbox slot is taken; retry after `Retry-After` seconds", body = doc::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+)]
+pub(crate) async fn stream(
     auth: Authorized,
     State(inner): State<Arc<Inner>>,
     body: Body,

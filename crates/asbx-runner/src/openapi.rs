@@ -1,0 +1,279 @@
+//! The runner's OpenAPI 3.1 document, generated from the handlers'
+//! `#[utoipa::path]` annotations and served at `GET /openapi.json`.
+//!
+//! The wire types of `asbx-protocol` are described by their schemars JSON
+//! Schemas (`schemas/`), merged into `components.schemas` when the document
+//! is built ([`asbx_protocol::schema::components`]), not written twice: the
+//! annotations name them through the reference-only types of [`protocol`].
+//! The checked-in copy is `openapi/runner.json`; a test fails when it drifts.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Json;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+/// The reference-only stand-ins of `asbx-protocol`'s types: each is a
+/// `$ref` to the component of the same name, which the document's build
+/// fills with the schemars schema.
+pub(crate) mod protocol {
+    use utoipa::openapi::{Ref, RefOr, schema::Schema};
+
+    macro_rules! by_reference {
+        ($($name:ident),* $(,)?) => {$(
+            pub(crate) struct $name;
+            impl utoipa::PartialSchema for $name {
+                fn schema() -> RefOr<Schema> {
+                    RefOr::Ref(Ref::from_schema_name(stringify!($name)))
+                }
+            }
+            impl utoipa::ToSchema for $name {}
+        )*};
+    }
+
+    by_reference!(Line, DispatchRequest, Problem, SessionInfo);
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "asbx runner",
+        description = "Runs one AI agent turn per dispatch in a fresh sandbox and streams what it does as NDJSON (docs/protocol.md). Every route but `/healthz` and `/openapi.json` needs `Authorization: Bearer <runner token>` when the runner has a token (it must, unless it listens on loopback). Errors are `application/problem+json` with a stable `code`."
+    ),
+    paths(
+        crate::routes::stream,
+        crate::routes::healthz,
+        crate::routes::metrics,
+        crate::routes::list_sessions,
+        crate::routes::get_session,
+        crate::routes::delete_session,
+        crate::resume::events,
+        crate::resume::tool_result,
+        openapi_json,
+    ),
+    modifiers(&Security),
+)]
+struct RunnerApi;
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "runner_token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The runner's token (ASBX_RUNNER_TOKEN); not checked when none is set",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document, built once.
+pub(crate) fn document() -> &'static serde_json::Value {
+    static DOC: OnceLock<serde_json::Value> = OnceLock::new();
+    DOC.get_or_init(|| build(RunnerApi::openapi()))
+}
+
+/// Serializes `api` and puts the protocol's schemas into its components.
+fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
+    let mut doc = serde_json::to_value(&api).unwrap_or_default();
+    // The schemas are fixed at build time and checked by a test; an error
+    // here would leave the references dangling, which that test catches.
+    let protocol = asbx_protocol::schema::components().unwrap_or_default();
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    {
+        schemas.extend(protocol);
+    }
+    prune(&mut doc);
+    doc
+}
+
+/// Drops the components no operation reaches (the protocol's schemas
+/// include the sandbox's own, such as the jail policy).
+fn prune(doc: &mut serde_json::Value) {
+    fn refs(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(obj) => {
+                for (k, v) in obj {
+                    match (k.as_str(), v) {
+                        ("$ref", serde_json::Value::String(r)) => {
+                            if let Some(name) = r.strip_prefix("#/components/schemas/") {
+                                out.push(name.to_owned());
+                            }
+                        }
+                        _ => refs(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut todo = Vec::new();
+    refs(&doc["paths"], &mut todo);
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    else {
+        return;
+    };
+    let mut keep = std::collections::BTreeSet::new();
+    while let Some(name) = todo.pop() {
+        if keep.insert(name.clone())
+            && let Some(s) = schemas.get(&name)
+        {
+            refs(s, &mut todo);
+        }
+    }
+    schemas.retain(|name, _| keep.contains(name));
+    schemas.sort_keys();
+}
+
+/// `GET /openapi.json`: this document (public, no token needed).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "meta",
+    responses((status = 200, description = "The runner's OpenAPI 3.1 document", body = Object)),
+)]
+pub(crate) async fn openapi_json(
+    _: axum::extract::State<Arc<crate::Inner>>,
+) -> Json<&'static serde_json::Value> {
+    Json(document())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    /// The routes `routes.rs` registers, as `(method, path)`: read from the
+    /// source, so a route added there without an annotation fails the test.
+    fn registered() -> Vec<(String, String)> {
+        let src = include_str!("routes.rs");
+        let mut out = Vec::new();
+        for call in src.split(".route(").skip(1) {
+            let path = call.split('"').nth(1).unwrap().to_owned();
+            let handlers = call.split(".with_state").next().unwrap();
+            let handlers = handlers.split(".route(").next().unwrap();
+            for method in ["get", "post", "put", "delete", "patch"] {
+                if handlers.contains(&format!("{method}(")) {
+                    out.push((method.to_owned(), path.clone()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Gives every schema under `schema` without a type, a reference or a
+    /// composition the list of all types.
+    fn typed(schema: &mut serde_json::Value) {
+        let Some(obj) = schema.as_object_mut() else {
+            return;
+        };
+        let keys = ["type", "$ref", "oneOf", "anyOf", "allOf", "enum", "const"];
+        if !keys.iter().any(|k| obj.contains_key(*k)) {
+            obj.insert(
+                "type".into(),
+                serde_json::json!(["object", "array", "string", "number", "boolean", "null"]),
+            );
+        }
+        for (k, v) in obj.iter_mut() {
+            match k.as_str() {
+                "properties" => v.as_object_mut().unwrap().values_mut().for_each(typed),
+                "items" | "additionalProperties" => typed(v),
+                "oneOf" | "anyOf" | "allOf" => v.as_array_mut().unwrap().iter_mut().for_each(typed),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn every_route_is_documented_and_nothing_else() {
+        let doc = super::document();
+        let mut documented = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for method in item.as_object().unwrap().keys() {
+                documented.push((method.clone(), path.clone()));
+            }
+        }
+        documented.sort();
+        let routes = registered();
+        assert!(routes.len() >= 9, "found too few routes: {routes:?}");
+        assert_eq!(
+            routes, documented,
+            "the router's routes and the OpenAPI document's operations differ"
+        );
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1_and_self_contained() {
+        let doc = super::document();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let text = serde_json::to_string(doc).unwrap();
+        // utoipa reads no schema without a type (any value), not even its
+        // own: give those a type list for this check only.
+        let mut readable = doc.clone();
+        for s in readable["components"]["schemas"]
+            .as_object_mut()
+            .unwrap()
+            .values_mut()
+        {
+            typed(s);
+        }
+        let _: utoipa::openapi::OpenApi = serde_json::from_value(readable).unwrap();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for name in text.split("#/components/schemas/").skip(1) {
+            let name = name.split('"').next().unwrap();
+            assert!(
+                schemas.contains_key(name),
+                "{name} is referenced, not defined"
+            );
+        }
+        // The stand-ins were replaced by the real schemas.
+        assert!(schemas["Line"].get("oneOf").is_some());
+        assert!(schemas["DispatchRequest"].get("properties").is_some());
+        // Every operation but the public ones names the bearer.
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let public = path == "/healthz" || path == "/openapi.json";
+                assert_eq!(
+                    op.get("security").is_none(),
+                    public,
+                    "{method} {path}: security"
+                );
+                if !public {
+                    assert!(
+                        op["responses"].get("401").is_some(),
+                        "{method} {path}: no 401"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn checked_in_document_matches_the_code() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi/runner.json");
+        let want = serde_json::to_string_pretty(super::document()).unwrap() + "\n";
+        if std::env::var_os("ASBX_UPDATE_OPENAPI").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &want).unwrap();
+            return;
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "openapi/runner.json drifted from the code; rerun with ASBX_UPDATE_OPENAPI=1 \
+             (cargo test -p asbx-runner openapi) and commit it"
+        );
+    }
+}

@@ -33,7 +33,9 @@ pub(crate) struct BlobStore {
 #[derive(Debug, Clone)]
 enum Inner {
     Dir(dir::DirBlobs),
-    Db(db::DbBlobs),
+    /// The database, and the folder this node used before, if there is one:
+    /// a blob not in the database is read from there.
+    Db(db::DbBlobs, Option<dir::DirBlobs>),
 }
 
 impl BlobStore {
@@ -49,7 +51,17 @@ impl BlobStore {
         });
         match backend {
             BlobBackend::Dir => BlobStore::open_dir(config.data_dir.join("blobs")).await,
-            BlobBackend::Db => Ok(BlobStore::open_db(store)),
+            BlobBackend::Db => {
+                // Files this node kept in its folder before: still readable.
+                let folder = config.data_dir.join("blobs");
+                let earlier = match tokio::fs::try_exists(&folder).await {
+                    Ok(true) => Some(dir::DirBlobs::open(folder).await?),
+                    Ok(false) | Err(_) => None,
+                };
+                Ok(BlobStore {
+                    inner: Inner::Db(db::DbBlobs::new(store.pool().clone()), earlier),
+                })
+            }
         }
     }
 
@@ -60,10 +72,11 @@ impl BlobStore {
         })
     }
 
-    /// Blobs in `store`'s database.
+    /// Blobs in `store`'s database alone.
+    #[cfg(test)]
     pub(crate) fn open_db(store: &Store) -> BlobStore {
         BlobStore {
-            inner: Inner::Db(db::DbBlobs::new(store.pool().clone())),
+            inner: Inner::Db(db::DbBlobs::new(store.pool().clone()), None),
         }
     }
 
@@ -72,7 +85,7 @@ impl BlobStore {
     pub(crate) fn backend(&self) -> BlobBackend {
         match self.inner {
             Inner::Dir(_) => BlobBackend::Dir,
-            Inner::Db(_) => BlobBackend::Db,
+            Inner::Db(..) => BlobBackend::Db,
         }
     }
 
@@ -80,7 +93,7 @@ impl BlobStore {
     pub(crate) async fn put(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
         match &self.inner {
             Inner::Dir(d) => d.put(bytes).await,
-            Inner::Db(d) => {
+            Inner::Db(d, _) => {
                 use sha2::Digest as _;
                 let sha = hex::encode(sha2::Sha256::digest(bytes));
                 if d.has(&sha).await? {
@@ -112,7 +125,7 @@ impl BlobStore {
     {
         match &self.inner {
             Inner::Dir(d) => d.put_stream(body, limit).await,
-            Inner::Db(d) => d.put_stream(body, limit).await,
+            Inner::Db(d, _) => d.put_stream(body, limit).await,
         }
     }
 
@@ -123,7 +136,13 @@ impl BlobStore {
         }
         Ok(BlobReader(match &self.inner {
             Inner::Dir(d) => Reader::File(d.open_blob(sha).await?),
-            Inner::Db(d) => Reader::Db(Box::new(d.open_blob(sha).await?)),
+            Inner::Db(d, earlier) => match (d.open_blob(sha).await?, earlier) {
+                (Some(r), _) => Reader::Db(Box::new(r)),
+                (None, Some(folder)) => Reader::File(folder.open_blob(sha).await?),
+                (None, None) => {
+                    return Err(WorkspaceError::Corrupt(format!("blob {sha} is not stored")));
+                }
+            },
         }))
     }
 
@@ -226,9 +245,21 @@ pub(crate) mod tests {
             WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
         let blobs = BlobStore::open(&config, &store).await.unwrap();
         assert_eq!(blobs.backend(), BlobBackend::Dir, "SQLite: the folder");
+        let before = blobs.put(b"written to the folder").await.unwrap();
         config.blob_store = Some(BlobBackend::Db);
         let blobs = BlobStore::open(&config, &store).await.unwrap();
         assert_eq!(blobs.backend(), BlobBackend::Db);
+        // What the folder holds stays readable; new bytes go to the table.
+        assert_eq!(blobs.read(&before).await.unwrap(), b"written to the folder");
+        let after = blobs.put(b"written to the table").await.unwrap();
+        assert_eq!(count(&store, "SELECT COUNT(*) FROM blobs").await, 1);
+        assert!(!dir.path().join("blobs").join(&after[..2]).exists());
+        assert_eq!(blobs.read(&after).await.unwrap(), b"written to the table");
+        // Without a folder from before, none is made.
+        let empty = tempfile::tempdir().unwrap();
+        config.data_dir = empty.path().to_path_buf();
+        BlobStore::open(&config, &store).await.unwrap();
+        assert!(!empty.path().join("blobs").exists());
         assert_eq!("db".parse::<BlobBackend>(), Ok(BlobBackend::Db));
         assert_eq!("dir".parse::<BlobBackend>(), Ok(BlobBackend::Dir));
         assert!("s3".parse::<BlobBackend>().is_err());
@@ -367,7 +398,7 @@ pub(crate) mod tests {
             .execute(store.pool())
             .await
             .unwrap();
-        let Inner::Db(d) = &blobs.inner else {
+        let Inner::Db(d, _) = &blobs.inner else {
             panic!("a db store")
         };
         assert_eq!(d.sweep(5).await.unwrap(), 0, "not older than the cut");

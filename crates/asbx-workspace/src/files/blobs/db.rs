@@ -264,13 +264,13 @@ impl DbBlobs {
         Ok(gone)
     }
 
-    /// Opens a stored blob for reading, chunk by chunk.
-    pub(super) async fn open_blob(&self, sha: &str) -> Result<DbReader, WorkspaceError> {
-        let size = self
-            .size_of(sha)
-            .await?
-            .ok_or_else(|| WorkspaceError::Corrupt(format!("blob {sha} is not stored")))?;
-        Ok(DbReader {
+    /// Opens a stored blob for reading, chunk by chunk; `None` when it is
+    /// not stored.
+    pub(super) async fn open_blob(&self, sha: &str) -> Result<Option<DbReader>, WorkspaceError> {
+        let Some(size) = self.size_of(sha).await? else {
+            return Ok(None);
+        };
+        Ok(Some(DbReader {
             pool: self.pool.clone(),
             sha: sha.to_owned(),
             chunks: size.div_ceil(CHUNK as u64),
@@ -280,7 +280,7 @@ impl DbBlobs {
             buf: Bytes::new(),
             fetching: None,
             hasher: Sha256::new(),
-        })
+        }))
     }
 }
 

@@ -94,14 +94,20 @@ async fn a_chat_turn_is_one_trace_across_the_workspace_the_runner_and_the_gatewa
     let text = String::from_utf8_lossy(&seen);
     assert!(text.contains("traced-step"), "{text}");
     assert!(text.contains("the step ran"), "{text}");
+    // No stream left open, so the workspace stops at once on SIGTERM.
+    drop(body);
 
     // The runner's spans end with the dispatch; a graceful stop flushes
     // what the batch has not sent yet.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !receiver
-        .spans()
-        .iter()
-        .any(|s| s.service == "asbx-runner" && s.name == "dispatch")
+    let exported = |service: &str, name: &str| {
+        receiver
+            .spans()
+            .iter()
+            .any(|s| s.service == service && s.name == name)
+    };
+    while !(exported("asbx-runner", "dispatch")
+        && exported("asbx-workspace", "POST /api/assistant/chat/stream"))
     {
         assert!(Instant::now() < deadline, "{:#?}", receiver.spans());
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -385,11 +385,15 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_sweep_removes_uploads_a_dead_node_left() {
         let (_dir, store, blobs) = db_store().await;
+        // (This put starts the node's own background sweep, of uploads a
+        // day old: it must not be what removes the one below.)
         let kept = blobs.put(b"kept").await.unwrap();
         // What a node that died mid-upload leaves: a row and a chunk.
+        let began = i64::try_from(asbx_protocol::now_ms()).unwrap() - 1000;
         sqlx::query(
-            "INSERT INTO blobs (sha256, size, complete, created_at) VALUES ('upload-x', 0, 0, 5)",
+            "INSERT INTO blobs (sha256, size, complete, created_at) VALUES ('upload-x', 0, 0, $1)",
         )
+        .bind(began)
         .execute(store.pool())
         .await
         .unwrap();
@@ -401,8 +405,8 @@ pub(crate) mod tests {
         let Inner::Db(d, _) = &blobs.inner else {
             panic!("a db store")
         };
-        assert_eq!(d.sweep(5).await.unwrap(), 0, "not older than the cut");
-        assert_eq!(d.sweep(6).await.unwrap(), 1);
+        assert_eq!(d.sweep(began).await.unwrap(), 0, "not older than the cut");
+        assert_eq!(d.sweep(began + 1).await.unwrap(), 1);
         assert_eq!(count(&store, "SELECT COUNT(*) FROM blobs").await, 1);
         assert_eq!(count(&store, "SELECT COUNT(*) FROM blob_chunks").await, 1);
         assert_eq!(blobs.read(&kept).await.unwrap(), b"kept");

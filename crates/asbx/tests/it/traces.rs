@@ -39,7 +39,9 @@ fn descends(spans: &[ReceivedSpan], span: &ReceivedSpan, ancestor: &ReceivedSpan
     false
 }
 
-#[tokio::test]
+// Multi-threaded: the receiver answers the exports while the test thread
+// blocks waiting for the processes to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_turn_is_one_trace_across_the_workspace_the_runner_and_the_gateway() {
     let receiver = OtlpReceiver::start().await;
     let mock = MockProvider::start().await;
@@ -175,4 +177,62 @@ async fn a_chat_turn_is_one_trace_across_the_workspace_the_runner_and_the_gatewa
         others.is_empty(),
         "runner spans outside the turn: {others:#?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asbx_up_flushes_a_runs_trace_when_it_stops() {
+    let receiver = OtlpReceiver::start().await;
+    // The default batch delay (5 s) is longer than the run: what arrives
+    // was sent by the flush at exit.
+    let up = UpProc::start(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ("ASBX_WARM_POOL", "0"),
+        ("ASBX_MODEL", "scripted:demo"),
+    ]);
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "echo up-traced"}},
+        {"say": "ok"}
+    ]));
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({ "prompt": prompt }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(120), res.text())
+        .await
+        .expect("the run went on too long")
+        .unwrap();
+    assert!(body.contains("up-traced"), "{body}");
+    // The run's sandbox is torn down after its last line: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let sessions = std::fs::read_dir(up.data.path().join("runner/sessions"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if sessions == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run's sandbox stayed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(receiver.spans().is_empty(), "nothing before the flush");
+    drop(up);
+
+    let spans = receiver.spans();
+    let run = one(&spans, "asbx", "POST /api/runs");
+    assert!(run.parent_span_id.is_empty(), "a new trace: {run:?}");
+    let dispatch = one(&spans, "asbx", "dispatch");
+    assert_eq!(dispatch.parent_span_id, run.span_id);
+    let tool = one(&spans, "asbx", "tool shell");
+    assert_eq!(tool.parent_span_id, dispatch.span_id);
+    assert_eq!(tool.trace_id, run.trace_id);
+    let env = one(
+        &spans,
+        "asbx",
+        "GET /api/assistant/sandbox/{session_id}/env",
+    );
+    assert_eq!(env.trace_id, run.trace_id);
 }

@@ -3,7 +3,8 @@
 //! calls through the gateway to the mock provider, one shell step) is one
 //! trace from the caller's `traceparent` through the workspace's request,
 //! the runner's dispatch, the bootstrap, the model calls, the tool call and
-//! the sandbox's callbacks back to the workspace.
+//! the sandbox's callbacks back to the workspace. And `asbx up` (one
+//! service) sends a run's trace when it stops, however long the batch delay.
 
 use std::time::{Duration, Instant};
 

@@ -90,7 +90,17 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
         .pointer_mut("/components/schemas")
         .and_then(|s| s.as_object_mut())
     {
-        schemas.extend(protocol);
+        // Fill the stand-ins (a reference to themselves); a name the
+        // code's own schemas took stays theirs (a test checks none clash).
+        for (name, schema) in protocol {
+            let stand_in = serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
+            match schemas.get(&name) {
+                Some(have) if *have != stand_in => {}
+                _ => {
+                    schemas.insert(name, schema);
+                }
+            }
+        }
     }
     prune(&mut doc);
     doc
@@ -238,7 +248,18 @@ mod tests {
                 "{name} is referenced, not defined"
             );
         }
-        // The stand-ins were replaced by the real schemas.
+        // The protocol's schemas are there as schemars wrote them (no type
+        // of this crate took one's name), and every stand-in was replaced.
+        let protocol = asbx_protocol::schema::components().unwrap();
+        for (name, schema) in schemas {
+            if let Some(want) = protocol.get(name) {
+                assert_eq!(schema, want, "{name}: two types share the name");
+            }
+            assert!(
+                schema.get("$ref").is_none(),
+                "{name} is only a reference to itself"
+            );
+        }
         assert!(schemas["Line"].get("oneOf").is_some());
         assert!(schemas["DispatchRequest"].get("properties").is_some());
         // Every operation but the public ones names the bearer.

@@ -16,6 +16,7 @@ use tokio::sync::broadcast;
 
 use crate::AppState;
 use crate::auth::Caller;
+use crate::openapi::protocol as doc;
 
 /// Events buffered per subscriber; one that falls further behind misses
 /// the oldest (it re-reads the chat list on the next one anyway).
@@ -83,6 +84,16 @@ impl ChatEvents {
 }
 
 /// `GET /api/assistant/events`.
+#[utoipa::path(
+    get,
+    path = "/api/assistant/events",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    responses(
+        (status = 200, description = "Chats' turns starting and ending, deletions and settings changes, as SSE", body = String, content_type = "text/event-stream"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn serve(State(state): State<Arc<AppState>>, caller: Caller) -> Response {
     let events = state.chat_events.subscribe(caller.workspace_id).map(|ev| {
         Ok::<_, Infallible>(

@@ -18,6 +18,7 @@ mod guard;
 mod http;
 mod metrics;
 mod notify;
+mod openapi;
 mod otel;
 mod pages;
 mod store;
@@ -210,6 +211,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/assets/vendor/marked.js", get(pages::marked_js))
         .route("/assets/vendor/purify.js", get(pages::purify_js))
         .route("/healthz", get(pages::healthz))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route("/metrics", get(metrics::serve))
         .route("/api/runs", post(runs::api::create))
         .route(

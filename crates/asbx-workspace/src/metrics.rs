@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use crate::AppState;
 use crate::error::WorkspaceError;
+use crate::openapi::protocol as doc;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TurnLabels {
@@ -111,6 +112,17 @@ impl Metrics {
 }
 
 /// `GET /metrics`.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "meta",
+    security((), ("metrics_token" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 401, description = "`unauthorized`: the metrics token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: no metrics token is set and the caller is not on loopback", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn serve(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,

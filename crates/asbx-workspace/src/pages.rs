@@ -20,22 +20,62 @@ const PURIFY_JS: &str = include_str!("../assets/vendor/purify.min.js");
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
     connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'";
 
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "pages",
+    responses(
+        (status = 200, description = "The chat page", body = String, content_type = "text/html; charset=utf-8"),
+    ),
+)]
 pub(crate) async fn index() -> Response {
     asset(INDEX_HTML, "text/html; charset=utf-8")
 }
 
+#[utoipa::path(
+    get,
+    path = "/assets/app.js",
+    tag = "pages",
+    responses(
+        (status = 200, description = "The page's script", body = String, content_type = "text/javascript; charset=utf-8"),
+    ),
+)]
 pub(crate) async fn app_js() -> Response {
     asset(APP_JS, "text/javascript; charset=utf-8")
 }
 
+#[utoipa::path(
+    get,
+    path = "/assets/app.css",
+    tag = "pages",
+    responses(
+        (status = 200, description = "The page's styles", body = String, content_type = "text/css; charset=utf-8"),
+    ),
+)]
 pub(crate) async fn app_css() -> Response {
     asset(APP_CSS, "text/css; charset=utf-8")
 }
 
+#[utoipa::path(
+    get,
+    path = "/assets/vendor/marked.js",
+    tag = "pages",
+    responses(
+        (status = 200, description = "Vendored marked", body = String, content_type = "text/javascript; charset=utf-8"),
+    ),
+)]
 pub(crate) async fn marked_js() -> Response {
     asset(MARKED_JS, "text/javascript; charset=utf-8")
 }
 
+#[utoipa::path(
+    get,
+    path = "/assets/vendor/purify.js",
+    tag = "pages",
+    responses(
+        (status = 200, description = "Vendored DOMPurify", body = String, content_type = "text/javascript; charset=utf-8"),
+    ),
+)]
 pub(crate) async fn purify_js() -> Response {
     asset(PURIFY_JS, "text/javascript; charset=utf-8")
 }
@@ -56,6 +96,14 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     r
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The workspace is up", body = Health),
+    ),
+)]
 pub(crate) async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }

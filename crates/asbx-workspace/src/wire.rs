@@ -34,7 +34,7 @@ use serde_json::Value;
 /// tokens to that URL, so a caller-chosen URL would receive them (and turn
 /// the workspace into a proxy to any address). A body naming `sandboxUrl`
 /// is refused as an unknown field.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct CreateRunRequest {
     pub prompt: String,
@@ -49,10 +49,13 @@ pub(crate) struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_hosts: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::protocol::RunLimits>)]
     pub limits: Option<RunLimits>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Value>,
@@ -69,7 +72,7 @@ pub(crate) struct CreateRunRequest {
 /// `POST /api/runs/{id}/tool-result`: `{"callId", "result"}`,
 /// `{"callId", "error"}` or `{"callId", "encrypted": {"iv", "ciphertext"}}`,
 /// forwarded to the runner as it is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct ToolResultRequest {
     pub call_id: String,
@@ -78,11 +81,12 @@ pub(crate) struct ToolResultRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::protocol::Sealed>)]
     pub encrypted: Option<asbx_protocol::line::Sealed>,
 }
 
 /// `GET /api/runs/{id}/events?after=N`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EventsQuery {
     #[serde(default)]
@@ -100,7 +104,7 @@ pub(crate) struct EventsQuery {
 /// - `error`: the `error` line's code and message (or the workspace's, for
 ///   example `cancelled` when the client went away), on failure.
 /// - `files`: what the run wrote back.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct RunRecord {
     pub id: String,
@@ -123,11 +127,12 @@ pub(crate) struct RunRecord {
     /// The `session_ended` fields (docs/protocol.md §4) once the run has
     /// ended; absent for an encrypted run, whose fields are ciphertext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::protocol::Termination>)]
     pub termination: Option<Termination>,
 }
 
 /// Why a run failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub(crate) struct RunError {
     pub code: String,
     pub message: String,
@@ -136,7 +141,7 @@ pub(crate) struct RunError {
 /// A stored file.
 ///
 /// - `url`: where to download it (`/api/files/{id}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct FileInfo {
     pub id: String,
@@ -170,7 +175,7 @@ pub(crate) const TURN_ID_HEADER: &str = "x-asbx-turn-id";
 ///   variables, secrets, setup script and allowed hosts go into `/env`
 ///   under `environment`'s (which win on a clash; hosts are the union).
 /// - `limits`: as on `POST /api/runs`, sent in `/config`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct AgentDefinition {
     pub name: String,
@@ -181,14 +186,17 @@ pub(crate) struct AgentDefinition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default)]
+    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
     #[serde(default)]
     pub environment: AgentEnvironment,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::protocol::RunLimits>)]
     pub limits: Option<RunLimits>,
 }
 
@@ -201,7 +209,7 @@ pub(crate) struct AgentDefinition {
 ///   goes only to runners the operator configured, not to this URL.
 /// - `setupScript`: bash, run before the first model call.
 /// - `allowedHosts`: what the sandbox's tools may reach (default none).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct AgentEnvironment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -215,7 +223,7 @@ pub(crate) struct AgentEnvironment {
 }
 
 /// A stored agent as the API answers it: the definition plus its id and times.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct AgentRecord {
     pub id: String,
@@ -226,7 +234,7 @@ pub(crate) struct AgentRecord {
 }
 
 /// `GET /api/agents`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub(crate) struct AgentList {
     pub agents: Vec<AgentRecord>,
 }
@@ -237,7 +245,7 @@ pub(crate) struct AgentList {
 ///
 /// There is deliberately no `sandboxUrl`: the runner comes from the agent
 /// environment's `SANDBOX_URL` or the server's (see [`CreateRunRequest`]).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct AgentRunRequest {
     pub prompt: String,
@@ -255,7 +263,7 @@ pub(crate) struct AgentRunRequest {
 pub(crate) const AGENT_ID_HEADER: &str = "x-asbx-agent-id";
 
 /// What a run is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum RunKind {
     /// `POST /api/runs`.
@@ -285,7 +293,7 @@ impl RunKind {
 }
 
 /// The state of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum RunStatus {
     Running,
@@ -320,7 +328,7 @@ impl RunStatus {
 ///   (an existing chat's change with `PUT /api/assistant/chats/{id}/settings`).
 ///
 /// There is no `sandboxUrl`: chat turns always use the server's runner.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct TurnRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -333,7 +341,7 @@ pub(crate) struct TurnRequest {
 }
 
 /// `POST /api/assistant/chats/{id}/cancel` (`202`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct CancelAccepted {
     pub chat_id: String,
@@ -343,7 +351,7 @@ pub(crate) struct CancelAccepted {
 /// A chat in the list.
 ///
 /// - `activeTurnId`: the turn holding the chat's lease, if one is in flight.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatSummary {
     pub id: String,
@@ -355,7 +363,7 @@ pub(crate) struct ChatSummary {
 }
 
 /// One chat: its thread, its bag and its settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatDetail {
     #[serde(flatten)]
@@ -390,10 +398,11 @@ pub(crate) const CHAT_PAGE_MAX: i64 = 500;
 /// - `fileAttachments`: bag files the user attached to this message.
 /// - `createdAt`: Unix epoch ms.
 /// - `turnId`: the turn (run) this message belongs to.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct PersistedMessage {
     pub id: String,
+    #[schema(value_type = crate::openapi::protocol::Role)]
     pub role: Role,
     pub content: Vec<ContentBlock>,
     #[serde(default)]
@@ -414,7 +423,7 @@ pub(crate) struct PersistedMessage {
 ///   holds the `session_ended` fields of a failed or stopped turn
 ///   (docs/protocol.md §4), `interrupted` is set when the workspace lost the
 ///   turn (restarted or lost its runner) before it ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(
     tag = "type",
     rename_all = "snake_case",
@@ -427,6 +436,7 @@ pub(crate) enum ContentBlock {
     Step {
         id: String,
         name: String,
+        #[schema(value_type = crate::openapi::protocol::StepStatus)]
         status: StepStatus,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         args: Option<Value>,
@@ -443,6 +453,7 @@ pub(crate) enum ContentBlock {
         code: String,
         message: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<crate::openapi::protocol::Termination>)]
         termination: Option<Termination>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         interrupted: bool,
@@ -455,7 +466,7 @@ pub(crate) enum ContentBlock {
 /// - `text`: the chunks, concatenated.
 /// - `truncated`: the step printed more; the rest was not streamed (the
 ///   step's `result` keeps the tool's own bounded output).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct StepOutput {
     pub text: String,
@@ -469,7 +480,7 @@ pub(crate) const STEP_OUTPUT_LIVE_BYTES: usize = 64 * 1024;
 
 /// A bag file attached to a user message, denormalized so history renders
 /// the chip without another lookup.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct FileAttachment {
     pub id: String,
@@ -520,7 +531,7 @@ impl PersistedMessage {
 }
 
 /// How a chat turn ended, in its `done` event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum TurnStatus {
     Succeeded,
@@ -532,7 +543,7 @@ pub(crate) enum TurnStatus {
 ///
 /// - `status`: how the turn ended.
 /// - `messageId`: the persisted assistant message.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Done {
     pub chat_id: String,
@@ -542,7 +553,7 @@ pub(crate) struct Done {
 }
 
 /// The `turn` SSE event's payload, first on every turn stream.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct TurnInfo {
     pub chat_id: String,
@@ -551,14 +562,15 @@ pub(crate) struct TurnInfo {
 }
 
 /// `POST /api/session`: sign in with an API key.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct SignIn {
     pub api_key: String,
 }
 
 /// `GET /api/session`, and the answer to a sign-in.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = SignedIn)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SessionInfo {
     pub workspace_id: String,
@@ -566,8 +578,9 @@ pub(crate) struct SessionInfo {
 }
 
 /// `GET /healthz`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct Health {
+    #[schema(value_type = String)]
     pub status: &'static str,
 }
 
@@ -583,7 +596,7 @@ pub(crate) struct Health {
 /// - `allowedHosts`: what the sandbox's tools may reach.
 ///
 /// `PUT` replaces everything but the secrets.
-#[derive(Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct EnvironmentBody {
     pub name: String,
@@ -611,7 +624,7 @@ impl std::fmt::Debug for EnvironmentBody {
 }
 
 /// A named environment as the API answers it: never a secret's value.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct EnvironmentRecord {
     pub id: String,
@@ -625,7 +638,7 @@ pub(crate) struct EnvironmentRecord {
 }
 
 /// `GET /api/environments`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub(crate) struct EnvironmentList {
     pub environments: Vec<EnvironmentRecord>,
 }
@@ -638,7 +651,7 @@ pub(crate) struct EnvironmentList {
 /// - `systemPrompt`: absent: the Assistant's default system prompt.
 /// - `environmentId`: a named environment of the workspace, sent in `/env`.
 /// - `skills`, `mcpServers`: as on stored agents, sent in `/config`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct ChatSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -648,14 +661,16 @@ pub(crate) struct ChatSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
 }
 
 /// A chat's settings as answered: what is stored, plus `effective`, the
 /// model and system prompt a turn uses now.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatSettingsView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -665,14 +680,16 @@ pub(crate) struct ChatSettingsView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
     pub effective: EffectiveSettings,
 }
 
 /// The model and system prompt a chat's turn uses.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct EffectiveSettings {
     pub model: String,
@@ -681,13 +698,13 @@ pub(crate) struct EffectiveSettings {
 
 /// `GET /api/models`: the models a chat may choose, the default first
 /// marked `default`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub(crate) struct ModelList {
     pub models: Vec<ModelInfo>,
 }
 
 /// One model: `id` is `provider:model`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub(crate) struct ModelInfo {
     pub id: String,
     pub provider: String,

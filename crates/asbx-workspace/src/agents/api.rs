@@ -13,8 +13,24 @@ use crate::agents;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
+use crate::openapi::protocol as doc;
 use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, AgentRunRequest};
 
+#[utoipa::path(
+    post,
+    path = "/api/agents",
+    tag = "agents",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    request_body(content = AgentDefinition, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The stored agent", body = AgentRecord),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -24,6 +40,16 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(agent)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/agents",
+    tag = "agents",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    responses(
+        (status = 200, description = "The stored agents", body = AgentList),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -32,6 +58,18 @@ pub(crate) async fn list(
     Ok(Json(AgentList { agents }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/agents/{id}",
+    tag = "agents",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The agent id")),
+    responses(
+        (status = 200, description = "The agent", body = AgentRecord),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn get(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -40,6 +78,23 @@ pub(crate) async fn get(
     Ok(Json(agents::get(&state, &caller.workspace_id, &id).await?))
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/agents/{id}",
+    tag = "agents",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The agent id")),
+    request_body(content = AgentDefinition, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The agent as stored now", body = AgentRecord),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn update(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -50,6 +105,18 @@ pub(crate) async fn update(
     Ok(Json(agent))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/agents/{id}",
+    tag = "agents",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The agent id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -59,6 +126,25 @@ pub(crate) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/agents/{id}/runs",
+    tag = "agents",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The agent id")),
+    request_body(content = AgentRunRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The run's lines as the runner streams them (`X-Run-Id` names the run)", body = doc::Line, content_type = "application/x-ndjson", headers(("X-Run-Id" = String, description = "The run id"))),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: the agent's environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`sandbox_url_missing`: no runner is configured", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn run(
     State(state): State<Arc<AppState>>,
     caller: Caller,

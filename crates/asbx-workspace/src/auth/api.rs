@@ -13,9 +13,23 @@ use crate::auth::store as keys;
 use crate::auth::{self, Caller};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
+use crate::openapi::protocol as doc;
 use crate::tokens;
 use crate::wire::{SessionInfo, SignIn};
 
+#[utoipa::path(
+    post,
+    path = "/api/session",
+    tag = "session",
+    request_body(content = SignIn, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Signed in: `Set-Cookie` carries the session", body = SessionInfo,
+            headers(("Set-Cookie" = String, description = "The `asbx_session` cookie"))),
+        (status = 400, description = "`invalid_request`: not a sign-in body", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: the API key is wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn sign_in(
     State(state): State<Arc<AppState>>,
     JsonBody(request): JsonBody<SignIn>,
@@ -30,6 +44,12 @@ pub(crate) async fn sign_in(
     Ok(r)
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/session",
+    tag = "session",
+    responses((status = 204, description = "Signed out: the cookie is cleared")),
+)]
 pub(crate) async fn sign_out(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -44,6 +64,16 @@ pub(crate) async fn sign_out(
     Ok(r)
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/session",
+    tag = "session",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    responses(
+        (status = 200, description = "The workspace the caller acts in", body = SessionInfo),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn current(
     State(state): State<Arc<AppState>>,
     caller: Caller,

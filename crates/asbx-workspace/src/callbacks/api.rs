@@ -14,8 +14,20 @@ use crate::callbacks;
 use crate::callbacks::writeback::{self, MAX_RESULTS_BODY};
 use crate::error::WorkspaceError;
 use crate::http::require_json;
+use crate::openapi::protocol as doc;
 use crate::tokens::{TokenKind, bearer};
 
+#[utoipa::path(
+    get,
+    path = "/api/assistant/sandbox/{session_id}/env",
+    tag = "callbacks",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
+    responses(
+        (status = 200, description = "The sandbox's environment", body = doc::EnvResponse),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn env(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,
@@ -26,6 +38,17 @@ pub(crate) async fn env(
     Ok(Json(env))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/assistant/sandbox/{session_id}/config",
+    tag = "callbacks",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
+    responses(
+        (status = 200, description = "The agent's configuration", body = doc::ConfigResponse),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn config(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,
@@ -39,6 +62,21 @@ pub(crate) async fn config(
 /// The upload token is checked before a byte of the (up to 64 MiB) body is
 /// read (issue 13, item 11): a wrong token is answered `401` at once and the
 /// body is never buffered. The body is read only for a redeemable token.
+#[utoipa::path(
+    post,
+    path = "/api/assistant/sandbox/{session_id}/results",
+    tag = "callbacks",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
+    request_body(content = doc::ResultsRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The stored result files", body = doc::ResultsResponse),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the results are over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn results(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,

@@ -22,11 +22,30 @@ use crate::chats::turn::{self as chat, TurnStart};
 use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
+use crate::openapi::protocol as doc;
 use crate::wire::{
     CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatPageQuery, ChatSummary, FileInfo,
     TURN_ID_HEADER, TurnRequest,
 };
 
+#[utoipa::path(
+    post,
+    path = "/api/assistant/chat/stream",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    request_body(content = TurnRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`turn_in_flight`: the chat has a turn running (`activeTurnId`); `conflict`: its environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`sandbox_url_missing`: no runner is configured", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn turn(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -55,6 +74,18 @@ pub(crate) async fn turn(
 
 /// `GET /api/assistant/chats/{id}/stream`: re-attach to the turn in flight,
 /// after `Last-Event-ID` (or `?after=N`).
+#[utoipa::path(
+    get,
+    path = "/api/assistant/chats/{id}/stream",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The chat id"), ("after" = Option<u64>, Query, description = "Events after this id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id")),
+    responses(
+        (status = 200, description = "The turn in flight as SSE, from after the cursor", body = String, content_type = "text/event-stream"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no turn in flight in this chat", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn resume(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -91,6 +122,19 @@ pub(crate) async fn resume(
     Ok(r)
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/assistant/chats/{id}/cancel",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The chat id")),
+    responses(
+        (status = 202, description = "Cancellation started", body = CancelAccepted),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no turn in flight in this chat", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn cancel(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -111,6 +155,16 @@ pub(crate) async fn cancel(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/assistant/chats",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    responses(
+        (status = 200, description = "The chats, newest first", body = Vec<ChatSummary>),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -120,6 +174,19 @@ pub(crate) async fn list(
 
 /// `GET /api/assistant/chats/{id}`: the thread a page at a time (newest
 /// first, `?limit=N&before=C`), the bag and the settings.
+#[utoipa::path(
+    get,
+    path = "/api/assistant/chats/{id}",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The chat id"), ("limit" = Option<u32>, Query, description = "Messages in the page (default 100, at most 500)"), ("before" = Option<i64>, Query, description = "A previous page's `before` cursor")),
+    responses(
+        (status = 200, description = "The chat and a page of its messages", body = ChatDetail),
+        (status = 400, description = "`invalid_request`: a bad `limit` or `before`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn detail(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -144,6 +211,19 @@ pub(crate) async fn detail(
 }
 
 /// Soft delete: the chat and its bag disappear; a turn in flight is cancelled.
+#[utoipa::path(
+    delete,
+    path = "/api/assistant/chats/{id}",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The chat id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`turn_in_flight`: the chat has a turn running", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -170,6 +250,21 @@ pub(crate) async fn delete(
 
 /// `POST /api/assistant/files?name=report.pdf[&chatId=...]`, the raw bytes as
 /// the body and their type as `Content-Type`.
+#[utoipa::path(
+    post,
+    path = "/api/assistant/files",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("name" = String, Query, description = "The file name"), ("chatId" = Option<String>, Query, description = "The chat the file belongs to")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes (any content type)"),
+    responses(
+        (status = 201, description = "The stored file", body = FileInfo),
+        (status = 400, description = "`invalid_request`: a bad name or chat", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the file is over the upload limit", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn upload(
     State(state): State<Arc<AppState>>,
     caller: Caller,

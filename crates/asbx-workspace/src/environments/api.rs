@@ -12,10 +12,26 @@ use crate::auth::Caller;
 use crate::environments;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
+use crate::openapi::protocol as doc;
 use crate::wire::{
     ChatSettings, ChatSettingsView, EnvironmentBody, EnvironmentList, EnvironmentRecord, ModelList,
 };
 
+#[utoipa::path(
+    post,
+    path = "/api/environments",
+    tag = "environments",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    request_body(content = EnvironmentBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The environment (secrets by name only)", body = EnvironmentRecord),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: the name is taken", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -25,6 +41,16 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(env)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/environments",
+    tag = "environments",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    responses(
+        (status = 200, description = "The environments", body = EnvironmentList),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn list(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -33,6 +59,18 @@ pub(crate) async fn list(
     Ok(Json(EnvironmentList { environments }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/environments/{id}",
+    tag = "environments",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The environment id")),
+    responses(
+        (status = 200, description = "The environment", body = EnvironmentRecord),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such environment in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn get(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -43,6 +81,23 @@ pub(crate) async fn get(
     ))
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/environments/{id}",
+    tag = "environments",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The environment id")),
+    request_body(content = EnvironmentBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The environment as stored now", body = EnvironmentRecord),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such environment in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: the name is taken", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn update(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -53,6 +108,19 @@ pub(crate) async fn update(
     Ok(Json(env))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/environments/{id}",
+    tag = "environments",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The environment id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such environment in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: an agent or chat still names it", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -63,11 +131,38 @@ pub(crate) async fn delete(
 }
 
 /// `GET /api/models`: any caller of the workspace may list them.
+#[utoipa::path(
+    get,
+    path = "/api/models",
+    tag = "environments",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    responses(
+        (status = 200, description = "The models a chat may choose, the default first", body = ModelList),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn models(State(state): State<Arc<AppState>>, _caller: Caller) -> Json<ModelList> {
     Json(environments::models(&state))
 }
 
 /// `PUT /api/assistant/chats/{id}/settings`.
+#[utoipa::path(
+    put,
+    path = "/api/assistant/chats/{id}/settings",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The chat id")),
+    request_body(content = ChatSettings, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The chat's settings as stored now, with the effective model and prompt", body = ChatSettingsView),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: the environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn put_chat_settings(
     State(state): State<Arc<AppState>>,
     caller: Caller,

@@ -13,7 +13,20 @@ use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::files::ascii_file_name;
 use crate::files::store as files;
+use crate::openapi::protocol as doc;
 
+#[utoipa::path(
+    get,
+    path = "/api/files/{id}",
+    tag = "files",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The file id")),
+    responses(
+        (status = 200, description = "The file's bytes, with its stored content type", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn download(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -50,6 +63,18 @@ pub(crate) async fn download(
 }
 
 /// Soft delete: the file is never found again (its blob may be shared).
+#[utoipa::path(
+    delete,
+    path = "/api/files/{id}",
+    tag = "files",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The file id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
     caller: Caller,

@@ -17,6 +17,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
+use crate::openapi::protocol as doc;
 use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::runs::request::Stream;
 use crate::runs::store::{self as runs, Outcome, RunRow};
@@ -25,6 +26,23 @@ use crate::wire::{
     CreateRunRequest, EventsQuery, RUN_ID_HEADER, RunRecord, RunStatus, ToolResultRequest,
 };
 
+#[utoipa::path(
+    post,
+    path = "/api/runs",
+    tag = "runs",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    request_body(content = CreateRunRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The run's lines as the runner streams them (`X-Run-Id` names the run)", body = doc::Line, content_type = "application/x-ndjson", headers(("X-Run-Id" = String, description = "The run id"))),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: a named environment was deleted meanwhile", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`sandbox_url_missing`: no runner is configured", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -88,6 +106,18 @@ pub(crate) async fn stream_response(
     Ok(response)
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/runs/{id}",
+    tag = "runs",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The run id")),
+    responses(
+        (status = 200, description = "The run", body = RunRecord),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such run in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn get(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -110,6 +140,20 @@ async fn own_run(state: &AppState, workspace_id: &str, id: &str) -> Result<RunRo
 /// `GET /api/runs/{id}/events?after=N`: the lines after `N`, then the live
 /// tail until the run ends. `Accept: text/event-stream` gives SSE with
 /// `id: <seq>`, event names the line types, and honours `Last-Event-ID`.
+#[utoipa::path(
+    get,
+    path = "/api/runs/{id}/events",
+    tag = "runs",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The run id"), ("after" = Option<u64>, Query, description = "Lines with `seq` above this"), ("Last-Event-ID" = Option<u64>, Header, description = "SSE: resume after this `seq`")),
+    responses(
+        (status = 200, description = "The stored lines after the cursor, then the live tail: NDJSON, or SSE with `Accept: text/event-stream`", content((doc::Line = "application/x-ndjson"), (doc::Line = "text/event-stream"))),
+        (status = 400, description = "`invalid_request`: a bad query", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such run in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`events_gone`: the lines after the cursor are no longer kept (`oldestSeq`)", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn events(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -191,6 +235,24 @@ fn type_of(raw: &[u8]) -> &'static str {
 /// `POST /api/runs/{id}/tool-result`: forwarded to the runner's
 /// `/v1/sessions/{id}/tool-result`; its `404` (unknown call) and `409`
 /// (already answered) come back as they are.
+#[utoipa::path(
+    post,
+    path = "/api/runs/{id}/tool-result",
+    tag = "runs",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The run id")),
+    request_body(content = ToolResultRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The runner's answer, relayed as it is", body = Object),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such run (or it is not running) in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`conflict`: the runner refused the answer (already answered, session ended)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn tool_result(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -254,6 +316,20 @@ pub(crate) async fn tool_result(
 /// with `terminated` by `daemon`, docs/protocol.md §4); when the runner no
 /// longer has it, the relay here is cancelled, or the run settled as
 /// cancelled. `202` while it ends, `204` when it had already ended.
+#[utoipa::path(
+    delete,
+    path = "/api/runs/{id}",
+    tag = "runs",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(("id" = String, Path, description = "The run id")),
+    responses(
+        (status = 202, description = "Cancellation sent to the runner"),
+        (status = 204, description = "The run had already ended"),
+        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such run in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn cancel(
     State(state): State<Arc<AppState>>,
     caller: Caller,

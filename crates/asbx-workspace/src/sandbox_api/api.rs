@@ -15,9 +15,21 @@ use tokio_util::io::ReaderStream;
 
 use crate::AppState;
 use crate::error::WorkspaceError;
+use crate::openapi::protocol as doc;
 use crate::sandbox_api::{self as sandbox, BagFile, DEFAULT_HISTORY, MAX_FILE_BYTES, MAX_HISTORY};
 
 /// `GET files`: the bag.
+#[utoipa::path(
+    get,
+    path = "/api/assistant/sandbox/{session_id}/workspace/files",
+    tag = "sandbox",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
+    responses(
+        (status = 200, description = "The chat's files", body = Object),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn list_files(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,
@@ -33,6 +45,18 @@ pub(crate) async fn list_files(
 }
 
 /// `GET files/{id}`: the bytes, streamed from the blob store.
+#[utoipa::path(
+    get,
+    path = "/api/assistant/sandbox/{session_id}/workspace/files/{id}",
+    tag = "sandbox",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)"), ("id" = String, Path, description = "The file id")),
+    responses(
+        (status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn read_file(
     State(state): State<Arc<AppState>>,
     Path((session_id, id)): Path<(String, String)>,
@@ -63,6 +87,20 @@ pub(crate) async fn read_file(
 }
 
 /// `POST files?path=<relative path>`: the raw body joins the bag.
+#[utoipa::path(
+    post,
+    path = "/api/assistant/sandbox/{session_id}/workspace/files",
+    tag = "sandbox",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)"), ("path" = String, Query, description = "The new file's path")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 201, description = "The stored file", body = Object),
+        (status = 400, description = "`invalid_request`: a bad path or content type", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the file is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn create_file(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,
@@ -95,6 +133,18 @@ pub(crate) async fn create_file(
 
 /// `GET history?limit=N` (1..=100, default 20): the chat's newest messages,
 /// oldest first.
+#[utoipa::path(
+    get,
+    path = "/api/assistant/sandbox/{session_id}/workspace/history",
+    tag = "sandbox",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)"), ("limit" = Option<u32>, Query, description = "Most messages")),
+    responses(
+        (status = 200, description = "The chat's history", body = Object),
+        (status = 400, description = "`invalid_request`: a bad `limit`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
 pub(crate) async fn history(
     State(state): State<Arc<AppState>>,
     Path(session_id): Path<String>,

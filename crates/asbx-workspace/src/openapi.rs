@@ -1,0 +1,437 @@
+//! The workspace's OpenAPI 3.1 document, generated from the handlers'
+//! `#[utoipa::path]` annotations and served at `GET /openapi.json`.
+//!
+//! The wire types of `asbx-protocol` are described by their schemars JSON
+//! Schemas (`schemas/`), merged into `components.schemas` when the document
+//! is built ([`asbx_protocol::schema::components`]), not written twice: the
+//! annotations name them through the reference-only types of [`protocol`].
+//! The checked-in copy is `openapi/workspace.json`; a test fails when it drifts.
+
+use std::sync::OnceLock;
+
+use axum::Json;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+/// The reference-only stand-ins of `asbx-protocol`'s types: each is a
+/// `$ref` to the component of the same name, which the document's build
+/// fills with the schemars schema.
+pub(crate) mod protocol {
+    use utoipa::openapi::{Ref, RefOr, schema::Schema};
+
+    macro_rules! by_reference {
+        ($($name:ident),* $(,)?) => {$(
+            pub(crate) struct $name;
+            impl utoipa::PartialSchema for $name {
+                fn schema() -> RefOr<Schema> {
+                    RefOr::Ref(Ref::from_schema_name(stringify!($name)))
+                }
+            }
+            impl utoipa::ToSchema for $name {}
+        )*};
+    }
+
+    by_reference!(
+        Line,
+        Problem,
+        Skill,
+        McpServer,
+        RunLimits,
+        Termination,
+        StepStatus,
+        Role,
+        EnvResponse,
+        ConfigResponse,
+        ResultsRequest,
+        ResultsResponse,
+    );
+
+    /// `"encrypted": {"iv", "ciphertext"}`: base64url (no padding) of a
+    /// 12-byte nonce and of the AES-256-GCM ciphertext with its tag.
+    #[derive(utoipa::ToSchema)]
+    #[allow(dead_code)]
+    pub(crate) struct Sealed {
+        iv: String,
+        ciphertext: String,
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "asbx workspace",
+        description = "The asbx control plane: runs, stored agents, environments, chats, files, and the callback routes a sandbox reaches through its runner's gateway. Callers authenticate with a workspace API key (`Authorization: Bearer asbx_key_...`) or the browser session cookie made by `POST /api/session`; without either they act in the default workspace unless the workspace requires authentication. The sandbox callback routes take a one-time token as their bearer. Errors are `application/problem+json` with a stable `code`; every route may also answer `403` `host_not_allowed` (a `Host` this server does not answer to) or `cross_origin` (a state-changing request from another origin), and `500` `internal`."
+    ),
+    paths(
+        crate::pages::index,
+        crate::pages::app_js,
+        crate::pages::app_css,
+        crate::pages::marked_js,
+        crate::pages::purify_js,
+        crate::pages::healthz,
+        crate::metrics::serve,
+        openapi_json,
+        crate::runs::api::create,
+        crate::runs::api::get,
+        crate::runs::api::cancel,
+        crate::runs::api::events,
+        crate::runs::api::tool_result,
+        crate::agents::api::list,
+        crate::agents::api::create,
+        crate::agents::api::get,
+        crate::agents::api::update,
+        crate::agents::api::delete,
+        crate::agents::api::run,
+        crate::environments::api::list,
+        crate::environments::api::create,
+        crate::environments::api::get,
+        crate::environments::api::update,
+        crate::environments::api::delete,
+        crate::environments::api::models,
+        crate::files::api::download,
+        crate::files::api::delete,
+        crate::auth::api::current,
+        crate::auth::api::sign_in,
+        crate::auth::api::sign_out,
+        crate::chats::api::turn,
+        crate::chats::api::list,
+        crate::chat_events::serve,
+        crate::chats::api::detail,
+        crate::chats::api::delete,
+        crate::chats::api::resume,
+        crate::chats::api::cancel,
+        crate::environments::api::put_chat_settings,
+        crate::chats::api::upload,
+        crate::callbacks::api::env,
+        crate::callbacks::api::config,
+        crate::callbacks::api::results,
+        crate::sandbox_api::api::list_files,
+        crate::sandbox_api::api::create_file,
+        crate::sandbox_api::api::read_file,
+        crate::sandbox_api::api::history,
+    ),
+    modifiers(&Security, &OperationIds),
+)]
+struct WorkspaceApi;
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let bearer = |description: &str| {
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(description))
+                    .build(),
+            )
+        };
+        components.add_security_scheme(
+            "api_key",
+            bearer("A workspace API key, `asbx_key_...` (`asbx key`)"),
+        );
+        components.add_security_scheme(
+            "session_cookie",
+            SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
+                crate::auth::SESSION_COOKIE,
+                "The browser session made by `POST /api/session`",
+            ))),
+        );
+        components.add_security_scheme(
+            "sandbox_token",
+            bearer("A one-time token the workspace minted for the sandbox session"),
+        );
+        components.add_security_scheme(
+            "metrics_token",
+            bearer("The metrics token (ASBX_METRICS_TOKEN); without one, only loopback callers"),
+        );
+    }
+}
+
+/// Operation ids are `<tag>_<handler>`: handlers of different features
+/// share names (`list`, `get`), ids may not.
+struct OperationIds;
+
+impl Modify for OperationIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            for op in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let tag = op.tags.as_ref().and_then(|t| t.first()).cloned();
+                if let (Some(tag), Some(id)) = (tag, op.operation_id.as_mut()) {
+                    *id = format!("{tag}_{id}");
+                }
+            }
+        }
+    }
+}
+
+/// The document, built once.
+pub(crate) fn document() -> &'static serde_json::Value {
+    static DOC: OnceLock<serde_json::Value> = OnceLock::new();
+    DOC.get_or_init(|| build(WorkspaceApi::openapi()))
+}
+
+/// Serializes `api` and puts the protocol's schemas into its components.
+fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
+    let mut doc = serde_json::to_value(&api).unwrap_or_default();
+    // The schemas are fixed at build time and checked by a test; an error
+    // here would leave the references dangling, which that test catches.
+    let protocol = asbx_protocol::schema::components().unwrap_or_default();
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    {
+        // Fill the stand-ins (a reference to themselves); a name the
+        // code's own schemas took stays theirs (a test checks none clash).
+        for (name, schema) in protocol {
+            let stand_in = serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
+            match schemas.get(&name) {
+                Some(have) if *have != stand_in => {}
+                _ => {
+                    schemas.insert(name, schema);
+                }
+            }
+        }
+    }
+    open_flattened(&mut doc);
+    prune(&mut doc);
+    doc
+}
+
+/// A type that refuses unknown fields (`additionalProperties: false`)
+/// flattened into another (`allOf`) would refuse the other's fields too:
+/// such a member is inlined without that closing.
+fn open_flattened(doc: &mut serde_json::Value) {
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    else {
+        return;
+    };
+    let copy = schemas.clone();
+    for schema in schemas.values_mut() {
+        let Some(members) = schema.get_mut("allOf").and_then(|a| a.as_array_mut()) else {
+            continue;
+        };
+        for member in members {
+            let target = member
+                .get("$ref")
+                .and_then(|r| r.as_str())
+                .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                .and_then(|name| copy.get(name));
+            if let Some(target) = target
+                && target.get("additionalProperties") == Some(&serde_json::Value::Bool(false))
+            {
+                let mut open = target.clone();
+                if let Some(obj) = open.as_object_mut() {
+                    obj.remove("additionalProperties");
+                }
+                *member = open;
+            }
+        }
+    }
+}
+
+/// Drops the components no operation reaches (the protocol's schemas
+/// include the sandbox's own, such as the jail policy).
+fn prune(doc: &mut serde_json::Value) {
+    fn refs(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(obj) => {
+                for (k, v) in obj {
+                    match (k.as_str(), v) {
+                        ("$ref", serde_json::Value::String(r)) => {
+                            if let Some(name) = r.strip_prefix("#/components/schemas/") {
+                                out.push(name.to_owned());
+                            }
+                        }
+                        _ => refs(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut todo = Vec::new();
+    refs(&doc["paths"], &mut todo);
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    else {
+        return;
+    };
+    let mut keep = std::collections::BTreeSet::new();
+    while let Some(name) = todo.pop() {
+        if keep.insert(name.clone())
+            && let Some(s) = schemas.get(&name)
+        {
+            refs(s, &mut todo);
+        }
+    }
+    schemas.retain(|name, _| keep.contains(name));
+    schemas.sort_keys();
+}
+
+/// `GET /openapi.json`: this document (public, no token needed).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "meta",
+    responses((status = 200, description = "The workspace's OpenAPI 3.1 document", body = Object)),
+)]
+pub(crate) async fn openapi_json() -> Json<&'static serde_json::Value> {
+    Json(document())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    /// The routes `lib.rs` registers, as `(method, path)`: read from the
+    /// source, so a route added there without an annotation fails the test.
+    fn registered() -> Vec<(String, String)> {
+        let src = include_str!("lib.rs");
+        let mut out = Vec::new();
+        for call in src.split(".route(").skip(1) {
+            let path = call.split('"').nth(1).unwrap().to_owned();
+            let handlers = call.split(".fallback(").next().unwrap();
+            let handlers = handlers.split(".route(").next().unwrap();
+            for method in ["get", "post", "put", "delete", "patch"] {
+                if handlers.contains(&format!("{method}(")) {
+                    out.push((method.to_owned(), path.clone()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Gives every schema under `schema` without a type, a reference or a
+    /// composition the list of all types.
+    fn typed(schema: &mut serde_json::Value) {
+        let Some(obj) = schema.as_object_mut() else {
+            return;
+        };
+        let keys = ["type", "$ref", "oneOf", "anyOf", "allOf", "enum", "const"];
+        if !keys.iter().any(|k| obj.contains_key(*k)) {
+            obj.insert(
+                "type".into(),
+                serde_json::json!(["object", "array", "string", "number", "boolean", "null"]),
+            );
+        }
+        for (k, v) in obj.iter_mut() {
+            match k.as_str() {
+                "properties" => v.as_object_mut().unwrap().values_mut().for_each(typed),
+                "items" | "additionalProperties" => typed(v),
+                "oneOf" | "anyOf" | "allOf" => v.as_array_mut().unwrap().iter_mut().for_each(typed),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn every_route_is_documented_and_nothing_else() {
+        let doc = super::document();
+        let mut documented = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for method in item.as_object().unwrap().keys() {
+                documented.push((method.clone(), path.clone()));
+            }
+        }
+        documented.sort();
+        let routes = registered();
+        assert!(routes.len() >= 45, "found too few routes: {routes:?}");
+        assert_eq!(
+            routes, documented,
+            "the router's routes and the OpenAPI document's operations differ"
+        );
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1_and_self_contained() {
+        let doc = super::document();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let text = serde_json::to_string(doc).unwrap();
+        // utoipa reads no schema without a type (any value), not even its
+        // own: give those a type list for this check only.
+        let mut readable = doc.clone();
+        for s in readable["components"]["schemas"]
+            .as_object_mut()
+            .unwrap()
+            .values_mut()
+        {
+            typed(s);
+        }
+        let _: utoipa::openapi::OpenApi = serde_json::from_value(readable).unwrap();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for name in text.split("#/components/schemas/").skip(1) {
+            let name = name.split('"').next().unwrap();
+            assert!(
+                schemas.contains_key(name),
+                "{name} is referenced, not defined"
+            );
+        }
+        // The protocol's schemas are there as schemars wrote them (no type
+        // of this crate took one's name), and every stand-in was replaced.
+        let protocol = asbx_protocol::schema::components().unwrap();
+        for (name, schema) in schemas {
+            if let Some(want) = protocol.get(name) {
+                assert_eq!(schema, want, "{name}: two types share the name");
+            }
+            assert!(
+                schema.get("$ref").is_none(),
+                "{name} is only a reference to itself"
+            );
+        }
+        assert!(schemas["Line"].get("oneOf").is_some());
+        assert!(schemas["ConfigResponse"].get("properties").is_some());
+        // Every operation but the public ones names the bearer.
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let public = path == "/healthz"
+                    || path == "/openapi.json"
+                    || path == "/"
+                    || path.starts_with("/assets/")
+                    || (path == "/api/session" && method != "get");
+                assert_eq!(
+                    op.get("security").is_none(),
+                    public,
+                    "{method} {path}: security"
+                );
+                if !public {
+                    assert!(
+                        op["responses"].get("401").is_some(),
+                        "{method} {path}: no 401"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn checked_in_document_matches_the_code() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi/workspace.json");
+        let want = serde_json::to_string_pretty(super::document()).unwrap() + "\n";
+        if std::env::var_os("ASBX_UPDATE_OPENAPI").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &want).unwrap();
+            return;
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "openapi/workspace.json drifted from the code; rerun with ASBX_UPDATE_OPENAPI=1 \
+             (cargo test -p asbx-workspace openapi) and commit it"
+        );
+    }
+}

@@ -242,16 +242,23 @@ pub(crate) async fn turn_message_ids<'c, E>(
 where
     E: Executor<'c, Database = Any>,
 {
-    let rows = sqlx::query(
-        "SELECT id, role FROM messages WHERE chat_id = $1 AND turn_id = $2 ORDER BY position",
-    )
-    .bind(chat_id)
-    .bind(turn_id)
-    .fetch_all(db)
-    .await?;
+    // No `ORDER BY position`: with it SQLite walks the chat's whole
+    // (chat_id, position) index instead of `messages_turn`; a turn has one
+    // or two rows, ordered here.
+    let mut rows =
+        sqlx::query("SELECT id, role, position FROM messages WHERE chat_id = $1 AND turn_id = $2")
+            .bind(chat_id)
+            .bind(turn_id)
+            .fetch_all(db)
+            .await?
+            .into_iter()
+            .map(|r| -> Result<(i64, String, String), sqlx::Error> {
+                Ok((r.try_get("position")?, r.try_get("id")?, r.try_get("role")?))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+    rows.sort_unstable();
     let (mut user, mut assistant) = (None, None);
-    for r in rows {
-        let (id, role): (String, String) = (r.try_get("id")?, r.try_get("role")?);
+    for (_, id, role) in rows {
         match role.as_str() {
             "user" => user = user.or(Some(id)),
             _ => assistant = Some(id),
@@ -330,7 +337,9 @@ pub(crate) async fn soft_delete(
 ///
 /// Only the lease holder appends, so the position computed from the current
 /// maximum cannot race; the `UNIQUE (chat_id, position)` constraint would
-/// refuse it if it ever did.
+/// refuse it if it ever did. The maximum is read as the newest row of the
+/// index (`ORDER BY position DESC LIMIT 1`), one step whatever the chat's
+/// length (SQLite's `MAX()` under `COALESCE` walks every row of the chat).
 pub(crate) async fn append_message<'c, E>(
     db: E,
     chat_id: &str,
@@ -353,8 +362,8 @@ where
     sqlx::query(
         "INSERT INTO messages (id, chat_id, position, role, content, attachments, turn_id, \
          created_at) SELECT $1, $2, next.position, $3, $4, $5, $6, $7 \
-         FROM (SELECT COALESCE(MAX(position), 0) + 1 AS position FROM messages \
-         WHERE chat_id = $2) AS next \
+         FROM (SELECT COALESCE((SELECT position FROM messages WHERE chat_id = $2 \
+         ORDER BY position DESC LIMIT 1), 0) + 1 AS position) AS next \
          WHERE $3 <> 'assistant' OR $6 IS NULL OR NOT EXISTS (SELECT 1 FROM messages \
          WHERE chat_id = $2 AND turn_id = $6 AND role = 'assistant')",
     )

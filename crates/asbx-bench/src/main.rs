@@ -9,6 +9,9 @@
 //!   and one idle sandbox's memory (the jail alone, no runner).
 //! - `turn`: an Assistant turn end to end through `asbx up`, on SQLite and
 //!   (with `ASBX_BENCH_PG_URL`) PostgreSQL.
+//! - `nodes`: chat turns per second through two workspace nodes and two
+//!   runners on one PostgreSQL, beside one of each.
+//! - `chat-append`: a turn on a chat of 100,000 messages beside one of 10.
 //!
 //! Build with `cargo build --release -p asbx -p asbx-bench`, then run
 //! `target/release/asbx-bench all`. Needs root for the jailed parts.
@@ -24,6 +27,8 @@ use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
 
 mod jail;
+mod nodes;
+mod system;
 mod turn;
 
 fn main() -> anyhow::Result<()> {
@@ -47,13 +52,17 @@ fn main() -> anyhow::Result<()> {
             "idle" => idle(n.min(2000)).await,
             "jail-startup" => jail::startup(n),
             "turn" => turn::turn(n.min(2000)).await,
+            "nodes" => nodes::nodes(n.min(5000)).await,
+            "chat-append" => nodes::chat_append(n.min(1000)).await,
             "all" => {
                 throughput().await?;
                 first_line(n).await?;
                 idle(100).await?;
-                turn::turn(100).await
+                turn::turn(100).await?;
+                nodes::nodes(200).await?;
+                nodes::chat_append(50).await
             }
-            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | turn [N] | all"),
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | turn [N] | nodes [N] | chat-append [N] | all"),
         }
     })
 }

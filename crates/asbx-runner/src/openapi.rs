@@ -297,4 +297,51 @@ mod tests {
              (cargo test -p asbx-runner openapi) and commit it"
         );
     }
+
+    #[tokio::test]
+    async fn served_without_the_token_and_healthz_as_documented() {
+        use axum::body::Body;
+        use axum::http::Request;
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            crate::RunnerConfig::new("/nonexistent/asbx".into(), dir.path().to_owned());
+        config.warm_pool = 0;
+        config.token = Some("secret".into());
+        let router = crate::Runner::new(config).unwrap().router();
+        let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+        let res = router.clone().oneshot(get("/openapi.json")).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(&got, super::document());
+        // `/healthz` answers exactly the documented fields.
+        let res = router.clone().oneshot(get("/healthz")).await.unwrap();
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let health: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let mut have: Vec<&str> = health
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        let schema = &got["components"]["schemas"]["Health"];
+        let mut want: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap())
+            .collect();
+        have.sort();
+        want.sort();
+        assert_eq!(have, want);
+        // A documented 401 is a problem with its code.
+        let res = router.oneshot(get("/v1/sessions")).await.unwrap();
+        assert_eq!(res.status(), 401);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+    }
 }

@@ -434,4 +434,38 @@ mod tests {
              (cargo test -p asbx-workspace openapi) and commit it"
         );
     }
+
+    #[tokio::test]
+    async fn served_without_credentials_where_the_rest_needs_them() {
+        use axum::body::Body;
+        use axum::http::Request;
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
+        config.require_auth = true;
+        let router = crate::Workspace::open(config).await.unwrap().router();
+        let get = |path: &str| {
+            Request::get(path)
+                .header("host", "127.0.0.1")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let res = router.clone().oneshot(get("/openapi.json")).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(&got, super::document());
+        // The documented 401 of a route that needs a key.
+        let res = router.oneshot(get("/api/agents")).await.unwrap();
+        assert_eq!(res.status(), 401);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        assert!(
+            got["paths"]["/api/agents"]["get"]["responses"]["401"]["content"]
+                ["application/problem+json"]
+                .is_object()
+        );
+    }
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use asbx_protocol::{FieldError, Protocol};
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -67,6 +68,7 @@ fn v2_session(inner: &Inner, id: String) -> Result<Arc<Session>, RunnerError> {
                 (doc::Line = "application/x-ndjson"),
                 (doc::Line = "text/event-stream"),
             )),
+        (status = 400, description = "`invalid_request`: `after` is not a number", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such session", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`not_protocol_2`: the session speaks protocol 1, which has no resume", body = doc::Problem, content_type = "application/problem+json"),
@@ -78,8 +80,10 @@ pub(crate) async fn events(
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(q): Query<EventsQuery>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, RunnerError> {
+    let Query(q) =
+        q.map_err(|e| RunnerError::InvalidRequest(vec![FieldError::new("after", e.body_text())]))?;
     let session = v2_session(&inner, id)?;
     let sse = headers
         .get(header::ACCEPT)

@@ -203,8 +203,44 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
         }
     }
     open_flattened(&mut doc);
+    guard_responses(&mut doc);
     prune(&mut doc);
     doc
+}
+
+/// What every route may answer, whatever its handler does: the Host and
+/// Origin guard's `403` and a `500` (`guard::host_and_origin`,
+/// `guard::problem_errors`).
+fn guard_responses(doc: &mut serde_json::Value) {
+    let problem = |description: &str| {
+        serde_json::json!({
+            "description": description,
+            "content": {
+                "application/problem+json": {
+                    "schema": { "$ref": "#/components/schemas/Problem" }
+                }
+            }
+        })
+    };
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(|i| i.as_object_mut()) {
+        for op in item.values_mut() {
+            let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut()) else {
+                continue;
+            };
+            responses.entry("403").or_insert_with(|| {
+                problem(
+                    "`host_not_allowed`: a `Host` this server does not answer to; \
+                     `cross_origin`: a state-changing request from another origin",
+                )
+            });
+            responses
+                .entry("500")
+                .or_insert_with(|| problem("`internal`: see the workspace's log"));
+        }
+    }
 }
 
 /// A type that refuses unknown fields (`additionalProperties: false`)

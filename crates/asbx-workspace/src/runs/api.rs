@@ -33,14 +33,14 @@ use crate::wire::{
     security((), ("api_key" = []), ("session_cookie" = [])),
     request_body(content = CreateRunRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The run's lines as the runner streams them (`X-Run-Id` names the run)", body = doc::Line, content_type = "application/x-ndjson", headers(("X-Run-Id" = String, description = "The run id"))),
+        (status = 200, description = "The run's lines as the runner streams them", body = doc::Line, content_type = "application/x-ndjson", headers(("x-asbx-run-id" = String, description = "The run id"))),
         (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: a named environment was deleted meanwhile", body = doc::Problem, content_type = "application/problem+json"),
         (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`sandbox_url_missing`: no runner is configured", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`sandbox_url_missing`: no runner is configured; `at_capacity`: the runner's refusal passed through (a runner's other refusals pass through with their status and code too)", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn create(
@@ -243,11 +243,11 @@ fn type_of(raw: &[u8]) -> &'static str {
     params(("id" = String, Path, description = "The run id")),
     request_body(content = ToolResultRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The runner's answer, relayed as it is", body = Object),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The runner's answer, relayed as it is: `{callId, status: applied}`", body = Object),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); the runner's `decryption_failed`, passed through", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such run (or it is not running) in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`conflict`: the runner refused the answer (already answered, session ended)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such run in the caller's workspace, or it has no client tools; the runner's `unknown_call`, passed through", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The runner's `not_protocol_2`, `already_answered` or `session_ended`, passed through", body = doc::Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
         (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),

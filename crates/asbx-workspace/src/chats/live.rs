@@ -445,7 +445,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
             },
             TurnStatus::Cancelled,
         ),
-        (None, false) => (tap.outcome(broken.as_deref()), TurnStatus::Failed),
+        (None, false) => (lost(&tap, broken.as_deref()), TurnStatus::Failed),
     };
     crate::metrics::METRICS.chat_turn(match status {
         TurnStatus::Succeeded => "succeeded",
@@ -479,12 +479,53 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
         created_at: state.now_ms(),
         turn_id: Some(turn.id.clone()),
     };
+    // The database may be away right now (this node cut off from it): the
+    // turn's end waits for it, its clients kept waiting, rather than be
+    // lost (a turn whose message is never stored would later be marked
+    // lost although its clients saw it end). First: is the turn still ours?
+    let pool = state.store.pool();
+    let patience = tokio::time::Instant::now() + FINISH_PATIENCE;
+    let until = state.now_ms().saturating_add(ms(state.config.lease_ttl));
+    let renewed = until_stored(&turn.id, "renewing the chat lease", patience, || {
+        chats::renew_lease(pool, &turn.chat_id, &turn.id, &holder, until)
+    })
+    .await;
+    if renewed == Some(false) {
+        tracing::warn!(turn = %turn.id, "lost the chat lease at the turn's end; leaving it to its new holder");
+        stored.flush(&state, &turn.id).await;
+        lease.forget();
+        state.turns.remove(&turn.id);
+        return;
+    }
     // Every line is stored before the message and the run's end, so a node
     // replaying the turn has them all once it sees the run settled.
     stored.flush(&state, &turn.id).await;
-    if let Err(e) = chats::append_message(state.store.pool(), &turn.chat_id, &message).await {
-        tracing::error!(turn = %turn.id, error = %crate::error::error_chain(&e), "persisting the assistant message failed");
+    let mut wait = FINISH_RETRY_FIRST;
+    while !stored.is_empty() && tokio::time::Instant::now() < patience {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(FINISH_RETRY_MAX);
+        stored.flush(&state, &turn.id).await;
     }
+    until_stored(
+        &turn.id,
+        "persisting the assistant message",
+        patience,
+        || chats::append_message(pool, &turn.chat_id, &message),
+    )
+    .await;
+    let termination = tap
+        .termination()
+        .and_then(|t| serde_json::to_string(t).ok());
+    until_stored(&turn.id, "recording the turn's outcome", patience, || {
+        runs::finish(
+            pool,
+            &turn.id,
+            &outcome,
+            termination.as_deref(),
+            state.now_ms(),
+        )
+    })
+    .await;
     dispatch::settle_ended(&state, &turn.id, &outcome, tap.termination()).await;
     crate::runs::events::announce_end(&state, &turn.id).await;
     lease.release().await;
@@ -680,6 +721,57 @@ async fn session_is_gone(state: &AppState, turn_id: &str, now_ms: i64) -> bool {
             Err(_) => false,
         },
         Ok(_) => false,
+    }
+}
+
+/// How long a turn's end waits for an unreachable database.
+const FINISH_PATIENCE: Duration = Duration::from_secs(120);
+const FINISH_RETRY_FIRST: Duration = Duration::from_millis(100);
+const FINISH_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Runs `op` until it succeeds or `patience` is over (then logs and gives
+/// up), backing off between tries.
+async fn until_stored<T, F, Fut>(
+    turn_id: &str,
+    what: &str,
+    patience: tokio::time::Instant,
+    mut op: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::error::WorkspaceError>>,
+{
+    let mut wait = FINISH_RETRY_FIRST;
+    loop {
+        match op().await {
+            Ok(v) => return Some(v),
+            Err(e) if tokio::time::Instant::now() < patience => {
+                tracing::warn!(turn = turn_id, error = %crate::error::error_chain(&e), "{what} failed; will retry");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(FINISH_RETRY_MAX);
+            }
+            Err(e) => {
+                tracing::error!(turn = turn_id, error = %crate::error::error_chain(&e), "{what} failed; giving up");
+                return None;
+            }
+        }
+    }
+}
+
+/// How a turn ends whose runner stream stopped without a terminal line: if
+/// the runner said why (`session_ended`), that; else the runner is gone (it
+/// died, or the connection to it did) and the turn ends `runner_lost`
+/// (docs/protocol.md §7).
+fn lost(tap: &OutcomeTap, broken: Option<&str>) -> Outcome {
+    if tap.termination().is_some() {
+        return tap.outcome(broken);
+    }
+    Outcome::Failed {
+        code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
+        message: match broken {
+            Some(e) => format!("the runner went away before the turn ended: {e}"),
+            None => "the runner's stream ended before the turn did".to_owned(),
+        },
     }
 }
 

@@ -509,3 +509,216 @@ pub async fn shell(runner: &RunnerProc, ws: &FakeWorkspace, command: &str) -> (S
         .unwrap_or_default();
     (out, lines)
 }
+
+/// `nsenter`, found where distributions put it (`ip netns exec` is not used:
+/// it remounts `/sys`, which hides the cgroup tree a runner needs).
+pub fn nsenter() -> &'static str {
+    ["/usr/bin/nsenter", "/bin/nsenter", "/usr/sbin/nsenter"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("nsenter (util-linux)")
+}
+
+/// A command that runs `ASBX` in the network namespace `netns` (made with
+/// `ip netns add`): `nsenter` enters it and execs the binary, so the child's
+/// PID is the binary's own.
+fn asbx_in_netns(netns: &str) -> Command {
+    let mut cmd = Command::new(nsenter());
+    cmd.arg(format!("--net=/run/netns/{netns}"))
+        .arg("--")
+        .arg(ASBX);
+    cmd
+}
+
+/// Reads the first `http://` word of a child's banner line and keeps
+/// draining its stdout.
+fn banner_url(child: &mut Child, what: &str) -> String {
+    let mut line = String::new();
+    let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+    reader.read_line(&mut line).expect("read banner");
+    drain(reader);
+    line.split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in the {what} banner {line:?}"))
+        .to_owned()
+}
+
+impl RunnerProc {
+    /// A runner in the network namespace `netns`, listening on `ip` (a
+    /// non-loopback address there, so `extra_env` must give it
+    /// `ASBX_RUNNER_TOKEN`).
+    pub fn start_in_netns(netns: &str, ip: &str, extra_env: &[(&str, &str)]) -> RunnerProc {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut cmd = asbx_in_netns(netns);
+        cmd.args(["runner", "--listen", &format!("{ip}:0"), "--profile"])
+            .arg(profile())
+            .env("ASBX_DATA", data.path())
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .env_remove("ASBX_RUNNER_TOKEN")
+            .env("ASBX_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn asbx runner in a netns");
+        let url = banner_url(&mut child, "runner");
+        RunnerProc { child, url, data }
+    }
+
+    /// SIGKILL, as a machine dying would; the sandboxes die with it.
+    pub fn sigkill(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.child.wait();
+    }
+
+    /// The sessions the runner lists (`GET /v1/sessions` with `token`):
+    /// `(id, status)`.
+    pub async fn sessions_listed(&self, token: &str) -> Vec<(String, String)> {
+        let sessions: Vec<serde_json::Value> = reqwest::Client::new()
+            .get(format!("{}/v1/sessions", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("list sessions")
+            .json()
+            .await
+            .expect("sessions json");
+        sessions
+            .iter()
+            .map(|s| {
+                let field = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+                (field("id"), field("status"))
+            })
+            .collect()
+    }
+}
+
+impl WorkspaceProc {
+    /// `asbx workspace` in the network namespace `netns` on `listen`, with
+    /// `env` over a clean environment.
+    pub fn start_in_netns(netns: &str, listen: &str, env: &[(&str, &str)]) -> WorkspaceProc {
+        let data = tempfile::tempdir().unwrap();
+        let mut cmd = asbx_in_netns(netns);
+        cmd.args(["workspace", "--listen", listen])
+            .env_clear()
+            .env("ASBX_DATA", data.path())
+            .env("ASBX_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn asbx workspace in a netns");
+        let url = banner_url(&mut child, "workspace");
+        WorkspaceProc {
+            child,
+            url,
+            killed: false,
+            _data: data,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Process ids whose command line or environment contains `needle`.
+pub fn pids_mentioning(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let hit = ["cmdline", "environ"].iter().any(|f| {
+            std::fs::read(e.path().join(f))
+                .is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle))
+        });
+        if hit {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Cgroup folders under any controller's `asbx/` whose name contains one of
+/// `needles`.
+pub fn cgroups_named(needles: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for c in std::fs::read_dir(h.path().join("asbx"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = c.file_name().to_string_lossy().into_owned();
+            if needles.iter().any(|n| name.contains(n.as_str())) {
+                out.push(c.path().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// A database of its own on the test PostgreSQL (`ASBX_TEST_PG_URL`),
+/// dropped (`WITH (FORCE)`) on drop.
+pub struct PgDatabase {
+    server: String,
+    pub name: String,
+    pub url: String,
+}
+
+impl PgDatabase {
+    pub fn create(server: &str, prefix: &str) -> PgDatabase {
+        let name = format!("{prefix}_{}", hex::encode(rand::random::<[u8; 6]>()));
+        pg_query(server, &format!("CREATE DATABASE {name}"));
+        let mut url = reqwest::Url::parse(server).unwrap();
+        url.set_path(&format!("/{name}"));
+        PgDatabase {
+            server: server.to_owned(),
+            name,
+            url: url.to_string(),
+        }
+    }
+
+    /// Runs `sql` in this database; its rows, `|`-separated, one a line.
+    pub fn query(&self, sql: &str) -> String {
+        pg_query(&self.url, sql)
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        pg_query(
+            &self.server,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+    }
+}
+
+/// `psql` (Debian's postgresql-client) on `url`: the rows, unaligned.
+pub fn pg_query(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
+        .output()
+        .expect("psql (Debian's postgresql-client)");
+    assert!(out.status.success(), "psql {sql}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

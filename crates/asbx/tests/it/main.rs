@@ -14,6 +14,7 @@ mod encryption;
 mod fleet;
 mod hostile;
 mod isolation;
+mod many_machines;
 mod metrics;
 mod models;
 mod protocol2;

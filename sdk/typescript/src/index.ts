@@ -10,3 +10,5 @@ export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";
 export { ClientKeyPair, SessionCipher, type Sealed } from "./crypto.js";
 export type { RetryOptions } from "./resume.js";
 export type * from "./types.js";
+export type { paths as WorkspacePaths, components as WorkspaceComponents } from "./openapi/workspace.js";
+export type { paths as RunnerPaths, components as RunnerComponents } from "./openapi/runner.js";

@@ -3,6 +3,16 @@
  * (the JSON Schemas under `schemas/` are the source of truth).
  */
 
+import type { components } from "./openapi/workspace.js";
+
+/**
+ * The workspace's schemas, generated from its OpenAPI document
+ * (`openapi/workspace.json`) by openapi-typescript: `npm run gen:types`.
+ * The REST types below are these; the streaming layer's event types are
+ * written by hand (they follow docs/protocol.md, one type per line).
+ */
+export type Schemas = components["schemas"];
+
 /** Stamp every line carries (docs/protocol.md §2). */
 export interface LineStamp {
   /** 1, 2, 3, ... per session, without gaps before filtering. */
@@ -198,13 +208,8 @@ export interface Skill {
   [key: string]: unknown;
 }
 
-export interface RunLimits {
-  maxSteps?: number;
-  maxToolCalls?: number;
-  toolTimeoutMs?: number;
-  toolOutputBytes?: number;
-  maxDurationMs?: number;
-}
+/** Limits of one run (the workspace's OpenAPI document). */
+export type RunLimits = Schemas["RunLimits"];
 
 /** `{"types": [..]}` or `{"blockedTypes": [..]}`. */
 export type Filter = { types: RunEvent["type"][] } | { blockedTypes: RunEvent["type"][] };
@@ -237,21 +242,10 @@ export interface RunInfo {
 }
 
 /** A file in the workspace (`POST /api/assistant/files`). */
-export interface FileInfo {
-  id: string;
-  name?: string;
-  mimeType?: string;
-  size?: number;
-  [key: string]: unknown;
-}
+export type FileInfo = Schemas["FileInfo"];
 
 /** An entry of `GET /api/assistant/chats`. */
-export interface ChatSummary {
-  id: string;
-  title?: string | null;
-  activeTurnId?: string | null;
-  [key: string]: unknown;
-}
+export type ChatSummary = Schemas["ChatSummary"];
 
 /** A message block of a chat thread. */
 export interface ChatMessage {
@@ -274,16 +268,7 @@ export interface ChatThread {
 }
 
 /** A named environment of the workspace (secret values are never answered). */
-export interface EnvironmentInfo {
-  id: string;
-  name: string;
-  variables: Record<string, string>;
-  secretNames: string[];
-  setupScript?: string | null;
-  allowedHosts: string[];
-  createdAt: string | number;
-  updatedAt: string | number;
-}
+export type EnvironmentInfo = Schemas["EnvironmentRecord"];
 
 /** `POST /api/environments`. */
 export interface EnvironmentCreate {
@@ -307,11 +292,7 @@ export interface EnvironmentUpdate {
 }
 
 /** A model of `GET /api/models` (`id` is `provider:model`). */
-export interface ModelInfo {
-  id: string;
-  provider: string;
-  default: boolean;
-}
+export type ModelInfo = Schemas["ModelInfo"];
 
 /** A chat's settings (first turn, or `PUT /api/assistant/chats/{id}/settings`). */
 export interface ChatSettings {
@@ -323,9 +304,7 @@ export interface ChatSettings {
 }
 
 /** A chat's settings as answered, with what a turn uses now. */
-export interface ChatSettingsView extends ChatSettings {
-  effective: { model: string; systemPrompt: string };
-}
+export type ChatSettingsView = Schemas["ChatSettingsView"];
 
 /** `event: chat` of `GET /api/assistant/events`. */
 export interface WorkspaceChatEvent {

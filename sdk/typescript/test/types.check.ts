@@ -1,6 +1,14 @@
 // Compiled (not run) by `npm run typecheck`: the published types narrow as
 // a user expects, and misuse fails to compile.
-import { AsbxClient, AsbxError, type ChatEvent, type RunEvent, type TerminationInfo } from "@asbx/sdk";
+import {
+  AsbxClient,
+  AsbxError,
+  type ChatEvent,
+  type RunEvent,
+  type TerminationInfo,
+  type WorkspaceComponents,
+  type WorkspacePaths,
+} from "@asbx/sdk";
 
 const client = new AsbxClient({ baseUrl: "http://127.0.0.1:1", apiKey: "k" });
 
@@ -44,4 +52,22 @@ export async function chats(): Promise<void> {
   } catch (err) {
     if (err instanceof AsbxError) void err.errors.map((f) => f.field);
   }
+}
+
+// The REST types are the OpenAPI document's (generated): an environment's
+// timestamps are numbers and its secrets are names only.
+export async function generated(): Promise<void> {
+  const env = await client.environments.create({ name: "e" });
+  const created: number = env.createdAt;
+  const names: string[] = env.secretNames;
+  void created;
+  void names;
+  // @ts-expect-error the document answers secret names, never values
+  void env.secrets;
+  const models = await client.models();
+  const first: WorkspaceComponents["schemas"]["ModelInfo"] | undefined = models[0];
+  void first;
+  type Create = WorkspacePaths["/api/environments"]["post"]["requestBody"];
+  const body: NonNullable<Create>["content"]["application/json"] = { name: "x" };
+  void body;
 }

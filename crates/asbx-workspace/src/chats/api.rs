@@ -256,7 +256,7 @@ pub(crate) async fn delete(
     tag = "chats",
     security((), ("api_key" = []), ("session_cookie" = [])),
     params(("name" = String, Query, description = "The file name"), ("chatId" = Option<String>, Query, description = "The chat the file belongs to")),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes (any content type)"),
+    request_body(content = Vec<u8>, content_type = "*/*", description = "The file's bytes (any content type)"),
     responses(
         (status = 201, description = "The stored file", body = FileInfo),
         (status = 400, description = "`invalid_request`: a bad name or chat", body = doc::Problem, content_type = "application/problem+json"),

@@ -22,7 +22,7 @@ use crate::openapi::protocol as doc;
     security((), ("api_key" = []), ("session_cookie" = [])),
     params(("id" = String, Path, description = "The file id")),
     responses(
-        (status = 200, description = "The file's bytes, with its stored content type", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 200, description = "The file's bytes, with its stored content type", body = Vec<u8>, content_type = "*/*"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
     ),

@@ -52,7 +52,7 @@ pub(crate) async fn list_files(
     security(("sandbox_token" = [])),
     params(("session_id" = String, Path, description = "The sandbox session id (the run id)"), ("id" = String, Path, description = "The file id")),
     responses(
-        (status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "*/*"),
         (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
     ),
@@ -93,7 +93,7 @@ pub(crate) async fn read_file(
     tag = "sandbox",
     security(("sandbox_token" = [])),
     params(("session_id" = String, Path, description = "The sandbox session id (the run id)"), ("path" = String, Query, description = "The new file's path")),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    request_body(content = Vec<u8>, content_type = "*/*"),
     responses(
         (status = 201, description = "The stored file", body = Object),
         (status = 400, description = "`invalid_request`: a bad path or content type", body = doc::Problem, content_type = "application/problem+json"),

@@ -25,7 +25,7 @@ const CAPACITY: usize = 256;
 /// One chat event.
 ///
 /// - `state`: `started` or `ended` (a turn), `deleted`, `updated` (settings).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatEvent {
     #[serde(skip)]
@@ -33,6 +33,7 @@ pub(crate) struct ChatEvent {
     pub(crate) chat_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) turn_id: Option<String>,
+    #[schema(value_type = String)]
     pub(crate) state: &'static str,
 }
 
@@ -90,7 +91,7 @@ impl ChatEvents {
     tag = "chats",
     security((), ("api_key" = []), ("session_cookie" = [])),
     responses(
-        (status = 200, description = "Chats' turns starting and ending, deletions and settings changes, as SSE", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "Chats' turns starting and ending, deletions and settings changes, as SSE (`event: chat`, `data`: a ChatEvent)", body = ChatEvent, content_type = "text/event-stream"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]

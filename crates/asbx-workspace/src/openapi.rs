@@ -46,6 +46,33 @@ pub(crate) mod protocol {
         ResultsResponse,
     );
 
+    /// One SSE event's `data` on a chat turn's stream: `turn` (TurnInfo)
+    /// first, each runner line by its type (Line), `done` (Done) last.
+    pub(crate) struct TurnEvent;
+
+    impl utoipa::PartialSchema for TurnEvent {
+        fn schema() -> RefOr<Schema> {
+            let item = |name: &str| RefOr::Ref(Ref::from_schema_name(name));
+            utoipa::openapi::schema::AnyOfBuilder::new()
+                .item(item("TurnInfo"))
+                .item(item("Line"))
+                .item(item("Done"))
+                .description(Some(
+                    "The `data` of one SSE event: `event: turn` (TurnInfo), a runner line's type (Line) or `event: done` (Done)",
+                ))
+                .into()
+        }
+    }
+
+    impl utoipa::ToSchema for TurnEvent {
+        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+            use utoipa::PartialSchema;
+            schemas.push(("TurnInfo".into(), crate::wire::TurnInfo::schema()));
+            schemas.push(("Done".into(), crate::wire::Done::schema()));
+            schemas.push(("TurnStatus".into(), crate::wire::TurnStatus::schema()));
+        }
+    }
+
     /// `"encrypted": {"iv", "ciphertext"}`: base64url (no padding) of a
     /// 12-byte nonce and of the AES-256-GCM ciphertext with its tag.
     #[derive(utoipa::ToSchema)]

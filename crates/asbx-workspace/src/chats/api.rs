@@ -35,7 +35,7 @@ use crate::wire::{
     security((), ("api_key" = []), ("session_cookie" = [])),
     request_body(content = TurnRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = doc::TurnEvent, content_type = "text/event-stream"),
         (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
@@ -81,7 +81,7 @@ pub(crate) async fn turn(
     security((), ("api_key" = []), ("session_cookie" = [])),
     params(("id" = String, Path, description = "The chat id"), ("after" = Option<u64>, Query, description = "Events after this id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id")),
     responses(
-        (status = 200, description = "The turn in flight as SSE, from after the cursor", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "The turn in flight as SSE, from after the cursor (as the turn's own stream)", body = doc::TurnEvent, content_type = "text/event-stream"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no turn in flight in this chat", body = doc::Problem, content_type = "application/problem+json"),
     ),

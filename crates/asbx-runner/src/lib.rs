@@ -9,6 +9,7 @@
 //!   its proxy; `sandbox` starts the jail; `metrics` is `GET /metrics`;
 //!   `otel` the OpenTelemetry spans of a dispatch (off unless enabled).
 
+mod apidoc;
 mod auth;
 mod config;
 mod dispatch;
@@ -118,7 +119,8 @@ impl Runner {
     }
 
     pub fn router(&self) -> Router {
-        let router = routes::router(Arc::clone(&self.inner));
+        let router = routes::router(Arc::clone(&self.inner))
+            .route("/openapi.json", axum::routing::get(openapi::openapi_json));
         // Traces on: each handler runs in its caller's `traceparent` context.
         if otel::enabled() {
             return router.layer(axum::middleware::from_fn(otel::incoming));

@@ -4,35 +4,14 @@
 //! The wire types of `asbx-protocol` are described by their schemars JSON
 //! Schemas (`schemas/`), merged into `components.schemas` when the document
 //! is built ([`asbx_protocol::schema::components`]), not written twice: the
-//! annotations name them through the reference-only types of [`protocol`].
+//! annotations name them through the reference-only types of `apidoc`.
 //! The checked-in copy is `openapi/runner.json`; a test fails when it drifts.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
-
-/// The reference-only stand-ins of `asbx-protocol`'s types: each is a
-/// `$ref` to the component of the same name, which the document's build
-/// fills with the schemars schema.
-pub(crate) mod protocol {
-    use utoipa::openapi::{Ref, RefOr, schema::Schema};
-
-    macro_rules! by_reference {
-        ($($name:ident),* $(,)?) => {$(
-            pub(crate) struct $name;
-            impl utoipa::PartialSchema for $name {
-                fn schema() -> RefOr<Schema> {
-                    RefOr::Ref(Ref::from_schema_name(stringify!($name)))
-                }
-            }
-            impl utoipa::ToSchema for $name {}
-        )*};
-    }
-
-    by_reference!(Line, DispatchRequest, Problem, SessionInfo);
-}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -154,9 +133,7 @@ fn prune(doc: &mut serde_json::Value) {
     tag = "meta",
     responses((status = 200, description = "The runner's OpenAPI 3.1 document", body = Object)),
 )]
-pub(crate) async fn openapi_json(
-    _: axum::extract::State<Arc<crate::Inner>>,
-) -> Json<&'static serde_json::Value> {
+pub(crate) async fn openapi_json() -> Json<&'static serde_json::Value> {
     Json(document())
 }
 
@@ -164,14 +141,16 @@ pub(crate) async fn openapi_json(
 mod tests {
     use std::path::PathBuf;
 
-    /// The routes `routes.rs` registers, as `(method, path)`: read from the
-    /// source, so a route added there without an annotation fails the test.
+    /// The routes `routes.rs` and `lib.rs` register, as `(method, path)`:
+    /// read from the source, so a route added there without an annotation
+    /// fails the test.
     fn registered() -> Vec<(String, String)> {
-        let src = include_str!("routes.rs");
+        let src = [include_str!("routes.rs"), include_str!("lib.rs")].join("\n");
         let mut out = Vec::new();
         for call in src.split(".route(").skip(1) {
             let path = call.split('"').nth(1).unwrap().to_owned();
             let handlers = call.split(".with_state").next().unwrap();
+            let handlers = handlers.split("\n}").next().unwrap();
             let handlers = handlers.split(".route(").next().unwrap();
             for method in ["get", "post", "put", "delete", "patch"] {
                 if handlers.contains(&format!("{method}(")) {

@@ -28,9 +28,9 @@ use serde::Deserialize;
 use tokio::sync::watch;
 
 use crate::Inner;
+use crate::apidoc as doc;
 use crate::auth::Authorized;
 use crate::error::RunnerError;
-use crate::openapi::protocol as doc;
 use crate::session::{AnswerError, Backlog, LoggedLine, Session, SessionGuard, ToolAnswer};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

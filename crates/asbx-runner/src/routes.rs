@@ -13,9 +13,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::Inner;
+use crate::apidoc as doc;
 use crate::auth::Authorized;
 use crate::error::RunnerError;
-use crate::openapi::protocol as doc;
 use crate::session::CancelCause;
 
 /// Largest `POST /stream` body.
@@ -25,7 +25,6 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
     Router::new()
         .route("/stream", post(stream))
         .route("/healthz", get(healthz))
-        .route("/openapi.json", get(crate::openapi::openapi_json))
         .route("/metrics", get(metrics))
         .route("/v1/sessions", get(list_sessions))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))

@@ -15,8 +15,8 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::auth::Caller;
-use crate::openapi::protocol as doc;
 
 /// Events buffered per subscriber; one that falls further behind misses
 /// the oldest (it re-reads the chat list on the next one anyway).

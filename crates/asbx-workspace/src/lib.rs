@@ -10,6 +10,7 @@
 
 // Shared, below every feature: errors, configuration, the store's pool,
 // tokens, validation, the wire bodies, the HTTP plumbing.
+mod apidoc;
 mod auth;
 mod chat_events;
 mod config;

@@ -29,8 +29,8 @@ use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::error::WorkspaceError;
-use crate::openapi::protocol as doc;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TurnLabels {

@@ -4,7 +4,7 @@
 //! The wire types of `asbx-protocol` are described by their schemars JSON
 //! Schemas (`schemas/`), merged into `components.schemas` when the document
 //! is built ([`asbx_protocol::schema::components`]), not written twice: the
-//! annotations name them through the reference-only types of [`protocol`].
+//! annotations name them through the reference-only types of `apidoc`.
 //! The checked-in copy is `openapi/workspace.json`; a test fails when it drifts.
 
 use std::sync::OnceLock;
@@ -12,76 +12,6 @@ use std::sync::OnceLock;
 use axum::Json;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
-
-/// The reference-only stand-ins of `asbx-protocol`'s types: each is a
-/// `$ref` to the component of the same name, which the document's build
-/// fills with the schemars schema.
-pub(crate) mod protocol {
-    use utoipa::openapi::{Ref, RefOr, schema::Schema};
-
-    macro_rules! by_reference {
-        ($($name:ident),* $(,)?) => {$(
-            pub(crate) struct $name;
-            impl utoipa::PartialSchema for $name {
-                fn schema() -> RefOr<Schema> {
-                    RefOr::Ref(Ref::from_schema_name(stringify!($name)))
-                }
-            }
-            impl utoipa::ToSchema for $name {}
-        )*};
-    }
-
-    by_reference!(
-        Line,
-        Problem,
-        Skill,
-        McpServer,
-        RunLimits,
-        Termination,
-        StepStatus,
-        Role,
-        EnvResponse,
-        ConfigResponse,
-        ResultsRequest,
-        ResultsResponse,
-    );
-
-    /// One SSE event's `data` on a chat turn's stream: `turn` (TurnInfo)
-    /// first, each runner line by its type (Line), `done` (Done) last.
-    pub(crate) struct TurnEvent;
-
-    impl utoipa::PartialSchema for TurnEvent {
-        fn schema() -> RefOr<Schema> {
-            let item = |name: &str| RefOr::Ref(Ref::from_schema_name(name));
-            utoipa::openapi::schema::AnyOfBuilder::new()
-                .item(item("TurnInfo"))
-                .item(item("Line"))
-                .item(item("Done"))
-                .description(Some(
-                    "The `data` of one SSE event: `event: turn` (TurnInfo), a runner line's type (Line) or `event: done` (Done)",
-                ))
-                .into()
-        }
-    }
-
-    impl utoipa::ToSchema for TurnEvent {
-        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-            use utoipa::PartialSchema;
-            schemas.push(("TurnInfo".into(), crate::wire::TurnInfo::schema()));
-            schemas.push(("Done".into(), crate::wire::Done::schema()));
-            schemas.push(("TurnStatus".into(), crate::wire::TurnStatus::schema()));
-        }
-    }
-
-    /// `"encrypted": {"iv", "ciphertext"}`: base64url (no padding) of a
-    /// 12-byte nonce and of the AES-256-GCM ciphertext with its tag.
-    #[derive(utoipa::ToSchema)]
-    #[allow(dead_code)]
-    pub(crate) struct Sealed {
-        iv: String,
-        ciphertext: String,
-    }
-}
 
 #[derive(OpenApi)]
 #[openapi(

@@ -49,13 +49,13 @@ pub(crate) struct CreateRunRequest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_hosts: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::openapi::protocol::RunLimits>)]
+    #[schema(value_type = Option<crate::apidoc::RunLimits>)]
     pub limits: Option<RunLimits>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
+    #[schema(value_type = Vec<crate::apidoc::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
+    #[schema(value_type = Vec<crate::apidoc::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Value>,
@@ -81,7 +81,7 @@ pub(crate) struct ToolResultRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::openapi::protocol::Sealed>)]
+    #[schema(value_type = Option<crate::apidoc::Sealed>)]
     pub encrypted: Option<asbx_protocol::line::Sealed>,
 }
 
@@ -127,7 +127,7 @@ pub(crate) struct RunRecord {
     /// The `session_ended` fields (docs/protocol.md §4) once the run has
     /// ended; absent for an encrypted run, whose fields are ciphertext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::openapi::protocol::Termination>)]
+    #[schema(value_type = Option<crate::apidoc::Termination>)]
     pub termination: Option<Termination>,
 }
 
@@ -186,17 +186,17 @@ pub(crate) struct AgentDefinition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     #[serde(default)]
-    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
+    #[schema(value_type = Vec<crate::apidoc::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default)]
-    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
+    #[schema(value_type = Vec<crate::apidoc::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
     #[serde(default)]
     pub environment: AgentEnvironment,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::openapi::protocol::RunLimits>)]
+    #[schema(value_type = Option<crate::apidoc::RunLimits>)]
     pub limits: Option<RunLimits>,
 }
 
@@ -402,7 +402,7 @@ pub(crate) const CHAT_PAGE_MAX: i64 = 500;
 #[serde(rename_all = "camelCase")]
 pub(crate) struct PersistedMessage {
     pub id: String,
-    #[schema(value_type = crate::openapi::protocol::Role)]
+    #[schema(value_type = crate::apidoc::Role)]
     pub role: Role,
     pub content: Vec<ContentBlock>,
     #[serde(default)]
@@ -436,7 +436,7 @@ pub(crate) enum ContentBlock {
     Step {
         id: String,
         name: String,
-        #[schema(value_type = crate::openapi::protocol::StepStatus)]
+        #[schema(value_type = crate::apidoc::StepStatus)]
         status: StepStatus,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         args: Option<Value>,
@@ -453,7 +453,7 @@ pub(crate) enum ContentBlock {
         code: String,
         message: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        #[schema(value_type = Option<crate::openapi::protocol::Termination>)]
+        #[schema(value_type = Option<crate::apidoc::Termination>)]
         termination: Option<Termination>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         interrupted: bool,
@@ -661,10 +661,10 @@ pub(crate) struct ChatSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
+    #[schema(value_type = Vec<crate::apidoc::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
+    #[schema(value_type = Vec<crate::apidoc::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
 }
 
@@ -680,10 +680,10 @@ pub(crate) struct ChatSettingsView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::openapi::protocol::Skill>)]
+    #[schema(value_type = Vec<crate::apidoc::Skill>)]
     pub skills: Vec<Skill>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::openapi::protocol::McpServer>)]
+    #[schema(value_type = Vec<crate::apidoc::McpServer>)]
     pub mcp_servers: Vec<McpServer>,
     pub effective: EffectiveSettings,
 }
@@ -709,4 +709,37 @@ pub(crate) struct ModelInfo {
     pub id: String,
     pub provider: String,
     pub default: bool,
+}
+
+/// One SSE event's `data` on a chat turn's stream: `turn` (TurnInfo)
+/// first, each runner line by its type (Line), `done` (Done) last.
+pub(crate) struct TurnEvent;
+
+impl utoipa::PartialSchema for TurnEvent {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let item =
+            |name: &str| utoipa::openapi::RefOr::Ref(utoipa::openapi::Ref::from_schema_name(name));
+        utoipa::openapi::schema::AnyOfBuilder::new()
+            .item(item("TurnInfo"))
+            .item(item("Line"))
+            .item(item("Done"))
+            .description(Some(
+                "The `data` of one SSE event: `event: turn` (TurnInfo), a runner line's type (Line) or `event: done` (Done)",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for TurnEvent {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push(("TurnInfo".into(), TurnInfo::schema()));
+        schemas.push(("Done".into(), Done::schema()));
+        schemas.push(("TurnStatus".into(), TurnStatus::schema()));
+    }
 }

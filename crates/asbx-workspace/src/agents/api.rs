@@ -10,10 +10,10 @@ use axum::response::Response;
 
 use crate::AppState;
 use crate::agents;
+use crate::apidoc as doc;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
-use crate::openapi::protocol as doc;
 use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, AgentRunRequest};
 
 #[utoipa::path(

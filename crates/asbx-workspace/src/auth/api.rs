@@ -9,11 +9,11 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::auth::store as keys;
 use crate::auth::{self, Caller};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
-use crate::openapi::protocol as doc;
 use crate::tokens;
 use crate::wire::{SessionInfo, SignIn};
 

@@ -10,11 +10,11 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::callbacks;
 use crate::callbacks::writeback::{self, MAX_RESULTS_BODY};
 use crate::error::WorkspaceError;
 use crate::http::require_json;
-use crate::openapi::protocol as doc;
 use crate::tokens::{TokenKind, bearer};
 
 #[utoipa::path(

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::auth::Caller;
 use crate::chats::live::{self as turns, KEEP_ALIVE, LiveTurn};
 use crate::chats::remote;
@@ -22,7 +23,6 @@ use crate::chats::turn::{self as chat, TurnStart};
 use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
-use crate::openapi::protocol as doc;
 use crate::wire::{
     CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatPageQuery, ChatSummary, FileInfo,
     TURN_ID_HEADER, TurnRequest,
@@ -35,7 +35,7 @@ use crate::wire::{
     security((), ("api_key" = []), ("session_cookie" = [])),
     request_body(content = TurnRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = doc::TurnEvent, content_type = "text/event-stream"),
+        (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = crate::wire::TurnEvent, content_type = "text/event-stream"),
         (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
@@ -81,7 +81,7 @@ pub(crate) async fn turn(
     security((), ("api_key" = []), ("session_cookie" = [])),
     params(("id" = String, Path, description = "The chat id"), ("after" = Option<u64>, Query, description = "Events after this id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id")),
     responses(
-        (status = 200, description = "The turn in flight as SSE, from after the cursor (as the turn's own stream)", body = doc::TurnEvent, content_type = "text/event-stream"),
+        (status = 200, description = "The turn in flight as SSE, from after the cursor (as the turn's own stream)", body = crate::wire::TurnEvent, content_type = "text/event-stream"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no turn in flight in this chat", body = doc::Problem, content_type = "application/problem+json"),
     ),

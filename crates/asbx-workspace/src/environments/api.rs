@@ -8,11 +8,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::auth::Caller;
 use crate::environments;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
-use crate::openapi::protocol as doc;
 use crate::wire::{
     ChatSettings, ChatSettingsView, EnvironmentBody, EnvironmentList, EnvironmentRecord, ModelList,
 };

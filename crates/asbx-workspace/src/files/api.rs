@@ -9,11 +9,11 @@ use axum::response::Response;
 use tokio_util::io::ReaderStream;
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::files::ascii_file_name;
 use crate::files::store as files;
-use crate::openapi::protocol as doc;
 
 #[utoipa::path(
     get,

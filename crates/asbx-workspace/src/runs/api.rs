@@ -14,10 +14,10 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt as _;
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
-use crate::openapi::protocol as doc;
 use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::runs::request::Stream;
 use crate::runs::store::{self as runs, Outcome, RunRow};

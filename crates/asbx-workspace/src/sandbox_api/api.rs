@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use tokio_util::io::ReaderStream;
 
 use crate::AppState;
+use crate::apidoc as doc;
 use crate::error::WorkspaceError;
-use crate::openapi::protocol as doc;
 use crate::sandbox_api::{self as sandbox, BagFile, DEFAULT_HISTORY, MAX_FILE_BYTES, MAX_HISTORY};
 
 /// `GET files`: the bag.

@@ -82,6 +82,7 @@ pub(crate) async fn turn(
     params(("id" = String, Path, description = "The chat id"), ("after" = Option<u64>, Query, description = "Events after this id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event id")),
     responses(
         (status = 200, description = "The turn in flight as SSE, from after the cursor (as the turn's own stream)", body = crate::wire::TurnEvent, content_type = "text/event-stream"),
+        (status = 400, description = "`invalid_request`: `after` or `Last-Event-ID` is not a number", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no turn in flight in this chat", body = doc::Problem, content_type = "application/problem+json"),
     ),

@@ -148,7 +148,7 @@ async fn own_run(state: &AppState, workspace_id: &str, id: &str) -> Result<RunRo
     params(("id" = String, Path, description = "The run id"), ("after" = Option<u64>, Query, description = "Lines with `seq` above this"), ("Last-Event-ID" = Option<u64>, Header, description = "SSE: resume after this `seq`")),
     responses(
         (status = 200, description = "The stored lines after the cursor, then the live tail: NDJSON, or SSE with `Accept: text/event-stream`", content((doc::Line = "application/x-ndjson"), (doc::Line = "text/event-stream"))),
-        (status = 400, description = "`invalid_request`: a bad query", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: an unknown query parameter, `after` or `Last-Event-ID` not a number", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such run in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 410, description = "`events_gone`: the lines after the cursor are no longer kept (`oldestSeq`)", body = doc::Problem, content_type = "application/problem+json"),

@@ -185,6 +185,72 @@ mod tests {
         }
     }
 
+    /// The backticked snake_case words of the problem responses'
+    /// descriptions but the fields and parameters they name: the codes the
+    /// document says each route answers.
+    const FIELDS: &[&str] = &[
+        "after",
+        "before",
+        "limit",
+        "encrypted",
+        "error",
+        "errors",
+        "result",
+    ];
+
+    fn documented_codes(doc: &serde_json::Value) -> std::collections::BTreeSet<String> {
+        let mut codes = std::collections::BTreeSet::new();
+        for item in doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                for resp in op["responses"].as_object().unwrap().values() {
+                    if resp["content"].get("application/problem+json").is_none() {
+                        continue;
+                    }
+                    let text = resp["description"].as_str().unwrap();
+                    for (i, word) in text.split('`').enumerate() {
+                        let code_like = !word.is_empty()
+                            && word
+                                .chars()
+                                .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit());
+                        let field = FIELDS.contains(&word);
+                        if i % 2 == 1 && code_like && !field {
+                            codes.insert(word.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        codes
+    }
+
+    #[test]
+    fn the_documented_codes_are_the_codes_the_runner_answers() {
+        use crate::RunnerError as E;
+        let io = || std::io::Error::other("x");
+        let errors = [
+            E::InvalidRequest(Vec::new()),
+            E::Unauthorized,
+            E::SessionTaken("s".into()),
+            E::SessionNotFound("s".into()),
+            E::TooLarge(1),
+            E::AtCapacity(1),
+            E::NotProtocol2("s".into()),
+            E::UnknownCall("c".into()),
+            E::AlreadyAnswered("c".into()),
+            E::CallClosed("c".into()),
+            E::Undecryptable("c".into()),
+            E::EventsGone {
+                after: 1,
+                oldest: 2,
+            },
+            E::Spawn("x".into()),
+            E::io("p", io()),
+        ];
+        let answered: std::collections::BTreeSet<String> =
+            errors.iter().map(|e| e.code()).collect();
+        assert_eq!(documented_codes(super::document()), answered);
+    }
+
     #[test]
     fn every_route_is_documented_and_nothing_else() {
         let doc = super::document();

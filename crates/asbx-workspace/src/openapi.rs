@@ -332,6 +332,88 @@ mod tests {
         }
     }
 
+    /// The backticked snake_case words of the problem responses'
+    /// descriptions but the fields and parameters they name: the codes the
+    /// document says each route answers.
+    const FIELDS: &[&str] = &[
+        "after",
+        "before",
+        "limit",
+        "encrypted",
+        "error",
+        "errors",
+        "result",
+    ];
+
+    fn documented_codes(doc: &serde_json::Value) -> std::collections::BTreeSet<String> {
+        let mut codes = std::collections::BTreeSet::new();
+        for item in doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                for resp in op["responses"].as_object().unwrap().values() {
+                    if resp["content"].get("application/problem+json").is_none() {
+                        continue;
+                    }
+                    let text = resp["description"].as_str().unwrap();
+                    for (i, word) in text.split('`').enumerate() {
+                        let code_like = !word.is_empty()
+                            && word
+                                .chars()
+                                .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit());
+                        let field = FIELDS.contains(&word);
+                        if i % 2 == 1 && code_like && !field {
+                            codes.insert(word.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        codes
+    }
+
+    #[test]
+    fn the_documented_codes_are_the_codes_the_workspace_answers() {
+        use crate::WorkspaceError as E;
+        let errors = [
+            E::invalid("x"),
+            E::Unauthorized,
+            E::OtpRejected,
+            E::Forbidden("x".into()),
+            E::CrossOrigin { origin: "o".into() },
+            E::HostNotAllowed { host: "h".into() },
+            E::NotFound("x".into()),
+            E::PayloadTooLarge { limit: 1 },
+            E::UnsupportedMediaType { found: "x".into() },
+            E::TurnInFlight {
+                chat_id: "c".into(),
+                turn_id: "t".into(),
+            },
+            E::Conflict("x".into()),
+            E::SandboxUrlMissing,
+            E::Upstream("x".into()),
+            E::EventsGone {
+                run_id: "r".into(),
+                oldest: 1,
+            },
+            E::Corrupt("x".into()),
+        ];
+        let mut answered: std::collections::BTreeSet<String> =
+            errors.iter().map(|e| e.problem().code).collect();
+        // A runner's refusals of a run or a tool result, passed through.
+        for code in [
+            "at_capacity",
+            "not_protocol_2",
+            "unknown_call",
+            "already_answered",
+            "session_ended",
+            "decryption_failed",
+        ] {
+            answered.insert(code.to_owned());
+        }
+        // `405 method_not_allowed` is the router's answer to a method no
+        // operation has, so no operation lists it.
+        assert_eq!(documented_codes(super::document()), answered);
+    }
+
     #[test]
     fn every_route_is_documented_and_nothing_else() {
         let doc = super::document();

@@ -717,6 +717,16 @@ export interface components {
             settings: components["schemas"]["ChatSettingsView"];
         };
         /**
+         * @description One chat event.
+         *
+         *     - `state`: `started` or `ended` (a turn), `deleted`, `updated` (settings).
+         */
+        ChatEvent: {
+            chatId: string;
+            state: string;
+            turnId?: string | null;
+        };
+        /**
          * @description A chat's settings, stored on the chat: chosen with its first turn or
          *     `PUT /api/assistant/chats/{id}/settings`, used by every turn.
          *
@@ -860,6 +870,18 @@ export interface components {
             variables?: {
                 [key: string]: string;
             };
+        };
+        /**
+         * @description The `done` SSE event's payload, last on every turn stream.
+         *
+         *     - `status`: how the turn ended.
+         *     - `messageId`: the persisted assistant message.
+         */
+        Done: {
+            chatId: string;
+            messageId: string;
+            status: components["schemas"]["TurnStatus"];
+            turnId: string;
         };
         /** @description The model and system prompt a chat's turn uses. */
         EffectiveSettings: {
@@ -1329,6 +1351,14 @@ export interface components {
             error?: string | null;
             result?: unknown;
         };
+        /** @description The `data` of one SSE event: `event: turn` (TurnInfo), a runner line's type (Line) or `event: done` (Done) */
+        TurnEvent: components["schemas"]["TurnInfo"] | components["schemas"]["Line"] | components["schemas"]["Done"];
+        /** @description The `turn` SSE event's payload, first on every turn stream. */
+        TurnInfo: {
+            chatId: string;
+            turnId: string;
+            userMessageId: string;
+        };
         /**
          * @description `POST /api/assistant/chat/stream`.
          *
@@ -1346,6 +1376,11 @@ export interface components {
             message: string;
             settings?: components["schemas"]["ChatSettings"] | null;
         };
+        /**
+         * @description How a chat turn ended, in its `done` event.
+         * @enum {string}
+         */
+        TurnStatus: "succeeded" | "failed" | "cancelled";
         /** @description `EnvResponse.workspace`: the in-sandbox workspace API of this session. */
         WorkspaceAccess: {
             /**
@@ -1894,7 +1929,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["TurnEvent"];
                 };
             };
             /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
@@ -2360,13 +2395,22 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The turn in flight as SSE, from after the cursor */
+            /** @description The turn in flight as SSE, from after the cursor (as the turn's own stream) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["TurnEvent"];
+                };
+            };
+            /** @description `invalid_request`: `after` or `Last-Event-ID` is not a number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
@@ -2416,13 +2460,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Chats' turns starting and ending, deletions and settings changes, as SSE */
+            /** @description Chats' turns starting and ending, deletions and settings changes, as SSE (`event: chat`, `data`: a ChatEvent) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": components["schemas"]["ChatEvent"];
                 };
             };
             /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
@@ -2469,7 +2513,7 @@ export interface operations {
         /** @description The file's bytes (any content type) */
         requestBody: {
             content: {
-                "application/octet-stream": number[];
+                "*/*": number[];
             };
         };
         responses: {
@@ -2784,7 +2828,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/octet-stream": number[];
+                "*/*": number[];
             };
         };
         responses: {
@@ -2864,7 +2908,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/octet-stream": number[];
+                    "*/*": number[];
                 };
             };
             /** @description `unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's */
@@ -3343,7 +3387,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/octet-stream": number[];
+                    "*/*": number[];
                 };
             };
             /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
@@ -3755,7 +3799,7 @@ export interface operations {
                     "text/event-stream": components["schemas"]["Line"];
                 };
             };
-            /** @description `invalid_request`: a bad query */
+            /** @description `invalid_request`: an unknown query parameter, `after` or `Last-Event-ID` not a number */
             400: {
                 headers: {
                     [name: string]: unknown;

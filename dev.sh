@@ -75,6 +75,9 @@ case "${1:-}" in
     # The SDKs, each against a real `asbx up` it starts (sdk/*/README.md).
     bash sdk/python/test.sh
     bash sdk/typescript/test.sh
+    # Both OpenAPI documents against a live `asbx up` (schemathesis, bounded):
+    # no 5xx, every answer as documented.
+    bash openapi/schemathesis.sh
     ;;
   *)
     echo "usage: bash dev.sh up [--listen ADDR] | bash dev.sh test" >&2

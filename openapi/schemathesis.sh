@@ -54,6 +54,7 @@ common=(--checks "$checks" --max-examples "$examples" --phases examples,coverage
   --workers 2 --request-timeout 60 --seed 20261125 --no-color --suppress-health-check all
   --generation-allow-x00 false)
 status=0
+cd "$work" # schemathesis keeps its example database in the working folder
 
 echo "schemathesis: workspace at $ws" >&2
 # /api/assistant/events is an endless stream by design (the workspace's

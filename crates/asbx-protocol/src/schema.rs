@@ -70,6 +70,52 @@ pub fn components() -> Result<serde_json::Map<String, serde_json::Value>, String
     Ok(out)
 }
 
+/// Wraps the schema of every `text/event-stream` response of an OpenAPI
+/// document in the schema of one server-sent event: the SSE fields
+/// (`event`, `id`, `retry`) and `data`, a string of JSON whose own schema is
+/// `contentSchema` (JSON Schema 2020-12's way to describe encoded content).
+/// That is what an SSE response carries item by item, and what tools that
+/// check streamed events (schemathesis, OpenAPI 3.2's `itemSchema`) read.
+pub fn sse_envelopes(doc: &mut serde_json::Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    for item in paths.values_mut() {
+        let Some(ops) = item.as_object_mut() else {
+            continue;
+        };
+        for op in ops.values_mut() {
+            let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut()) else {
+                continue;
+            };
+            for response in responses.values_mut() {
+                let Some(schema) = response
+                    .pointer_mut("/content/text~1event-stream/schema")
+                    .filter(|s| s.pointer("/properties/data/contentSchema").is_none())
+                else {
+                    continue;
+                };
+                let inner = schema.take();
+                *schema = serde_json::json!({
+                    "type": "object",
+                    "description": "One server-sent event; `data` is JSON text (contentSchema).",
+                    "properties": {
+                        "event": { "type": "string" },
+                        "id": { "type": "string" },
+                        "retry": { "type": "integer", "minimum": 0 },
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": inner,
+                        },
+                    },
+                    "required": ["data"],
+                });
+            }
+        }
+    }
+}
+
 fn rewrite_refs(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(obj) => {
@@ -103,6 +149,33 @@ fn rewrite_refs(value: &mut serde_json::Value) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sse_responses_get_the_event_envelope_once() {
+        let mut doc = serde_json::json!({"paths": {"/a": {"get": {"responses": {
+            "200": {"content": {
+                "text/event-stream": {"schema": {"$ref": "#/components/schemas/Line"}},
+                "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/Line"}}
+            }},
+            "404": {"content": {"application/problem+json": {"schema": {"type": "object"}}}}
+        }}}}});
+        super::sse_envelopes(&mut doc);
+        let once = doc.clone();
+        super::sse_envelopes(&mut doc);
+        assert_eq!(doc, once, "wrapping twice must not nest");
+        let sse = &doc["paths"]["/a"]["get"]["responses"]["200"]["content"]["text/event-stream"]["schema"];
+        assert_eq!(sse["required"], serde_json::json!(["data"]));
+        assert_eq!(
+            sse["properties"]["data"]["contentSchema"]["$ref"],
+            "#/components/schemas/Line"
+        );
+        // Other media types are left as they are.
+        assert_eq!(
+            doc["paths"]["/a"]["get"]["responses"]["200"]["content"]["application/x-ndjson"]["schema"]
+                ["$ref"],
+            "#/components/schemas/Line"
+        );
+    }
+
     #[test]
     fn components_are_self_contained() {
         let components = super::components().unwrap();

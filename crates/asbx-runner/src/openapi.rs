@@ -81,6 +81,7 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
             }
         }
     }
+    asbx_protocol::schema::sse_envelopes(&mut doc);
     prune(&mut doc);
     doc
 }

@@ -161,6 +161,7 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
     }
     open_flattened(&mut doc);
     guard_responses(&mut doc);
+    asbx_protocol::schema::sse_envelopes(&mut doc);
     prune(&mut doc);
     doc
 }

@@ -771,7 +771,12 @@ export interface operations {
                 };
                 content: {
                     "application/x-ndjson": components["schemas"]["Line"];
-                    "text/event-stream": components["schemas"]["Line"];
+                    "text/event-stream": {
+                        data: string;
+                        event?: string;
+                        id?: string;
+                        retry?: number;
+                    };
                 };
             };
             /** @description `invalid_request`: `after` is not a number */

@@ -1929,7 +1929,12 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": components["schemas"]["TurnEvent"];
+                    "text/event-stream": {
+                        data: string;
+                        event?: string;
+                        id?: string;
+                        retry?: number;
+                    };
                 };
             };
             /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
@@ -2401,7 +2406,12 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": components["schemas"]["TurnEvent"];
+                    "text/event-stream": {
+                        data: string;
+                        event?: string;
+                        id?: string;
+                        retry?: number;
+                    };
                 };
             };
             /** @description `invalid_request`: `after` or `Last-Event-ID` is not a number */
@@ -2466,7 +2476,12 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": components["schemas"]["ChatEvent"];
+                    "text/event-stream": {
+                        data: string;
+                        event?: string;
+                        id?: string;
+                        retry?: number;
+                    };
                 };
             };
             /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
@@ -3796,7 +3811,12 @@ export interface operations {
                 };
                 content: {
                     "application/x-ndjson": components["schemas"]["Line"];
-                    "text/event-stream": components["schemas"]["Line"];
+                    "text/event-stream": {
+                        data: string;
+                        event?: string;
+                        id?: string;
+                        retry?: number;
+                    };
                 };
             };
             /** @description `invalid_request`: an unknown query parameter, `after` or `Last-Event-ID` not a number */

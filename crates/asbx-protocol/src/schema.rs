@@ -70,6 +70,48 @@ pub fn components() -> Result<serde_json::Map<String, serde_json::Value>, String
     Ok(out)
 }
 
+/// Drops the `components.schemas` of an OpenAPI document that no operation
+/// reaches (the protocol's schemas include the sandbox's own, such as the
+/// jail policy, which neither service's API carries).
+pub fn prune_components(doc: &mut serde_json::Value) {
+    fn refs(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(obj) => {
+                for (k, v) in obj {
+                    match (k.as_str(), v) {
+                        ("$ref", serde_json::Value::String(r)) => {
+                            if let Some(name) = r.strip_prefix("#/components/schemas/") {
+                                out.push(name.to_owned());
+                            }
+                        }
+                        _ => refs(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut todo = Vec::new();
+    refs(&doc["paths"], &mut todo);
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    else {
+        return;
+    };
+    let mut keep = std::collections::BTreeSet::new();
+    while let Some(name) = todo.pop() {
+        if keep.insert(name.clone())
+            && let Some(s) = schemas.get(&name)
+        {
+            refs(s, &mut todo);
+        }
+    }
+    schemas.retain(|name, _| keep.contains(name));
+    schemas.sort_keys();
+}
+
 /// Wraps the schema of every `text/event-stream` response of an OpenAPI
 /// document in the schema of one server-sent event: the SSE fields
 /// (`event`, `id`, `retry`) and `data`, a string of JSON whose own schema is

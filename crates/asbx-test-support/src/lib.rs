@@ -17,6 +17,8 @@
 //! - [`skip()`]: skip a check out loud (never silently).
 //! - [`mcp_server`]: test MCP servers: a stdio one in Python
 //!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
+//! - [`openapi`]: checks of an OpenAPI document (the problem codes it
+//!   names, schemas given a type for parsers that need one).
 //! - [`otlp`]: an OTLP/HTTP trace receiver ([`OtlpReceiver`]) that keeps
 //!   every span it gets.
 
@@ -25,6 +27,7 @@ pub mod fake_runner;
 pub mod fake_workspace;
 pub mod mcp_server;
 pub mod mock_provider;
+pub mod openapi;
 pub mod otlp;
 pub mod procs;
 pub mod skip;

@@ -162,7 +162,7 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
     open_flattened(&mut doc);
     guard_responses(&mut doc);
     asbx_protocol::schema::sse_envelopes(&mut doc);
-    prune(&mut doc);
+    asbx_protocol::schema::prune_components(&mut doc);
     doc
 }
 
@@ -235,47 +235,6 @@ fn open_flattened(doc: &mut serde_json::Value) {
     }
 }
 
-/// Drops the components no operation reaches (the protocol's schemas
-/// include the sandbox's own, such as the jail policy).
-fn prune(doc: &mut serde_json::Value) {
-    fn refs(value: &serde_json::Value, out: &mut Vec<String>) {
-        match value {
-            serde_json::Value::Object(obj) => {
-                for (k, v) in obj {
-                    match (k.as_str(), v) {
-                        ("$ref", serde_json::Value::String(r)) => {
-                            if let Some(name) = r.strip_prefix("#/components/schemas/") {
-                                out.push(name.to_owned());
-                            }
-                        }
-                        _ => refs(v, out),
-                    }
-                }
-            }
-            serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
-            _ => {}
-        }
-    }
-    let mut todo = Vec::new();
-    refs(&doc["paths"], &mut todo);
-    let Some(schemas) = doc
-        .pointer_mut("/components/schemas")
-        .and_then(|s| s.as_object_mut())
-    else {
-        return;
-    };
-    let mut keep = std::collections::BTreeSet::new();
-    while let Some(name) = todo.pop() {
-        if keep.insert(name.clone())
-            && let Some(s) = schemas.get(&name)
-        {
-            refs(s, &mut todo);
-        }
-    }
-    schemas.retain(|name, _| keep.contains(name));
-    schemas.sort_keys();
-}
-
 /// `GET /openapi.json`: this document (public, no token needed).
 #[utoipa::path(
     get,
@@ -290,6 +249,8 @@ pub(crate) async fn openapi_json() -> Json<&'static serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+
+    use asbx_test_support::openapi::{documented_codes, typed};
 
     /// The routes `lib.rs` registers, as `(method, path)`: read from the
     /// source, so a route added there without an annotation fails the test.
@@ -308,67 +269,6 @@ mod tests {
         }
         out.sort();
         out
-    }
-
-    /// Gives every schema under `schema` without a type, a reference or a
-    /// composition the list of all types.
-    fn typed(schema: &mut serde_json::Value) {
-        let Some(obj) = schema.as_object_mut() else {
-            return;
-        };
-        let keys = ["type", "$ref", "oneOf", "anyOf", "allOf", "enum", "const"];
-        if !keys.iter().any(|k| obj.contains_key(*k)) {
-            obj.insert(
-                "type".into(),
-                serde_json::json!(["object", "array", "string", "number", "boolean", "null"]),
-            );
-        }
-        for (k, v) in obj.iter_mut() {
-            match k.as_str() {
-                "properties" => v.as_object_mut().unwrap().values_mut().for_each(typed),
-                "items" | "additionalProperties" => typed(v),
-                "oneOf" | "anyOf" | "allOf" => v.as_array_mut().unwrap().iter_mut().for_each(typed),
-                _ => {}
-            }
-        }
-    }
-
-    /// The backticked snake_case words of the problem responses'
-    /// descriptions but the fields and parameters they name: the codes the
-    /// document says each route answers.
-    const FIELDS: &[&str] = &[
-        "after",
-        "before",
-        "limit",
-        "encrypted",
-        "error",
-        "errors",
-        "result",
-    ];
-
-    fn documented_codes(doc: &serde_json::Value) -> std::collections::BTreeSet<String> {
-        let mut codes = std::collections::BTreeSet::new();
-        for item in doc["paths"].as_object().unwrap().values() {
-            for op in item.as_object().unwrap().values() {
-                for resp in op["responses"].as_object().unwrap().values() {
-                    if resp["content"].get("application/problem+json").is_none() {
-                        continue;
-                    }
-                    let text = resp["description"].as_str().unwrap();
-                    for (i, word) in text.split('`').enumerate() {
-                        let code_like = !word.is_empty()
-                            && word
-                                .chars()
-                                .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit());
-                        let field = FIELDS.contains(&word);
-                        if i % 2 == 1 && code_like && !field {
-                            codes.insert(word.to_owned());
-                        }
-                    }
-                }
-            }
-        }
-        codes
     }
 
     #[test]

@@ -19,6 +19,7 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::context::FutureExt as _;
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
@@ -34,35 +35,12 @@ pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-struct Extract<'a>(&'a HeaderMap);
-
-impl opentelemetry::propagation::Extractor for Extract<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(|k| k.as_str()).collect()
-    }
-}
-
-struct Inject<'a>(&'a mut HeaderMap);
-
-impl opentelemetry::propagation::Injector for Inject<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(k), Ok(v)) = (
-            axum::http::HeaderName::from_bytes(key.as_bytes()),
-            axum::http::HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(k, v);
-        }
-    }
-}
-
 /// Middleware of the runner's routes: the handler runs in the context the
 /// caller's `traceparent` names (none: a new trace).
 pub(crate) async fn incoming(req: Request, next: Next) -> Response {
-    let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Extract(req.headers())));
+    let cx = opentelemetry::global::get_text_map_propagator(|p| {
+        p.extract(&HeaderExtractor(req.headers()))
+    });
     next.run(req).with_context(cx).await
 }
 
@@ -126,7 +104,9 @@ pub(crate) fn inject(headers: &mut HeaderMap) {
         return;
     }
     let cx = tracing::Span::current().context();
-    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut Inject(headers)));
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut HeaderInjector(headers))
+    });
 }
 
 /// What a gateway route is, for its span's name.

@@ -13,6 +13,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
@@ -26,31 +27,6 @@ pub fn enable() {
 
 pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
-}
-
-struct Extract<'a>(&'a HeaderMap);
-
-impl opentelemetry::propagation::Extractor for Extract<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(|k| k.as_str()).collect()
-    }
-}
-
-struct Inject<'a>(&'a mut HeaderMap);
-
-impl opentelemetry::propagation::Injector for Inject<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(k), Ok(v)) = (
-            axum::http::HeaderName::from_bytes(key.as_bytes()),
-            axum::http::HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(k, v);
-        }
-    }
 }
 
 /// Middleware: the request's span, named `{method} {route}`, under the
@@ -75,8 +51,9 @@ pub(crate) async fn incoming(req: Request, next: Next) -> Response {
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    let parent =
-        opentelemetry::global::get_text_map_propagator(|p| p.extract(&Extract(req.headers())));
+    let parent = opentelemetry::global::get_text_map_propagator(|p| {
+        p.extract(&HeaderExtractor(req.headers()))
+    });
     let _ = span.set_parent(parent);
     let res = next.run(req).instrument(span.clone()).await;
     span.record("http.response.status_code", res.status().as_u16());
@@ -93,7 +70,7 @@ pub(crate) fn headers() -> HeaderMap {
     if enabled() {
         let cx = tracing::Span::current().context();
         opentelemetry::global::get_text_map_propagator(|p| {
-            p.inject_context(&cx, &mut Inject(&mut headers));
+            p.inject_context(&cx, &mut HeaderInjector(&mut headers));
         });
     }
     headers

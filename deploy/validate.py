@@ -280,9 +280,12 @@ def check_rules(rep, where, docs, env_names):
 
 
 def check_workspace_probes(rep, where, w, c, cms):
-    for probe in ("readinessProbe", "livenessProbe"):
-        if (c.get(probe) or {}).get("httpGet", {}).get("path") != "/healthz":
-            rep.error(where, f"{name_of(w)}: {probe} must be httpGet /healthz")
+    # Alive is the process (/healthz); ready is the process with its
+    # database (/readyz): a replica cut off from PostgreSQL is taken out of
+    # the Service, not restarted. Both are exempt from the Host guard.
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        if (c.get(probe) or {}).get("httpGet", {}).get("path") != path:
+            rep.error(where, f"{name_of(w)}: {probe} must be httpGet {path}")
 
 
 def check_origins(rep, where, cms):

@@ -28,6 +28,7 @@ pub(crate) enum ProblemCode {
     SandboxUrlMissing,
     UpstreamFailed,
     EventsGone,
+    DatabaseUnavailable,
     Internal,
 }
 
@@ -50,6 +51,7 @@ impl ProblemCode {
             ProblemCode::SandboxUrlMissing => "sandbox_url_missing",
             ProblemCode::UpstreamFailed => "upstream_failed",
             ProblemCode::EventsGone => "events_gone",
+            ProblemCode::DatabaseUnavailable => "database_unavailable",
             ProblemCode::Internal => asbx_protocol::codes::INTERNAL,
         }
     }
@@ -258,6 +260,12 @@ impl WorkspaceError {
             )
             .with("runId", run_id.clone())
             .with("oldestSeq", *oldest),
+            WorkspaceError::Database(e) if unreachable(e) => Problem::new(
+                503,
+                ProblemCode::DatabaseUnavailable.as_str(),
+                "Database unavailable",
+                "the database cannot be reached now; nothing was changed, retry shortly",
+            ),
             WorkspaceError::Config(_)
             | WorkspaceError::AuthRequired { .. }
             | WorkspaceError::Database(_)
@@ -273,13 +281,39 @@ impl WorkspaceError {
     }
 }
 
+/// Whether a database error says the database can't be reached now (the
+/// connection, the pool, or the server refusing connections), rather than
+/// that a statement failed: answered `503 database_unavailable`, so a
+/// client retries and a load balancer can take the node out.
+fn unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE class 08 (connection exception), 53300 (too many
+        // connections), 57P01-57P03 (shutting down, cannot connect now).
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(&*c, "53300" | "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}
+
 impl IntoResponse for WorkspaceError {
     fn into_response(self) -> Response {
         let problem = self.problem();
         if problem.status >= 500 {
             tracing::error!(error = %error_chain(&self), status = problem.status, "request failed");
         }
-        problem_response(&problem)
+        let mut response = problem_response(&problem);
+        if problem.code == ProblemCode::DatabaseUnavailable.as_str() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -305,4 +339,27 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_is_503_and_a_failed_statement_500() {
+        for e in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+        ] {
+            let p = WorkspaceError::Database(e).problem();
+            assert_eq!((p.status, p.code.as_str()), (503, "database_unavailable"));
+        }
+        let p = WorkspaceError::Database(sqlx::Error::RowNotFound).problem();
+        assert_eq!((p.status, p.code.as_str()), (500, "internal"));
+        let r = WorkspaceError::Database(sqlx::Error::PoolTimedOut).into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = WorkspaceError::Database(sqlx::Error::RowNotFound).into_response();
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+    }
 }

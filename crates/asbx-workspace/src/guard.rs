@@ -4,8 +4,8 @@
 //! - **Host** (DNS rebinding): a request whose `Host` is not one this server
 //!   answers to is refused with `403` `host_not_allowed`. On loopback it
 //!   answers to `localhost`, `127.0.0.1` and `[::1]` with its port; it
-//!   always answers to the configured public URL's host. `/healthz` is
-//!   exempt (it says nothing; probes address pods by IP), and so is
+//!   always answers to the configured public URL's host. `/healthz` and `/readyz` are
+//!   exempt (they say nothing; probes address pods by IP), and so is
 //!   `/metrics` when `ASBX_METRICS_TOKEN` is set (Prometheus scrapes pods
 //!   by IP; a bearer is no ambient credential a rebound page could use).
 //! - **Origin** (CSRF): a state-changing request (`POST`, `PUT`, `PATCH`,
@@ -140,7 +140,7 @@ pub(crate) async fn host_and_origin(
     next: Next,
 ) -> Response {
     let exempt = match req.uri().path() {
-        "/healthz" => true,
+        "/healthz" | "/readyz" => true,
         "/metrics" => state.config.metrics_token.is_some(),
         _ => false,
     };

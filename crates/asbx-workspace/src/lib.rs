@@ -212,6 +212,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/assets/vendor/marked.js", get(pages::marked_js))
         .route("/assets/vendor/purify.js", get(pages::purify_js))
         .route("/healthz", get(pages::healthz))
+        .route("/readyz", get(pages::readyz))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/metrics", get(metrics::serve))
         .route("/api/runs", post(runs::api::create))

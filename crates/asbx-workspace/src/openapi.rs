@@ -26,6 +26,7 @@ use utoipa::{Modify, OpenApi};
         crate::pages::marked_js,
         crate::pages::purify_js,
         crate::pages::healthz,
+        crate::pages::readyz,
         crate::metrics::serve,
         openapi_json,
         crate::runs::api::create,
@@ -168,7 +169,8 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
 
 /// What every route may answer, whatever its handler does: the Host and
 /// Origin guard's `403` and a `500` (`guard::host_and_origin`,
-/// `guard::problem_errors`).
+/// `guard::problem_errors`), and, where it uses the database, `503`
+/// `database_unavailable`.
 fn guard_responses(doc: &mut serde_json::Value) {
     let problem = |description: &str| {
         serde_json::json!({
@@ -183,7 +185,13 @@ fn guard_responses(doc: &mut serde_json::Value) {
     let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
         return;
     };
-    for item in paths.values_mut().filter_map(|i| i.as_object_mut()) {
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        // The routes that answer without the database.
+        let static_route = matches!(path.as_str(), "/" | "/healthz" | "/openapi.json")
+            || path.starts_with("/assets/");
         for op in item.values_mut() {
             let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut()) else {
                 continue;
@@ -197,6 +205,26 @@ fn guard_responses(doc: &mut serde_json::Value) {
             responses
                 .entry("500")
                 .or_insert_with(|| problem("`internal`: see the workspace's log"));
+            // Every route that reads or writes the database may find it
+            // unreachable (a node cut off from PostgreSQL); `Retry-After: 1`.
+            const DB: &str = "`database_unavailable`: the database cannot be reached now \
+                              (nothing was changed; retry, `Retry-After` says when)";
+            if static_route {
+                continue;
+            }
+            match responses.get_mut("503") {
+                Some(have) => {
+                    if let Some(d) = have.get_mut("description")
+                        && let Some(text) =
+                            d.as_str().filter(|t| !t.contains("database_unavailable"))
+                    {
+                        *d = serde_json::Value::String(format!("{text}; {DB}"));
+                    }
+                }
+                None => {
+                    responses.insert("503".into(), problem(DB));
+                }
+            }
         }
     }
 }
@@ -296,6 +324,7 @@ mod tests {
                 oldest: 1,
             },
             E::Corrupt("x".into()),
+            E::Database(sqlx::Error::PoolTimedOut),
         ];
         let mut answered: std::collections::BTreeSet<String> =
             errors.iter().map(|e| e.problem().code).collect();
@@ -375,6 +404,7 @@ mod tests {
         for (path, item) in doc["paths"].as_object().unwrap() {
             for (method, op) in item.as_object().unwrap() {
                 let public = path == "/healthz"
+                    || path == "/readyz"
                     || path == "/openapi.json"
                     || path == "/"
                     || path.starts_with("/assets/")

@@ -38,7 +38,8 @@ pub(crate) async fn incoming(req: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned());
     let Some(route) = route.filter(|r| {
-        !matches!(r.as_str(), "/healthz" | "/metrics" | "/") && !r.starts_with("/assets/")
+        !matches!(r.as_str(), "/healthz" | "/readyz" | "/metrics" | "/")
+            && !r.starts_with("/assets/")
     }) else {
         return next.run(req).await;
     };

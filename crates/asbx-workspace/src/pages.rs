@@ -108,6 +108,35 @@ pub(crate) async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
+/// How long `/readyz` waits for the database.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The workspace can reach its database and take work", body = Health),
+        (status = 503, description = "`database_unavailable`: the database does not answer (within 2 s); a load balancer should send work to another node", body = crate::apidoc::Problem, content_type = "application/problem+json"),
+    ),
+)]
+/// Readiness: `/healthz` says the process is up, this one that it can do
+/// work, a `SELECT 1` answered within [`READY_TIMEOUT`]. A node cut off
+/// from PostgreSQL answers `503` until it is back, by itself.
+pub(crate) async fn readyz(
+    axum::extract::State(state): axum::extract::State<std::sync::Arc<crate::AppState>>,
+) -> Result<Json<Health>, WorkspaceError> {
+    let ping = sqlx::query("SELECT 1").execute(state.store.pool());
+    let failure = match tokio::time::timeout(READY_TIMEOUT, ping).await {
+        Ok(Ok(_)) => return Ok(Json(Health { status: "ready" })),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {READY_TIMEOUT:?}"),
+    };
+    tracing::warn!(%failure, "not ready: the database does not answer");
+    // Whatever the failure, the answer is the one a probe acts on.
+    Err(WorkspaceError::Database(sqlx::Error::PoolTimedOut))
+}
+
 pub(crate) async fn not_found(uri: axum::http::Uri) -> WorkspaceError {
     WorkspaceError::NotFound(format!("route {}", uri.path()))
 }

@@ -12,6 +12,7 @@ mod chat_pages;
 mod chats;
 mod environments;
 mod fleet;
+mod readiness;
 mod runs;
 mod runs_api;
 mod sandbox_api;

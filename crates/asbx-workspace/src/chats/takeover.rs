@@ -159,13 +159,32 @@ async fn reattach(
 }
 
 /// Ends a turn nobody can finish: the thread says so (once), the run is
-/// settled `runner_lost`.
+/// settled `runner_lost`. A turn that was never accepted (no user message)
+/// leaves the thread as it is.
 pub(crate) async fn mark_lost(
     state: &AppState,
     chat_id: &str,
     turn_id: &str,
 ) -> Result<(), WorkspaceError> {
     let message = "the workspace lost this turn before it ended (it restarted, or lost its runner)";
+    let lost_run = Outcome::Failed {
+        code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
+        message: message.to_owned(),
+    };
+    // A turn whose user message was never stored was never accepted: its
+    // node failed the request (the database went away between taking the
+    // lease and storing the message) and could not release the lease. It is
+    // no turn of the thread, so nothing is written there.
+    let (user, _) = chats::turn_message_ids(state.store.pool(), chat_id, turn_id).await?;
+    if user.is_none() {
+        tracing::info!(
+            chat = chat_id,
+            turn = turn_id,
+            "a lease left by a turn that was never accepted: released, nothing written"
+        );
+        dispatch::settle(state, turn_id, &lost_run).await;
+        return Ok(());
+    }
     tracing::warn!(
         chat = chat_id,
         turn = turn_id,
@@ -185,14 +204,6 @@ pub(crate) async fn mark_lost(
         turn_id: Some(turn_id.to_owned()),
     };
     chats::append_message(state.store.pool(), chat_id, &lost).await?;
-    dispatch::settle(
-        state,
-        turn_id,
-        &Outcome::Failed {
-            code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
-            message: message.to_owned(),
-        },
-    )
-    .await;
+    dispatch::settle(state, turn_id, &lost_run).await;
     Ok(())
 }

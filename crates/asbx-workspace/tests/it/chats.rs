@@ -145,7 +145,8 @@ async fn a_concurrent_turn_gets_409_and_a_stale_lease_is_recovered(db: Db) {
     assert_eq!(events.last().unwrap().data["status"], "succeeded");
     settled_chat(&ws, &chat_id, 2).await;
 
-    // A process that died mid-turn leaves its lease behind.
+    // A process that died mid-turn leaves its lease behind, and the turn's
+    // user message (stored before the turn was answered).
     let pool = ws.db().await;
     let until = asbx_workspace::Clock::now_ms(&*ws.clock) + 120_000;
     sqlx::query("UPDATE chats SET lease_turn_id = 'ghost', lease_expires_at = $1 WHERE id = $2")
@@ -154,7 +155,15 @@ async fn a_concurrent_turn_gets_409_and_a_stale_lease_is_recovered(db: Db) {
         .execute(&pool)
         .await
         .unwrap();
-    pool.close().await;
+    sqlx::query(
+        "INSERT INTO messages (id, chat_id, position, role, content, attachments, turn_id, \
+         created_at) VALUES ('ghost-user', $1, 3, 'user', '[{\"type\":\"text\",\"text\":\"lost\"}]', \
+         '[]', 'ghost', 0)",
+    )
+    .bind(&chat_id)
+    .execute(&pool)
+    .await
+    .unwrap();
     let p = problem(
         post_turn(&ws, json!({"chatId": chat_id, "message": "x"})).await,
         409,
@@ -168,8 +177,9 @@ async fn a_concurrent_turn_gets_409_and_a_stale_lease_is_recovered(db: Db) {
         let d = chat_detail(&ws, &chat_id).await;
         assert!(d["activeTurnId"].is_null(), "{d}");
         let messages = d["messages"].as_array().unwrap();
-        assert_eq!(messages.len(), 3, "{d}");
-        let lost = &messages[2];
+        assert_eq!(messages.len(), 4, "{d}");
+        assert_eq!(messages[2]["turnId"], "ghost");
+        let lost = &messages[3];
         assert_eq!(lost["role"], "assistant");
         assert_eq!(lost["turnId"], "ghost");
         assert_eq!(
@@ -178,15 +188,33 @@ async fn a_concurrent_turn_gets_409_and_a_stale_lease_is_recovered(db: Db) {
                 "message": "the workspace lost this turn before it ended (it restarted, or lost its runner)"}])
         );
     }
+    // A turn refused before it was accepted (its node lost the database
+    // between taking the lease and storing the user message, and could not
+    // release the lease) is no turn of the thread: once its lease expires it
+    // is gone without a trace. Found by the many-machines test.
+    let until = asbx_workspace::Clock::now_ms(&*ws.clock) + 1_000;
+    sqlx::query("UPDATE chats SET lease_turn_id = 'refused', lease_expires_at = $1 WHERE id = $2")
+        .bind(until)
+        .bind(&chat_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    ws.clock.advance(Duration::from_secs(2));
+    for _ in 0..2 {
+        let d = chat_detail(&ws, &chat_id).await;
+        assert!(d["activeTurnId"].is_null(), "{d}");
+        assert_eq!(d["messages"].as_array().unwrap().len(), 4, "{d}");
+    }
     // The next turn takes the chat over.
     *runner.shared.mode.lock().unwrap() = Mode::Full { files: vec![] };
     let resp = post_turn(&ws, json!({"chatId": chat_id, "message": "after"})).await;
     assert_eq!(resp.status(), 200);
     let events = SseReader::new(resp).until_done().await;
     assert_eq!(events.last().unwrap().data["status"], "succeeded");
-    let d = settled_chat(&ws, &chat_id, 5).await;
+    let d = settled_chat(&ws, &chat_id, 6).await;
     assert!(d["activeTurnId"].is_null());
-    assert_eq!(d["messages"].as_array().unwrap().len(), 5, "{d}");
+    assert_eq!(d["messages"].as_array().unwrap().len(), 6, "{d}");
 }
 
 on_both!(replay_is_capped_at_twenty_messages);

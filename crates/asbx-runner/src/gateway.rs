@@ -414,16 +414,39 @@ async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Respon
     }
     // The workspace's handler joins the dispatch's trace.
     crate::otel::inject(&mut headers);
-    forward(
+    let method = req.method().clone();
+    if method != Method::GET {
+        return forward(&s.client, method, url, headers, req.into_body())
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+    }
+    // `/env` and `/config` carry no body, so one that could not reach the
+    // workspace is tried once more: behind a load balancer the node that
+    // took it may have died mid-request, and another node answers. (A token
+    // that node had already redeemed is refused the second time, as it
+    // should be.)
+    match forward(
         &s.client,
-        req.method().clone(),
-        url,
-        headers,
-        req.into_body(),
+        Method::GET,
+        url.clone(),
+        headers.clone(),
+        Body::empty(),
     )
     .await
-    .unwrap_or_else(IntoResponse::into_response)
+    {
+        Err(GatewayError::Unreachable(first)) => {
+            tracing::info!(route, error = %first, "callback could not reach the workspace; trying once more");
+            tokio::time::sleep(CALLBACK_RETRY_AFTER).await;
+            forward(&s.client, Method::GET, url, headers, Body::empty())
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        }
+        answered => answered.unwrap_or_else(IntoResponse::into_response),
+    }
 }
+
+/// The pause before a callback's second try.
+const CALLBACK_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// `{agent_url}/workspace/{rest}?{query}` for a request to
 /// `/workspace/{rest}?{query}`, or why not. Only the raw path counts (an

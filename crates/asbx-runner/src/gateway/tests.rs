@@ -569,3 +569,55 @@ async fn workspace_bodies_stream_both_ways_and_uploads_are_capped() {
         "no more than the cap reached the workspace"
     );
 }
+
+/// A TCP front for `backend` that drops its first `drops` connections at
+/// once (a workspace node dying mid-request) and forwards the rest; the
+/// count of connections it took.
+async fn dropping_front(
+    backend: String,
+    drops: usize,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let target = backend.trim_start_matches("http://").to_owned();
+    let taken = Arc::new(AtomicUsize::new(0));
+    let t = Arc::clone(&taken);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            if t.fetch_add(1, Ordering::SeqCst) < drops {
+                drop(inbound);
+                continue;
+            }
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (base, taken)
+}
+
+#[tokio::test]
+async fn a_callback_that_loses_its_connection_is_tried_once_more() {
+    use std::sync::atomic::Ordering;
+    let (backend, _) = upstream(config("http://127.0.0.1:9")).await;
+    // One dropped connection: the second try is answered.
+    let (front, taken) = dropping_front(backend.clone(), 1).await;
+    let app = gateway(&front, &[]);
+    let (status, body) = call(&app, "GET", CALLBACK_CONFIG, "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(taken.load(Ordering::SeqCst), 2);
+    // Two dropped: one retry only, then a clear 502.
+    let (front, taken) = dropping_front(backend, 2).await;
+    let app = gateway(&front, &[]);
+    let (status, body) = call(&app, "GET", CALLBACK_CONFIG, "").await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["code"], "upstream_unreachable");
+    assert_eq!(taken.load(Ordering::SeqCst), 2);
+}

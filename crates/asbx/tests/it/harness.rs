@@ -31,9 +31,19 @@ impl RunnerProc {
     }
 
     pub fn start_with(profile: &str, extra_env: &[(&str, &str)]) -> RunnerProc {
+        Self::spawn(Command::new(ASBX), "127.0.0.1:0", profile, extra_env)
+    }
+
+    /// `asbx runner` from `cmd` (the binary, or the binary in a network
+    /// namespace) on `listen`, over a clean provider environment.
+    fn spawn(
+        mut cmd: Command,
+        listen: &str,
+        profile: &str,
+        extra_env: &[(&str, &str)],
+    ) -> RunnerProc {
         let data = tempfile::tempdir().expect("tempdir");
-        let mut cmd = Command::new(ASBX);
-        cmd.args(["runner", "--listen", "127.0.0.1:0", "--profile", profile])
+        cmd.args(["runner", "--listen", listen, "--profile", profile])
             .env("ASBX_DATA", data.path())
             .env_remove("OPENAI_API_KEY")
             .env_remove("OPENAI_BASE_URL")
@@ -48,16 +58,7 @@ impl RunnerProc {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("spawn asbx runner");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        let mut reader = BufReader::new(stdout);
-        reader.read_line(&mut line).expect("read banner");
-        drain(reader);
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in runner banner {line:?}"))
-            .to_owned();
+        let url = banner_url(&mut child, "runner");
         RunnerProc { child, url, data }
     }
 
@@ -337,8 +338,13 @@ pub struct WorkspaceProc {
 
 impl WorkspaceProc {
     pub fn start(listen: &str, env: &[(&str, &str)]) -> WorkspaceProc {
-        let data = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(ASBX);
+        Self::spawn(Command::new(ASBX), listen, env)
+    }
+
+    /// `asbx workspace` from `cmd` (the binary, or the binary in a network
+    /// namespace) on `listen`, with `env` over a clean environment.
+    fn spawn(mut cmd: Command, listen: &str, env: &[(&str, &str)]) -> WorkspaceProc {
+        let data = tempfile::tempdir().expect("tempdir");
         cmd.args(["workspace", "--listen", listen])
             .env_clear()
             .env("ASBX_DATA", data.path())
@@ -349,16 +355,8 @@ impl WorkspaceProc {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().unwrap();
-        let mut line = String::new();
-        let mut reader = BufReader::new(child.stdout.take().unwrap());
-        reader.read_line(&mut line).unwrap();
-        drain(reader);
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in the workspace banner {line:?}"))
-            .to_owned();
+        let mut child = cmd.spawn().expect("spawn asbx workspace");
+        let url = banner_url(&mut child, "workspace");
         WorkspaceProc {
             child,
             url,
@@ -548,26 +546,12 @@ impl RunnerProc {
     /// non-loopback address there, so `extra_env` must give it
     /// `ASBX_RUNNER_TOKEN`).
     pub fn start_in_netns(netns: &str, ip: &str, extra_env: &[(&str, &str)]) -> RunnerProc {
-        let data = tempfile::tempdir().expect("tempdir");
-        let mut cmd = asbx_in_netns(netns);
-        cmd.args(["runner", "--listen", &format!("{ip}:0"), "--profile"])
-            .arg(profile())
-            .env("ASBX_DATA", data.path())
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENAI_BASE_URL")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("ANTHROPIC_BASE_URL")
-            .env_remove("ASBX_RUNNER_TOKEN")
-            .env("ASBX_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn asbx runner in a netns");
-        let url = banner_url(&mut child, "runner");
-        RunnerProc { child, url, data }
+        Self::spawn(
+            asbx_in_netns(netns),
+            &format!("{ip}:0"),
+            &profile(),
+            extra_env,
+        )
     }
 
     /// SIGKILL, as a machine dying would; the sandboxes die with it.
@@ -605,26 +589,7 @@ impl WorkspaceProc {
     /// `asbx workspace` in the network namespace `netns` on `listen`, with
     /// `env` over a clean environment.
     pub fn start_in_netns(netns: &str, listen: &str, env: &[(&str, &str)]) -> WorkspaceProc {
-        let data = tempfile::tempdir().unwrap();
-        let mut cmd = asbx_in_netns(netns);
-        cmd.args(["workspace", "--listen", listen])
-            .env_clear()
-            .env("ASBX_DATA", data.path())
-            .env("ASBX_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn asbx workspace in a netns");
-        let url = banner_url(&mut child, "workspace");
-        WorkspaceProc {
-            child,
-            url,
-            killed: false,
-            _data: data,
-        }
+        Self::spawn(asbx_in_netns(netns), listen, env)
     }
 
     pub fn pid(&self) -> u32 {

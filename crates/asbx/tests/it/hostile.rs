@@ -10,50 +10,6 @@ use serde_json::json;
 
 use crate::harness::*;
 
-/// Host pids whose command line or environment contains `needle`.
-fn host_pids_with(needle: &str) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let hit = ["cmdline", "environ"].iter().any(|f| {
-            std::fs::read(e.path().join(f))
-                .is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle))
-        });
-        if hit {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-/// Sandbox cgroup folders (any hierarchy) whose name contains one of `needles`.
-fn cgroups_named(needles: &[String]) -> Vec<String> {
-    let mut out = Vec::new();
-    for h in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        for c in std::fs::read_dir(h.path().join("asbx"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = c.file_name().to_string_lossy().into_owned();
-            if needles.iter().any(|n| name.contains(n.as_str())) {
-                out.push(c.path().display().to_string());
-            }
-        }
-    }
-    out
-}
-
 /// docs/protocol.md §8: SIGKILL the runner mid-turn; 5 s later no process of
 /// its sandboxes (the tool's `sleep`, the agent, init, the supervisors of
 /// the turn and of the warm pool) and none of their cgroups is left.
@@ -92,11 +48,11 @@ async fn sandboxes_die_with_a_sigkilled_runner() {
     let needles = vec![t.session.clone(), warm];
     // Positive control: the tool runs, supervisors exist, cgroups exist.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while host_pids_with(&marker).len() < 2 && Instant::now() < deadline {
+    while pids_mentioning(&marker).len() < 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let tools = host_pids_with(&marker);
-    let supervisors = host_pids_with(&data);
+    let tools = pids_mentioning(&marker);
+    let supervisors = pids_mentioning(&data);
     let cgroups = cgroups_named(&needles);
 
     nix::sys::signal::kill(
@@ -109,8 +65,8 @@ async fn sandboxes_die_with_a_sigkilled_runner() {
     let mut left = (Vec::new(), Vec::new(), Vec::new());
     while killed.elapsed() < Duration::from_secs(5) {
         left = (
-            host_pids_with(&marker),
-            host_pids_with(&data),
+            pids_mentioning(&marker),
+            pids_mentioning(&data),
             cgroups_named(&needles),
         );
         if left.0.is_empty() && left.1.is_empty() && left.2.is_empty() {

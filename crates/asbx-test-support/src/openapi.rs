@@ -70,3 +70,53 @@ pub fn documented_codes(doc: &Value) -> BTreeSet<String> {
     }
     codes
 }
+
+/// The `(method, path)` of every operation of `doc`, sorted.
+pub fn operations(doc: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        for method in item.as_object().into_iter().flatten().map(|(m, _)| m) {
+            out.push((method.clone(), path.clone()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Checks that `doc` is OpenAPI 3.1 and self-contained: every reference
+/// names a schema it defines, the protocol's schemas are there as schemars
+/// wrote them (no type of a service took one's name), and no stand-in (a
+/// schema that only refers to itself) is left. Returns a copy whose untyped
+/// schemas have a type list ([`typed`]), for parsers that need one.
+pub fn assert_self_contained(doc: &Value) -> Value {
+    assert_eq!(doc["openapi"], "3.1.0");
+    let text = doc.to_string();
+    let Some(schemas) = doc["components"]["schemas"].as_object() else {
+        panic!("the document has no components.schemas");
+    };
+    for name in text.split("#/components/schemas/").skip(1) {
+        let name = name.split('"').next().unwrap_or_default();
+        assert!(
+            schemas.contains_key(name),
+            "{name} is referenced, not defined"
+        );
+    }
+    let protocol = match asbx_protocol::schema::components() {
+        Ok(p) => p,
+        Err(e) => panic!("the protocol's schemas: {e}"),
+    };
+    for (name, schema) in schemas {
+        if let Some(want) = protocol.get(name) {
+            assert_eq!(schema, want, "{name}: two types share the name");
+        }
+        assert!(
+            schema.get("$ref").is_none(),
+            "{name} is only a reference to itself"
+        );
+    }
+    let mut readable = doc.clone();
+    if let Some(all) = readable["components"]["schemas"].as_object_mut() {
+        all.values_mut().for_each(typed);
+    }
+    readable
+}

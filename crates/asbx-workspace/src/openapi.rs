@@ -278,7 +278,7 @@ pub(crate) async fn openapi_json() -> Json<&'static serde_json::Value> {
 mod tests {
     use std::path::PathBuf;
 
-    use asbx_test_support::openapi::{documented_codes, typed};
+    use asbx_test_support::openapi::{assert_self_contained, documented_codes, operations};
 
     /// The routes `lib.rs` registers, as `(method, path)`: read from the
     /// source, so a route added there without an annotation fails the test.
@@ -346,14 +346,7 @@ mod tests {
 
     #[test]
     fn every_route_is_documented_and_nothing_else() {
-        let doc = super::document();
-        let mut documented = Vec::new();
-        for (path, item) in doc["paths"].as_object().unwrap() {
-            for method in item.as_object().unwrap().keys() {
-                documented.push((method.clone(), path.clone()));
-            }
-        }
-        documented.sort();
+        let documented = operations(super::document());
         let routes = registered();
         assert!(routes.len() >= 45, "found too few routes: {routes:?}");
         assert_eq!(
@@ -365,39 +358,11 @@ mod tests {
     #[test]
     fn the_document_is_openapi_3_1_and_self_contained() {
         let doc = super::document();
-        assert_eq!(doc["openapi"], "3.1.0");
-        let text = serde_json::to_string(doc).unwrap();
         // utoipa reads no schema without a type (any value), not even its
-        // own: give those a type list for this check only.
-        let mut readable = doc.clone();
-        for s in readable["components"]["schemas"]
-            .as_object_mut()
-            .unwrap()
-            .values_mut()
-        {
-            typed(s);
-        }
+        // own: the checked copy has a type list on those.
+        let readable = assert_self_contained(doc);
         let _: utoipa::openapi::OpenApi = serde_json::from_value(readable).unwrap();
         let schemas = doc["components"]["schemas"].as_object().unwrap();
-        for name in text.split("#/components/schemas/").skip(1) {
-            let name = name.split('"').next().unwrap();
-            assert!(
-                schemas.contains_key(name),
-                "{name} is referenced, not defined"
-            );
-        }
-        // The protocol's schemas are there as schemars wrote them (no type
-        // of this crate took one's name), and every stand-in was replaced.
-        let protocol = asbx_protocol::schema::components().unwrap();
-        for (name, schema) in schemas {
-            if let Some(want) = protocol.get(name) {
-                assert_eq!(schema, want, "{name}: two types share the name");
-            }
-            assert!(
-                schema.get("$ref").is_none(),
-                "{name} is only a reference to itself"
-            );
-        }
         assert!(schemas["Line"].get("oneOf").is_some());
         assert!(schemas["ConfigResponse"].get("properties").is_some());
         // Every operation but the public ones names the bearer.

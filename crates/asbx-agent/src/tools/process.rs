@@ -7,9 +7,12 @@
 //! `/proc`), and joins the sandbox's child cgroup for its kind ([`Slot`]):
 //! `{TOOL_CGROUP_IN_JAIL}/{tools|mcp}/*/cgroup.procs`. The agent crate has no
 //! `unsafe`, so instead of a `pre_exec` hook the process joins itself: it
-//! starts as `bash -c JOIN_SCRIPT`, already under the tool's uid, writes `0`
+//! starts as `sh -c JOIN_SCRIPT`, already under the tool's uid, writes `0`
 //! to each `cgroup.procs` and only then `exec`s the real command (same pid,
-//! nothing started yet). When the folder exists but a write fails, the
+//! nothing started yet). The wrapper is `sh` (POSIX, dash on Debian), not
+//! bash: it starts in about a third of the time (bash also looks the tool
+//! uid up in NSS, which has no entry for it), and it runs on every tool
+//! start. When the folder exists but a write fails, the
 //! wrapper exits [`JOIN_FAILED_EXIT`] with [`JOIN_FAILED_MARKER`] on stderr
 //! and the tool fails: it never runs outside its cgroup. No folder (the
 //! `namespaces` or `unconfined` profile, tests outside a jail) means no
@@ -47,7 +50,8 @@ pub(crate) const JOIN_FAILED_EXIT: i32 = 125;
 /// What the join wrapper prints on stderr before exiting [`JOIN_FAILED_EXIT`].
 pub(crate) const JOIN_FAILED_MARKER: &str = "asbx: cannot join the tool cgroup: ";
 
-/// `bash -c JOIN_SCRIPT asbx-join N procs_1 .. procs_N program args..`.
+/// `sh -c JOIN_SCRIPT asbx-join N procs_1 .. procs_N program args..`
+/// (POSIX shell only: `sh` may be dash).
 const JOIN_SCRIPT: &str = r#"n=$1; shift
 while [ "$n" -gt 0 ]; do
   { printf 0 > "$1"; } 2>/dev/null || { printf '%s%s\n' "$ASBX_JOIN_MARKER" "$1" >&2; exit 125; }
@@ -458,7 +462,7 @@ pub(crate) fn command(
     let cgroup = ChildCgroup::find(root, slot)?;
     let mut cmd = match &cgroup {
         Some(cg) => {
-            let mut c = tokio::process::Command::new("bash");
+            let mut c = tokio::process::Command::new("sh");
             c.arg("-c")
                 .arg(JOIN_SCRIPT)
                 .arg("asbx-join")

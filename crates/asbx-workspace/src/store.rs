@@ -80,10 +80,26 @@ impl Store {
             Backend::Sqlite => 4,
             Backend::Postgres => 16,
         };
-        let pool = AnyPoolOptions::new()
-            .max_connections(max)
-            .connect_with(options)
-            .await?;
+        let mut pool_options = AnyPoolOptions::new().max_connections(max);
+        if backend == Backend::Sqlite {
+            // Per connection (SQLite keeps it per connection, sqlx's default
+            // is FULL): in WAL mode, NORMAL syncs the WAL only at checkpoints,
+            // not at every commit. A commit is in the WAL file (the OS page
+            // cache) before the call returns, so it survives the death of any
+            // process; only an OS crash or power loss can take back the last
+            // commits before a checkpoint. FULL cost one fsync per
+            // transaction, about 14 on a chat turn's path (see
+            // ARCHITECTURE.md, "Where an Assistant turn's time goes").
+            pool_options = pool_options.after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    sqlx::query("PRAGMA synchronous = NORMAL")
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = pool_options.connect_with(options).await?;
         if backend == Backend::Sqlite {
             // WAL lets readers run beside the writer; it persists in the file.
             sqlx::query("PRAGMA journal_mode = WAL")

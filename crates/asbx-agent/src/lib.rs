@@ -83,8 +83,15 @@ impl AgentOptions {
 /// Exit code 0 once the terminal line is written; non-zero only when the
 /// bootstrap is unreadable or stdout is gone.
 pub fn run_agent() -> ExitCode {
+    ExitCode::from(agent_main())
+}
+
+/// [`run_agent`] as a plain exit status, for a jail that runs the agent in
+/// its main process without an `execve` (`asbx_jail::run_jail_with`).
+pub fn agent_main() -> u8 {
     let options = AgentOptions::from_env();
     let mut input = Vec::new();
+    // Read before the runtime exists: a warm sandbox waits here, one thread.
     let read = std::io::stdin().lock().read_to_end(&mut input);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -93,7 +100,7 @@ pub fn run_agent() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("asbx agent: cannot start the runtime: {e}");
-            return ExitCode::from(70);
+            return 70;
         }
     };
     rt.block_on(async move {
@@ -101,26 +108,43 @@ pub fn run_agent() -> ExitCode {
             serde_json::from_slice::<AgentBootstrap>(&input).map_err(|e| e.to_string())
         });
         match bootstrap {
-            Ok(b) => match run(b, options, tokio::io::stdout()).await {
-                Ok(()) => ExitCode::SUCCESS,
+            Ok(b) => match run(b, options, stdout()).await {
+                Ok(()) => 0,
                 Err(e) => {
                     eprintln!("asbx agent: cannot write to stdout: {e}");
-                    ExitCode::from(74)
+                    74
                 }
             },
             Err(e) => {
                 eprintln!("asbx agent: invalid bootstrap on stdin: {e}");
-                let emitter = Emitter::new(tokio::io::stdout(), Default::default());
+                let emitter = Emitter::new(stdout(), Default::default());
                 let _ = emitter
                     .emit(&Event::error(
                         ErrorCode::BootstrapFailed.as_str(),
                         format!("invalid bootstrap: {e}"),
                     ))
                     .await;
-                ExitCode::from(2)
+                2
             }
         }
     })
+}
+
+/// Standard output for the emitter: when it is a pipe (as the runner gives
+/// it), written without blocking on the runtime's own thread, so no blocking
+/// thread is started for it (`tokio::io::stdout` starts one at the first
+/// write); anything else through `tokio::io::stdout`.
+fn stdout() -> Box<dyn AsyncWrite + Send + Unpin> {
+    use std::os::fd::AsFd;
+    let pipe = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok());
+    match pipe {
+        Some(p) => Box::new(p),
+        None => Box::new(tokio::io::stdout()),
+    }
 }
 
 /// Runs one turn, writing NDJSON lines to `out`.

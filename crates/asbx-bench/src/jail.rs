@@ -8,7 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use asbx_protocol::jail::{HOST_IDS_PER_SANDBOX, JailPolicy, JailProfile, ResourceLimits};
+use asbx_protocol::jail::{
+    HOST_IDS_PER_SANDBOX, JailEntry, JailPolicy, JailProfile, ResourceLimits,
+};
 
 /// Host uids the bench's sandboxes use (far from the runner's ranges).
 const HOST_UID_BASE: u32 = 700_000;
@@ -23,6 +25,7 @@ fn policy(workdir: &Path, argv: &[&str], profile: JailProfile, i: u32) -> JailPo
         limits: ResourceLimits::default(),
         cgroup: format!("asbx-bench-{}-{i}", std::process::id()),
         profile,
+        entry: JailEntry::Exec,
     }
 }
 

@@ -87,13 +87,17 @@ impl RlimitBounds {
 /// Run the sandbox side. Never returns.
 pub(crate) fn run(plan: &Plan, up: File, down: File) -> ! {
     let mut up = up;
-    match catch_unwind(AssertUnwindSafe(|| prepare(plan, &mut up, &down))) {
-        Ok(Ok(())) => {}
+    let area = match catch_unwind(AssertUnwindSafe(|| prepare(plan, &mut up, &down))) {
+        Ok(Ok(area)) => area,
         Ok(Err(e)) => fail(&mut up, &e.to_string(), SETUP_FAILED),
         Err(_) => fail(&mut up, "panic during sandbox set-up", SETUP_FAILED),
-    }
+    };
     match sys::clone_fork(0) {
         Err(e) => fail(&mut up, &format!("fork: {e}"), SETUP_FAILED),
+        Ok(Forked::Child) if plan.entry.is_some() => {
+            drop(down);
+            run_in_process(plan, up, area)
+        }
         Ok(Forked::Child) => {
             let e = match catch_unwind(AssertUnwindSafe(|| exec_main(plan))) {
                 Ok(e) => e.to_string(),
@@ -118,11 +122,11 @@ fn setup(what: &str, e: impl std::fmt::Display) -> JailError {
     JailError::Setup(format!("{what}: {e}"))
 }
 
-fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<(), JailError> {
+fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<Option<sys::CmdlineArea>, JailError> {
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(|e| setup("sigprocmask", e))?;
     umask(Mode::empty());
-    sys::scrub_cmdline().map_err(|e| setup("scrub cmdline", e))?;
+    let area = sys::scrub_cmdline().map_err(|e| setup("scrub cmdline", e))?;
     for procs in &plan.cgroup_procs {
         std::fs::write(procs, "0").map_err(|e| setup(&procs.display().to_string(), e))?;
     }
@@ -166,7 +170,36 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<(), JailError> {
         fsrules::restrict(&plan.writable, plan.cgroup_dir.as_deref(), true)?;
     }
     seccomp::install(&plan.filters)?;
-    Ok(())
+    Ok(area)
+}
+
+/// In the main process of a policy with `entry: agent`: what `execve` would
+/// have done (signal dispositions, umask, exactly the policy's environment,
+/// no descriptor but 0, 1 and 2), then the agent, in this process. Every
+/// layer is in place already, inherited from init like an `exec`ed program
+/// would inherit it. Closing the set-up channel tells the supervisor the
+/// main process started, as the close-on-exec of an `execve` does.
+fn run_in_process(plan: &Plan, mut up: File, area: Option<sys::CmdlineArea>) -> ! {
+    let Some(entry) = plan.entry else {
+        fail(&mut up, "no in-process entry", SETUP_FAILED)
+    };
+    sys::reset_signal_dispositions();
+    umask(Mode::from_bits_truncate(0o002));
+    sys::replace_environment(&plan.env);
+    if let Some(area) = area {
+        area.rename(c"asbx-agent");
+    }
+    if let Err(e) = sys::cloexec_from(3) {
+        fail(&mut up, &format!("close_range: {e}"), 127)
+    }
+    drop(up);
+    if let Err(e) = sys::close_from(3) {
+        // The channel is closed: nothing to tell the supervisor.
+        let _ = writeln!(std::io::stderr(), "asbx: close_range: {e}");
+        sys::exit_now(127)
+    }
+    let code = catch_unwind(entry).unwrap_or(101);
+    std::process::exit(i32::from(code))
 }
 
 /// In the main process: last per-process settings, then `execve`. Returns only on failure.

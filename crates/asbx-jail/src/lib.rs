@@ -40,7 +40,7 @@ use std::path::PathBuf;
 pub use detached::DetachedDir;
 
 use asbx_protocol::jail::{
-    HOST_IDS_PER_SANDBOX, JailPolicy, JailProfile, LayerReport, TOOL_CGROUP_IN_JAIL,
+    HOST_IDS_PER_SANDBOX, JailEntry, JailPolicy, JailProfile, LayerReport, TOOL_CGROUP_IN_JAIL,
 };
 
 /// Everything that can go wrong building or running a sandbox.
@@ -92,7 +92,20 @@ pub enum JailError {
 ///   under `/sys/fs/cgroup/*/asbx/<cgroup>`, child cgroups (`tools`, `mcp`)
 ///   first.
 pub fn run_jail(policy: &JailPolicy) -> Result<i32, JailError> {
-    supervisor::run(policy)
+    supervisor::run(policy, None)
+}
+
+/// The agent a binary runs in place of `exec` when a policy says
+/// `entry: agent`: called in the sandbox's main process once every layer is
+/// in place; its return value is the process's exit code.
+pub type AgentEntry = fn() -> u8;
+
+/// [`run_jail`] for a binary that can run the agent in process: a policy
+/// with `entry: agent` forks `agent` from init instead of `exec`ing `argv`
+/// (see [`asbx_protocol::jail::JailEntry`]). With `agent` `None`, such a
+/// policy is refused.
+pub fn run_jail_with(policy: &JailPolicy, agent: Option<AgentEntry>) -> Result<i32, JailError> {
+    supervisor::run(policy, agent)
 }
 
 /// Probe each layer `profile` needs on this host. The runner refuses to
@@ -125,6 +138,8 @@ pub(crate) struct Plan {
     nofile: Option<u64>,
     /// Per-process bounds for a profile without cgroups; see [`init::RlimitBounds`].
     rlimits: Option<init::RlimitBounds>,
+    /// Run in the main process instead of `exec`ing `argv` (`entry: agent`).
+    entry: Option<AgentEntry>,
 }
 
 /// The lowest host uid a sandbox may be mapped to.
@@ -141,10 +156,16 @@ impl Plan {
         self.root.cgroup_mounts = mounts;
     }
 
-    fn new(policy: &JailPolicy) -> Result<Plan, JailError> {
+    fn new(policy: &JailPolicy, agent: Option<AgentEntry>) -> Result<Plan, JailError> {
         if policy.argv.is_empty() {
             return Err(JailError::Policy("argv is empty".into()));
         }
+        let entry = match policy.entry {
+            JailEntry::Exec => None,
+            JailEntry::Agent => Some(agent.ok_or_else(|| {
+                JailError::Policy("entry \"agent\": this binary has no in-process agent".into())
+            })?),
+        };
         if policy.host_uid < MIN_HOST_UID
             || policy.host_uid >= u32::MAX - HOST_IDS_PER_SANDBOX
             || (policy.host_uid..policy.host_uid + HOST_IDS_PER_SANDBOX).contains(&65534)
@@ -191,6 +212,7 @@ impl Plan {
                 JailProfile::Strict => None,
                 JailProfile::Namespaces => Some(init::RlimitBounds::from(&policy.limits)),
             },
+            entry,
         })
     }
 }

@@ -138,9 +138,9 @@ impl Drop for Guard {
 }
 
 /// See [`crate::run_jail`].
-pub(crate) fn run(policy: &JailPolicy) -> Result<i32, JailError> {
+pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Result<i32, JailError> {
     let parent = watch_parent()?;
-    let mut plan = Plan::new(policy)?;
+    let mut plan = Plan::new(policy, agent)?;
     if !nix::unistd::geteuid().is_root() {
         return Err(JailError::NotRoot);
     }

@@ -10,6 +10,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 /// Capability numbers (linux/capability.h) the jail deals with by name.
 pub(crate) const CAP_KILL: u32 = 5;
@@ -276,7 +277,7 @@ pub(crate) fn default_sigchld() -> io::Result<()> {
 /// Overwrites the argument area with `asbx-init` and zeroes the rest and the
 /// environment strings. The last argument byte is made non-zero, which makes
 /// the kernel read the area like a `setproctitle` title: up to the first NUL.
-pub(crate) fn scrub_cmdline() -> io::Result<()> {
+pub(crate) fn scrub_cmdline() -> io::Result<Option<CmdlineArea>> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let after_comm = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
     let fields: Vec<usize> = after_comm
@@ -294,7 +295,7 @@ pub(crate) fn scrub_cmdline() -> io::Result<()> {
     };
     const NAME: &[u8] = b"asbx-init\0";
     if arg_start == 0 || arg_end <= arg_start + NAME.len() || env_end < env_start {
-        return Ok(());
+        return Ok(None);
     }
     // SAFETY: [arg_start, arg_end) and [env_start, env_end) are this
     // process's own argument and environment strings on its initial stack,
@@ -306,7 +307,70 @@ pub(crate) fn scrub_cmdline() -> io::Result<()> {
         std::ptr::write_bytes(env_start as *mut u8, 0, env_end - env_start);
         *((arg_end - 1) as *mut u8) = b' ';
     }
-    Ok(())
+    Ok(Some(CmdlineArea {
+        start: arg_start,
+        end: arg_end,
+    }))
+}
+
+/// The argument area [`scrub_cmdline`] cleared: the same addresses in every
+/// fork of the process that cleared it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CmdlineArea {
+    start: usize,
+    end: usize,
+}
+
+impl CmdlineArea {
+    /// Show `name` (NUL-terminated, shorter than the area) as this process's
+    /// command line, and its first 15 bytes as its `comm`.
+    pub(crate) fn rename(self, name: &std::ffi::CStr) {
+        let bytes = name.to_bytes_with_nul();
+        if self.end <= self.start + bytes.len() {
+            return;
+        }
+        // SAFETY: the area is this process's own argument strings on its
+        // initial stack (see `scrub_cmdline`), mapped and writable, and
+        // longer than `bytes`; nothing reads them as Rust data.
+        unsafe {
+            std::ptr::write_bytes(self.start as *mut u8, 0, self.end - self.start);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.start as *mut u8, bytes.len());
+            *((self.end - 1) as *mut u8) = b' ';
+        }
+        let _ = nix::sys::prctl::set_name(name);
+    }
+}
+
+/// Close every descriptor from `first` up (`close_range`, Linux 5.9).
+pub(crate) fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range takes integers; the caller owns every descriptor
+    // from `first` up and uses none of them afterwards.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Make `env` (`NAME=value` strings) this process's whole environment.
+pub(crate) fn replace_environment(env: &[std::ffi::CString]) {
+    let old: Vec<std::ffi::OsString> = std::env::vars_os().map(|(k, _)| k).collect();
+    for key in old {
+        // SAFETY: the process is single-threaded (a fork of the sandbox's
+        // init, which never starts a thread), so nothing reads the
+        // environment concurrently.
+        unsafe { std::env::remove_var(key) };
+    }
+    for kv in env {
+        let bytes = kv.as_bytes();
+        if let Some(eq) = bytes.iter().position(|b| *b == b'=') {
+            let key = std::ffi::OsStr::from_bytes(&bytes[..eq]);
+            let value = std::ffi::OsStr::from_bytes(&bytes[eq + 1..]);
+            // SAFETY: as above, single-threaded.
+            unsafe { std::env::set_var(key, value) };
+        }
+    }
 }
 
 /// A descriptor of process `pid` that becomes readable when it exits

@@ -53,6 +53,9 @@ pub const CGROUP_CHILDREN: [&str; 2] = ["tools", "mcp"];
 /// - `limits`: cgroup and rlimit bounds.
 /// - `cgroup`: a unique name for this sandbox's cgroups.
 /// - `profile`: how strict; `strict` unless the operator chose otherwise.
+/// - `entry`: what the main process runs: `exec` (`argv`, the default) or
+///   `agent` (the agent loop of the binary that runs the jail, started
+///   without an `execve`; `argv` is then only its name).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JailPolicy {
     pub workdir: String,
@@ -66,6 +69,24 @@ pub struct JailPolicy {
     pub cgroup: String,
     #[serde(default)]
     pub profile: JailProfile,
+    #[serde(default)]
+    pub entry: JailEntry,
+}
+
+/// What a sandbox's main process runs; see [`JailPolicy`].
+///
+/// `Agent` forks the agent from the sandbox's init once every layer is in
+/// place, with no `execve`: it shares the pages the binary mapped and
+/// relocated once (copy on write) instead of mapping and relocating its own
+/// image, which saves both start-up time and memory per sandbox. The binary
+/// that runs the jail must supply the agent (`asbx-sandbox` does); others
+/// refuse such a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum JailEntry {
+    #[default]
+    Exec,
+    Agent,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

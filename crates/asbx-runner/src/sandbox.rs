@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use asbx_jail::DetachedDir;
 
 use asbx_protocol::jail::{
-    BindMount, IsolationProfile, JailPolicy, JailProfile, RUN_DIR_IN_JAIL, ResourceLimits,
-    TOOL_GID, TOOL_UID, WORKDIR_IN_JAIL,
+    BindMount, IsolationProfile, JailEntry, JailPolicy, JailProfile, RUN_DIR_IN_JAIL,
+    ResourceLimits, TOOL_GID, TOOL_UID, WORKDIR_IN_JAIL,
 };
 use tokio::process::Command;
 
@@ -200,11 +200,15 @@ impl Sandbox for Jailed {
     }
 
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError> {
+        // The supervisor runs from the detached copy too: the agent is forked
+        // from it (`entry: agent`, no `execve`), and its `/proc/self/exe`
+        // and memory map must show no host path either.
+        let exe = exe_source(&self.exe);
         let policy = JailPolicy {
             workdir: spec.dirs.work.display().to_string(),
             binds: vec![
                 BindMount {
-                    source: exe_source(&self.exe).display().to_string(),
+                    source: exe.display().to_string(),
                     target: EXE_IN_JAIL.to_owned(),
                     writable: false,
                 },
@@ -220,10 +224,11 @@ impl Sandbox for Jailed {
             limits: spec.resources.clone(),
             cgroup: format!("asbx-{}", spec.name),
             profile: self.profile,
+            entry: JailEntry::Agent,
         };
         let json = serde_json::to_string(&policy)
             .map_err(|e| RunnerError::Spawn(format!("policy: {e}")))?;
-        let mut command = base_command(&self.exe);
+        let mut command = base_command(&exe);
         command.arg("jail").arg("--policy").arg(json);
         Ok(Prepared {
             command,

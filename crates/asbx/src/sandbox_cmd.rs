@@ -8,13 +8,19 @@ use asbx_protocol::jail::{JailPolicy, JailProfile};
 
 /// `agent`: seal the capabilities tools must not inherit, then run the loop.
 pub(crate) fn agent() -> ExitCode {
+    ExitCode::from(agent_in_jail())
+}
+
+/// The agent as a jail's main process: `asbx agent`, or forked in process
+/// for a policy with `entry: agent` (no `execve`).
+fn agent_in_jail() -> u8 {
     // Inside a jail the agent holds CAP_SETUID/CAP_SETGID (to start tools as
     // their own uid); sealing keeps them from its tools.
     if let Err(e) = asbx_jail::seal_agent() {
         eprintln!("asbx agent: {e}");
-        return ExitCode::from(exit::SETUP_FAILED);
+        return exit::SETUP_FAILED;
     }
-    asbx_agent::run_agent()
+    asbx_agent::agent_main()
 }
 
 /// `jail --policy JSON` or `jail --check [--profile NAME]`.
@@ -50,7 +56,7 @@ pub(crate) fn jail(policy: Option<String>, check: bool, profile: &str) -> ExitCo
             return ExitCode::from(exit::SETUP_FAILED);
         }
     };
-    match asbx_jail::run_jail(&policy) {
+    match asbx_jail::run_jail_with(&policy, Some(agent_in_jail)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
         Err(e) => {
             eprintln!("asbx jail: {e}");

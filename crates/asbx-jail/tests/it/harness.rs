@@ -7,7 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use asbx_protocol::jail::{HOST_IDS_PER_SANDBOX, JailPolicy, JailProfile, ResourceLimits};
+use asbx_protocol::jail::{
+    HOST_IDS_PER_SANDBOX, JailEntry, JailPolicy, JailProfile, ResourceLimits,
+};
 
 /// The jail's exit code when set-up failed.
 pub const SETUP_FAILED: i32 = asbx_protocol::exit::SETUP_FAILED as i32;
@@ -179,6 +181,7 @@ impl Sbx {
             limits: ResourceLimits::default(),
             cgroup: format!("asbx-it-{pid}-{n}"),
             profile: JailProfile::Strict,
+            entry: JailEntry::Exec,
         };
         Sbx {
             policy,

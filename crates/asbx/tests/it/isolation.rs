@@ -461,3 +461,92 @@ async fn mountinfo_and_cgroup_name_no_host_path() {
     );
     runner.assert_clean().await;
 }
+
+/// The agent is forked from the sandbox's init with no `execve`
+/// (`entry: agent`): seen from the host, a warm sandbox's agent holds
+/// exactly the agent's capabilities (sealed: none inheritable or ambient),
+/// `no_new_privs` and a seccomp filter, calls itself `asbx-agent`, and
+/// neither its executable nor any file it maps is a host path outside the
+/// system folders: the binary is the runner's detached copy (`/asbx`). The
+/// sandbox's cgroup holds its init and agent, nothing else.
+#[tokio::test]
+async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
+    let runner = RunnerProc::start(&[]);
+    if profile() != "strict" {
+        eprintln!("SKIP: needs the strict profile's cgroups to find the sandbox");
+        return;
+    }
+    let mut cgroups = Vec::new();
+    for _ in 0..200 {
+        cgroups = runner.warm_cgroups();
+        if !cgroups.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cgroup = cgroups.first().expect("a warm sandbox");
+    let procs_file = format!("/sys/fs/cgroup/memory/asbx/{cgroup}/cgroup.procs");
+    // The agent is in the cgroup once it forked; wait for it.
+    let mut procs: Vec<i32> = Vec::new();
+    for _ in 0..200 {
+        procs = std::fs::read_to_string(&procs_file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if procs.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cmdline = |pid: i32| {
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned()
+    };
+    let names: Vec<String> = procs.iter().map(|p| cmdline(*p)).collect();
+    assert_eq!(
+        {
+            let mut n = names.clone();
+            n.sort();
+            n
+        },
+        ["asbx-agent", "asbx-init"],
+        "the sandbox's processes: {procs:?}"
+    );
+    let agent = procs[names.iter().position(|n| n == "asbx-agent").unwrap()];
+    let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{name} not in {status}"))
+            .to_owned()
+    };
+    // CAP_SETGID (6), CAP_SETUID (7) and CAP_KILL (5).
+    assert_eq!(field("CapEff:"), "00000000000000e0", "{status}");
+    assert_eq!(field("CapPrm:"), "00000000000000e0", "{status}");
+    assert_eq!(field("CapInh:"), "0000000000000000", "{status}");
+    assert_eq!(field("CapAmb:"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(field("Seccomp:"), "2", "{status}");
+    let exe = std::fs::read_link(format!("/proc/{agent}/exe")).unwrap();
+    assert_eq!(exe, std::path::Path::new("/asbx"), "the agent's executable");
+    let maps = std::fs::read_to_string(format!("/proc/{agent}/maps")).unwrap();
+    let files: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.starts_with('/'))
+        .collect();
+    assert!(
+        files.contains(&"/asbx"),
+        "control: the binary is mapped: {maps}"
+    );
+    for path in files {
+        assert!(
+            path == "/asbx" || path.starts_with("/usr/") || path.starts_with("/lib"),
+            "the agent maps {path}: {maps}"
+        );
+    }
+    drop(runner);
+}

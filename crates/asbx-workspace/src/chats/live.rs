@@ -483,52 +483,53 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
     // turn's end waits for it, its clients kept waiting, rather than be
     // lost (a turn whose message is never stored would later be marked
     // lost although its clients saw it end). First: is the turn still ours?
-    let pool = state.store.pool();
+    // The turn's end is one transaction (one commit, one fsync on
+    // PostgreSQL): the lease still ours, the last lines, the message, the
+    // run's outcome, its tokens revoked, the lease released. Every line is
+    // stored with the message and the run's end, so a node replaying the
+    // turn has them all once it sees the run settled.
     let patience = tokio::time::Instant::now() + FINISH_PATIENCE;
     let until = state.now_ms().saturating_add(ms(state.config.lease_ttl));
-    let renewed = until_stored(&turn.id, "renewing the chat lease", patience, || {
-        chats::renew_lease(pool, &turn.chat_id, &turn.id, &holder, until)
-    })
-    .await;
-    if renewed == Some(false) {
-        tracing::warn!(turn = %turn.id, "lost the chat lease at the turn's end; leaving it to its new holder");
-        stored.flush(&state, &turn.id).await;
-        lease.forget();
-        state.turns.remove(&turn.id);
-        return;
-    }
-    // Every line is stored before the message and the run's end, so a node
-    // replaying the turn has them all once it sees the run settled.
-    stored.flush(&state, &turn.id).await;
-    let mut wait = FINISH_RETRY_FIRST;
-    while !stored.is_empty() && tokio::time::Instant::now() < patience {
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(FINISH_RETRY_MAX);
-        stored.flush(&state, &turn.id).await;
-    }
-    until_stored(
-        &turn.id,
-        "persisting the assistant message",
-        patience,
-        || chats::append_message(pool, &turn.chat_id, &message),
-    )
-    .await;
     let termination = tap
         .termination()
         .and_then(|t| serde_json::to_string(t).ok());
-    until_stored(&turn.id, "recording the turn's outcome", patience, || {
-        runs::finish(
-            pool,
-            &turn.id,
-            &outcome,
-            termination.as_deref(),
-            state.now_ms(),
-        )
+    let end = TurnEnd {
+        turn: &turn,
+        holder: &holder,
+        lease_until: until,
+        message: &message,
+        outcome: &outcome,
+        termination: termination.as_deref(),
+    };
+    let stored_end = until_stored(&turn.id, "storing the turn's end", patience, || {
+        end.store(&state, &stored.rows)
     })
     .await;
-    dispatch::settle_ended(&state, &turn.id, &outcome, tap.termination()).await;
+    match stored_end {
+        Some(false) => {
+            tracing::warn!(turn = %turn.id, "lost the chat lease at the turn's end; leaving it to its new holder");
+            stored.flush(&state, &turn.id).await;
+            lease.forget();
+            state.turns.remove(&turn.id);
+            return;
+        }
+        Some(true) => {
+            stored.rows.clear();
+            lease.forget();
+        }
+        None => {
+            // Gave up on the database: what can still be stored, one by
+            // one, as the turn's end did before it was one transaction.
+            stored.flush(&state, &turn.id).await;
+            let pool = state.store.pool();
+            if let Err(e) = chats::append_message(pool, &turn.chat_id, &message).await {
+                tracing::error!(turn = %turn.id, error = %crate::error::error_chain(&e), "persisting the assistant message failed");
+            }
+            dispatch::settle_ended(&state, &turn.id, &outcome, tap.termination()).await;
+            lease.release().await;
+        }
+    }
     crate::runs::events::announce_end(&state, &turn.id).await;
-    lease.release().await;
     state
         .chat_events
         .emit(&turn.workspace_id, &turn.chat_id, Some(&turn.id), "ended");
@@ -721,6 +722,51 @@ async fn session_is_gone(state: &AppState, turn_id: &str, now_ms: i64) -> bool {
             Err(_) => false,
         },
         Ok(_) => false,
+    }
+}
+
+/// What a turn's end stores, in one transaction ([`TurnEnd::store`]).
+struct TurnEnd<'a> {
+    turn: &'a LiveTurn,
+    holder: &'a str,
+    lease_until: i64,
+    message: &'a PersistedMessage,
+    outcome: &'a Outcome,
+    termination: Option<&'a str>,
+}
+
+impl TurnEnd<'_> {
+    /// Stores the turn's end and the lines still pending (`rows`) in one
+    /// transaction; false (nothing stored) when the lease is no longer this
+    /// turn's holder's.
+    async fn store(
+        &self,
+        state: &AppState,
+        rows: &[(u64, Arc<str>)],
+    ) -> Result<bool, crate::error::WorkspaceError> {
+        let turn = self.turn;
+        let mut tx = state.store.pool().begin().await?;
+        let ours = chats::renew_lease(
+            &mut *tx,
+            &turn.chat_id,
+            &turn.id,
+            self.holder,
+            self.lease_until,
+        )
+        .await?;
+        if !ours {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let rows: Vec<(u64, &[u8])> = rows.iter().map(|(s, l)| (*s, l.as_bytes())).collect();
+        crate::runs::events::append_rows_on(&mut tx, &turn.id, &rows).await?;
+        chats::append_message(&mut *tx, &turn.chat_id, self.message).await?;
+        let now = state.now_ms();
+        runs::finish(&mut *tx, &turn.id, self.outcome, self.termination, now).await?;
+        crate::tokens::store::revoke_session(&mut *tx, &turn.id, now).await?;
+        chats::release_lease(&mut *tx, &turn.chat_id, &turn.id, now).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 }
 

@@ -159,8 +159,11 @@ pub(crate) async fn start_turn(
         created_at: now,
         turn_id: Some(turn_id.clone()),
     };
-    chats::append_message(state.store.pool(), &chat_id, &user_message).await?;
-    chats::set_conversation_id(state.store.pool(), &chat_id, &user_message.id).await?;
+    // One commit for both (one fsync on PostgreSQL).
+    let mut tx = state.store.pool().begin().await?;
+    chats::append_message(&mut *tx, &chat_id, &user_message).await?;
+    chats::set_conversation_id(&mut *tx, &chat_id, &user_message.id).await?;
+    tx.commit().await?;
 
     let placed = attachment_refs(&attachments);
     let spec = RunSpec {

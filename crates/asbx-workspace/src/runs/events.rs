@@ -143,23 +143,43 @@ pub(crate) async fn append_rows(
         insert(state.store.pool(), run_id, batch).await?;
     }
     state.notifier.announce(state.store.pool(), run_id).await;
-    let (Some(first), Some(last)) = (
-        rows.iter().map(|r| r.0).min(),
-        rows.iter().map(|r| r.0).max(),
-    ) else {
-        return Ok(());
-    };
-    if last > KEEP_LINES && last / 1000 != first.saturating_sub(1) / 1000 {
-        prune(state.store.pool(), run_id, last + 1 - KEEP_LINES).await?;
+    if let Some(from) = prune_from(rows) {
+        let mut tx = state.store.pool().begin().await?;
+        prune(&mut tx, run_id, from).await?;
+        tx.commit().await?;
     }
     Ok(())
 }
 
-async fn insert(
-    pool: &sqlx::AnyPool,
+/// [`append_rows`] inside the caller's transaction `conn`, without the
+/// announcement (the caller announces once it committed).
+pub(crate) async fn append_rows_on(
+    conn: &mut sqlx::AnyConnection,
     run_id: &str,
     rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError> {
+    for batch in rows.chunks(INSERT_ROWS) {
+        insert(&mut *conn, run_id, batch).await?;
+    }
+    if let Some(from) = prune_from(rows) {
+        prune(conn, run_id, from).await?;
+    }
+    Ok(())
+}
+
+/// The first `seq` to keep when storing `rows` crosses a multiple of 1,000
+/// past [`KEEP_LINES`].
+fn prune_from(rows: &[(u64, &[u8])]) -> Option<u64> {
+    let first = rows.iter().map(|r| r.0).min()?;
+    let last = rows.iter().map(|r| r.0).max()?;
+    (last > KEEP_LINES && last / 1000 != first.saturating_sub(1) / 1000)
+        .then(|| last + 1 - KEEP_LINES)
+}
+
+async fn insert<'c, E>(db: E, run_id: &str, rows: &[(u64, &[u8])]) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
     let mut sql = String::with_capacity(64 + rows.len() * 20);
     sql.push_str("INSERT INTO run_events (run_id, seq, line) VALUES ");
     for i in 0..rows.len() {
@@ -178,13 +198,17 @@ async fn insert(
             .bind(i64::try_from(*seq).unwrap_or(i64::MAX))
             .bind(String::from_utf8_lossy(raw).into_owned());
     }
-    q.execute(pool).await?;
+    q.execute(db).await?;
     Ok(())
 }
 
-async fn prune(pool: &sqlx::AnyPool, run_id: &str, from: u64) -> Result<(), WorkspaceError> {
+/// Drops the lines before `from`; on a transaction (both statements or none).
+async fn prune(
+    tx: &mut sqlx::AnyConnection,
+    run_id: &str,
+    from: u64,
+) -> Result<(), WorkspaceError> {
     let from = i64::try_from(from).unwrap_or(i64::MAX);
-    let mut tx = pool.begin().await?;
     sqlx::query("UPDATE runs SET events_from = $1 WHERE id = $2 AND events_from < $1")
         .bind(from)
         .bind(run_id)
@@ -195,7 +219,6 @@ async fn prune(pool: &sqlx::AnyPool, run_id: &str, from: u64) -> Result<(), Work
         .bind(from)
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
     Ok(())
 }
 

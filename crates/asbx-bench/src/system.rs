@@ -11,7 +11,9 @@ use anyhow::{Context, bail};
 
 use crate::{sibling, tempdir};
 
-const SCRIPT: &str = r#"{"script": [{"tool": "shell", "args": {"command": "echo hi"}}, {"tool": "write_file", "args": {"path": "out/r.txt", "content": "r"}}, {"say": "ok"}]}"#;
+/// The scripted turn every Assistant bench runs: one shell step, one file
+/// written back, one answer.
+pub(crate) const SCRIPT: &str = r#"{"script": [{"tool": "shell", "args": {"command": "echo hi"}}, {"tool": "write_file", "args": {"path": "out/r.txt", "content": "r"}}, {"say": "ok"}]}"#;
 
 /// One turn: its time from the `POST` to `done`, and the chat id.
 pub(crate) async fn one_turn(

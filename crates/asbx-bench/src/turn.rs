@@ -4,12 +4,65 @@
 //! turns one after another in one chat, through `asbx up` on SQLite and,
 //! with `ASBX_BENCH_PG_URL` set (a server URL; the bench makes its own
 //! database), through `asbx workspace` + `asbx runner` on PostgreSQL. Then
-//! the chat's history read back as the page reads it.
+//! the chat's history read back as the page reads it, and `asbx run` end to
+//! end: the same turn as an API run, from starting the `asbx run` process to
+//! its exit after the stream's end, beside `asbx --version` (the process
+//! start alone).
 
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::report;
-use crate::system::{Db, one_turn, pg_server, system};
+use anyhow::{Context, bail};
+
+use crate::system::{Db, SCRIPT, one_turn, pg_server, system};
+use crate::{report, sibling};
+
+/// `asbx run --json SCRIPT` against the workspace at `url`, timed from the
+/// spawn to the exit; fails unless the run completed.
+fn asbx_run(asbx: &std::path::Path, url: &str) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let out = Command::new(asbx)
+        .args(["run", "--url", url, "--json", SCRIPT])
+        .env_remove("ASBX_URL")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("asbx run")?;
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains(r#""reason":"completed""#) {
+        bail!("asbx run did not complete ({}): {text}", out.status);
+    }
+    Ok(took)
+}
+
+/// `asbx run` end to end, N times, beside `asbx --version` N times.
+fn run_cli(label: &str, url: &str, n: usize) -> anyhow::Result<()> {
+    let asbx = sibling("asbx")?;
+    for _ in 0..3 {
+        asbx_run(&asbx, url)?;
+    }
+    let mut times = Vec::with_capacity(n);
+    let mut start_only = Vec::with_capacity(n);
+    for _ in 0..n {
+        times.push(asbx_run(&asbx, url)?);
+        let started = Instant::now();
+        let status = Command::new(&asbx)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()?;
+        start_only.push(started.elapsed());
+        if !status.success() {
+            bail!("asbx --version: {status}");
+        }
+    }
+    report(&format!("{label}: asbx run, spawn to exit"), times);
+    report(
+        &format!("{label}: asbx --version (the process alone)"),
+        start_only,
+    );
+    Ok(())
+}
 
 async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> {
     let (_procs, url, _) = system(&format!("turn-{label}"), db)?;
@@ -47,7 +100,7 @@ async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> 
         started.elapsed().as_secs_f64() * 1e3,
         thread.len()
     );
-    Ok(())
+    run_cli(label, &url, n)
 }
 
 pub(crate) async fn turn(n: usize) -> anyhow::Result<()> {

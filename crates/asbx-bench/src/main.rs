@@ -116,38 +116,109 @@ async fn throughput() -> anyhow::Result<()> {
     let state = tempdir("throughput")?;
     let mut config = RunnerConfig::new(sibling("asbx-firehose")?, state.clone());
     config.isolation = IsolationProfile::Unconfined;
-    let lines: u64 = 4_000_000;
+    let lines: u64 = std::env::var("ASBX_BENCH_LINES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4_000_000);
     config
         .agent_env
         .push(("ASBX_FIREHOSE_LINES".into(), lines.to_string()));
     let url = serve_runner(config).await?;
     let client = reqwest::Client::new();
     println!(
-        "throughput: {lines} log lines (80 bytes each) from a sandbox process to an HTTP client"
+        "throughput: {lines} log lines (80 bytes each) from a sandbox process to an HTTP client, \
+         beside raw chunked HTTP on loopback (an axum/hyper server writing lines of the same \
+         stamped size in 64 KiB chunks to the same client)"
     );
+    // The peer: the same client reading the same number of stamped-size
+    // lines from a server that only writes ready-made chunks.
+    let session_id = "0123456789abcdef0123456789abcdef";
+    let raw_url = serve_raw_chunks(lines, session_id).await?;
     for round in 1..=3 {
-        let started = Instant::now();
-        let res = client
-            .post(format!("{url}/stream"))
-            .json(&body("http://127.0.0.1:9/none", "x"))
-            .send()
-            .await?;
-        let mut stream = res.bytes_stream();
-        let (mut count, mut bytes) = (0u64, 0u64);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            bytes += chunk.len() as u64;
-            count += memchr::memchr_iter(b'\n', &chunk).count() as u64;
-        }
-        let secs = started.elapsed().as_secs_f64();
+        let (raw_n, raw_b, raw_s) = read_lines(client.get(&raw_url)).await?;
+        let raw = raw_n as f64 / raw_s / 1e6;
         println!(
-            "  round {round}: {count} lines in {secs:.3} s = {:.2} M lines/s, {:.0} MiB/s",
-            count as f64 / secs / 1e6,
-            bytes as f64 / secs / (1 << 20) as f64
+            "  round {round}: raw chunked HTTP {raw:.2} M lines/s ({raw_n} lines, {:.0} MiB/s)",
+            raw_b as f64 / raw_s / (1 << 20) as f64
         );
+        for protocol in [1, 2] {
+            let mut b = body("http://127.0.0.1:9/none", "x");
+            b["protocol"] = protocol.into();
+            // A fresh id per dispatch, as long as the raw server's.
+            b["session_id"] = format!("tp-{round}-{protocol}-{}", &session_id[8..]).into();
+            let (n, bytes, secs) =
+                read_lines(client.post(format!("{url}/stream")).json(&b)).await?;
+            let what = if protocol == 1 {
+                "protocol 1"
+            } else {
+                "protocol 2 + resume log"
+            };
+            let m = n as f64 / secs / 1e6;
+            println!(
+                "  round {round}: {what} {m:.2} M lines/s ({n} lines, {:.0} MiB/s) = {:.2} x raw HTTP",
+                bytes as f64 / secs / (1 << 20) as f64,
+                m / raw
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&state);
     Ok(())
+}
+
+/// Sends `req` and counts the lines and bytes of the answer's body: (lines,
+/// bytes, seconds from the request to the body's end).
+async fn read_lines(req: reqwest::RequestBuilder) -> anyhow::Result<(u64, u64, f64)> {
+    let started = Instant::now();
+    let res = req.send().await?.error_for_status()?;
+    let mut stream = res.bytes_stream();
+    let (mut count, mut bytes) = (0u64, 0u64);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        bytes += chunk.len() as u64;
+        count += memchr::memchr_iter(b'\n', &chunk).count() as u64;
+    }
+    Ok((count, bytes, started.elapsed().as_secs_f64()))
+}
+
+/// A server whose `GET /` answers `lines` NDJSON lines as long as the
+/// runner's stamped firehose lines, in ready-made 64 KiB chunks: the cost
+/// of chunked HTTP on loopback alone.
+async fn serve_raw_chunks(lines: u64, session_id: &str) -> anyhow::Result<String> {
+    let line = format!(
+        r#"{{"seq":1000000,"ts":1764000000000,"sessionId":"{session_id}","type":"log","level":"debug","message":"tick tock the firehose is flowing"}}"#
+    );
+    let per_chunk = (64 * 1024) / (line.len() + 1);
+    let mut chunk = Vec::with_capacity(64 * 1024);
+    for _ in 0..per_chunk {
+        chunk.extend_from_slice(line.as_bytes());
+        chunk.push(b'\n');
+    }
+    let chunk = axum::body::Bytes::from(chunk);
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let chunk = chunk.clone();
+            async move {
+                let full = lines / per_chunk as u64;
+                let rest = (lines % per_chunk as u64) as usize;
+                let tail = chunk.slice(..rest * (chunk.len() / per_chunk));
+                let chunks = std::iter::repeat_n(chunk, full as usize)
+                    .chain(std::iter::once(tail))
+                    .map(Ok::<_, std::io::Error>);
+                axum::body::Body::from_stream(futures::stream::iter(chunks))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(url)
 }
 
 fn tempdir(name: &str) -> anyhow::Result<PathBuf> {

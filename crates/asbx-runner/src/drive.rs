@@ -419,6 +419,10 @@ impl State {
                 }
             }
         }
+        // Lines read together arrived together: one clock read per read,
+        // and room for their stamped form reserved once.
+        let ts = asbx_protocol::now_ms();
+        self.stamper.reserve(buf.len() * 2);
         let mut start = 0;
         while self.terminal.is_none() {
             let Some(i) = memchr::memchr(b'\n', &buf[start..]) else {
@@ -427,7 +431,7 @@ impl State {
             let end = start + i;
             // Split borrows: the line is read while the stamper writes elsewhere.
             let line = &buf[start..end];
-            self.line_inner(line);
+            self.line_inner(line, ts);
             start = end + 1;
         }
         if self.terminal.is_some() {
@@ -444,11 +448,11 @@ impl State {
 
     fn line(&mut self, line: &[u8]) {
         if self.terminal.is_none() {
-            self.line_inner(line);
+            self.line_inner(line, asbx_protocol::now_ms());
         }
     }
 
-    fn line_inner(&mut self, line: &[u8]) {
+    fn line_inner(&mut self, line: &[u8], ts: u64) {
         let line = line.trim_ascii();
         if line.is_empty() {
             return;
@@ -506,8 +510,7 @@ impl State {
             self.stats.tool_calls += 1;
         }
         if self.filter.as_ref().is_none_or(|f| f.passes(kind)) {
-            self.stamper
-                .raw(line, asbx_protocol::now_ms(), kind.as_str());
+            self.stamper.raw(line, ts, kind.as_str());
         } else {
             self.stamper.skip();
         }

@@ -152,6 +152,11 @@ impl Stamper {
         self.seq
     }
 
+    /// Makes room for `n` more bytes of output at once.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.out.reserve(n);
+    }
+
     pub(crate) fn has_output(&self) -> bool {
         !self.out.is_empty()
     }

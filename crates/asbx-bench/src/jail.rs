@@ -26,6 +26,7 @@ fn policy(workdir: &Path, argv: &[&str], profile: JailProfile, i: u32) -> JailPo
         cgroup: format!("asbx-bench-{}-{i}", std::process::id()),
         profile,
         entry: JailEntry::Exec,
+        guard: true,
     }
 }
 

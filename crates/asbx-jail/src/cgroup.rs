@@ -181,15 +181,13 @@ impl Cgroups {
     /// Create the sandbox's cgroups and write its limits.
     /// `host_uid` owns the children's `freezer.state`, and is the group of
     /// their `cgroup.procs`.
-    /// The sandbox directories [`Cgroups::create`] will make for `name`, in
-    /// the order it makes them. The supervisor hands them to its cleanup
-    /// guard *before* creating any, so that a supervisor killed half-way
-    /// through creating them leaves nothing behind.
-    pub(crate) fn planned_dirs(layout: &Layout, name: &str) -> Result<Vec<PathBuf>, JailError> {
+    /// The sandbox directories [`Cgroups::create`] makes for `name`, in the
+    /// order it makes them, one per hierarchy.
+    pub(crate) fn dirs_named(layout: &Layout, name: &str) -> Result<Vec<PathBuf>, JailError> {
         if !valid_name(name) {
             return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
         }
-        let dirs: Vec<PathBuf> = match layout {
+        Ok(match layout {
             Layout::V1 {
                 memory,
                 pids,
@@ -201,7 +199,14 @@ impl Cgroups {
                 .map(|h| h.join(PARENT).join(name))
                 .collect(),
             Layout::V2 { root } => vec![root.join(PARENT).join(name)],
-        };
+        })
+    }
+
+    /// [`Cgroups::dirs_named`], none of which may exist yet. The supervisor hands
+    /// them to its cleanup guard *before* creating any, so that a supervisor
+    /// killed half-way through creating them leaves nothing behind.
+    pub(crate) fn planned_dirs(layout: &Layout, name: &str) -> Result<Vec<PathBuf>, JailError> {
+        let dirs = Cgroups::dirs_named(layout, name)?;
         if let Some(taken) = dirs.iter().find(|d| d.exists()) {
             return Err(JailError::Cgroup(format!(
                 "{} already exists (a leftover of a killed supervisor?)",

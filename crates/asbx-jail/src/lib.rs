@@ -108,6 +108,23 @@ pub fn run_jail_with(policy: &JailPolicy, agent: Option<AgentEntry>) -> Result<i
     supervisor::run(policy, agent)
 }
 
+/// Remove the cgroups of the sandbox named `cgroup` (a policy's `cgroup`),
+/// the `tools` and `mcp` children first, killing what is still in them:
+/// what the cleanup guard does. For a caller that runs its jails with
+/// `guard: false`, once a supervisor ended without removing them (it was
+/// SIGKILLed). Nothing to remove is not an error.
+pub fn remove_cgroups(cgroup: &str) -> Result<(), JailError> {
+    if !cgroup::valid_name(cgroup) {
+        return Err(JailError::Policy(format!("invalid cgroup name {cgroup:?}")));
+    }
+    let root = std::path::Path::new(cgroup::CGROUP_ROOT);
+    let Ok(layout) = cgroup::Layout::detect(root) else {
+        return Ok(()); // no cgroups on this host: nothing was made
+    };
+    let dirs = cgroup::Cgroups::dirs_named(&layout, cgroup)?;
+    cgroup::destroy_dirs(&layout, &dirs)
+}
+
 /// Probe each layer `profile` needs on this host. The runner refuses to
 /// start when [`LayerReport::missing`] is not empty.
 pub fn check(profile: JailProfile) -> LayerReport {

@@ -169,14 +169,20 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
         JailProfile::Strict => {
             let layout =
                 Layout::detect(std::path::Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
-            let planned = Cgroups::planned_dirs(&layout, &policy.cgroup)?;
-            let mut guard = Guard::start(&layout, planned)?;
+            let mut guard = if policy.guard {
+                let planned = Cgroups::planned_dirs(&layout, &policy.cgroup)?;
+                Some(Guard::start(&layout, planned)?)
+            } else {
+                None
+            };
             match Cgroups::create(layout, &policy.cgroup, &policy.limits, policy.host_uid) {
-                Ok(cg) => (Some(cg), Some(guard)),
+                Ok(cg) => (Some(cg), guard),
                 Err(e) => {
                     // `create` removed what it made when it failed; should
                     // that removal have failed too, the guard tries again.
-                    guard.hand_over();
+                    if let Some(g) = guard.as_mut() {
+                        g.hand_over();
+                    }
                     return Err(e);
                 }
             }

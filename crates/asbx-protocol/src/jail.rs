@@ -56,6 +56,11 @@ pub const CGROUP_CHILDREN: [&str; 2] = ["tools", "mcp"];
 /// - `entry`: what the main process runs: `exec` (`argv`, the default) or
 ///   `agent` (the agent loop of the binary that runs the jail, started
 ///   without an `execve`; `argv` is then only its name).
+/// - `guard`: start a cleanup guard process beside the supervisor, which
+///   removes the cgroups should the supervisor be SIGKILLed (default
+///   `true`). A caller that removes them itself once the supervisor ended
+///   (the runner does, [`remove_cgroups`](https://docs.rs/asbx-jail)) sets
+///   `false` and saves a process per sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JailPolicy {
     pub workdir: String,
@@ -71,6 +76,12 @@ pub struct JailPolicy {
     pub profile: JailProfile,
     #[serde(default)]
     pub entry: JailEntry,
+    #[serde(default = "yes")]
+    pub guard: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// What a sandbox's main process runs; see [`JailPolicy`].

@@ -225,6 +225,9 @@ impl Sandbox for Jailed {
             cgroup: format!("asbx-{}", spec.name),
             profile: self.profile,
             entry: JailEntry::Agent,
+            // `Slot::cleanup` removes what a killed supervisor leaves
+            // (`remove_leftover_cgroups`): one process less per sandbox.
+            guard: false,
         };
         let json = serde_json::to_string(&policy)
             .map_err(|e| RunnerError::Spawn(format!("policy: {e}")))?;
@@ -250,39 +253,12 @@ impl Sandbox for Jailed {
     }
 }
 
-/// Removes the cgroups of a sandbox whose supervisor died before it could.
-/// Normally `asbx jail` removes them itself; this is the fallback.
+/// Removes the cgroups of a sandbox whose supervisor died before it could
+/// (SIGKILLed; the runner runs its jails without a cleanup guard), children
+/// first. Normally `asbx jail` removes them itself and there is nothing to do.
 fn remove_leftover_cgroups(name: &str) {
-    let roots = [
-        "memory",
-        "pids",
-        "cpu",
-        "cpu,cpuacct",
-        "freezer",
-        "unified",
-        "",
-    ];
-    for ctrl in roots {
-        let dir = Path::new("/sys/fs/cgroup")
-            .join(ctrl)
-            .join("asbx")
-            .join(name);
-        if !dir.exists() {
-            continue;
-        }
-        for _ in 0..50 {
-            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-            if std::fs::remove_dir(&dir).is_ok() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+    if let Err(e) = asbx_jail::remove_cgroups(name) {
+        tracing::warn!(cgroup = name, error = %e, "could not remove a sandbox's cgroups");
     }
 }
 

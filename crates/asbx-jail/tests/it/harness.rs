@@ -182,6 +182,7 @@ impl Sbx {
             cgroup: format!("asbx-it-{pid}-{n}"),
             profile: JailProfile::Strict,
             entry: JailEntry::Exec,
+            guard: true,
         };
         Sbx {
             policy,

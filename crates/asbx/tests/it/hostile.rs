@@ -102,3 +102,96 @@ async fn sandboxes_die_with_a_sigkilled_runner() {
         gone_after.as_millis()
     );
 }
+
+/// The runner starts its jails without a cleanup guard (one process less per
+/// sandbox) and removes what a killed supervisor leaves itself: SIGKILL the
+/// supervisor of a turn whose tool runs in the `tools` child cgroup; the
+/// runner lives on, the turn ends with an error, and within 5 s no process
+/// of the sandbox and none of its cgroups, children included, is left.
+#[tokio::test]
+async fn a_sigkilled_supervisor_leaves_nothing_behind() {
+    if !Path::new("/sys/fs/cgroup").exists() || profile() != "strict" {
+        asbx_test_support::skip(
+            "a_sigkilled_supervisor_leaves_nothing_behind",
+            &format!("needs the strict profile (ASBX_TEST_PROFILE={})", profile()),
+        );
+        return;
+    }
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let marker = format!("supkill{}", rand::random::<u32>());
+    let t = ws.mint(&session_id("supkill"));
+    let command = format!("export {marker}=1; sleep 300 & sleep 301; echo never");
+    let body = ws.body(
+        &t,
+        &script(json!([{"tool": "shell", "args": {"command": command}}])),
+    );
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let stream = crate::dispatch::read_until(
+        res,
+        |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),
+    )
+    .await;
+    let needles = vec![t.session.clone()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pids_mentioning(&marker).len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tools = pids_mentioning(&marker);
+    let supervisors = pids_mentioning(&t.session);
+    let cgroups = cgroups_named(&needles);
+    let tools_child = cgroups
+        .iter()
+        .any(|c| Path::new(c).join("tools").join("cgroup.procs").exists());
+    assert!(tools.len() >= 2, "the tool's sleeps never ran: {tools:?}");
+    assert_eq!(
+        supervisors.len(),
+        1,
+        "one supervisor, no guard: {supervisors:?}"
+    );
+    assert!(
+        tools_child,
+        "no tools child cgroup before the kill: {cgroups:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisors[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        use futures::StreamExt;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(chunk)) = stream.next().await {
+            rest.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .expect("the turn ends after its supervisor died");
+    let last = rest.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(r#""type":"error""#),
+        "the turn ends with an error: {rest}"
+    );
+    let killed = Instant::now();
+    let mut left = (Vec::new(), Vec::new());
+    while killed.elapsed() < Duration::from_secs(5) {
+        left = (pids_mentioning(&marker), cgroups_named(&needles));
+        if left.0.is_empty() && left.1.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        left.0.is_empty() && left.1.is_empty(),
+        "5 s after SIGKILL of the supervisor: tools {:?}, cgroups {:?}",
+        left.0,
+        left.1
+    );
+    runner.assert_clean().await;
+}

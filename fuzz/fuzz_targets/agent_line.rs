@@ -1,7 +1,8 @@
 //! Fuzzes the agent-line validator (`asbx_protocol::raw`), the runner's check
 //! of every untrusted line an agent writes.
 //!
-//! Invariants: it never panics; a line it accepts holds no raw `\n` or `\r`
+//! Invariants: it never panics; its fast path for common shapes accepts
+//! exactly what the full serde validator accepts, with the same view; a line it accepts holds no raw `\n` or `\r`
 //! (so no framing downstream, NDJSON or SSE, can be split by it), re-parses
 //! with serde into an `Event` of the same type, and once stamped the way the
 //! runner stamps it (`{"seq":..,"ts":..,"sessionId":..,` + the bytes after
@@ -14,7 +15,24 @@ use asbx_protocol::{Event, Line};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok((kind, _ev)) = AgentEvent::parse(data) else {
+    // The fast path of common shapes decides exactly as serde does.
+    let parsed = AgentEvent::parse(data);
+    let full = AgentEvent::parse_full(data);
+    assert_eq!(
+        parsed.as_ref().map(|(k, e)| (*k, format!("{e:?}"))).ok(),
+        full.as_ref().map(|(k, e)| (*k, format!("{e:?}"))).ok(),
+        "fast path and serde disagree on {:?}",
+        String::from_utf8_lossy(data)
+    );
+    if let Some(kind) = asbx_protocol::raw::common_kind(data) {
+        assert_eq!(
+            full.as_ref().map(|(k, _)| *k).ok(),
+            Some(kind),
+            "common_kind and serde disagree on {:?}",
+            String::from_utf8_lossy(data)
+        );
+    }
+    let Ok((kind, _ev)) = parsed else {
         return;
     };
     assert!(

@@ -137,7 +137,22 @@ impl<'a> AgentEvent<'a> {
     /// whitespace between tokens): the runner forwards the bytes as they are,
     /// and a reader that ends lines at `\r` (SSE does, some NDJSON readers
     /// do) would see the line cut in two. Inside strings JSON escapes them.
+    ///
+    /// The commonest shapes (`log`, `delta`, `result` with their fields in
+    /// the usual order and a string with no escapes) are recognized byte by
+    /// byte; everything else goes through serde. The fast path accepts only
+    /// lines serde accepts too, with the same result (`fuzz/agent_line`
+    /// checks that against [`AgentEvent::parse_full`]).
+    #[inline]
     pub fn parse(line: &'a [u8]) -> Result<(AgentKind, AgentEvent<'a>), RawError> {
+        match parse_common(line) {
+            Some(v) => Ok(v),
+            None => Self::parse_full(line),
+        }
+    }
+
+    /// [`AgentEvent::parse`] without its fast path: serde and the checks.
+    pub fn parse_full(line: &'a [u8]) -> Result<(AgentKind, AgentEvent<'a>), RawError> {
         if memchr::memchr2(b'\n', b'\r', line).is_some() {
             return Err(RawError::Invalid("a line may not hold a raw line break"));
         }
@@ -148,6 +163,29 @@ impl<'a> AgentEvent<'a> {
             check_value(raw)?;
         }
         Ok((kind, ev))
+    }
+
+    /// A line of type `kind` with no other field yet.
+    fn bare(kind: &'a str) -> Self {
+        AgentEvent {
+            kind: Text(Cow::Borrowed(kind)),
+            level: None,
+            message: None,
+            id: None,
+            name: None,
+            status: None,
+            args: None,
+            result: None,
+            error: None,
+            duration_ms: None,
+            code: None,
+            text: None,
+            step_id: None,
+            stream: None,
+            chunk: None,
+            call_id: None,
+            tool_name: None,
+        }
     }
 
     fn present(&self) -> u32 {
@@ -248,6 +286,89 @@ impl<'a> AgentEvent<'a> {
         }
         Ok(kind)
     }
+}
+
+/// A line of one of the commonest shapes, validated: exactly
+/// `{"type":"log","level":"L","message":"S"}`, `{"type":"delta","text":"S"}`
+/// or `{"type":"result","message":"S"}`, no whitespace, `S` a string without
+/// escapes. `None` for anything else, which serde then decides
+/// ([`AgentEvent::parse_full`]); such a line is valid and needs no further
+/// check, so a caller that only needs its kind (the runner's line path) takes
+/// it without building an [`AgentEvent`].
+#[inline]
+pub fn common_kind(line: &[u8]) -> Option<AgentKind> {
+    match_common(line).map(|c| c.kind)
+}
+
+/// What the fast path read from a line of a common shape.
+struct Common<'a> {
+    kind: AgentKind,
+    level: Option<LogLevel>,
+    /// `message` (log, result) or `text` (delta).
+    text: &'a str,
+}
+
+#[inline]
+fn match_common(line: &[u8]) -> Option<Common<'_>> {
+    let rest = line.strip_prefix(b"{\"type\":\"")?;
+    if let Some(rest) = rest.strip_prefix(b"log\",\"level\":\"") {
+        let (level, rest) = [
+            (LogLevel::Debug, &b"debug"[..]),
+            (LogLevel::Info, b"info"),
+            (LogLevel::Warn, b"warn"),
+            (LogLevel::Error, b"error"),
+        ]
+        .into_iter()
+        .find_map(|(level, name)| Some((level, rest.strip_prefix(name)?)))?;
+        let text = plain_string(rest.strip_prefix(b"\",\"message\":")?)?;
+        return Some(Common {
+            kind: AgentKind::Log,
+            level: Some(level),
+            text,
+        });
+    }
+    let (kind, rest) = if let Some(rest) = rest.strip_prefix(b"delta\",\"text\":") {
+        (AgentKind::Delta, rest)
+    } else {
+        (
+            AgentKind::Result,
+            rest.strip_prefix(b"result\",\"message\":")?,
+        )
+    };
+    Some(Common {
+        kind,
+        level: None,
+        text: plain_string(rest)?,
+    })
+}
+
+/// The fast path of [`AgentEvent::parse`], [`common_kind`] with its view.
+#[inline]
+fn parse_common(line: &[u8]) -> Option<(AgentKind, AgentEvent<'_>)> {
+    let c = match_common(line)?;
+    let mut ev = AgentEvent::bare(c.kind.as_str());
+    let text = Some(Text(Cow::Borrowed(c.text)));
+    match c.kind {
+        AgentKind::Delta => ev.text = text,
+        _ => ev.message = text,
+    }
+    ev.level = c.level;
+    Some((c.kind, ev))
+}
+
+/// `"S"}` where `S` is valid UTF-8 with no `"`, `\\` or control character
+/// (what serde takes as a string as it is): `S`.
+fn plain_string(rest: &[u8]) -> Option<&str> {
+    let s = rest.strip_prefix(b"\"")?.strip_suffix(b"\"}")?;
+    // One branch-free pass (it vectorizes), then UTF-8.
+    let mut refused = false;
+    for &b in s {
+        refused |= (b < 0x20) | (b == b'"') | (b == b'\\');
+    }
+    if refused {
+        return None;
+    }
+    std::str::from_utf8(s).ok()
 }
 
 /// Parses a [`RawValue`] the way a consumer that builds the value will.
@@ -401,6 +522,42 @@ mod tests {
             AgentEvent::parse(l.as_bytes()).map(|(k, _)| k),
             Ok(AgentKind::ToolCall)
         );
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_serde() {
+        let fast: &[&str] = &[
+            r#"{"type":"log","level":"debug","message":"tick tock"}"#,
+            r#"{"type":"log","level":"error","message":""}"#,
+            "{\"type\":\"delta\",\"text\":\"h\u{e9} \u{7f}\"}",
+            r#"{"type":"result","message":"done"}"#,
+        ];
+        for l in fast {
+            let (kind, ev) = parse_common(l.as_bytes()).unwrap_or_else(|| panic!("slow: {l}"));
+            let (full_kind, full) = AgentEvent::parse_full(l.as_bytes()).unwrap();
+            assert_eq!(kind, full_kind, "{l}");
+            assert_eq!(common_kind(l.as_bytes()), Some(kind), "{l}");
+            assert_eq!(format!("{ev:?}"), format!("{full:?}"), "{l}");
+        }
+        // Shapes the fast path leaves to serde, whatever serde decides.
+        let slow: &[&[u8]] = &[
+            br#"{"type":"log","message":"m","level":"info"}"#,
+            br#"{"type":"log","level":"loud","message":"m"}"#,
+            br#"{"type":"log","level":"infoo","message":"m"}"#,
+            br#"{"type":"delta","text":"a\"b"}"#,
+            br#"{"type":"delta","text":"a"b"}"#,
+            br#"{"type":"delta","text":"a"}x"#,
+            br#"{"type":"delta","text":"a"} "#,
+            br#"{"type":"delta", "text":"a"}"#,
+            b"{\"type\":\"delta\",\"text\":\"a\tb\"}",
+            b"{\"type\":\"delta\",\"text\":\"\xff\"}",
+            br#"{"type":"result","message":"x","seq":1}"#,
+            br#"{"type":"result","message":1}"#,
+        ];
+        for l in slow {
+            assert!(parse_common(l).is_none(), "{}", String::from_utf8_lossy(l));
+            assert!(common_kind(l).is_none(), "{}", String::from_utf8_lossy(l));
+        }
     }
 
     #[test]

@@ -467,26 +467,28 @@ impl State {
             self.reject("a line that is not a JSON object");
             return;
         }
-        let (kind, ev) = match AgentEvent::parse(line) {
-            Ok(v) => v,
-            Err(e) => {
-                self.reject(&e.to_string());
-                return;
+        // The commonest shapes (log, delta, result) are validated byte by
+        // byte and need no view; the rest goes through serde and its rules.
+        let kind = match asbx_protocol::raw::common_kind(line) {
+            Some(kind) => {
+                if !self.carried(kind) {
+                    return;
+                }
+                kind
             }
+            None => match AgentEvent::parse_full(line) {
+                Ok((kind, ev)) => {
+                    if !self.carried(kind) || !self.rules(kind, &ev) {
+                        return;
+                    }
+                    kind
+                }
+                Err(e) => {
+                    self.reject(&e.to_string());
+                    return;
+                }
+            },
         };
-        if self.protocol == Protocol::V1 && !kind.in_protocol1() {
-            self.reject(&format!(
-                "a {} line, which protocol 1 does not carry",
-                kind.as_str()
-            ));
-            return;
-        }
-        if kind == AgentKind::Step && !self.step_transition(&ev) {
-            return;
-        }
-        if kind == AgentKind::Error {
-            self.agent_error = ev.message.as_deref().map(str::to_owned);
-        }
         if kind.is_terminal() {
             self.close_open_steps("the turn ended before the step finished");
             self.terminal = Some(if kind == AgentKind::Result {
@@ -494,6 +496,34 @@ impl State {
             } else {
                 End::AgentError
             });
+        }
+        if self.filter.as_ref().is_none_or(|f| f.passes(kind)) {
+            self.stamper.raw(line, ts, kind.as_str());
+        } else {
+            self.stamper.skip();
+        }
+    }
+
+    /// Whether the session's protocol carries `kind` (rejecting it if not).
+    fn carried(&mut self, kind: AgentKind) -> bool {
+        if self.protocol == Protocol::V1 && !kind.in_protocol1() {
+            self.reject(&format!(
+                "a {} line, which protocol 1 does not carry",
+                kind.as_str()
+            ));
+            return false;
+        }
+        true
+    }
+
+    /// The rules that need the line's fields: step transitions, the agent's
+    /// error message, client-tool calls. False if the line is dropped.
+    fn rules(&mut self, kind: AgentKind, ev: &AgentEvent<'_>) -> bool {
+        if kind == AgentKind::Step && !self.step_transition(ev) {
+            return false;
+        }
+        if kind == AgentKind::Error {
+            self.agent_error = ev.message.as_deref().map(str::to_owned);
         }
         if kind == AgentKind::ToolCall
             && let Some(id) = &ev.call_id
@@ -504,16 +534,12 @@ impl State {
                     "a tool_call past the {} open calls a session may hold",
                     crate::session::MAX_OPEN_CALLS
                 ));
-                return;
+                return false;
             }
             // A client tool is a tool call too (it writes no step lines).
             self.stats.tool_calls += 1;
         }
-        if self.filter.as_ref().is_none_or(|f| f.passes(kind)) {
-            self.stamper.raw(line, ts, kind.as_str());
-        } else {
-            self.stamper.skip();
-        }
+        true
     }
 
     /// Enforces: an id first `running`, then exactly once `succeeded`/`failed`.

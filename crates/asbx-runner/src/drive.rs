@@ -35,7 +35,9 @@ const KILL_GRACE: Duration = Duration::from_millis(500);
 pub(crate) const HEARTBEAT: Duration = Duration::from_millis(5000);
 /// Read buffer sizes: an idle sandbox costs little, a busy one reads big.
 const MIN_READ: usize = 4 * 1024;
-const MAX_READ: usize = 64 * 1024;
+const MAX_READ: usize = 256 * 1024;
+/// The agent's stdout pipe while a dispatch reads it.
+const PIPE_SIZE: i32 = 1024 * 1024;
 /// Most distinct step ids one session may open.
 const MAX_STEPS_TRACKED: usize = 100_000;
 /// Protocol 2 holds the agent's first lines until `/config` passed (so
@@ -153,7 +155,13 @@ impl Drive {
         };
         let mut tx = Some(tx);
         let end = match child.stdout.take() {
-            Some(stdout) => pump(&mut st, stdout, &mut tx, &session, deadline).await,
+            Some(stdout) => {
+                // A bigger pipe lets a busy agent run ahead of the runner,
+                // whose reads then take more lines per wake-up. Pages are
+                // only used while it holds data; best effort.
+                let _ = nix::fcntl::fcntl(&stdout, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+                pump(&mut st, stdout, &mut tx, &session, deadline).await
+            }
             None => End::Crashed,
         };
 

@@ -1,7 +1,9 @@
 //! `asbx-bench`: prints figures for the runner's performance goals.
 //!
 //! - `throughput`: lines per second from a sandbox process through the
-//!   runner's validation and stamping to an HTTP client.
+//!   runner's validation and stamping to an HTTP client, in protocol 1 and
+//!   in protocol 2 with its resume log, beside raw chunked HTTP on loopback
+//!   (ready-made chunks to the same client). `ASBX_BENCH_LINES` (4,000,000).
 //! - `first-line`: time from `POST /stream` to the first line of a fully
 //!   jailed dispatch, beside `bwrap ... true` when bubblewrap is installed.
 //! - `idle`: host memory of idle sandboxes and of an idle runner.

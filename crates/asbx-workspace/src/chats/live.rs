@@ -359,7 +359,11 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
             }
         }
     };
-    let mut flush = tokio::time::interval(STORE_EVERY);
+    // The first store is due `STORE_EVERY` after the start, not at once: an
+    // immediate tick stored the turn's first lines in a commit of their own
+    // while the relay waited (about 2 ms on PostgreSQL, an fsync).
+    let mut flush =
+        tokio::time::interval_at(tokio::time::Instant::now() + STORE_EVERY, STORE_EVERY);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     if let Some(r) = &resumed {
         // Already stored: folded in (and buffered for this node's clients)

@@ -6,6 +6,8 @@
 //!   (ready-made chunks to the same client). `ASBX_BENCH_LINES` (4,000,000).
 //! - `first-line`: time from `POST /stream` to the first line of a fully
 //!   jailed dispatch, beside `bwrap ... true` when bubblewrap is installed.
+//! - `burst`: N dispatches at once beside N `bwrap ... true`, again once
+//!   the warm pool grew, and dispatches per second sustained.
 //! - `idle`: host memory of idle sandboxes and of an idle runner.
 //! - `jail-startup`: `asbx-sandbox jail` running `true`, beside bubblewrap,
 //!   and one idle sandbox's memory (the jail alone, no runner).
@@ -28,6 +30,7 @@ use asbx_protocol::jail::IsolationProfile;
 use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
 
+mod burst;
 mod jail;
 mod nodes;
 mod system;
@@ -53,18 +56,20 @@ fn main() -> anyhow::Result<()> {
             "first-line" => first_line(n).await,
             "idle" => idle(n.min(2000)).await,
             "jail-startup" => jail::startup(n),
+            "burst" => burst::burst(n.min(1000)).await,
             "turn" => turn::turn(n.min(2000)).await,
             "nodes" => nodes::nodes(n.min(5000)).await,
             "chat-append" => nodes::chat_append(n.min(1000)).await,
             "all" => {
                 throughput().await?;
                 first_line(n).await?;
+                burst::burst(n).await?;
                 idle(100).await?;
                 turn::turn(100).await?;
                 nodes::nodes(200).await?;
                 nodes::chat_append(50).await
             }
-            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | turn [N] | nodes [N] | chat-append [N] | all"),
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | all"),
         }
     })
 }

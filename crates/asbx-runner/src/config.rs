@@ -43,6 +43,9 @@ pub struct RunnerConfig {
     pub max_sandboxes: usize,
     /// Sandboxes kept booted ahead of dispatches (see the `pool` module).
     pub warm_pool: usize,
+    /// The most the warm pool grows to under load (its memory budget: about
+    /// a MiB of host memory per warm sandbox).
+    pub warm_pool_max: usize,
     /// Hard runtime cap of one sandbox (`ASBX_MAX_RUNTIME_SEC`).
     pub max_runtime: Duration,
     /// Grace past the cap before the sandbox is killed (60 s by contract).
@@ -74,6 +77,7 @@ impl RunnerConfig {
             providers: Vec::new(),
             max_sandboxes: 1024,
             warm_pool: 2,
+            warm_pool_max: 64,
             max_runtime: Duration::from_secs(28_800),
             runtime_grace: Duration::from_secs(60),
             limits: MaxLimits::default(),

@@ -39,13 +39,14 @@ pub(crate) async fn start(
     let started = Instant::now();
     let trace = crate::otel::dispatch_span(&session.id);
     let bootstrap = crate::otel::bootstrap_span(&trace);
+    // Refilling the pool waits until this sandbox's first line.
+    let starting = Pool::starting(inner);
     let booted = match inner.pool.take(inner) {
         Some(b) => b,
         None => crate::pool::boot(inner, "sessions", &session.id)?,
     };
     // Replace what was taken, off the request's path.
-    let refill = Arc::clone(inner);
-    tokio::spawn(async move { Pool::refill(&refill) });
+    Pool::refill(inner);
 
     let Booted { mut child, slot } = booted;
     let gateway_stop = match connect(inner, session, req, &slot, &mut child, &trace) {
@@ -97,9 +98,12 @@ pub(crate) async fn start(
         drop(permit);
     });
 
-    let body = Body::from_stream(crate::session::GuardedStream {
-        rx,
-        _guard: crate::session::CancelOnDrop(Arc::clone(session)).into_guard(),
+    let body = Body::from_stream(crate::pool::UntilFirstLine {
+        body: crate::session::GuardedStream {
+            rx,
+            _guard: crate::session::CancelOnDrop(Arc::clone(session)).into_guard(),
+        },
+        starting: Some(starting),
     });
     let mut res = (StatusCode::OK, body).into_response();
     let h = res.headers_mut();

@@ -95,9 +95,9 @@ impl Runner {
                 capacity: Arc::new(Semaphore::new(config.max_sandboxes)),
                 uids: Arc::new(UidPool::new(
                     config.uid_base,
-                    config.max_sandboxes + config.warm_pool,
+                    config.max_sandboxes + config.warm_pool.max(config.warm_pool_max),
                 )),
-                pool: pool::Pool::new(config.warm_pool),
+                pool: pool::Pool::new(config.warm_pool, config.warm_pool_max),
                 providers: Arc::new(config.providers.clone()),
                 sessions: Sessions::default(),
                 egress: egress::EgressSettings::new(config.allow_internal.clone()),
@@ -130,8 +130,7 @@ impl Runner {
 
     /// Boots the warm pool in the background. Call once the runner serves.
     pub fn warm_up(&self) {
-        let inner = Arc::clone(&self.inner);
-        tokio::spawn(async move { pool::Pool::refill(&inner) });
+        pool::Pool::refill(&self.inner);
     }
 
     /// Ends the warm sandboxes and removes their traces (on shutdown).

@@ -3,7 +3,8 @@
 //! Building a jail costs a few milliseconds, and on cgroup v1 hosts moving
 //! its first process into its cgroups waits for an RCU grace period, which
 //! on a quiet host takes around 10 ms. So the runner keeps a few sandboxes
-//! booted in the background (`warm_pool`, default 2): fully jailed, their
+//! booted in the background (`warm_pool`, default 2, and more under load;
+//! below): fully jailed, their
 //! agent waiting for its bootstrap on stdin. A dispatch takes one, binds its
 //! gateway sockets into the sandbox's run folder (mounted in the sandbox
 //! already), writes the bootstrap, and the pool boots a replacement. Each
@@ -11,11 +12,24 @@
 //! moves set-up off the critical path, it never reuses a sandbox.
 //!
 //! A warm sandbox whose runner dies reads end-of-file on stdin and exits.
+//!
+//! **Sized from demand.** The pool holds at least `warm_pool` and at most
+//! `warm_pool_max` (the memory budget: an idle warm sandbox costs about a
+//! MiB of host memory). Between the two it follows the recent rate: the
+//! most dispatches taken within one second over the last minute. A burst
+//! of 200 dispatches therefore finds at most `warm_pool` sandboxes ready
+//! the first time, but the pool then refills to 200 and a second burst of
+//! the same size within a minute is served warm. When demand falls the
+//! target falls back; warm sandboxes above it are used up, not killed.
+//! Refilling runs on a blocking thread and waits while dispatches are
+//! starting (taken or booted, first line not yet out), so in a burst it
+//! never competes with them for the CPU: first lines go first.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::process::Child;
 
@@ -109,24 +123,150 @@ pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, Ru
     })
 }
 
+/// Seconds of demand the pool remembers.
+const WINDOW_SECS: usize = 60;
+
+/// Recent demand: how many dispatches were taken within one second (a
+/// sliding second, so a burst that straddles a clock second counts whole),
+/// and the most of that per second over the last [`WINDOW_SECS`] seconds.
+#[derive(Debug)]
+struct Demand {
+    /// When the dispatches of the last second were taken, at most `cap`.
+    last_second: VecDeque<Duration>,
+    cap: usize,
+    /// `(second, most dispatches within one second seen then)`, indexed by
+    /// second modulo the window.
+    buckets: [(u64, u32); WINDOW_SECS],
+}
+
+impl Demand {
+    /// Counts up to `cap` dispatches a second (the pool never wants more).
+    fn new(cap: usize) -> Self {
+        Demand {
+            last_second: VecDeque::new(),
+            cap: cap.max(1),
+            buckets: [(0, 0); WINDOW_SECS],
+        }
+    }
+
+    /// A dispatch taken at `now` (time since the pool started).
+    fn record(&mut self, now: Duration) {
+        while self
+            .last_second
+            .front()
+            .is_some_and(|t| now.saturating_sub(*t) >= Duration::from_secs(1))
+        {
+            self.last_second.pop_front();
+        }
+        if self.last_second.len() == self.cap {
+            self.last_second.pop_front();
+        }
+        self.last_second.push_back(now);
+        let rate = u32::try_from(self.last_second.len()).unwrap_or(u32::MAX);
+        let sec = now.as_secs();
+        let b = &mut self.buckets[(sec % WINDOW_SECS as u64) as usize];
+        if b.0 != sec {
+            *b = (sec, 0);
+        }
+        b.1 = b.1.max(rate);
+    }
+
+    /// The most dispatches within one second in the window ending at `now`.
+    fn peak(&self, now: Duration) -> usize {
+        let now = now.as_secs();
+        self.buckets
+            .iter()
+            .filter(|(sec, _)| now.saturating_sub(*sec) < WINDOW_SECS as u64)
+            .map(|(_, n)| *n as usize)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// Sandboxes booted ahead of time.
 #[derive(Debug)]
 pub(crate) struct Pool {
-    target: usize,
+    min: usize,
+    max: usize,
     warm: Mutex<VecDeque<Booted>>,
-    counter: AtomicU64,
+    demand: Mutex<Demand>,
+    epoch: std::time::Instant,
     /// One refill loop at a time, or concurrent ones overshoot the target.
     refilling: AtomicBool,
+    /// Dispatches starting right now (first line not out yet): refilling
+    /// waits for them.
+    starting: AtomicUsize,
+    started: tokio::sync::Notify,
+}
+
+/// Marks a dispatch as starting until its first line; see [`Pool::starting`].
+pub(crate) struct Starting(Arc<Inner>);
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let pool = &self.0.pool;
+        if pool.starting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            pool.started.notify_waiters();
+        }
+    }
+}
+
+/// A response body that holds a [`Starting`] until its first chunk (the
+/// sandbox's first line) or its end.
+pub(crate) struct UntilFirstLine<S> {
+    pub(crate) body: S,
+    pub(crate) starting: Option<Starting>,
+}
+
+impl<S: futures::Stream + Unpin> futures::Stream for UntilFirstLine<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_next(cx);
+        if polled.is_ready() {
+            self.starting = None;
+        }
+        polled
+    }
 }
 
 impl Pool {
-    pub(crate) fn new(target: usize) -> Self {
+    /// A pool of at least `min` and at most `max.max(min)` warm sandboxes.
+    pub(crate) fn new(min: usize, max: usize) -> Self {
         Pool {
-            target,
+            min,
+            max: max.max(min),
             warm: Mutex::new(VecDeque::new()),
-            counter: AtomicU64::new(0),
+            demand: Mutex::new(Demand::new(max.max(min))),
+            epoch: std::time::Instant::now(),
             refilling: AtomicBool::new(false),
+            starting: AtomicUsize::new(0),
+            started: tokio::sync::Notify::new(),
         }
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// How many warm sandboxes the pool aims for now.
+    pub(crate) fn target(&self) -> usize {
+        let peak = self
+            .demand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .peak(self.now());
+        peak.clamp(self.min, self.max)
+    }
+
+    /// A dispatch starts: refilling waits until the guard is dropped (at
+    /// the sandbox's first line).
+    pub(crate) fn starting(inner: &Arc<Inner>) -> Starting {
+        inner.pool.starting.fetch_add(1, Ordering::AcqRel);
+        Starting(Arc::clone(inner))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Booted>> {
@@ -138,8 +278,12 @@ impl Pool {
         self.lock().len()
     }
 
-    /// A warm sandbox that is still alive, if any.
+    /// A warm sandbox that is still alive, if any. Counts as demand either way.
     pub(crate) fn take(&self, inner: &Inner) -> Option<Booted> {
+        self.demand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(self.now());
         loop {
             let mut b = self.lock().pop_front()?;
             match b.child.try_wait() {
@@ -150,33 +294,64 @@ impl Pool {
         }
     }
 
-    /// Boots sandboxes until the pool holds its target.
+    /// Boots sandboxes until the pool holds its target, on a blocking
+    /// thread; returns at once when a refill is already running.
     pub(crate) fn refill(inner: &Arc<Inner>) {
-        let pool = &inner.pool;
-        loop {
-            if pool.refilling.swap(true, Ordering::AcqRel) {
-                return; // the running loop fills up to the target
-            }
-            let mut failed = false;
-            while pool.lock().len() < pool.target {
-                let n = pool.counter.fetch_add(1, Ordering::Relaxed);
-                let name = format!("warm-{}-{n}", std::process::id());
-                match boot(inner, "pool", &name) {
-                    Ok(b) => pool.lock().push_back(b),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not boot a warm sandbox");
-                        failed = true;
-                        break;
-                    }
+        if inner.pool.refilling.swap(true, Ordering::AcqRel) {
+            return; // the running loop fills up to the target
+        }
+        let inner = Arc::clone(inner);
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            loop {
+                let failed = Pool::fill(&inner, &handle);
+                let pool = &inner.pool;
+                pool.refilling.store(false, Ordering::Release);
+                // A sandbox taken after the last check but before the
+                // release found the flag set: look once more.
+                if failed
+                    || pool.lock().len() >= pool.target()
+                    || pool.refilling.swap(true, Ordering::AcqRel)
+                {
+                    return;
                 }
             }
-            pool.refilling.store(false, Ordering::Release);
-            // A sandbox taken after the last check but before the release
-            // found the flag set: look once more.
-            if failed || pool.lock().len() >= pool.target {
-                return;
+        });
+    }
+
+    /// The refill loop; true when a boot failed.
+    fn fill(inner: &Arc<Inner>, handle: &tokio::runtime::Handle) -> bool {
+        let pool = &inner.pool;
+        while pool.lock().len() < pool.target() {
+            // Starting dispatches go first.
+            while pool.starting.load(Ordering::Acquire) > 0 {
+                let done = pool.started.notified();
+                tokio::pin!(done);
+                done.as_mut().enable();
+                if pool.starting.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                handle.block_on(done);
+            }
+            // One counter per process: two runners in one process (tests,
+            // benches) must not name two sandboxes alike.
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let name = format!("warm-{}-{n}", std::process::id());
+            // Spawning needs the runtime's reactor (the child's pipes).
+            let booted = {
+                let _rt = handle.enter();
+                boot(inner, "pool", &name)
+            };
+            match booted {
+                Ok(b) => pool.lock().push_back(b),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not boot a warm sandbox");
+                    return true;
+                }
             }
         }
+        false
     }
 
     /// Ends every warm sandbox and removes its traces.
@@ -188,5 +363,68 @@ impl Pool {
             crate::drive::kill_tree(&mut b.child).await;
             b.slot.cleanup(inner);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn demand_is_the_busiest_sliding_second_of_the_last_minute() {
+        let mut d = Demand::new(1000);
+        assert_eq!(d.peak(at(0)), 0);
+        for _ in 0..5 {
+            d.record(at(10_000));
+        }
+        // A burst of 200 across a clock second counts whole.
+        for i in 0..200 {
+            d.record(at(11_900 + i));
+        }
+        d.record(at(13_500));
+        assert_eq!(d.peak(at(13_500)), 200);
+        assert_eq!(d.peak(at(70_000)), 200, "still within the minute");
+        d.record(at(75_000));
+        assert_eq!(d.peak(at(75_000)), 1, "the burst is forgotten");
+        assert_eq!(d.peak(at(200_000)), 0);
+    }
+
+    #[test]
+    fn demand_counts_no_more_than_its_cap() {
+        let mut d = Demand::new(8);
+        for i in 0..100 {
+            d.record(at(i));
+        }
+        assert_eq!(d.peak(at(100)), 8);
+    }
+
+    #[test]
+    fn the_target_follows_demand_within_the_bounds() {
+        let pool = Pool::new(2, 64);
+        assert_eq!(pool.target(), 2, "at rest: the minimum");
+        let now = pool.now();
+        {
+            let mut d = pool.demand.lock().unwrap();
+            for _ in 0..10 {
+                d.record(now);
+            }
+        }
+        assert_eq!(pool.target(), 10);
+        {
+            let mut d = pool.demand.lock().unwrap();
+            for _ in 0..500 {
+                d.record(now);
+            }
+        }
+        assert_eq!(pool.target(), 64, "capped by the memory budget");
+        assert_eq!(
+            Pool::new(8, 4).target(),
+            8,
+            "the minimum wins over a smaller maximum"
+        );
     }
 }

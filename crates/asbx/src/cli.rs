@@ -77,6 +77,10 @@ pub(crate) struct RunnerOpts {
     /// Sandboxes kept booted ahead of dispatches (0 boots each on demand).
     #[arg(long, env = "ASBX_WARM_POOL", default_value_t = 2)]
     pub(crate) warm_pool: usize,
+    /// The most sandboxes the warm pool keeps when recent demand is higher
+    /// (its memory budget, about 1 MiB of host memory each).
+    #[arg(long, env = "ASBX_WARM_POOL_MAX", default_value_t = 64)]
+    pub(crate) warm_pool_max: usize,
     /// Origins a dispatch's `agent_url` may point at, comma-separated
     /// (`https://ws.example.com`); loopback origins only when unset.
     #[arg(long, env = "ASBX_WORKSPACE_ORIGINS", value_delimiter = ',')]

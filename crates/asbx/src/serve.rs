@@ -330,6 +330,7 @@ fn start_runner(
     config.runtime_grace = Duration::from_secs(opts.runtime_grace_sec);
     config.max_sandboxes = opts.max_sandboxes.max(1);
     config.warm_pool = opts.warm_pool;
+    config.warm_pool_max = opts.warm_pool_max;
     config.resources = ResourceLimits {
         memory_bytes: Some(opts.memory_mb << 20),
         pids: Some(opts.pids),

@@ -52,7 +52,7 @@ async fn key_never_enters_the_sandbox(kind: &str) {
                 // While the tool runs: every process of the sandbox, read from the host.
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 let pids = descendants_of(runner.pid());
-                let agents = pids_with("asbx agent").len();
+                let agents = pids_with("asbx-agent").len();
                 assert!(
                     pids.len() >= 4 && agents >= 1,
                     "supervisor, init, agent, tool: {pids:?}"

@@ -101,7 +101,7 @@ async fn a_stopped_runner_leaves_no_warm_sandbox_behind() {
     }
     let runner_pid = runner.pid();
     // The cgroups exist before the jail has finished; the agents follow.
-    while pids_with("asbx agent").len() < 2 {
+    while pids_with("asbx-agent").len() < 2 {
         assert!(
             std::time::Instant::now() < deadline,
             "warm agents wait for their bootstrap"
@@ -206,4 +206,57 @@ async fn boolean_settings_take_every_usual_spelling() {
         err.contains("ASBX_REQUIRE_AUTH") || err.contains("require-auth"),
         "{err}"
     );
+}
+
+/// The warm pool follows demand: with `ASBX_WARM_POOL=1` and a budget of
+/// 6, a burst of 6 dispatches at once grows it to 6 warm sandboxes (the
+/// busiest second of the last minute), not beyond the budget, and each
+/// dispatch still runs to its result.
+#[tokio::test]
+async fn the_warm_pool_grows_to_a_burst_within_its_budget() {
+    let runner = RunnerProc::start(&[("ASBX_WARM_POOL", "1"), ("ASBX_WARM_POOL_MAX", "6")]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let warm = |runner: &RunnerProc| {
+        let url = format!("{}/healthz", runner.url);
+        async move {
+            let h: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+            h["warm"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no warm count: {h}"))
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while warm(&runner).await < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never warmed up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(warm(&runner).await, 1, "at rest: the minimum");
+    let burst = (0..7).map(|i| {
+        let t = ws.mint(&session_id(&format!("burst{i}")));
+        let body = ws.body(&t, &script(serde_json::json!([{"say": "hi"}])));
+        let url = runner.url.clone();
+        async move { dispatch(&url, &body).await }
+    });
+    for (status, lines, err) in futures::future::join_all(burst).await {
+        assert_eq!(status, 200, "{err}");
+        assert_well_formed(&lines);
+        assert!(
+            matches!(terminal(&lines), asbx_protocol::Event::Result(_)),
+            "{lines:?}"
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while warm(&runner).await < 6 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool did not grow to the burst: {}",
+            warm(&runner).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(warm(&runner).await, 6, "never beyond the budget");
 }

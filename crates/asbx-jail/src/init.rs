@@ -1,9 +1,11 @@
 //! The sandbox side: what the child of the supervisor's `clone` does.
 //!
 //! It starts as host root in fresh mount, pid, net, ipc and uts namespaces
-//! (pid 1 of its pid namespace) and, in order: joins the sandbox cgroups,
-//! unshares the cgroup namespace, sets rlimits, builds the root file system,
-//! sets the hostname, brings up loopback, unshares the user namespace and
+//! (pid 1 of its pid namespace) and, in order: builds the first half of the
+//! root file system, sets the hostname and brings up loopback while the
+//! supervisor moves it into the sandbox cgroups (`C` on the set-up channel
+//! says it is in), unshares the cgroup namespace, sets rlimits, builds the
+//! rest of the root, unshares the user namespace and
 //! waits for the supervisor to write its id maps, becomes the agent user,
 //! arms `PDEATHSIG`, sets `no_new_privs`, Landlock and seccomp, then forks the
 //! main process, which `exec`s `policy.argv`. It stays as the namespace's
@@ -127,9 +129,17 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<Option<sys::Cmdlin
         .map_err(|e| setup("sigprocmask", e))?;
     umask(Mode::empty());
     let area = sys::scrub_cmdline().map_err(|e| setup("scrub cmdline", e))?;
-    for procs in &plan.cgroup_procs {
-        std::fs::write(procs, "0").map_err(|e| setup(&procs.display().to_string(), e))?;
+    // While the supervisor moves this process into the sandbox's cgroups.
+    rootfs::build_base(&plan.root)?;
+    nix::unistd::sethostname("sandbox").map_err(|e| setup("sethostname", e))?;
+    sys::loopback_up().map_err(|e| setup("loopback", e))?;
+    let mut down_r = down;
+    let mut go = [0u8; 1];
+    match down_r.read(&mut go) {
+        Ok(1) if go[0] == b'C' => {}
+        _ => return Err(JailError::Setup("supervisor went away".into())),
     }
+    // In the sandbox's cgroups now: they become the cgroup namespace's root.
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| setup("unshare cgroup", e))?;
     if let Some(n) = plan.nofile {
         // Raising the hard limit needs CAP_SYS_RESOURCE, which hosts may withhold.
@@ -139,18 +149,14 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<Option<sys::Cmdlin
     }
     setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| setup("rlimit core", e))?;
 
-    rootfs::build(&plan.root)?;
+    rootfs::build_rest(&plan.root)?;
     // After the copy into /work, which the file-size bound must not cut short.
     if let Some(bounds) = &plan.rlimits {
         bounds.apply()?;
     }
-    nix::unistd::sethostname("sandbox").map_err(|e| setup("sethostname", e))?;
-    sys::loopback_up().map_err(|e| setup("loopback", e))?;
 
     unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| setup("unshare user", e))?;
     up.write_all(b"M").map_err(|e| setup("sync", e))?;
-    let mut go = [0u8; 1];
-    let mut down_r = down;
     match down_r.read(&mut go) {
         Ok(1) if go[0] == b'G' => {}
         _ => return Err(JailError::Setup("supervisor went away".into())),

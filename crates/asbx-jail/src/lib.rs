@@ -149,6 +149,8 @@ pub(crate) struct Plan {
     filters: seccomp::Filters,
     landlock: bool,
     writable: Vec<PathBuf>,
+    /// The sandbox cgroups' `cgroup.procs`: the supervisor writes init's pid
+    /// into each while init builds the first half of its root.
     cgroup_procs: Vec<PathBuf>,
     /// [`TOOL_CGROUP_IN_JAIL`] when the sandbox has child cgroups.
     cgroup_dir: Option<PathBuf>,

@@ -282,7 +282,12 @@ fn write_file(path: &Path, content: &str) -> Result<(), JailError> {
 
 /// Build the sandbox root and enter it. Ends with the cwd at `/work`, the
 /// host tree detached and `/` read-only.
-pub(crate) fn build(plan: &RootPlan) -> Result<(), JailError> {
+/// The first half of the root: a fresh tmpfs pivoted to, the read-only
+/// system folders and `/etc`. Nothing here depends on the sandbox's
+/// cgroups, and it writes only a few small files, so it runs while the
+/// supervisor moves init into them (which on cgroup v1 waits for an RCU
+/// grace period); [`build_rest`] runs once init is in.
+pub(crate) fn build_base(plan: &RootPlan) -> Result<(), JailError> {
     let root = Path::new("/");
     mnt(
         None,
@@ -315,7 +320,15 @@ pub(crate) fn build(plan: &RootPlan) -> Result<(), JailError> {
         }
     }
     build_etc()?;
+    Ok(())
+}
 
+/// The rest of the root, inside the sandbox's cgroups and cgroup namespace:
+/// `/work` (the input files copied in, charged to the sandbox), `/tmp`,
+/// `/dev`, `/proc`, the child cgroups, the binds; then the old root goes
+/// and the root turns read-only.
+pub(crate) fn build_rest(plan: &RootPlan) -> Result<(), JailError> {
+    let root = Path::new("/");
     let size = |default: &str| match plan.disk_bytes {
         Some(n) => format!("size={n}"),
         None => default.to_string(),

@@ -6,12 +6,14 @@
 //! 3. start a tiny cleanup guard process (see below);
 //! 4. block `SIGTERM`/`SIGINT`/`SIGHUP`/`SIGCHLD` and `clone` the sandbox's
 //!    init with new mount, pid, net, ipc and uts namespaces;
-//! 5. write the init's uid/gid maps when it asks (one pipe round trip), then
+//! 5. move init into the cgroups while it builds the first half of its
+//!    root, and say so (`C`);
+//! 6. write the init's uid/gid maps when it asks (one pipe round trip), then
 //!    read its set-up channel until end-of-file: silence means the main
 //!    process `exec`ed, `E<message>` means set-up failed;
-//! 6. wait for init to exit, or for a signal, which kills init (and with it
+//! 7. wait for init to exit, or for a signal, which kills init (and with it
 //!    the whole pid namespace) at once;
-//! 7. remove the cgroups, stop the guard, return the exit code.
+//! 8. remove the cgroups, stop the guard, return the exit code.
 //!
 //! The cleanup guard is a plain fork of the supervisor, outside every
 //! namespace and in its own process group (so a `killpg` of the
@@ -218,7 +220,26 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
     plan.root.release_trees();
     let init = Pid::from_raw(pid);
 
-    if let Err(e) = handshake(pid, policy.host_uid, up_r, &down_w) {
+    // Move init into the cgroups while it builds the first half of its root
+    // (on cgroup v1 each move may wait for an RCU grace period), then let
+    // it go on.
+    let ready = match attach(pid, &plan.cgroup_procs, &down_w) {
+        Ok(()) => handshake(pid, policy.host_uid, up_r, &down_w),
+        // Init may have failed first (and left for that reason): its
+        // message says more than ours.
+        Err(e) => {
+            let _ = kill(init, Signal::SIGKILL);
+            let mut told = Vec::new();
+            let mut up_r = up_r;
+            let _ = up_r.read_to_end(&mut told);
+            Err(if told.is_empty() {
+                e
+            } else {
+                child_error(&told)
+            })
+        }
+    };
+    if let Err(e) = ready {
         let _ = kill(init, Signal::SIGKILL);
         let _ = waitpid(init, None);
         drop(down_w);
@@ -246,6 +267,18 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
         if cleaned { g.dismiss() } else { g.hand_over() }
     }
     Ok(code)
+}
+
+/// Write init's pid into each `cgroup.procs`, then tell it (`C`).
+fn attach(pid: libc::pid_t, procs: &[PathBuf], down: &File) -> Result<(), JailError> {
+    let pid = pid.to_string();
+    for file in procs {
+        std::fs::write(file, &pid)
+            .map_err(|e| JailError::Cgroup(format!("{}: {e}", file.display())))?;
+    }
+    let mut down = down;
+    down.write_all(b"C")
+        .map_err(|e| JailError::Host(format!("sync: {e}")))
 }
 
 /// Answer the init's map request, then wait until the main process `exec`ed.

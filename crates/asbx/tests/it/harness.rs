@@ -101,14 +101,16 @@ impl RunnerProc {
             .collect();
         assert_no_cgroups_left(&ids);
         // Sandboxes taken from the warm pool are gone too: only the pool's
-        // own (at most its target of 2) may remain, booted and waiting.
+        // own (as many as `/healthz` counts warm) may remain, booted and
+        // waiting.
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
+            let waiting = self.warm_count().await;
             let warm = self.warm_cgroups();
             let pool: Vec<_> = std::fs::read_dir(self.data.path().join("runner/pool"))
                 .map(|d| d.flatten().map(|e| e.file_name()).collect())
                 .unwrap_or_default();
-            if warm.len() <= 2 && pool.len() <= 2 {
+            if warm.len() <= waiting && pool.len() <= waiting {
                 break;
             }
             assert!(
@@ -117,6 +119,19 @@ impl RunnerProc {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// How many sandboxes wait in the warm pool (`/healthz`).
+    pub async fn warm_count(&self) -> usize {
+        let h: serde_json::Value = reqwest::get(format!("{}/healthz", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        h["warm"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no warm count: {h}")) as usize
     }
 
     /// The cgroups of this runner's warm-pool sandboxes (memory controller).

@@ -486,24 +486,26 @@ async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
     }
     let cgroup = cgroups.first().expect("a warm sandbox");
     let procs_file = format!("/sys/fs/cgroup/memory/asbx/{cgroup}/cgroup.procs");
-    // The agent is in the cgroup once it forked; wait for it.
+    let cmdline = |pid: i32| {
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned()
+    };
+    // The agent is in the cgroup once init forked it, and named once it
+    // started; wait for both.
     let mut procs: Vec<i32> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     for _ in 0..200 {
         procs = std::fs::read_to_string(&procs_file)
             .unwrap_or_default()
             .lines()
             .filter_map(|l| l.trim().parse().ok())
             .collect();
-        if procs.len() >= 2 {
+        names = procs.iter().map(|p| cmdline(*p)).collect();
+        if names.iter().any(|n| n == "asbx-agent") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let cmdline = |pid: i32| {
-        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned()
-    };
-    let names: Vec<String> = procs.iter().map(|p| cmdline(*p)).collect();
     assert_eq!(
         {
             let mut n = names.clone();

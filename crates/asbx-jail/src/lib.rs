@@ -6,9 +6,11 @@
 //! --policy <json>`). The process layout of a running sandbox:
 //!
 //! ```text
-//! asbx jail (supervisor, host root)          ── cleanup guard (host, see supervisor)
+//! asbx jail (supervisor, host root)          ── cleanup guard (host, see supervisor;
+//!   │                                             not with `guard: false`)
 //!   └─ init (pid 1 of the sandbox, uid 1000, no exec)
-//!        └─ main process: policy.argv (uid 1000, CAP_SETUID+CAP_SETGID+CAP_KILL only)
+//!        └─ main process: policy.argv, or the agent forked in process
+//!           (`entry: agent`) (uid 1000, CAP_SETUID+CAP_SETGID+CAP_KILL only)
 //!             ├─ tools (uid 1001, no capabilities, cgroup `tools`)
 //!             └─ stdio MCP servers (uid 1002, no capabilities, cgroup `mcp`)
 //! ```

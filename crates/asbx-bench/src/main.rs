@@ -54,7 +54,7 @@ fn main() -> anyhow::Result<()> {
         match what {
             "throughput" => throughput().await,
             "first-line" => first_line(n).await,
-            "idle" => idle(n.min(2000)).await,
+            "idle" => idle(n.min(10_000)).await,
             "jail-startup" => jail::startup(n),
             "burst" => burst::burst(n.min(1000)).await,
             "turn" => turn::turn(n.min(2000)).await,
@@ -350,6 +350,10 @@ async fn idle(n: usize) -> anyhow::Result<()> {
         .args(["runner", "--listen", "127.0.0.1:0"])
         .env("ASBX_DATA", &data)
         .env("ASBX_LOG", "warn")
+        // Exactly the n sandboxes held open: no warm pool beside them.
+        .env("ASBX_WARM_POOL", "0")
+        .env("ASBX_WARM_POOL_MAX", "0")
+        .env("ASBX_MAX_SANDBOXES", "20000")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
@@ -379,6 +383,7 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     let client = reqwest::Client::new();
     let before = mem_used_kib()?;
     let mut streams = Vec::with_capacity(n);
+    let starting = Instant::now();
     for _ in 0..n {
         let res = client
             .post(format!("{url}/stream"))
@@ -389,6 +394,10 @@ async fn idle(n: usize) -> anyhow::Result<()> {
         let _ = s.next().await;
         streams.push(s);
     }
+    println!(
+        "idle: {n} sandboxes started one after another (each to its first line) in {:.1} s",
+        starting.elapsed().as_secs_f64()
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = mem_used_kib()?;
     let runner_after = rss_kib(pid)?;

@@ -276,6 +276,7 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         config.isolation = IsolationProfile::parse(name).context("profile")?;
         if cold {
             config.warm_pool = 0;
+            config.warm_pool_max = 0;
         }
         let url = serve_runner(config).await?;
         // Let the warm pool boot before the first dispatch.

@@ -92,17 +92,7 @@ pub(crate) async fn burst(n: usize) -> anyhow::Result<()> {
         let started = Instant::now();
         let runs = (0..n).map(|_| {
             let mut cmd = tokio::process::Command::new(&bwrap);
-            cmd.args([
-                "--unshare-all",
-                "--ro-bind",
-                "/",
-                "/",
-                "--dev",
-                "/dev",
-                "--proc",
-                "/proc",
-                "true",
-            ]);
+            cmd.args(crate::BWRAP_TRUE);
             async move {
                 let st = cmd.status().await?;
                 if !st.success() {

@@ -86,17 +86,7 @@ pub(crate) fn startup(n: usize) -> anyhow::Result<()> {
         });
         report(label, n, v);
     }
-    let bwrap = [
-        "--unshare-all",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "true",
-    ];
+    let bwrap = crate::BWRAP_TRUE;
     report(
         "bwrap --unshare-all ... true",
         n,

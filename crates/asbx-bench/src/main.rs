@@ -308,17 +308,7 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         for _ in 0..n {
             let started = Instant::now();
             let st = tokio::process::Command::new(&bwrap)
-                .args([
-                    "--unshare-all",
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--dev",
-                    "/dev",
-                    "--proc",
-                    "/proc",
-                    "true",
-                ])
+                .args(BWRAP_TRUE)
                 .status()
                 .await?;
             times.push(started.elapsed());
@@ -332,6 +322,20 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The peer every start-up figure stands beside: `bwrap` with every
+/// namespace, the host's root read-only, a `/dev` and a `/proc`, running `true`.
+const BWRAP_TRUE: [&str; 9] = [
+    "--unshare-all",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "true",
+];
 
 fn which(name: &str) -> anyhow::Result<PathBuf> {
     for dir in std::env::var("PATH").unwrap_or_default().split(':') {

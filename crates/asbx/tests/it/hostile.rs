@@ -10,22 +10,19 @@ use serde_json::json;
 
 use crate::harness::*;
 
-/// docs/protocol.md §8: SIGKILL the runner mid-turn; 5 s later no process of
-/// its sandboxes (the tool's `sleep`, the agent, init, the supervisors of
-/// the turn and of the warm pool) and none of their cgroups is left.
-#[tokio::test]
-async fn sandboxes_die_with_a_sigkilled_runner() {
-    if !Path::new("/sys/fs/cgroup").exists() || profile() != "strict" {
-        asbx_test_support::skip(
-            "sandboxes_die_with_a_sigkilled_runner",
-            &format!("needs the strict profile (ASBX_TEST_PROFILE={})", profile()),
-        );
-        return;
-    }
-    let mut runner = RunnerProc::start(&[]);
-    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
-    let marker = format!("hostile{}", rand::random::<u32>());
-    let t = ws.mint(&session_id("orphan"));
+/// Starts a turn whose shell tool leaves two `sleep`s marked with a fresh
+/// environment variable (the marker, returned) and waits until the step runs.
+async fn sleeping_turn(
+    runner: &RunnerProc,
+    ws: &FakeWorkspace,
+    name: &str,
+) -> (
+    String,
+    asbx_test_support::fake_workspace::Tokens,
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + use<>,
+) {
+    let marker = format!("{name}{}", rand::random::<u32>());
+    let t = ws.mint(&session_id(name));
     let command = format!("export {marker}=1; sleep 300 & sleep 301; echo never");
     let body = ws.body(
         &t,
@@ -42,6 +39,24 @@ async fn sandboxes_die_with_a_sigkilled_runner() {
         |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),
     )
     .await;
+    (marker, t, stream)
+}
+
+/// docs/protocol.md §8: SIGKILL the runner mid-turn; 5 s later no process of
+/// its sandboxes (the tool's `sleep`, the agent, init, the supervisors of
+/// the turn and of the warm pool) and none of their cgroups is left.
+#[tokio::test]
+async fn sandboxes_die_with_a_sigkilled_runner() {
+    if !Path::new("/sys/fs/cgroup").exists() || profile() != "strict" {
+        asbx_test_support::skip(
+            "sandboxes_die_with_a_sigkilled_runner",
+            &format!("needs the strict profile (ASBX_TEST_PROFILE={})", profile()),
+        );
+        return;
+    }
+    let mut runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let (marker, t, stream) = sleeping_turn(&runner, &ws, "orphan").await;
     let data = runner.data.path().canonicalize().unwrap();
     let data = data.display().to_string();
     let warm = format!("asbx-warm-{}-", runner.pid());
@@ -119,24 +134,7 @@ async fn a_sigkilled_supervisor_leaves_nothing_behind() {
     }
     let runner = RunnerProc::start(&[]);
     let ws = FakeWorkspace::start(scripted("scripted:test")).await;
-    let marker = format!("supkill{}", rand::random::<u32>());
-    let t = ws.mint(&session_id("supkill"));
-    let command = format!("export {marker}=1; sleep 300 & sleep 301; echo never");
-    let body = ws.body(
-        &t,
-        &script(json!([{"tool": "shell", "args": {"command": command}}])),
-    );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let stream = crate::dispatch::read_until(
-        res,
-        |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),
-    )
-    .await;
+    let (marker, t, stream) = sleeping_turn(&runner, &ws, "supkill").await;
     let needles = vec![t.session.clone()];
     let deadline = Instant::now() + Duration::from_secs(20);
     while pids_mentioning(&marker).len() < 2 && Instant::now() < deadline {

@@ -27,6 +27,7 @@ fn policy(workdir: &Path, argv: &[&str], profile: JailProfile, i: u32) -> JailPo
         profile,
         entry: JailEntry::Exec,
         guard: true,
+        background: false,
     }
 }
 

@@ -216,11 +216,30 @@ impl Cgroups {
         Ok(dirs)
     }
 
+    /// Give the sandbox named `name` the default CPU weight again (after a
+    /// `background` boot).
+    pub(crate) fn foreground(layout: &Layout, name: &str) -> Result<(), JailError> {
+        if !valid_name(name) {
+            return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
+        }
+        match layout {
+            Layout::V1 { cpu, .. } => write(
+                &cpu.join(PARENT).join(name).join("cpu.shares"),
+                DEFAULT_SHARES,
+            ),
+            Layout::V2 { root } => write(
+                &root.join(PARENT).join(name).join("cpu.weight"),
+                DEFAULT_WEIGHT,
+            ),
+        }
+    }
+
     pub(crate) fn create(
         layout: Layout,
         name: &str,
         limits: &ResourceLimits,
         host_uid: u32,
+        background: bool,
     ) -> Result<Cgroups, JailError> {
         if !valid_name(name) {
             return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
@@ -262,6 +281,9 @@ impl Cgroups {
                 if let Some(n) = limits.pids {
                     write(&p.join("pids.max"), &n.to_string())?;
                 }
+                if background {
+                    write(&c.join("cpu.shares"), BACKGROUND_SHARES)?;
+                }
                 if let Some(pct) = limits.cpu_percent {
                     write(&c.join("cpu.cfs_period_us"), "100000")?;
                     let quota = u64::from(pct.max(1)) * 1000;
@@ -294,6 +316,9 @@ impl Cgroups {
                 }
                 if let Some(n) = limits.pids {
                     write(&dir.join("pids.max"), &n.to_string())?;
+                }
+                if background {
+                    write(&dir.join("cpu.weight"), BACKGROUND_WEIGHT)?;
                 }
                 if let Some(pct) = limits.cpu_percent {
                     let quota = u64::from(pct.max(1)) * 1000;
@@ -417,6 +442,12 @@ fn subcgroups(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
 }
 
 /// How long a teardown keeps trying to remove one cgroup that is still busy.
+/// The CPU weight of a sandbox booted in the background, and the default.
+const BACKGROUND_SHARES: &str = "2";
+const DEFAULT_SHARES: &str = "1024";
+const BACKGROUND_WEIGHT: &str = "1";
+const DEFAULT_WEIGHT: &str = "100";
+
 const RMDIR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Kill what is left in `dirs` (and their child cgroups) and remove them,
@@ -509,7 +540,7 @@ mod tests {
         let layout = Layout::detect(root).unwrap();
         assert!(matches!(layout, Layout::V1 { .. }));
         let limits = ResourceLimits::default();
-        let mut cg = Cgroups::create(layout, "t1", &limits, 10_000).unwrap();
+        let mut cg = Cgroups::create(layout, "t1", &limits, 10_000, false).unwrap();
         let mem = root.join("memory/asbx/t1/memory.limit_in_bytes");
         assert_eq!(fs::read_to_string(mem).unwrap(), (512u64 << 20).to_string());
         assert_eq!(

@@ -127,6 +127,17 @@ pub fn remove_cgroups(cgroup: &str) -> Result<(), JailError> {
     cgroup::destroy_dirs(&layout, &dirs)
 }
 
+/// Give the sandbox whose policy named `cgroup` the default CPU weight,
+/// after a boot with `background: true`. A host without cgroups has
+/// nothing to change.
+pub fn foreground(cgroup: &str) -> Result<(), JailError> {
+    let root = std::path::Path::new(cgroup::CGROUP_ROOT);
+    let Ok(layout) = cgroup::Layout::detect(root) else {
+        return Ok(());
+    };
+    cgroup::Cgroups::foreground(&layout, cgroup)
+}
+
 /// Probe each layer `profile` needs on this host. The runner refuses to
 /// start when [`LayerReport::missing`] is not empty.
 pub fn check(profile: JailProfile) -> LayerReport {

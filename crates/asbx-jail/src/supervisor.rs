@@ -177,7 +177,13 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
             } else {
                 None
             };
-            match Cgroups::create(layout, &policy.cgroup, &policy.limits, policy.host_uid) {
+            match Cgroups::create(
+                layout,
+                &policy.cgroup,
+                &policy.limits,
+                policy.host_uid,
+                policy.background,
+            ) {
                 Ok(cg) => (Some(cg), guard),
                 Err(e) => {
                     // `create` removed what it made when it failed; should

@@ -61,6 +61,10 @@ pub const CGROUP_CHILDREN: [&str; 2] = ["tools", "mcp"];
 ///   `true`). A caller that removes them itself once the supervisor ended
 ///   (the runner does, [`remove_cgroups`](https://docs.rs/asbx-jail)) sets
 ///   `false` and saves a process per sandbox.
+/// - `background`: boot at the lowest CPU weight of the sandbox's cgroup
+///   (`cpu.shares` 2 on cgroup v1, `cpu.weight` 1 on v2) until the caller
+///   restores the default (`asbx_jail::foreground`): a sandbox booted ahead
+///   of time yields the CPU to the ones serving a dispatch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JailPolicy {
     pub workdir: String,
@@ -78,6 +82,8 @@ pub struct JailPolicy {
     pub entry: JailEntry,
     #[serde(default = "yes")]
     pub guard: bool,
+    #[serde(default)]
+    pub background: bool,
 }
 
 fn yes() -> bool {

@@ -23,7 +23,10 @@
 //! target falls back; warm sandboxes above it are used up, not killed.
 //! Refilling runs on a blocking thread and waits while dispatches are
 //! starting (taken or booted, first line not yet out), so in a burst it
-//! never competes with them for the CPU: first lines go first.
+//! never competes with them for the CPU: first lines go first. The pool's
+//! sandboxes boot at the lowest CPU weight of their cgroup (`background`)
+//! and get the default weight when taken, so a boot never slows a running
+//! turn down either.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -67,11 +70,16 @@ impl Slot {
             host_uid: self.uid.host_uid(),
             resources: &inner.config.resources,
             env: &[],
+            background: false,
         };
         inner.sandbox.cleanup(&spec);
         self.dirs.remove();
     }
 }
+
+/// Where warm sandboxes live, under the state folder; boots there are the
+/// pool's, in the background (lowest CPU weight until taken).
+const POOL_DIR: &str = "pool";
 
 /// Starts a sandbox named `name` in a folder under `parent`.
 pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, RunnerError> {
@@ -90,6 +98,7 @@ pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, Ru
         host_uid: uid.host_uid(),
         resources: &inner.config.resources,
         env: &inner.config.agent_env,
+        background: parent == POOL_DIR,
     };
     let prepared = match inner.sandbox.prepare(&spec) {
         Ok(p) => p,
@@ -287,7 +296,10 @@ impl Pool {
         loop {
             let mut b = self.lock().pop_front()?;
             match b.child.try_wait() {
-                Ok(None) => return Some(b),
+                Ok(None) => {
+                    inner.sandbox.foreground(&b.slot.name);
+                    return Some(b);
+                }
                 // It died waiting (killed from outside, out of memory): drop it.
                 _ => b.slot.cleanup(inner),
             }
@@ -341,7 +353,7 @@ impl Pool {
             // Spawning needs the runtime's reactor (the child's pipes).
             let booted = {
                 let _rt = handle.enter();
-                boot(inner, "pool", &name)
+                boot(inner, POOL_DIR, &name)
             };
             match booted {
                 Ok(b) => pool.lock().push_back(b),

@@ -102,6 +102,9 @@ pub(crate) struct SandboxSpec<'a> {
     pub(crate) host_uid: u32,
     pub(crate) resources: &'a ResourceLimits,
     pub(crate) env: &'a [(String, String)],
+    /// Booted ahead of time for the pool: at the lowest CPU weight until
+    /// [`Sandbox::foreground`].
+    pub(crate) background: bool,
 }
 
 /// A ready-to-spawn command and what the agent must be told about its world.
@@ -125,6 +128,9 @@ pub(crate) trait Sandbox: Send + Sync + std::fmt::Debug {
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError>;
     /// Removes what a sandbox may leave behind if its supervisor was killed hard.
     fn cleanup(&self, spec: &SandboxSpec<'_>);
+    /// A sandbox booted in the background now serves a dispatch: give it
+    /// the default CPU weight.
+    fn foreground(&self, _name: &str) {}
     /// A fresh run folder that shows no host path in the sandbox, when this
     /// kind of sandbox wants one and the kernel allows it.
     fn detached_run(&self) -> Option<DetachedDir> {
@@ -228,6 +234,7 @@ impl Sandbox for Jailed {
             // `Slot::cleanup` removes what a killed supervisor leaves
             // (`remove_leftover_cgroups`): one process less per sandbox.
             guard: false,
+            background: spec.background,
         };
         let json = serde_json::to_string(&policy)
             .map_err(|e| RunnerError::Spawn(format!("policy: {e}")))?;
@@ -244,6 +251,12 @@ impl Sandbox for Jailed {
 
     fn cleanup(&self, spec: &SandboxSpec<'_>) {
         remove_leftover_cgroups(&format!("asbx-{}", spec.name));
+    }
+
+    fn foreground(&self, name: &str) {
+        if let Err(e) = asbx_jail::foreground(&format!("asbx-{name}")) {
+            tracing::warn!(sandbox = name, error = %e, "could not restore a sandbox's CPU weight");
+        }
     }
 
     fn detached_run(&self) -> Option<DetachedDir> {

@@ -183,6 +183,7 @@ impl Sbx {
             profile: JailProfile::Strict,
             entry: JailEntry::Exec,
             guard: true,
+            background: false,
         };
         Sbx {
             policy,

@@ -468,7 +468,8 @@ async fn mountinfo_and_cgroup_name_no_host_path() {
 /// `no_new_privs` and a seccomp filter, calls itself `asbx-agent`, and
 /// neither its executable nor any file it maps is a host path outside the
 /// system folders: the binary is the runner's detached copy (`/asbx`). The
-/// sandbox's cgroup holds its init and agent, nothing else.
+/// sandbox's cgroup holds its init and agent, nothing else, at the lowest
+/// CPU weight (it was booted in the background).
 #[tokio::test]
 async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
     let runner = RunnerProc::start(&[]);
@@ -485,6 +486,10 @@ async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cgroup = cgroups.first().expect("a warm sandbox");
+    // Booted in the background: the lowest CPU weight until a dispatch takes it.
+    let shares = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/asbx/{cgroup}/cpu.shares"))
+        .unwrap_or_default();
+    assert_eq!(shares.trim(), "2", "a warm sandbox's cpu.shares");
     let procs_file = format!("/sys/fs/cgroup/memory/asbx/{cgroup}/cgroup.procs");
     let cmdline = |pid: i32| {
         let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();

@@ -156,6 +156,14 @@ async fn a_sigkilled_supervisor_leaves_nothing_behind() {
         tools_child,
         "no tools child cgroup before the kill: {cgroups:?}"
     );
+    // A sandbox serving a dispatch has the default CPU weight (a warm one
+    // taken from the pool got it back).
+    let cpu = cgroups
+        .iter()
+        .find(|c| c.contains("/cpu/"))
+        .expect("a cpu cgroup");
+    let shares = std::fs::read_to_string(Path::new(cpu).join("cpu.shares")).unwrap_or_default();
+    assert_eq!(shares.trim(), "1024", "cpu.shares of {cpu}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(supervisors[0]),
         nix::sys::signal::Signal::SIGKILL,

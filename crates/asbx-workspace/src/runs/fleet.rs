@@ -214,10 +214,8 @@ async fn refresh_loop(fleet: Weak<Fleet>) {
     // The first dispatch probed just now: no immediate second round, which
     // could finish after that dispatch learnt a runner is full (a `503`)
     // and put back the runner's older `/healthz` view.
-    let mut tick = tokio::time::interval_at(
-        tokio::time::Instant::now() + REFRESH_EVERY,
-        REFRESH_EVERY,
-    );
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + REFRESH_EVERY, REFRESH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

@@ -17,7 +17,9 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { chatId: null, turn: null, pending: [], abort: null, settings: {} };
+// `ownTurns`: the turns this page ran or attached to (their end is already
+// on screen: a chat event about one must not re-read the thread).
+const state = { chatId: null, turn: null, pending: [], abort: null, settings: {}, ownTurns: new Set() };
 
 async function api(path, options = {}) {
   const res = await fetch(path, { credentials: "same-origin", ...options });
@@ -579,6 +581,7 @@ async function consumeOnce(res, node, onId) {
         const nearEnd = t.scrollHeight - t.scrollTop - t.clientHeight < 80;
         if (event === "turn") {
           state.turn = payload.turnId;
+          state.ownTurns.add(payload.turnId);
           if (!state.chatId) { state.chatId = payload.chatId; location.hash = "chat=" + payload.chatId; loadChats(); }
         } else if (event === "step" || event === "delta" || event === "stdout" || event === "session_ended") {
           applyBlock(node, { ...payload, type: event });
@@ -697,8 +700,10 @@ function followChatEvents() {
     loadChats();
     if (ev.chatId !== state.chatId) return;
     if (ev.state === "deleted") { openChat(null); return; }
-    // This page's own turn is already on screen.
+    // This page's own turn is already on screen, also once it ended: its
+    // `done` may come before the chat event that says it ended.
     if (state.turn || $("composer").dataset.busy === "true") return;
+    if (ev.turnId && state.ownTurns.has(ev.turnId)) return;
     if (ev.state === "updated") {
       const chat = await api("/api/assistant/chats/" + encodeURIComponent(state.chatId)).catch(() => null);
       if (chat) showSettings(chat.settings || {});

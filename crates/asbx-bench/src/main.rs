@@ -395,6 +395,14 @@ async fn idle(n: usize) -> anyhow::Result<()> {
             .json(&body(&stall, "hi"))
             .send()
             .await?;
+        if !res.status().is_success() {
+            let status = res.status();
+            bail!(
+                "sandbox {} of {n} refused ({status}): {}",
+                streams.len() + 1,
+                res.text().await.unwrap_or_default()
+            );
+        }
         let mut s = res.bytes_stream();
         let _ = s.next().await;
         streams.push(s);

@@ -96,9 +96,9 @@ pub(crate) fn run(plan: &Plan, up: File, down: File) -> ! {
     };
     match sys::clone_fork(0) {
         Err(e) => fail(&mut up, &format!("fork: {e}"), SETUP_FAILED),
-        Ok(Forked::Child) if plan.entry.is_some() => {
+        Ok(Forked::Child) if let Some(entry) = plan.entry => {
             drop(down);
-            run_in_process(plan, up, area)
+            run_in_process(plan, entry, up, area)
         }
         Ok(Forked::Child) => {
             let e = match catch_unwind(AssertUnwindSafe(|| exec_main(plan))) {
@@ -185,18 +185,17 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<Option<sys::Cmdlin
 /// layer is in place already, inherited from init like an `exec`ed program
 /// would inherit it. Closing the set-up channel tells the supervisor the
 /// main process started, as the close-on-exec of an `execve` does.
-fn run_in_process(plan: &Plan, mut up: File, area: Option<sys::CmdlineArea>) -> ! {
-    let Some(entry) = plan.entry else {
-        fail(&mut up, "no in-process entry", SETUP_FAILED)
-    };
+fn run_in_process(
+    plan: &Plan,
+    entry: crate::AgentEntry,
+    up: File,
+    area: Option<sys::CmdlineArea>,
+) -> ! {
     sys::reset_signal_dispositions();
     umask(Mode::from_bits_truncate(0o002));
     sys::replace_environment(&plan.env);
     if let Some(area) = area {
         area.rename(c"asbx-agent");
-    }
-    if let Err(e) = sys::cloexec_from(3) {
-        fail(&mut up, &format!("close_range: {e}"), 127)
     }
     drop(up);
     if let Err(e) = sys::close_from(3) {

@@ -51,7 +51,8 @@ const SETUP_FAILED: i32 = asbx_protocol::exit::SETUP_FAILED as i32;
 ///
 /// What this still does **not** bound, unlike the `strict` profile's
 /// cgroups: the sum of memory over all processes (N processes may each use
-/// `memory_bytes`), shared mappings and `/dev/shm` beyond its 64 MiB tmpfs,
+/// `memory_bytes`), shared mappings and files in `/dev/shm` (within the
+/// sandbox's one writable tmpfs of `disk_bytes`),
 /// page cache and kernel memory, CPU time (no quota: a spin takes a whole
 /// core), and no kill switch (teardown relies on the pid namespace alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,9 @@
 //! 2. the sandbox tree is built in that tmpfs from `/.oldroot/...` sources;
 //! 3. `/.oldroot` is detached and the root remounted read-only.
 //!
-//! **The working directory.** `/work` is a tmpfs of `disk_bytes` owned by the
-//! tool uid and the shared group (mode 2775). The host `policy.workdir` is
+//! **The working directory.** `/work` is a folder of the sandbox's one
+//! writable tmpfs (`disk_bytes` for `/work`, `/tmp` and `/dev/shm` together),
+//! owned by the tool uid and the shared group (mode 2775). The host `policy.workdir` is
 //! copied into it at start (regular files, folders, symlinks; the runner puts
 //! attachments there before starting the jail). Nothing is written back to
 //! the host folder: the agent returns files over the gateway and the runner
@@ -40,6 +41,9 @@ use crate::cgroup::ChildMount;
 const OLD: &str = "/.oldroot";
 /// The host folder the new root tmpfs is mounted on (in the private namespace only).
 const BASE: &str = "/tmp";
+/// Where the writable tmpfs sits while `/work`, `/tmp` and `/dev/shm` are
+/// bound from it (then it is unmounted: only those binds remain).
+const DATA: &str = "/.data";
 
 /// Host system folders made visible read-only (or recreated as symlinks).
 const SYSTEM: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32"];
@@ -264,6 +268,19 @@ fn bind(source: &Path, target: &Path, writable: bool) -> Result<(), JailError> {
     mnt(None, target, None, flags, None)
 }
 
+/// Binds `source` on `target` with exactly `flags` (of `MS_NOSUID`,
+/// `MS_NODEV`, `MS_NOEXEC`, `MS_RDONLY`) on the new mount.
+fn bind_with(source: &Path, target: &Path, flags: MsFlags) -> Result<(), JailError> {
+    mnt(Some(source), target, None, MsFlags::MS_BIND, None)?;
+    mnt(
+        None,
+        target,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags,
+        None,
+    )
+}
+
 fn mkdir(path: &Path, mode: u32) -> Result<(), JailError> {
     match fs::create_dir(path) {
         Ok(()) => {}
@@ -333,29 +350,47 @@ pub(crate) fn build_rest(plan: &RootPlan) -> Result<(), JailError> {
         Some(n) => format!("size={n}"),
         None => default.to_string(),
     };
+    // One tmpfs for all the sandbox may write: `/work`, `/tmp` and
+    // `/dev/shm` are folders of it, each bound in place with its own mount
+    // flags, and `disk_bytes` bounds the three together. A superblock is
+    // not free: each one registers a memcg-aware shrinker, and every memory
+    // cgroup on the host then keeps state for every shrinker ever
+    // registered (ARCHITECTURE.md, "what an idle sandbox costs").
+    let data = Path::new(DATA);
+    mkdir(data, 0o700)?;
+    tmpfs(
+        data,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("{},mode=0755", size("size=50%")),
+    )?;
     let work = Path::new(WORKDIR_IN_JAIL);
     mkdir(work, 0o755)?;
+    let work_src = data.join("files");
+    mkdir(&work_src, 0o2775)?;
     // Owner set by chown, not by mount options, which `/proc/self/mountinfo`
     // would show: the sandbox need not learn its host uid range.
-    tmpfs(
-        work,
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("{},mode=2775", size("size=50%")),
+    lchown(&work_src, Some(plan.work_uid), Some(plan.work_gid))
+        .map_err(|e| sys("chown", &work_src, e))?;
+    fs::set_permissions(&work_src, fs::Permissions::from_mode(0o2775))
+        .map_err(|e| sys("chmod", &work_src, e))?;
+    copy_tree(
+        &old(&plan.workdir),
+        &work_src,
+        plan.work_uid,
+        plan.work_gid,
+        0,
     )?;
-    lchown(work, Some(plan.work_uid), Some(plan.work_gid)).map_err(|e| sys("chown", work, e))?;
-    fs::set_permissions(work, fs::Permissions::from_mode(0o2775))
-        .map_err(|e| sys("chmod", work, e))?;
-    copy_tree(&old(&plan.workdir), work, plan.work_uid, plan.work_gid, 0)?;
+    bind_with(&work_src, work, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
 
     let tmp = Path::new("/tmp");
     mkdir(tmp, 0o755)?;
-    tmpfs(
-        tmp,
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("{},mode=1777", size("size=50%")),
-    )?;
+    let tmp_src = data.join("tmp");
+    mkdir(&tmp_src, 0o1777)?;
+    bind_with(&tmp_src, tmp, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
 
-    build_dev(plan)?;
+    build_dev(&data.join("shm"))?;
+    umount2(data, MntFlags::MNT_DETACH).map_err(|e| sys("umount", data, e))?;
+    fs::remove_dir(data).map_err(|e| sys("rmdir", data, e))?;
     build_proc()?;
 
     mkdir(Path::new("/run"), 0o755)?;
@@ -493,14 +528,12 @@ fn build_etc() -> Result<(), JailError> {
     Ok(())
 }
 
-fn build_dev(plan: &RootPlan) -> Result<(), JailError> {
+fn build_dev(shm_src: &Path) -> Result<(), JailError> {
+    // A folder of the root tmpfs (no superblock of its own), bound onto
+    // itself so that this mount, unlike the root's, allows device nodes.
     let dev = Path::new("/dev");
     mkdir(dev, 0o755)?;
-    tmpfs(
-        dev,
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        "size=64k,nr_inodes=64,mode=0755",
-    )?;
+    bind_with(dev, dev, MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)?;
     let rw = Mode::from_bits_truncate(0o666);
     for (name, major, minor) in [
         ("null", 1, 3),
@@ -534,17 +567,21 @@ fn build_dev(plan: &RootPlan) -> Result<(), JailError> {
     )?;
     let shm = dev.join("shm");
     mkdir(&shm, 0o1777)?;
-    let shm_size = plan.disk_bytes.unwrap_or(64 << 20).min(64 << 20);
-    tmpfs(
+    mkdir(shm_src, 0o1777)?;
+    bind_with(
+        shm_src,
         &shm,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        &format!("size={shm_size},mode=1777"),
     )?;
     mnt(
         None,
         dev,
         None,
-        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NOEXEC,
         None,
     )
 }

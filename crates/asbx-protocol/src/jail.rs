@@ -123,7 +123,8 @@ pub struct ResourceLimits {
     pub pids: Option<u64>,
     /// CPU quota in percent of one core (100 = one full core).
     pub cpu_percent: Option<u32>,
-    /// Size cap of the writable working directory and of `/tmp`, in bytes.
+    /// Size cap of the writable working directory, `/tmp` and `/dev/shm`
+    /// together (one tmpfs), in bytes.
     pub disk_bytes: Option<u64>,
     /// Most open files per process.
     pub nofile: Option<u64>,

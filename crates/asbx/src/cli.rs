@@ -98,7 +98,7 @@ pub(crate) struct RunnerOpts {
     /// CPU quota of one sandbox, in percent of one core.
     #[arg(long, env = "ASBX_SANDBOX_CPU_PERCENT", default_value_t = 100)]
     pub(crate) cpu_percent: u32,
-    /// Disk cap of a sandbox's working directory and /tmp, in MiB.
+    /// Disk cap of a sandbox's working directory, /tmp and /dev/shm together, in MiB.
     #[arg(long, env = "ASBX_SANDBOX_DISK_MB", default_value_t = 256)]
     pub(crate) disk_mb: u64,
     /// OpenAI-compatible endpoint (any server speaking chat completions).

@@ -48,6 +48,10 @@ pub fn cases() -> Vec<Case> {
             memory_bomb_is_oom_killed_inside,
         ),
         ("disk_fill_stops_at_the_cap", disk_fill_stops_at_the_cap),
+        (
+            "writable_folders_share_one_tmpfs_and_one_cap",
+            writable_folders_share_one_tmpfs_and_one_cap,
+        ),
         ("cpu_spin_is_throttled", cpu_spin_is_throttled),
         ("tool_cannot_attack_the_agent", tool_cannot_attack_the_agent),
         (
@@ -603,6 +607,49 @@ fn disk_fill_stops_at_the_cap() -> R {
             .and_then(|s| s.parse().ok())
             .unwrap_or(u64::MAX);
         ensure(kb <= 8192, format!("over the cap: {l}"))?;
+    }
+    pass()
+}
+
+/// `/work`, `/tmp` and `/dev/shm` are folders of one tmpfs and `/dev` one
+/// of the root's: four file systems in all (root, data, `/proc`,
+/// `/dev/pts`), each a superblock the kernel keeps per-cgroup state for.
+/// The cap bounds the three together, and `/dev` still opens its device
+/// nodes but takes no new file.
+fn writable_folders_share_one_tmpfs_and_one_cap() -> R {
+    let mut sbx = Sbx::new(
+        "stat -c '%n %d' / /dev /work /tmp /dev/shm /proc /dev/pts; \
+         dd if=/dev/zero of=/work/a bs=1M count=6 2>/dev/null && echo work-ok; \
+         dd if=/dev/zero of=/tmp/b bs=1M count=6 2>/dev/null || echo tmp-full; \
+         echo x 2>/dev/null > /dev/shm/c || echo shm-full; \
+         head -c 4 /dev/zero | od -An -tx1 | tr -d ' \n'; echo; \
+         touch /dev/x 2>/dev/null || echo dev-ro",
+    );
+    sbx.policy.limits.disk_bytes = Some(8 << 20);
+    let out = sbx.run().ok()?;
+    let dev: std::collections::BTreeMap<&str, &str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(n, _)| n.starts_with('/'))
+        .collect();
+    let get = |n: &str| dev.get(n).copied().unwrap_or("?");
+    ensure(dev.len() == 7, format!("{out:?}"))?;
+    ensure(
+        get("/") == get("/dev"),
+        format!("/dev on the root: {dev:?}"),
+    )?;
+    ensure(
+        get("/work") == get("/tmp") && get("/tmp") == get("/dev/shm") && get("/work") != get("/"),
+        format!("one data tmpfs: {dev:?}"),
+    )?;
+    let distinct: std::collections::BTreeSet<&str> = dev.values().copied().collect();
+    ensure(distinct.len() == 4, format!("four file systems: {dev:?}"))?;
+    for want in ["work-ok", "tmp-full", "shm-full", "00000000", "dev-ro"] {
+        ensure(
+            out.stdout.lines().any(|l| l == want),
+            format!("{want}: {out:?}"),
+        )?;
     }
     pass()
 }

@@ -16,6 +16,8 @@
 //! - `nodes`: chat turns per second through two workspace nodes and two
 //!   runners on one PostgreSQL, beside one of each.
 //! - `chat-append`: a turn on a chat of 100,000 messages beside one of 10.
+//! - `relay`: a run's lines through the workspace to an SSE client, beside
+//!   raw chunked HTTP, on SQLite and (with `ASBX_BENCH_PG_URL`) PostgreSQL.
 //!
 //! Build with `cargo build --release -p asbx -p asbx-bench`, then run
 //! `target/release/asbx-bench all`. Needs root for the jailed parts.
@@ -33,6 +35,7 @@ use futures::StreamExt;
 mod burst;
 mod jail;
 mod nodes;
+mod relay;
 mod system;
 mod turn;
 
@@ -60,6 +63,10 @@ fn main() -> anyhow::Result<()> {
             "turn" => turn::turn(n.min(2000)).await,
             "nodes" => nodes::nodes(n.min(5000)).await,
             "chat-append" => nodes::chat_append(n.min(1000)).await,
+            "relay" => {
+                let lines = args.get(2).and_then(|v| v.parse().ok());
+                relay::relay(lines.unwrap_or(1_000_000)).await
+            }
             "all" => {
                 throughput().await?;
                 first_line(n).await?;
@@ -67,9 +74,10 @@ fn main() -> anyhow::Result<()> {
                 idle(100).await?;
                 turn::turn(100).await?;
                 nodes::nodes(200).await?;
-                nodes::chat_append(50).await
+                nodes::chat_append(50).await?;
+                relay::relay(1_000_000).await
             }
-            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | all"),
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | relay [N] | all"),
         }
     })
 }

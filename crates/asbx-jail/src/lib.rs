@@ -127,6 +127,18 @@ pub fn remove_cgroups(cgroup: &str) -> Result<(), JailError> {
     cgroup::destroy_dirs(&layout, &dirs)
 }
 
+/// Removes the sandbox cgroups no process is in that were made at least
+/// `min_age` ago (a runner killed together with its supervisors leaves
+/// them; nothing else would remove them). Kills nothing. Returns how many
+/// sandboxes' cgroups went; 0 on a host without cgroups.
+pub fn sweep_stale_cgroups(min_age: std::time::Duration) -> usize {
+    let root = std::path::Path::new(cgroup::CGROUP_ROOT);
+    match cgroup::Layout::detect(root) {
+        Ok(layout) => cgroup::sweep_stale(&layout, min_age),
+        Err(_) => 0,
+    }
+}
+
 /// Give the sandbox whose policy named `cgroup` the default CPU weight,
 /// after a boot with `background: true`. A host without cgroups has
 /// nothing to change.

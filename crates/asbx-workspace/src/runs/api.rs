@@ -177,17 +177,22 @@ pub(crate) async fn events(
     };
     let after = last_event_id.or(query.after).unwrap_or(0);
     let from = events::check_kept(&run, after)?;
-    let lines = events::follow(Arc::clone(&state), id, from);
+    // One buffer per batch of lines (a page of the table, or what the relay
+    // stored at once), not one per line.
+    let batches = events::follow_batches(Arc::clone(&state), id, from);
     let mut response = if sse {
-        let body = lines.map(|k| {
-            let k = k.map_err(|e| std::io::Error::other(e.to_string()))?;
-            let kind = match k.kind {
-                Some(kind) => kind.as_str(),
-                None => type_of(&k.raw),
-            };
-            let mut out = Vec::with_capacity(k.raw.len() + 48);
-            asbx_protocol::sse::write_event(&mut out, Some(k.seq), kind, &k.raw)
-                .map_err(std::io::Error::other)?;
+        let body = batches.map(|b| {
+            let lines = b.map_err(|e| std::io::Error::other(e.to_string()))?;
+            let len = lines.iter().map(|k| k.raw.len() + 48).sum();
+            let mut out = Vec::with_capacity(len);
+            for k in &lines {
+                let kind = match k.kind {
+                    Some(kind) => kind.as_str(),
+                    None => type_of(&k.raw),
+                };
+                asbx_protocol::sse::write_event(&mut out, Some(k.seq), kind, &k.raw)
+                    .map_err(std::io::Error::other)?;
+            }
             Ok::<_, std::io::Error>(bytes::Bytes::from(out))
         });
         let mut r = Response::new(Body::from_stream(body));
@@ -200,11 +205,14 @@ pub(crate) async fn events(
         h.insert("x-accel-buffering", HeaderValue::from_static("no"));
         r
     } else {
-        let body = lines.map(|k| {
-            let k = k.map_err(|e| std::io::Error::other(e.to_string()))?;
-            let mut out = Vec::with_capacity(k.raw.len() + 1);
-            out.extend_from_slice(&k.raw);
-            out.push(b'\n');
+        let body = batches.map(|b| {
+            let lines = b.map_err(|e| std::io::Error::other(e.to_string()))?;
+            let len = lines.iter().map(|k| k.raw.len() + 1).sum();
+            let mut out = Vec::with_capacity(len);
+            for k in &lines {
+                out.extend_from_slice(&k.raw);
+                out.push(b'\n');
+            }
             Ok::<_, std::io::Error>(bytes::Bytes::from(out))
         });
         let mut r = Response::new(Body::from_stream(body));

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use asbx_protocol::EventKind;
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use sqlx::{Any, Executor, Row as _};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -35,9 +35,12 @@ use crate::wire::RunStatus;
 pub(crate) const KEEP_LINES: u64 = 10_000;
 /// How often a reader without a local broadcast looks for new lines.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// Lines buffered per broadcast; a reader that falls further behind reads
-/// the table instead.
+/// Batches buffered per broadcast (one per store of the relay, so up to
+/// hundreds of thousands of lines); a reader that falls further behind
+/// reads the table instead.
 const BROADCAST_CAPACITY: usize = 1024;
+/// Most lines a follower hands on at once.
+const MAX_BATCH: usize = 4096;
 /// Rows read per query.
 const PAGE: i64 = 500;
 
@@ -49,20 +52,21 @@ pub(crate) struct Kept {
     pub(crate) raw: Bytes,
 }
 
-impl From<&Tapped> for Kept {
-    fn from(t: &Tapped) -> Kept {
+impl From<Tapped> for Kept {
+    fn from(t: Tapped) -> Kept {
         Kept {
             seq: t.seq,
             kind: Some(t.kind),
-            raw: t.raw.clone(),
+            raw: t.raw,
         }
     }
 }
 
-/// A run this node relays: its broadcast and what cancels its relay.
+/// A run this node relays: its broadcast (the lines of one store at a
+/// time, in order) and what cancels its relay.
 #[derive(Debug, Clone)]
 pub(crate) struct Live {
-    pub(crate) tx: broadcast::Sender<Arc<Kept>>,
+    pub(crate) tx: broadcast::Sender<Arc<[Kept]>>,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -106,7 +110,7 @@ impl RunHub {
         self.lock().remove(run_id);
     }
 
-    fn subscribe(&self, run_id: &str) -> Option<broadcast::Receiver<Arc<Kept>>> {
+    fn subscribe(&self, run_id: &str) -> Option<broadcast::Receiver<Arc<[Kept]>>> {
         self.lock().get(run_id).map(|l| l.tx.subscribe())
     }
 
@@ -121,9 +125,10 @@ impl RunHub {
 /// PostgreSQL's limits on bound parameters.
 const INSERT_ROWS: usize = 500;
 
-/// Stores lines of a run (one statement per [`INSERT_ROWS`]) and drops the
-/// ones past [`KEEP_LINES`] each time the run's `seq` crosses a multiple of
-/// 1,000, so between [`KEEP_LINES`] and [`KEEP_LINES`] + 1,000 are kept.
+/// Stores lines of a run in one transaction (one statement per
+/// [`INSERT_ROWS`]) and drops the ones past [`KEEP_LINES`] each time the
+/// run's `seq` crosses a multiple of 1,000, so between [`KEEP_LINES`] and
+/// [`KEEP_LINES`] + 1,000 are kept; then announces them.
 pub(crate) async fn append(
     state: &AppState,
     run_id: &str,
@@ -139,29 +144,36 @@ pub(crate) async fn append_rows(
     run_id: &str,
     rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError> {
-    for batch in rows.chunks(INSERT_ROWS) {
-        insert(state.store.pool(), run_id, batch).await?;
-    }
+    let mut tx = state.store.pool().begin().await?;
+    append_rows_on(&mut tx, run_id, rows).await?;
+    tx.commit().await?;
     state.notifier.announce(state.store.pool(), run_id).await;
-    if let Some(from) = prune_from(rows) {
-        let mut tx = state.store.pool().begin().await?;
-        prune(&mut tx, run_id, from).await?;
-        tx.commit().await?;
-    }
     Ok(())
 }
 
 /// [`append_rows`] inside the caller's transaction `conn`, without the
-/// announcement (the caller announces once it committed).
+/// announcement (the caller announces once it committed). Lines that the
+/// same call would drop again (a batch longer than [`KEEP_LINES`]) are not
+/// written at all: inside one transaction nobody could tell.
 pub(crate) async fn append_rows_on(
     conn: &mut sqlx::AnyConnection,
     run_id: &str,
     rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError> {
-    for batch in rows.chunks(INSERT_ROWS) {
-        insert(&mut *conn, run_id, batch).await?;
+    let sqlite = conn.backend_name() == "SQLite";
+    let from = prune_from(rows);
+    let keep = |r: &&(u64, &[u8])| from.is_none_or(|f| r.0 >= f);
+    let kept: Vec<(u64, &[u8])>;
+    let rows_to_write = if from.is_some() && rows.iter().any(|r| !keep(&r)) {
+        kept = rows.iter().filter(keep).copied().collect();
+        &kept[..]
+    } else {
+        rows
+    };
+    for batch in rows_to_write.chunks(INSERT_ROWS) {
+        insert(&mut *conn, sqlite, run_id, batch).await?;
     }
-    if let Some(from) = prune_from(rows) {
+    if let Some(from) = from {
         prune(conn, run_id, from).await?;
     }
     Ok(())
@@ -176,27 +188,44 @@ fn prune_from(rows: &[(u64, &[u8])]) -> Option<u64> {
         .then(|| last + 1 - KEEP_LINES)
 }
 
-async fn insert<'c, E>(db: E, run_id: &str, rows: &[(u64, &[u8])]) -> Result<(), WorkspaceError>
+/// One multi-row `INSERT`. On SQLite its parameters are anonymous (`?`):
+/// binding a named one (`$n`) makes sqlx ask SQLite for each parameter's
+/// name, a walk of the statement's parameter list, so a 1,500-parameter
+/// statement cost about a million string compares (38% of the relay's
+/// profile). PostgreSQL takes only `$n`.
+async fn insert<'c, E>(
+    db: E,
+    sqlite: bool,
+    run_id: &str,
+    rows: &[(u64, &[u8])],
+) -> Result<(), WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
-    let mut sql = String::with_capacity(64 + rows.len() * 20);
+    use std::fmt::Write as _;
+    let mut sql = String::with_capacity(96 + rows.len() * 20);
     sql.push_str("INSERT INTO run_events (run_id, seq, line) VALUES ");
     for i in 0..rows.len() {
         if i > 0 {
             sql.push_str(", ");
         }
-        let n = i * 3;
-        sql.push_str(&format!("(${}, ${}, ${})", n + 1, n + 2, n + 3));
+        if sqlite {
+            sql.push_str("(?, ?, ?)");
+        } else {
+            let n = i * 3;
+            let _ = write!(sql, "(${}, ${}, ${})", n + 1, n + 2, n + 3);
+        }
     }
     // A runner never repeats a seq; a repeated one is not stored twice.
     sql.push_str(" ON CONFLICT (run_id, seq) DO NOTHING");
     let mut q = sqlx::query(&sql);
     for (seq, raw) in rows {
-        q = q
-            .bind(run_id)
-            .bind(i64::try_from(*seq).unwrap_or(i64::MAX))
-            .bind(String::from_utf8_lossy(raw).into_owned());
+        q = q.bind(run_id).bind(i64::try_from(*seq).unwrap_or(i64::MAX));
+        // Lines the tap read are JSON, so UTF-8: borrowed, not copied.
+        q = match std::str::from_utf8(raw) {
+            Ok(text) => q.bind(text),
+            Err(_) => q.bind(String::from_utf8_lossy(raw).into_owned()),
+        };
     }
     q.execute(db).await?;
     Ok(())
@@ -288,7 +317,7 @@ pub(crate) fn check_kept(run: &runs::RunRow, after: u64) -> Result<Start, Worksp
 
 enum Phase {
     Replay,
-    Live(broadcast::Receiver<Arc<Kept>>),
+    Live(broadcast::Receiver<Arc<[Kept]>>),
     Poll,
     Done,
 }
@@ -299,11 +328,13 @@ struct Follow {
     last: u64,
     phase: Phase,
     /// Subscribed before the first read: lines published after it are seen.
-    rx: Option<broadcast::Receiver<Arc<Kept>>>,
+    rx: Option<broadcast::Receiver<Arc<[Kept]>>>,
     /// Other nodes' announcements (PostgreSQL), also subscribed before the
     /// first read.
     announced: Option<broadcast::Receiver<Arc<str>>>,
-    pending: std::collections::VecDeque<Kept>,
+    /// The broadcast ran ahead of this reader: the next read of the table
+    /// checks that the lines it missed are still kept.
+    lagged: bool,
     /// When the poll last asked whether somebody still relays the run.
     lost_checked: std::time::Instant,
 }
@@ -319,13 +350,32 @@ pub(crate) async fn announce_end(state: &AppState, run_id: &str) {
 }
 
 /// Every line of `run_id` after `from`, then the live tail until the run
-/// ends: from the local broadcast when this node relays it, else by polling
-/// the table. Ends when the run has ended and every line was given.
+/// ends, one line at a time: [`follow_batches`] flattened.
 pub(crate) fn follow(
     state: Arc<AppState>,
     run_id: String,
     from: Start,
 ) -> impl Stream<Item = Result<Kept, WorkspaceError>> + Send + 'static {
+    follow_batches(state, run_id, from).flat_map(|batch| {
+        futures::stream::iter(match batch {
+            Ok(lines) => lines.into_iter().map(Ok).collect::<Vec<_>>(),
+            Err(e) => vec![Err(e)],
+        })
+    })
+}
+
+/// Every line of `run_id` after `from`, then the live tail until the run
+/// ends: from the local broadcast when this node relays it, else by polling
+/// the table. Ends when the run has ended and every line was given. Lines
+/// come in batches (a page of the table, or what the relay stored at once),
+/// never empty, in `seq` order. A reader that fell so far behind that the
+/// lines it missed are no longer kept gets [`WorkspaceError::EventsGone`]
+/// (a client resuming from its last line then gets `410`), never a gap.
+pub(crate) fn follow_batches(
+    state: Arc<AppState>,
+    run_id: String,
+    from: Start,
+) -> impl Stream<Item = Result<Vec<Kept>, WorkspaceError>> + Send + 'static {
     let rx = state.run_hub.subscribe(&run_id);
     let announced = state.notifier.subscribe();
     let f = Follow {
@@ -335,21 +385,23 @@ pub(crate) fn follow(
         phase: Phase::Replay,
         rx,
         announced,
-        pending: Default::default(),
+        lagged: false,
         lost_checked: std::time::Instant::now(),
     };
     futures::stream::try_unfold(f, |mut f| async move {
         loop {
-            if let Some(k) = f.pending.pop_front() {
-                f.last = k.seq;
-                return Ok(Some((k, f)));
-            }
             match std::mem::replace(&mut f.phase, Phase::Done) {
                 Phase::Done => return Ok(None),
                 Phase::Replay => {
                     let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
+                    if std::mem::take(&mut f.lagged) {
+                        // Read after the page: a prune that removed lines
+                        // the page lacks has moved `events_from` already.
+                        if let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await? {
+                            check_kept(&run, f.last)?;
+                        }
+                    }
                     let full = page.len() as i64 >= PAGE;
-                    f.pending.extend(page);
                     f.phase = if full {
                         Phase::Replay
                     } else {
@@ -358,30 +410,65 @@ pub(crate) fn follow(
                             None => Phase::Poll,
                         }
                     };
+                    if let Some(k) = page.last() {
+                        f.last = k.seq;
+                        return Ok(Some((page, f)));
+                    }
                 }
-                Phase::Live(mut rx) => match rx.recv().await {
-                    Ok(k) => {
-                        if k.seq > f.last {
-                            f.pending.push_back(k.as_ref().clone());
+                Phase::Live(mut rx) => {
+                    let mut out: Vec<Kept> = Vec::new();
+                    let mut next = rx.recv().await;
+                    loop {
+                        match next {
+                            Ok(batch) => {
+                                let last = f.last;
+                                out.extend(batch.iter().filter(|k| k.seq > last).cloned());
+                                if let Some(k) = out.last() {
+                                    f.last = k.seq;
+                                }
+                            }
+                            Err(broadcast::error::RecvError::Lagged(_)) => {
+                                // Fell behind: what was missed is in the table.
+                                f.rx = Some(rx);
+                                f.lagged = true;
+                                f.phase = Phase::Replay;
+                                break;
+                            }
+                            Err(broadcast::error::RecvError::Closed) => {
+                                // The relay stored everything before closing.
+                                f.phase = Phase::Replay;
+                                break;
+                            }
                         }
-                        f.phase = Phase::Live(rx);
+                        // Take what else is there already, up to a bound.
+                        if out.len() >= MAX_BATCH {
+                            f.phase = Phase::Live(rx);
+                            break;
+                        }
+                        next = match rx.try_recv() {
+                            Ok(b) => Ok(b),
+                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                                Err(broadcast::error::RecvError::Lagged(n))
+                            }
+                            Err(broadcast::error::TryRecvError::Closed) => {
+                                Err(broadcast::error::RecvError::Closed)
+                            }
+                            Err(broadcast::error::TryRecvError::Empty) => {
+                                f.phase = Phase::Live(rx);
+                                break;
+                            }
+                        };
                     }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        // Fell behind: what was missed is in the table.
-                        f.rx = Some(rx);
-                        f.phase = Phase::Replay;
+                    if !out.is_empty() {
+                        return Ok(Some((out, f)));
                     }
-                    Err(broadcast::error::RecvError::Closed) => {
-                        // The relay stored everything before closing.
-                        f.phase = Phase::Replay;
-                    }
-                },
+                }
                 Phase::Poll => {
                     let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
-                    if !page.is_empty() {
-                        f.pending.extend(page);
+                    if let Some(k) = page.last() {
+                        f.last = k.seq;
                         f.phase = Phase::Poll;
-                        continue;
+                        return Ok(Some((page, f)));
                     }
                     let run = runs::get(f.state.store.pool(), &f.run_id).await?;
                     let mut running = run.as_ref().is_some_and(|r| r.status == RunStatus::Running);
@@ -396,8 +483,11 @@ pub(crate) fn follow(
                     if !running {
                         // One last look: lines stored just before it ended.
                         let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
-                        f.pending.extend(page);
                         f.phase = Phase::Done;
+                        if let Some(k) = page.last() {
+                            f.last = k.seq;
+                            return Ok(Some((page, f)));
+                        }
                         continue;
                     }
                     match f.announced.as_mut() {

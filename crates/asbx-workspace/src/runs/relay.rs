@@ -278,38 +278,74 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|b| *b == needle)
 }
 
+/// Lines read ahead of the store: the relay stops reading the runner's
+/// stream while this many wait, so a slow database slows the runner down
+/// instead of filling memory.
+const MAX_UNSTORED: usize = 65_536;
+
 /// Starts relaying a run this node dispatched: a task reads the runner's
 /// stream, stores every line (`run_events`), then publishes it on the run's
 /// broadcast, and settles the run when the stream ends, before the
 /// broadcast closes. The run's broadcast must have been opened
 /// ([`RunHub::open`](crate::runs::events::RunHub::open)) before any reader
 /// subscribed.
+///
+/// Reading and storing overlap: while one batch is being stored (one
+/// transaction), the lines read meanwhile gather into the next, so a batch
+/// is as large as the database is slow (up to [`MAX_UNSTORED`] lines), and
+/// each batch is published as one broadcast message once it is stored.
 pub(crate) fn spawn(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
     tokio::spawn(relay(state, run_id, live, response));
 }
+
+type Storing = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
     let mut upstream = response.bytes_stream();
     let mut tap = OutcomeTap::default();
     let mut broken: Option<String> = None;
     let mut cancelled = false;
+    let mut reading = true;
+    let mut unstored: Vec<Tapped> = Vec::new();
+    let mut storing: Option<Storing> = None;
     loop {
+        if storing.is_none() && !unstored.is_empty() {
+            let lines = std::mem::take(&mut unstored);
+            storing = Some(Box::pin(publish(
+                Arc::clone(&state),
+                run_id.clone(),
+                live.clone(),
+                lines,
+            )));
+        }
+        if !reading {
+            match storing.take() {
+                Some(s) => {
+                    s.await;
+                    continue;
+                }
+                None => break,
+            }
+        }
         tokio::select! {
             biased;
             _ = live.cancel.cancelled() => {
                 cancelled = true;
-                break;
+                reading = false;
             }
-            chunk = upstream.next() => match chunk {
-                Some(Ok(bytes)) => {
-                    let lines = tap.observe_raw(&bytes);
-                    publish(&state, &run_id, &live, &lines).await;
+            () = async {
+                match storing.as_mut() {
+                    Some(s) => s.await,
+                    None => std::future::pending().await,
                 }
+            }, if storing.is_some() => storing = None,
+            chunk = upstream.next(), if unstored.len() < MAX_UNSTORED => match chunk {
+                Some(Ok(bytes)) => unstored.extend(tap.observe_raw(&bytes)),
                 Some(Err(e)) => {
                     broken = Some(crate::error::error_chain(&e));
-                    break;
+                    reading = false;
                 }
-                None => break,
+                None => reading = false,
             },
         }
     }
@@ -317,7 +353,7 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     // reader is gone (docs/protocol.md §4).
     drop(upstream);
     let rest = tap.finish_raw();
-    publish(&state, &run_id, &live, &rest).await;
+    publish(Arc::clone(&state), run_id.clone(), live.clone(), rest).await;
     let outcome = match (tap.terminal(), cancelled) {
         (None, true) => Outcome::Failed {
             code: asbx_protocol::codes::CANCELLED.to_owned(),
@@ -330,17 +366,17 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     events::announce_end(&state, &run_id).await;
 }
 
-async fn publish(state: &AppState, run_id: &str, live: &Live, lines: &[Tapped]) {
+/// Stores `lines` (one transaction), then publishes them as one message.
+async fn publish(state: Arc<AppState>, run_id: String, live: Live, lines: Vec<Tapped>) {
     if lines.is_empty() {
         return;
     }
-    if let Err(e) = events::append(state, run_id, lines).await {
+    if let Err(e) = events::append(&state, &run_id, &lines).await {
         tracing::error!(run = run_id, error = %crate::error::error_chain(&e), "storing run lines failed");
     }
-    for t in lines {
-        // No receiver is fine: nobody is following right now.
-        let _ = live.tx.send(Arc::new(Kept::from(t)));
-    }
+    let batch: Arc<[Kept]> = lines.into_iter().map(Kept::from).collect();
+    // No receiver is fine: nobody is following right now.
+    let _ = live.tx.send(batch);
 }
 
 /// Cancels the run's relay when dropped before [`CancelOnDrop::disarm`]: a
@@ -365,11 +401,19 @@ fn with_newline(raw: &[u8]) -> Bytes {
 }
 
 /// The response body of a protocol 2 caller: the runner's lines as they
-/// are, `seq` unchanged.
+/// are, `seq` unchanged, each batch in one buffer.
 pub(crate) fn protocol2_body(state: Arc<AppState>, run_id: String) -> Body {
-    let lines = events::follow(state, run_id, events::Start { after: 0 });
-    Body::from_stream(lines.map(|k| match k {
-        Ok(k) => Ok(with_newline(&k.raw)),
+    let batches = events::follow_batches(state, run_id, events::Start { after: 0 });
+    Body::from_stream(batches.map(|b| match b {
+        Ok(lines) => {
+            let len = lines.iter().map(|k| k.raw.len() + 1).sum();
+            let mut out = BytesMut::with_capacity(len);
+            for k in &lines {
+                out.extend_from_slice(&k.raw);
+                out.extend_from_slice(b"\n");
+            }
+            Ok(out.freeze())
+        }
         Err(e) => Err(std::io::Error::other(e.to_string())),
     }))
 }

@@ -441,6 +441,73 @@ fn subcgroups(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Removes the sandbox cgroups (`asbx-*` under each hierarchy's parent)
+/// that hold no process anywhere in their subtree and were made at least
+/// `min_age` ago: what a runner killed together with its supervisors leaves
+/// (no one is left to remove them). Never kills anything: a subtree with a
+/// process is skipped, and `rmdir` of a populated cgroup fails anyway. The
+/// age keeps it off a neighbour's sandbox being set up (its cgroups are
+/// empty for a moment before init joins them); a cgroup whose age can't be
+/// read counts as new. Returns how many sandbox cgroups went.
+pub(crate) fn sweep_stale(layout: &Layout, min_age: std::time::Duration) -> usize {
+    let hierarchies: Vec<&PathBuf> = match layout {
+        Layout::V1 {
+            memory,
+            pids,
+            cpu,
+            freezer,
+        } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect(),
+        Layout::V2 { root } => vec![root],
+    };
+    // By name across the hierarchies: a sandbox's processes are in each,
+    // and one with a process in any of them is left whole.
+    let mut names = std::collections::BTreeSet::new();
+    for h in &hierarchies {
+        for e in fs::read_dir(h.join(PARENT)).into_iter().flatten().flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= min_age);
+            if let Some(n) = e.file_name().to_str()
+                && n.starts_with("asbx-")
+                && valid_name(n)
+                && old
+                && e.file_type().is_ok_and(|t| t.is_dir())
+            {
+                names.insert(n.to_owned());
+            }
+        }
+    }
+    let mut removed = 0;
+    for name in names {
+        let mut all = Vec::new();
+        for h in &hierarchies {
+            let dir = h.join(PARENT).join(&name);
+            if dir.exists() {
+                subcgroups(&dir, 0, &mut all);
+                all.push(dir);
+            }
+        }
+        if all.iter().any(|d| has_processes(d)) {
+            continue;
+        }
+        if all.iter().all(|d| fs::remove_dir(d).is_ok() || !d.exists()) {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether `dir`'s `cgroup.procs` lists a process (or can't be read).
+fn has_processes(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("cgroup.procs")).map_or(true, |s| !s.trim().is_empty())
+}
+
 /// How long a teardown keeps trying to remove one cgroup that is still busy.
 /// The CPU weight of a sandbox booted in the background, and the default.
 const BACKGROUND_SHARES: &str = "2";

@@ -384,7 +384,7 @@ pub(crate) fn build_rest(plan: &RootPlan) -> Result<(), JailError> {
 
     let tmp = Path::new("/tmp");
     mkdir(tmp, 0o755)?;
-    let tmp_src = data.join("tmp");
+    let tmp_src = data.join("scratch");
     mkdir(&tmp_src, 0o1777)?;
     bind_with(&tmp_src, tmp, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
 

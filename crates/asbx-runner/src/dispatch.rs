@@ -53,7 +53,7 @@ pub(crate) async fn start(
         Ok(g) => g,
         Err(e) => {
             crate::drive::kill_tree(&mut child).await;
-            slot.cleanup(inner);
+            let _ = slot.cleanup(inner).await;
             return Err(e);
         }
     };
@@ -86,7 +86,7 @@ pub(crate) async fn start(
     tokio::spawn(async move {
         let outcome = drive.run().await;
         gateway_stop.cancel();
-        slot.cleanup(&task_inner);
+        let _ = slot.cleanup(&task_inner).await;
         tracing::info!(
             session = %task_session.id,
             reason = ?outcome.termination.reason,
@@ -94,7 +94,6 @@ pub(crate) async fn start(
             "session ended"
         );
         task_inner.sessions.retire(&task_session.id);
-        drop(slot);
         drop(permit);
     });
 

@@ -67,6 +67,9 @@ pub(crate) struct Inner {
     pub(crate) egress: egress::EgressSettings,
 }
 
+/// How often a runner looks for what killed runners' sandboxes left.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
 impl Runner {
     pub fn new(config: RunnerConfig) -> Result<Self, RunnerError> {
         // The state folder is this runner's own: what a previous run left is stale.
@@ -79,6 +82,7 @@ impl Runner {
             IsolationProfile::Jail(profile) => Box::new(Jailed {
                 exe: config.asbx_exe.clone(),
                 profile,
+                run_dirs: std::sync::OnceLock::new(),
             }),
             IsolationProfile::Unconfined => Box::new(Unconfined {
                 exe: config.asbx_exe.clone(),
@@ -128,9 +132,24 @@ impl Runner {
         router
     }
 
-    /// Boots the warm pool in the background. Call once the runner serves.
+    /// Boots the warm pool in the background, and from now on and every
+    /// [`SWEEP_EVERY`] removes what sandboxes of killed runners left
+    /// ([`Sandbox::sweep`]). Call once the runner serves.
     pub fn warm_up(&self) {
         pool::Pool::refill(&self.inner);
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(strong) = inner.upgrade() else {
+                    return;
+                };
+                let swept = tokio::task::spawn_blocking(move || strong.sandbox.sweep()).await;
+                if let Ok(n @ 1..) = swept {
+                    tracing::info!(sandboxes = n, "removed the cgroups killed runners left");
+                }
+                tokio::time::sleep(SWEEP_EVERY).await;
+            }
+        });
     }
 
     /// Ends the warm sandboxes and removes their traces (on shutdown).

@@ -62,8 +62,16 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// Removes what the sandbox may leave behind; call after it ended.
-    pub(crate) fn cleanup(&self, inner: &Inner) {
+    /// Removes what the sandbox may leave behind, on a blocking thread (a
+    /// killed supervisor's cgroups can take seconds to go, and the working
+    /// folder may be large); call after it ended. The uid lease is released
+    /// once that is done; await the handle to go on after it.
+    pub(crate) fn cleanup(self, inner: &Arc<Inner>) -> tokio::task::JoinHandle<()> {
+        let inner = Arc::clone(inner);
+        tokio::task::spawn_blocking(move || self.cleanup_now(&inner))
+    }
+
+    fn cleanup_now(&self, inner: &Inner) {
         let spec = SandboxSpec {
             name: &self.name,
             dirs: &self.dirs,
@@ -288,7 +296,7 @@ impl Pool {
     }
 
     /// A warm sandbox that is still alive, if any. Counts as demand either way.
-    pub(crate) fn take(&self, inner: &Inner) -> Option<Booted> {
+    pub(crate) fn take(&self, inner: &Arc<Inner>) -> Option<Booted> {
         self.demand
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -301,7 +309,7 @@ impl Pool {
                     return Some(b);
                 }
                 // It died waiting (killed from outside, out of memory): drop it.
-                _ => b.slot.cleanup(inner),
+                _ => drop(b.slot.cleanup(inner)),
             }
         }
     }
@@ -367,13 +375,13 @@ impl Pool {
     }
 
     /// Ends every warm sandbox and removes its traces.
-    pub(crate) async fn drain(inner: &Inner) {
+    pub(crate) async fn drain(inner: &Arc<Inner>) {
         let warm: Vec<Booted> = inner.pool.lock().drain(..).collect();
         for mut b in warm {
             // Closing stdin ends a waiting agent; SIGTERM ends the jail.
             drop(b.child.stdin.take());
             crate::drive::kill_tree(&mut b.child).await;
-            b.slot.cleanup(inner);
+            let _ = b.slot.cleanup(inner).await;
         }
     }
 }

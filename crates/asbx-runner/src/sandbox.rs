@@ -42,35 +42,48 @@ pub(crate) struct SessionDirs {
     pub(crate) root: PathBuf,
     /// The working directory (`/work` in a jail).
     pub(crate) work: PathBuf,
-    /// Holds the gateway socket (`/run/asbx` in a jail): `root/run`, or the
-    /// path of `detached_run`.
+    /// Holds the gateway socket (`/run/asbx` in a jail): `root/run`, or a
+    /// folder of the runner's one [`DetachedDir`] for run folders.
     pub(crate) run: PathBuf,
-    /// The run folder when it is a [`DetachedDir`]; freed with the last clone.
+    /// The run folders' tmpfs, when `run` is on it; it lives as long as the
+    /// runner (each sandbox keeps its clone of its own folder until it ends).
     detached_run: Option<Arc<DetachedDir>>,
 }
 
 impl SessionDirs {
-    /// Creates `parent/name/work` and the run folder: `detached_run` when
-    /// given, else `parent/name/run`.
+    /// Creates `parent/name/work` and the run folder: a fresh folder with a
+    /// random name on `detached_run` when given (the sandbox sees that name
+    /// as its mount's root: nothing of the host, nor the sandbox's own
+    /// name, which holds the runner's pid), else `parent/name/run`.
     pub(crate) fn create(
         parent: &Path,
         name: &str,
-        detached_run: Option<DetachedDir>,
+        detached_run: Option<Arc<DetachedDir>>,
     ) -> Result<Self, RunnerError> {
         let root = parent.join(name);
-        let detached_run = detached_run.map(Arc::new);
+        let run = match &detached_run {
+            Some(d) => d.path().join(hex::encode(rand::random::<[u8; 8]>())),
+            None => root.join("run"),
+        };
         let dirs = SessionDirs {
             work: root.join("work"),
-            run: detached_run
-                .as_ref()
-                .map_or_else(|| root.join("run"), |d| d.path().to_path_buf()),
+            run,
             root,
             detached_run,
         };
         std::fs::create_dir_all(&dirs.work).map_err(|e| RunnerError::io(dirs.work.display(), e))?;
-        if dirs.detached_run.is_none() {
+        let made = if dirs.detached_run.is_some() {
+            use std::os::unix::fs::PermissionsExt;
+            // Like the tmpfs root it replaces: whatever the runner's umask.
+            std::fs::create_dir(&dirs.run).and_then(|()| {
+                std::fs::set_permissions(&dirs.run, std::fs::Permissions::from_mode(0o755))
+            })
+        } else {
             std::fs::create_dir_all(&dirs.run)
-                .map_err(|e| RunnerError::io(dirs.run.display(), e))?;
+        };
+        if let Err(e) = made {
+            dirs.remove();
+            return Err(RunnerError::io(dirs.run.display(), e));
         }
         Ok(dirs)
     }
@@ -85,10 +98,13 @@ impl SessionDirs {
 
     /// Removes everything; errors are logged, not raised (teardown goes on).
     pub(crate) fn remove(&self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.root)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %self.root.display(), error = %e, "could not remove session folder");
+        let run = self.detached_run.as_ref().map(|_| &self.run);
+        for dir in std::iter::once(&self.root).chain(run) {
+            if let Err(e) = std::fs::remove_dir_all(dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %dir.display(), error = %e, "could not remove session folder");
+            }
         }
     }
 }
@@ -128,12 +144,17 @@ pub(crate) trait Sandbox: Send + Sync + std::fmt::Debug {
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError>;
     /// Removes what a sandbox may leave behind if its supervisor was killed hard.
     fn cleanup(&self, spec: &SandboxSpec<'_>);
+    /// Removes what sandboxes left when their runner was killed with them
+    /// (no one else will); returns how many. Blocking.
+    fn sweep(&self) -> usize {
+        0
+    }
     /// A sandbox booted in the background now serves a dispatch: give it
     /// the default CPU weight.
     fn foreground(&self, _name: &str) {}
-    /// A fresh run folder that shows no host path in the sandbox, when this
-    /// kind of sandbox wants one and the kernel allows it.
-    fn detached_run(&self) -> Option<DetachedDir> {
+    /// Where run folders that show no host path in the sandbox go, when
+    /// this kind of sandbox wants them and the kernel allows it.
+    fn detached_run(&self) -> Option<Arc<DetachedDir>> {
         None
     }
 }
@@ -149,9 +170,12 @@ fn warn_no_detached(what: &str, e: &asbx_jail::JailError) {
     }
 }
 
-/// The run folder's tmpfs: sockets only.
+/// The run folders' tmpfs, one per runner process: a folder and two
+/// sockets per sandbox, no file data. One tmpfs for all, not one each: a
+/// superblock costs more than its pages (a memcg-aware shrinker, for which
+/// every memory cgroup on the host keeps state) and a descriptor.
 const RUN_DIR_BYTES: u64 = 64 << 10;
-const RUN_DIR_INODES: u32 = 64;
+const RUN_DIR_INODES: u32 = 4 * (u16::MAX as u32) + 64;
 
 /// Where a jail binds the `asbx` binary from: a copy on one [`DetachedDir`]
 /// per runner process and binary, made on first use; `exe` itself when that
@@ -198,6 +222,8 @@ fn base_command(program: &Path) -> Command {
 pub(crate) struct Jailed {
     pub(crate) exe: PathBuf,
     pub(crate) profile: JailProfile,
+    /// The run folders' tmpfs, made on first use ([`Sandbox::detached_run`]).
+    pub(crate) run_dirs: std::sync::OnceLock<Option<Arc<DetachedDir>>>,
 }
 
 impl Sandbox for Jailed {
@@ -253,16 +279,27 @@ impl Sandbox for Jailed {
         remove_leftover_cgroups(&format!("asbx-{}", spec.name));
     }
 
+    fn sweep(&self) -> usize {
+        // Empty and a minute old: no sandbox of a live runner is either for
+        // long (its cgroups hold its processes from the first milliseconds).
+        asbx_jail::sweep_stale_cgroups(std::time::Duration::from_secs(60))
+    }
+
     fn foreground(&self, name: &str) {
         if let Err(e) = asbx_jail::foreground(&format!("asbx-{name}")) {
             tracing::warn!(sandbox = name, error = %e, "could not restore a sandbox's CPU weight");
         }
     }
 
-    fn detached_run(&self) -> Option<DetachedDir> {
-        DetachedDir::tmpfs(RUN_DIR_BYTES, RUN_DIR_INODES, false)
-            .map_err(|e| warn_no_detached("the run folder", &e))
-            .ok()
+    fn detached_run(&self) -> Option<Arc<DetachedDir>> {
+        self.run_dirs
+            .get_or_init(|| {
+                DetachedDir::tmpfs(RUN_DIR_BYTES, RUN_DIR_INODES, false)
+                    .map(Arc::new)
+                    .map_err(|e| warn_no_detached("the run folder", &e))
+                    .ok()
+            })
+            .clone()
     }
 }
 

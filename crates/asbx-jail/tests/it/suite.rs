@@ -100,6 +100,10 @@ pub fn cases() -> Vec<Case> {
             "mountinfo_and_cgroup_show_no_host_path",
             mountinfo_and_cgroup_show_no_host_path,
         ),
+        (
+            "stale_cgroups_are_swept_and_live_ones_kept",
+            stale_cgroups_are_swept_and_live_ones_kept,
+        ),
     ]
 }
 
@@ -1309,5 +1313,70 @@ s.connect('/run/asbx/gateway.sock'); print(s.recv(4).decode())\"; \
         !out.stdout.contains(&sbx.policy.cgroup),
         format!("the cgroup name shows: {out:?}"),
     )?;
+    pass()
+}
+
+/// `sweep_stale_cgroups` removes an old sandbox cgroup no process is in
+/// (children first), and keeps one as old with a process in it and an
+/// empty one just made (a neighbour's sandbox being set up).
+fn stale_cgroups_are_swept_and_live_ones_kept() -> R {
+    use nix::sys::stat::{UtimensatFlags, utimensat};
+    use nix::sys::time::TimeSpec;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    let hierarchies: Vec<PathBuf> = ["memory", "pids"]
+        .iter()
+        .map(|c| Path::new("/sys/fs/cgroup").join(c).join("asbx"))
+        .collect();
+    let name = |kind: &str| format!("asbx-sweep-{}-{kind}", std::process::id());
+    let dirs =
+        |kind: &str| -> Vec<PathBuf> { hierarchies.iter().map(|h| h.join(name(kind))).collect() };
+    let two_minutes_ago = TimeSpec::new(
+        (std::time::SystemTime::now() - Duration::from_secs(120))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64,
+        0,
+    );
+    for kind in ["stale", "busy", "fresh"] {
+        for d in dirs(kind) {
+            std::fs::create_dir_all(d.join("tools")).unwrap();
+        }
+    }
+    for kind in ["stale", "busy"] {
+        for d in dirs(kind) {
+            for p in [d.join("tools"), d.clone()] {
+                utimensat(
+                    nix::fcntl::AT_FDCWD,
+                    &p,
+                    &two_minutes_ago,
+                    &two_minutes_ago,
+                    UtimensatFlags::NoFollowSymlink,
+                )
+                .unwrap();
+            }
+        }
+    }
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(
+        dirs("busy")[1].join("tools").join("cgroup.procs"),
+        sleeper.id().to_string(),
+    )
+    .unwrap();
+    let swept = asbx_jail::sweep_stale_cgroups(Duration::from_secs(60));
+    let state = |kind: &str| dirs(kind).iter().map(|d| d.exists()).collect::<Vec<_>>();
+    let (stale, busy, fresh) = (state("stale"), state("busy"), state("fresh"));
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    for kind in ["busy", "fresh"] {
+        for d in dirs(kind) {
+            let _ = std::fs::remove_dir(d.join("tools"));
+            let _ = std::fs::remove_dir(&d);
+        }
+    }
+    ensure(stale == [false, false], format!("stale left: {stale:?}"))?;
+    ensure(busy == [true, true], format!("busy removed: {busy:?}"))?;
+    ensure(fresh == [true, true], format!("fresh removed: {fresh:?}"))?;
+    ensure(swept >= 1, format!("swept {swept}"))?;
     pass()
 }

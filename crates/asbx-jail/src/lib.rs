@@ -17,7 +17,9 @@
 //!
 //! Modules, in the order a run uses them: [`supervisor`] (host side),
 //! [`cgroup`], [`init`] (sandbox side), [`rootfs`], [`ids`], [`fsrules`]
-//! (Landlock), [`seccomp`], [`sys`] (raw system calls), [`check`].
+//! (Landlock), [`seccomp`], [`sys`] (raw system calls), [`check`]; and
+//! [`spawn`], for the agent: a tool process that joins its child cgroup
+//! between `fork` and `exec`.
 //!
 //! What the runner must do: see the README section of [`run_jail`].
 
@@ -33,6 +35,7 @@ mod ids;
 mod init;
 mod rootfs;
 mod seccomp;
+mod spawn;
 mod supervisor;
 mod sys;
 
@@ -40,6 +43,7 @@ use std::ffi::CString;
 use std::path::PathBuf;
 
 pub use detached::DetachedDir;
+pub use spawn::{join_cgroups_on_spawn, join_failure};
 
 use asbx_protocol::jail::{
     HOST_IDS_PER_SANDBOX, JailEntry, JailPolicy, JailProfile, LayerReport, TOOL_CGROUP_IN_JAIL,

@@ -518,3 +518,63 @@ pub(crate) fn detached_tmpfs(options: &[(&str, &str)], attrs: libc::c_uint) -> i
     // SAFETY: `fs` is a configured file-system context; no pointer arguments.
     fd_result(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
 }
+
+/// Errors of [`join_before_exec`]'s hook travel to the parent as one `i32`
+/// (std sends only an errno from the child): `JOIN_ERROR_BASE + index *
+/// JOIN_ERRNO_SPAN + errno`, so the parent learns which file and why.
+pub(crate) const JOIN_ERROR_BASE: i32 = 0x4153_0000;
+/// See [`JOIN_ERROR_BASE`]; errnos are below it.
+pub(crate) const JOIN_ERRNO_SPAN: i32 = 4096;
+
+/// Make `cmd`'s child write `0` to each of `files` (cgroup `cgroup.procs`)
+/// after its uid and gid changed and before it `exec`s: it joins those
+/// cgroups, and a failed open or write fails the spawn (see
+/// [`JOIN_ERROR_BASE`]), so the program never runs outside them.
+pub(crate) fn join_before_exec(cmd: &mut std::process::Command, files: Vec<std::ffi::CString>) {
+    use std::os::unix::process::CommandExt;
+    let hook = move || -> io::Result<()> {
+        for (i, file) in files.iter().enumerate() {
+            let index = i32::try_from(i).unwrap_or(0);
+            let fail = |errno: i32| {
+                io::Error::from_raw_os_error(
+                    JOIN_ERROR_BASE + index * JOIN_ERRNO_SPAN + errno.clamp(1, JOIN_ERRNO_SPAN - 1),
+                )
+            };
+            // SAFETY: open, write and close are async-signal-safe system
+            // calls; `file` is a NUL-terminated string built before the
+            // fork and the byte buffer is static. Nothing here allocates or
+            // takes a lock (errno is read through a thread-local pointer).
+            let fd = unsafe { libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+            if fd < 0 {
+                return Err(fail(errno()));
+            }
+            // SAFETY: as above; `fd` is the descriptor just opened.
+            let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+            let err = if n == 1 {
+                None
+            } else if n < 0 {
+                Some(errno())
+            } else {
+                Some(libc::EIO)
+            };
+            // SAFETY: `fd` is ours and used no more.
+            unsafe { libc::close(fd) };
+            if let Some(e) = err {
+                return Err(fail(e));
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the child between fork and exec and only
+    // makes async-signal-safe system calls on data prepared before the fork
+    // (no allocation, no lock), as `pre_exec` requires.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}

@@ -208,11 +208,13 @@ async fn start_stdio(
         .envs(process::base_env(&ctx.workdir))
         .envs(&ctx.variables)
         .envs(env);
-    process::join_env(&mut cmd, cgroup.as_ref());
     let (proc, stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+        .map_err(|e| {
+            process::join_failure(&e, cgroup.as_ref())
+                .unwrap_or_else(|| format!("cannot start `{command}`: {e}"))
+        })?;
     let uid = Slot::Mcp.user(ctx.tool_user).map(|(uid, _)| uid);
     let group = Reaper::new(proc.id(), cgroup, uid);
     let tail = Arc::new(Mutex::new(Vec::new()));

@@ -5,18 +5,20 @@
 //! environment ([`base_env`]), its own process group, the tool user (MCP
 //! servers: [`MCP_UID`], so a tool can't read a server's environment from
 //! `/proc`), and joins the sandbox's child cgroup for its kind ([`Slot`]):
-//! `{TOOL_CGROUP_IN_JAIL}/{tools|mcp}/*/cgroup.procs`. The agent crate has no
-//! `unsafe`, so instead of a `pre_exec` hook the process joins itself: it
-//! starts as `sh -c JOIN_SCRIPT`, already under the tool's uid, writes `0`
-//! to each `cgroup.procs` and only then `exec`s the real command (same pid,
-//! nothing started yet). The wrapper is `sh` (POSIX, dash on Debian), not
-//! bash: it starts in about a third of the time (bash also looks the tool
-//! uid up in NSS, which has no entry for it), and it runs on every tool
-//! start. When the folder exists but a write fails, the
-//! wrapper exits [`JOIN_FAILED_EXIT`] with [`JOIN_FAILED_MARKER`] on stderr
-//! and the tool fails: it never runs outside its cgroup. No folder (the
-//! `namespaces` or `unconfined` profile, tests outside a jail) means no
-//! wrapper.
+//! `{TOOL_CGROUP_IN_JAIL}/{tools|mcp}/*/cgroup.procs`. The process joins
+//! itself between `fork` and `exec`, already under the tool's uid
+//! ([`asbx_jail::join_cgroups_on_spawn`]: the agent crate has no `unsafe`,
+//! so the `pre_exec` hook lives in the jail crate): it writes `0` to each
+//! `cgroup.procs`, and a failed write fails the spawn, so the tool never
+//! runs outside its cgroup. One `exec` per tool start: a `sh -c` wrapper
+//! that did the writes and then `exec`ed the command cost about 1 ms more.
+//! No folder (the `namespaces` or `unconfined` profile, tests outside a
+//! jail) means no join.
+//!
+//! The environment ([`base_env`]) sets `SHELL`: without it bash looks the
+//! tool uid up in NSS at start (`getpwuid`, which loads `libnss_systemd`
+//! when `/etc/nsswitch.conf` names it and the uid has no `/etc/passwd`
+//! line), about 0.5 ms per `bash -c`.
 //!
 //! **End.** [`Reaper::kill`] kills the tool and everything it started. With
 //! a cgroup: v2 writes `cgroup.kill`; v1 freezes (`freezer.state` =
@@ -45,21 +47,6 @@ use nix::unistd::Pid;
 /// The `PATH` tools get.
 pub(crate) const TOOL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Exit status of the join wrapper when a `cgroup.procs` write fails.
-pub(crate) const JOIN_FAILED_EXIT: i32 = 125;
-/// What the join wrapper prints on stderr before exiting [`JOIN_FAILED_EXIT`].
-pub(crate) const JOIN_FAILED_MARKER: &str = "asbx: cannot join the tool cgroup: ";
-
-/// `sh -c JOIN_SCRIPT asbx-join N procs_1 .. procs_N program args..`
-/// (POSIX shell only: `sh` may be dash).
-const JOIN_SCRIPT: &str = r#"n=$1; shift
-while [ "$n" -gt 0 ]; do
-  { printf 0 > "$1"; } 2>/dev/null || { printf '%s%s\n' "$ASBX_JOIN_MARKER" "$1" >&2; exit 125; }
-  shift; n=$((n-1))
-done
-unset ASBX_JOIN_MARKER
-exec "$@""#;
-
 /// How long [`Reaper::kill`] keeps trying.
 const KILL_PATIENCE: Duration = Duration::from_secs(3);
 
@@ -70,6 +57,7 @@ pub(crate) fn base_env(workdir: &Path) -> Vec<(String, String)> {
         ("HOME".into(), workdir.display().to_string()),
         ("LANG".into(), "C.UTF-8".into()),
         ("TMPDIR".into(), "/tmp".into()),
+        ("SHELL".into(), "/bin/bash".into()),
     ]
 }
 
@@ -450,8 +438,9 @@ fn proc_table() -> Vec<ProcRow> {
 }
 
 /// A command for `program args`, in its own process group, as the slot's
-/// user, joining the slot's cgroup under `root` first when there is one.
-/// Returns the cgroup it joins, for [`Reaper`].
+/// user, joining the slot's cgroup under `root` before it `exec`s when
+/// there is one. Returns the cgroup it joins, for [`Reaper`] and
+/// [`join_failure`].
 pub(crate) fn command(
     program: &str,
     args: &[String],
@@ -460,48 +449,25 @@ pub(crate) fn command(
     root: &CgroupRoot,
 ) -> Result<(tokio::process::Command, Option<ChildCgroup>), String> {
     let cgroup = ChildCgroup::find(root, slot)?;
-    let mut cmd = match &cgroup {
-        Some(cg) => {
-            let mut c = tokio::process::Command::new("sh");
-            c.arg("-c")
-                .arg(JOIN_SCRIPT)
-                .arg("asbx-join")
-                .arg(cg.procs.len().to_string())
-                .args(&cg.procs)
-                .arg(program)
-                .args(args);
-            c
-        }
-        None => {
-            let mut c = tokio::process::Command::new(program);
-            c.args(args);
-            c
-        }
-    };
-    cmd.process_group(0).kill_on_drop(true);
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).process_group(0).kill_on_drop(true);
     if let Some((uid, gid)) = slot.user(tool_user) {
         cmd.uid(uid).gid(gid);
+    }
+    if let Some(cg) = &cgroup {
+        asbx_jail::join_cgroups_on_spawn(cmd.as_std_mut(), &cg.procs)
+            .map_err(|e| format!("the tool cannot join its cgroup: {e}"))?;
     }
     Ok((cmd, cgroup))
 }
 
-/// Sets the variables a command built by [`command`] needs, after the
-/// caller's `env_clear`.
-pub(crate) fn join_env(cmd: &mut tokio::process::Command, cgroup: Option<&ChildCgroup>) {
-    if cgroup.is_some() {
-        cmd.env("ASBX_JOIN_MARKER", JOIN_FAILED_MARKER);
-    }
-}
-
-/// The join failure a wrapper reported, if `exit_code` and `stderr` say so.
-pub(crate) fn join_failure(exit_code: Option<i32>, stderr: &[u8]) -> Option<String> {
-    if exit_code != Some(JOIN_FAILED_EXIT) {
-        return None;
-    }
-    let text = String::from_utf8_lossy(stderr);
-    text.lines()
-        .find_map(|l| l.strip_prefix(JOIN_FAILED_MARKER))
-        .map(|path| format!("the tool could not join its cgroup ({path}); it did not run"))
+/// The cgroup join that failed a spawn of a command built by [`command`],
+/// if that is why `err` happened.
+pub(crate) fn join_failure(err: &std::io::Error, cgroup: Option<&ChildCgroup>) -> Option<String> {
+    let why = asbx_jail::join_failure(err, &cgroup?.procs)?;
+    Some(format!(
+        "the tool could not join its cgroup ({why}); it did not run"
+    ))
 }
 
 #[cfg(test)]
@@ -761,6 +727,9 @@ mod tests {
         let out = shell::run(&ctx, "step_1", "touch ran").await;
         let err = error_of(&out);
         assert!(err.contains("could not join its cgroup"), "{err}");
+        // Which file, and why.
+        assert!(err.contains("tools/memory/cgroup.procs"), "{err}");
+        assert!(err.contains("Is a directory"), "{err}");
         assert!(
             !dir.path().join("ran").exists(),
             "the command ran outside its cgroup"

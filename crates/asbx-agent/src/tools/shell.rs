@@ -82,12 +82,16 @@ pub(crate) async fn run_process(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    process::join_env(&mut cmd, cgroup.as_ref());
-    let mut child = cmd.spawn().map_err(|source| match ctx.tool_user {
-        Some((uid, gid)) if source.kind() == std::io::ErrorKind::PermissionDenied => {
-            SpawnError::User { uid, gid, source }
+    let mut child = cmd.spawn().map_err(|source| {
+        if let Some(why) = process::join_failure(&source, cgroup.as_ref()) {
+            return SpawnError::Cgroup(why);
         }
-        Some(_) | None => SpawnError::Spawn(source),
+        match ctx.tool_user {
+            Some((uid, gid)) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                SpawnError::User { uid, gid, source }
+            }
+            Some(_) | None => SpawnError::Spawn(source),
+        }
     })?;
     let mut reaper = Reaper::new(child.id(), cgroup, ctx.tool_user.map(|(uid, _)| uid));
     let out = Arc::new(Mutex::new(Capture::default()));
@@ -152,9 +156,6 @@ pub(crate) async fn run_process(
     };
     let (stdout, stdout_total) = take(&out);
     let (stderr, stderr_total) = take(&err);
-    if let Some(why) = process::join_failure(exit_code, &stderr) {
-        return Err(SpawnError::Cgroup(why));
-    }
     Ok(ProcessOutput {
         exit_code,
         signal,

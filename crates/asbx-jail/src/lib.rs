@@ -96,7 +96,11 @@ pub enum JailError {
 /// - after a supervisor was SIGKILLed, its cleanup guard removes the
 ///   cgroups; if the guard was killed too, the runner removes what is left
 ///   under `/sys/fs/cgroup/*/asbx/<cgroup>`, child cgroups (`tools`, `mcp`)
-///   first.
+///   first;
+/// - with `guard: false`, remove the cgroups ([`remove_cgroups`]) after
+///   every run: after a clean end (exit code 0) the supervisor leaves them
+///   (empty) and exits as soon as the sandbox's init is reaped, unless its
+///   parent died.
 pub fn run_jail(policy: &JailPolicy) -> Result<i32, JailError> {
     supervisor::run(policy, None)
 }
@@ -117,8 +121,8 @@ pub fn run_jail_with(policy: &JailPolicy, agent: Option<AgentEntry>) -> Result<i
 /// Remove the cgroups of the sandbox named `cgroup` (a policy's `cgroup`),
 /// the `tools` and `mcp` children first, killing what is still in them:
 /// what the cleanup guard does. For a caller that runs its jails with
-/// `guard: false`, once a supervisor ended without removing them (it was
-/// SIGKILLed). Nothing to remove is not an error.
+/// `guard: false`, once a supervisor ended (it leaves them to its caller,
+/// or was SIGKILLed). Nothing to remove is not an error.
 pub fn remove_cgroups(cgroup: &str) -> Result<(), JailError> {
     if !cgroup::valid_name(cgroup) {
         return Err(JailError::Policy(format!("invalid cgroup name {cgroup:?}")));

@@ -76,6 +76,10 @@ pub fn cases() -> Vec<Case> {
             sigkill_of_the_parent_kills_the_sandbox,
         ),
         (
+            "without_a_guard_the_caller_removes_the_cgroups",
+            without_a_guard_the_caller_removes_the_cgroups,
+        ),
+        (
             "namespaces_profile_gets_rlimits",
             namespaces_profile_gets_rlimits,
         ),
@@ -863,6 +867,71 @@ fn init_exits_with_main_and_kills_the_rest() -> R {
             marked_pids(&sbx.marker).is_empty()
         }),
         "background processes survived",
+    )?;
+    pass()
+}
+
+/// `guard: false` (the runner's jails): after a clean end (exit 0) the
+/// supervisor exits once init is reaped and leaves the cgroups, empty, to
+/// its caller, which removes them (`asbx_jail::remove_cgroups`); after any
+/// other end, or when the parent died (no one else would), the supervisor
+/// still removes them.
+fn without_a_guard_the_caller_removes_the_cgroups() -> R {
+    let mut sbx = Sbx::new("sleep 300 & exit 0");
+    sbx.policy.guard = false;
+    if sbx.cgroup_dirs().is_empty() {
+        return Ok(Outcome::Skip("no cgroup v1 hierarchies".into()));
+    }
+    let out = sbx.run();
+    ensure(out.code == 0, format!("{out:?}"))?;
+    let dirs = sbx.cgroup_dirs();
+    ensure(
+        dirs.iter().all(|d| d.exists()),
+        format!("the supervisor removed the cgroups itself: {dirs:?}"),
+    )?;
+    let members: String = dirs
+        .iter()
+        .map(|d| std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default())
+        .collect();
+    ensure(
+        members.trim().is_empty(),
+        format!("processes left in the cgroups: {members}"),
+    )?;
+    asbx_jail::remove_cgroups(&sbx.policy.cgroup).map_err(|e| e.to_string())?;
+    ensure(
+        sbx.cgroup_dirs().iter().all(|d| !d.exists()),
+        "remove_cgroups left a cgroup",
+    )?;
+
+    let mut sbx = Sbx::new("sleep 300 & exit 3");
+    sbx.policy.guard = false;
+    let out = sbx.run();
+    ensure(out.code == 3, format!("{out:?}"))?;
+    ensure(
+        sbx.cgroup_dirs().iter().all(|d| !d.exists()),
+        "after exit 3 the supervisor left the cgroups",
+    )?;
+
+    let mut sbx = Sbx::new("sleep 300 & sleep 301 & echo ready; wait");
+    sbx.policy.guard = false;
+    let mut parent = sbx.spawn_via_parent();
+    let mut line = String::new();
+    BufReader::new(parent.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let created = sbx.cgroup_dirs().iter().all(|d| d.exists());
+    kill(Pid::from_raw(parent.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = parent.wait();
+    ensure(line == "ready\n" && created, format!("{line:?} {created}"))?;
+    ensure(
+        eventually(Duration::from_secs(5), || {
+            marked_pids(&sbx.marker).is_empty() && sbx.cgroup_dirs().iter().all(|d| !d.exists())
+        }),
+        format!(
+            "after the parent's SIGKILL: {:?} {:?}",
+            marked_pids(&sbx.marker),
+            sbx.cgroup_dirs()
+        ),
     )?;
     pass()
 }

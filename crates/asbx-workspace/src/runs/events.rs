@@ -232,19 +232,29 @@ where
 }
 
 /// Drops the lines before `from`; on a transaction (both statements or none).
+/// The `DELETE` starts at the run's previous `events_from` (nothing below
+/// it is left): on PostgreSQL the deleted rows stay in the index until a
+/// vacuum, and a scan from the run's first `seq` walked all of them on
+/// every prune, so a long run's prunes grew with its length.
 async fn prune(
     tx: &mut sqlx::AnyConnection,
     run_id: &str,
     from: u64,
 ) -> Result<(), WorkspaceError> {
     let from = i64::try_from(from).unwrap_or(i64::MAX);
+    let before: i64 = sqlx::query_scalar("SELECT events_from FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .unwrap_or(0);
     sqlx::query("UPDATE runs SET events_from = $1 WHERE id = $2 AND events_from < $1")
         .bind(from)
         .bind(run_id)
         .execute(&mut *tx)
         .await?;
-    sqlx::query("DELETE FROM run_events WHERE run_id = $1 AND seq < $2")
+    sqlx::query("DELETE FROM run_events WHERE run_id = $1 AND seq >= $2 AND seq < $3")
         .bind(run_id)
+        .bind(before)
         .bind(from)
         .execute(&mut *tx)
         .await?;

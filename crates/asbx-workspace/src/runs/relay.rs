@@ -278,10 +278,13 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|b| *b == needle)
 }
 
-/// Lines read ahead of the store: the relay stops reading the runner's
-/// stream while this many wait, so a slow database slows the runner down
-/// instead of filling memory.
-const MAX_UNSTORED: usize = 65_536;
+/// Bytes of lines read ahead of the store: the relay stops reading the
+/// runner's stream while this much waits, so a slow database slows the
+/// runner down instead of filling memory. A store costs about the same
+/// whatever its batch's size past [`events::KEEP_LINES`] lines (only the
+/// newest are written), so this bounds the rate on a slow database: on
+/// PostgreSQL, 65,536 lines (~10 MiB) gave ~400 k lines/s, 32 MiB ~800 k.
+const MAX_UNSTORED_BYTES: usize = 32 << 20;
 
 /// Starts relaying a run this node dispatched: a task reads the runner's
 /// stream, stores every line (`run_events`), then publishes it on the run's
@@ -292,7 +295,7 @@ const MAX_UNSTORED: usize = 65_536;
 ///
 /// Reading and storing overlap: while one batch is being stored (one
 /// transaction), the lines read meanwhile gather into the next, so a batch
-/// is as large as the database is slow (up to [`MAX_UNSTORED`] lines), and
+/// is as large as the database is slow (up to [`MAX_UNSTORED_BYTES`]), and
 /// each batch is published as one broadcast message once it is stored.
 pub(crate) fn spawn(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
     tokio::spawn(relay(state, run_id, live, response));
@@ -307,10 +310,12 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     let mut cancelled = false;
     let mut reading = true;
     let mut unstored: Vec<Tapped> = Vec::new();
+    let mut unstored_bytes = 0usize;
     let mut storing: Option<Storing> = None;
     loop {
         if storing.is_none() && !unstored.is_empty() {
             let lines = std::mem::take(&mut unstored);
+            unstored_bytes = 0;
             storing = Some(Box::pin(publish(
                 Arc::clone(&state),
                 run_id.clone(),
@@ -339,8 +344,11 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
                     None => std::future::pending().await,
                 }
             }, if storing.is_some() => storing = None,
-            chunk = upstream.next(), if unstored.len() < MAX_UNSTORED => match chunk {
-                Some(Ok(bytes)) => unstored.extend(tap.observe_raw(&bytes)),
+            chunk = upstream.next(), if unstored_bytes < MAX_UNSTORED_BYTES => match chunk {
+                Some(Ok(bytes)) => {
+                    unstored_bytes += bytes.len();
+                    unstored.extend(tap.observe_raw(&bytes));
+                }
                 Some(Err(e)) => {
                     broken = Some(crate::error::error_chain(&e));
                     reading = false;

@@ -64,9 +64,25 @@ pub(crate) struct OutcomeTap {
     ended: bool,
     last_seq: u64,
     bad_lines: u64,
+    /// Read `log` and `delta` lines of the common shape without serde
+    /// ([`common_stamped`]); their [`Tapped::line`] is then `None`.
+    kind_only: bool,
+    /// Room for [`common_stamped`].
+    scratch: Vec<u8>,
 }
 
 impl OutcomeTap {
+    /// A tap for the run relay, which needs each line's `seq` and kind and
+    /// only the terminal lines decoded: `log` and `delta` lines of the
+    /// runner's common shape are checked byte by byte, not decoded (serde
+    /// was about a quarter of the workspace's CPU on the relay's path).
+    pub(crate) fn relaying() -> OutcomeTap {
+        OutcomeTap {
+            kind_only: true,
+            ..OutcomeTap::default()
+        }
+    }
+
     /// Feeds a chunk; returns the decoded lines it completed (encrypted
     /// lines are left out: see [`OutcomeTap::observe_raw`]).
     pub(crate) fn observe(&mut self, chunk: &[u8]) -> Vec<Line> {
@@ -143,6 +159,17 @@ impl OutcomeTap {
         };
         if raw.iter().all(u8::is_ascii_whitespace) {
             return None;
+        }
+        if self.kind_only
+            && let Some((seq, kind)) = common_stamped(&raw, &mut self.scratch)
+        {
+            self.last_seq = self.last_seq.max(seq);
+            return Some(Tapped {
+                seq,
+                kind,
+                raw,
+                line: None,
+            });
         }
         match asbx_protocol::decode::decode_line(&raw) {
             Ok(line) => {
@@ -278,6 +305,50 @@ fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|b| *b == needle)
 }
 
+/// A `log` or `delta` line as the runner stamps the commonest shapes:
+/// exactly `{"seq":N,"ts":T,"sessionId":"S",` then the rest of an agent line
+/// that [`asbx_protocol::raw::common_kind`] accepts (fields in order, no
+/// whitespace, strings without escapes), checked byte by byte. `None` for
+/// anything else, which serde then decides; what this accepts, serde
+/// accepts with the same `seq` and kind (a test checks). `scratch` holds
+/// the agent part while it is checked.
+fn common_stamped(raw: &[u8], scratch: &mut Vec<u8>) -> Option<(u64, EventKind)> {
+    let rest = raw.strip_prefix(b"{\"seq\":")?;
+    let (seq, rest) = json_u64(rest)?;
+    let rest = rest.strip_prefix(b",\"ts\":")?;
+    let (_ts, rest) = json_u64(rest)?;
+    let rest = rest.strip_prefix(b",\"sessionId\":\"")?;
+    let end = memchr(b'"', rest)?;
+    let (session_id, rest) = rest.split_at(end);
+    if session_id.iter().any(|&b| b < 0x20 || b == b'\\')
+        || std::str::from_utf8(session_id).is_err()
+    {
+        return None;
+    }
+    let rest = rest.strip_prefix(b"\",")?;
+    scratch.clear();
+    scratch.push(b'{');
+    scratch.extend_from_slice(rest);
+    match asbx_protocol::raw::common_kind(scratch)? {
+        kind @ (EventKind::Log | EventKind::Delta) => Some((seq, kind)),
+        _ => None,
+    }
+}
+
+/// A JSON number that is an integer in `u64` (no sign, fraction, exponent
+/// or leading zero), and what follows it.
+fn json_u64(b: &[u8]) -> Option<(u64, &[u8])> {
+    let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    if n == 0 || (n > 1 && b[0] == b'0') {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in &b[..n] {
+        v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+    }
+    Some((v, &b[n..]))
+}
+
 /// Bytes of lines read ahead of the store: the relay stops reading the
 /// runner's stream while this much waits, so a slow database slows the
 /// runner down instead of filling memory. A store costs about the same
@@ -305,7 +376,7 @@ type Storing = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
     let mut upstream = response.bytes_stream();
-    let mut tap = OutcomeTap::default();
+    let mut tap = OutcomeTap::relaying();
     let mut broken: Option<String> = None;
     let mut cancelled = false;
     let mut reading = true;
@@ -563,6 +634,74 @@ mod tests {
                 message: String::new()
             }
         );
+    }
+
+    #[test]
+    fn the_common_shapes_read_without_serde_as_serde_reads_them() {
+        let accepted = [
+            r#"{"seq":1,"ts":1764000000000,"sessionId":"abc","type":"log","level":"debug","message":"tick"}"#,
+            r#"{"seq":18446744073709551615,"ts":0,"sessionId":"s-1_x","type":"delta","text":"Hé"}"#,
+            r#"{"seq":7,"ts":1,"sessionId":"","type":"log","level":"error","message":""}"#,
+        ];
+        let refused = [
+            // serde's cases: escapes, other types, other orders, whitespace.
+            r#"{"seq":1,"ts":1,"sessionId":"a\"b","type":"delta","text":"x"}"#,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"delta","text":"a\nb"}"#,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"result","message":"ok"}"#,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"heartbeat"}"#,
+            r#"{"ts":1,"seq":1,"sessionId":"s","type":"delta","text":"x"}"#,
+            r#"{"seq":1, "ts":1,"sessionId":"s","type":"delta","text":"x"}"#,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"delta","text":"x","extra":1}"#,
+            // Not lines at all, or not serde's numbers.
+            r#"{"seq":01,"ts":1,"sessionId":"s","type":"delta","text":"x"}"#,
+            r#"{"seq":18446744073709551616,"ts":1,"sessionId":"s","type":"delta","text":"x"}"#,
+            r#"{"seq":-1,"ts":1,"sessionId":"s","type":"delta","text":"x"}"#,
+            r#"{"seq":1.5,"ts":1,"sessionId":"s","type":"delta","text":"x"}"#,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"delta","text":"x"#,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"log","level":"loud","message":"x"}"#,
+        ];
+        let mut scratch = Vec::new();
+        for line in accepted {
+            let (seq, kind) = common_stamped(line.as_bytes(), &mut scratch)
+                .unwrap_or_else(|| panic!("refused {line}"));
+            let full = asbx_protocol::decode::decode_line(line.as_bytes()).unwrap();
+            assert_eq!((seq, kind), (full.seq, full.event.kind()), "{line}");
+        }
+        for line in refused {
+            assert_eq!(
+                common_stamped(line.as_bytes(), &mut scratch),
+                None,
+                "{line}"
+            );
+        }
+        // Through the relay's tap: the same lines, seq and kinds as the
+        // chats' tap, and the outcome of the terminal line.
+        let text = concat!(
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"log","level":"info","message":"a"}"#,
+            "\n",
+            r#"{"seq":2,"ts":1,"sessionId":"s","type":"delta","text":"b"}"#,
+            "\n",
+            r#"{"seq":03,"ts":1,"sessionId":"s","type":"delta","text":"c"}"#,
+            "\n",
+            r#"{"seq":4,"ts":1,"sessionId":"s","type":"result","message":"done"}"#,
+            "\n",
+        );
+        let (mut fast, mut full) = (OutcomeTap::relaying(), OutcomeTap::default());
+        let a = feed(&mut fast, text);
+        let b = feed(&mut full, text);
+        let key = |v: &[Tapped]| v.iter().map(|t| (t.seq, t.kind)).collect::<Vec<_>>();
+        assert_eq!(key(&a), key(&b));
+        assert_eq!(
+            key(&a),
+            [
+                (1, EventKind::Log),
+                (2, EventKind::Delta),
+                (4, EventKind::Result)
+            ]
+        );
+        assert!(a[0].line.is_none() && a[2].line.is_some());
+        assert_eq!((fast.bad_lines, full.bad_lines), (1, 1));
+        assert_eq!(fast.outcome(None), full.outcome(None));
     }
 
     #[test]

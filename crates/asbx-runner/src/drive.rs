@@ -34,7 +34,7 @@ const KILL_GRACE: Duration = Duration::from_millis(500);
 /// Protocol 2: a heartbeat after this long without another line.
 pub(crate) const HEARTBEAT: Duration = Duration::from_millis(5000);
 /// Read buffer sizes: an idle sandbox costs little, a busy one reads big.
-const MIN_READ: usize = 4 * 1024;
+const MIN_READ: usize = 1024;
 const MAX_READ: usize = 256 * 1024;
 /// The agent's stdout pipe while a dispatch reads it.
 const PIPE_SIZE: i32 = 1024 * 1024;
@@ -672,11 +672,18 @@ pub(crate) fn capture_stderr<R: AsyncRead + Unpin + Send + 'static>(
 ) -> JoinHandle<StderrCapture> {
     tokio::spawn(async move {
         let mut cap = StderrCapture::default();
-        let mut buf = vec![0u8; 8192];
+        // Most sandboxes write little or nothing there while they idle:
+        // start small, and read big once a read fills the buffer.
+        let mut buf = vec![0u8; 256];
         loop {
             match stderr.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => cap.push(&buf[..n]),
+                Ok(n) => {
+                    cap.push(&buf[..n]);
+                    if n == buf.len() && buf.len() < 8192 {
+                        buf.resize(8192, 0);
+                    }
+                }
             }
         }
         cap

@@ -32,7 +32,7 @@ use asbx_protocol::gateway::{
 };
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -177,8 +177,8 @@ pub(crate) struct GatewaySpec {
     pub(crate) egress: EgressSettings,
 }
 
-fn app(spec: GatewaySpec) -> Router {
-    let state = Arc::new(GatewayState {
+fn state(spec: GatewaySpec) -> Arc<GatewayState> {
+    Arc::new(GatewayState {
         session: spec.session,
         agent_url: spec.agent_url.trim_end_matches('/').to_owned(),
         providers: spec.providers,
@@ -187,33 +187,50 @@ fn app(spec: GatewaySpec) -> Router {
         egress: spec.egress,
         mcp: OnceLock::new(),
         model: OnceLock::new(),
-    });
-    Router::new()
-        .route(CALLBACK_ENV, get(callback_env))
-        .route(CALLBACK_CONFIG, get(callback_config))
-        .route(CALLBACK_RESULTS, post(callback_results))
-        .route(
-            &format!("{MODEL_PREFIX}{{provider}}/{{*path}}"),
-            post(model),
-        )
-        .route(
-            &format!("{MCP_PREFIX}{{name}}"),
-            get(mcp).post(mcp).delete(mcp),
-        )
-        .route(
-            &format!("{CLIENT_TOOL_PREFIX}{{call_id}}"),
-            get(client_tool),
-        )
-        .route(USAGE, post(usage))
-        .route(
-            &format!("{WORKSPACE_PREFIX}{{*rest}}"),
-            get(workspace)
-                .post(workspace)
-                .put(workspace)
-                .delete(workspace),
-        )
-        .fallback(|| async { GatewayError::NoRoute })
-        .with_state(state)
+    })
+}
+
+/// The gateway's routes, built once per runner process and shared by every
+/// sandbox's gateway (a clone is a reference count): each connection's
+/// requests carry their sandbox's [`GatewayState`] (and, with traces on,
+/// the dispatch's span) as extensions. One route table per sandbox cost
+/// about 7 KiB each.
+fn routes() -> Router {
+    static ROUTES: OnceLock<Router> = OnceLock::new();
+    ROUTES
+        .get_or_init(|| {
+            let router = Router::new()
+                .route(CALLBACK_ENV, get(callback_env))
+                .route(CALLBACK_CONFIG, get(callback_config))
+                .route(CALLBACK_RESULTS, post(callback_results))
+                .route(
+                    &format!("{MODEL_PREFIX}{{provider}}/{{*path}}"),
+                    post(model),
+                )
+                .route(
+                    &format!("{MCP_PREFIX}{{name}}"),
+                    get(mcp).post(mcp).delete(mcp),
+                )
+                .route(
+                    &format!("{CLIENT_TOOL_PREFIX}{{call_id}}"),
+                    get(client_tool),
+                )
+                .route(USAGE, post(usage))
+                .route(
+                    &format!("{WORKSPACE_PREFIX}{{*rest}}"),
+                    get(workspace)
+                        .post(workspace)
+                        .put(workspace)
+                        .delete(workspace),
+                )
+                .fallback(|| async { GatewayError::NoRoute });
+            // Traces on: each request a span under its dispatch's.
+            if crate::otel::enabled() {
+                return router.layer(axum::middleware::from_fn(crate::otel::gateway));
+            }
+            router
+        })
+        .clone()
 }
 
 /// Serves the gateway on `listener` until `stop` is cancelled; with traces
@@ -224,16 +241,18 @@ pub(crate) fn spawn(
     stop: CancellationToken,
     trace: tracing::Span,
 ) {
-    let mut app = app(spec);
-    if crate::otel::enabled() {
-        app = app.layer(axum::middleware::from_fn_with_state(
-            trace,
-            crate::otel::gateway,
-        ));
-    }
+    let state = state(spec);
+    let app = tower::ServiceBuilder::new()
+        .map_request(move |mut req: Request| {
+            req.extensions_mut().insert(Arc::clone(&state));
+            req.extensions_mut().insert(trace.clone());
+            req
+        })
+        .service(routes());
     tokio::spawn(async move {
         let listener = crate::limit::LimitedListener::new(listener, crate::limit::MAX_CONNECTIONS);
-        let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+        let serve = axum::serve(listener, axum::ServiceExt::into_make_service(app))
+            .with_graceful_shutdown(stop.cancelled_owned());
         if let Err(e) = serve.await {
             tracing::warn!(error = %e, "gateway stopped");
         }
@@ -242,7 +261,7 @@ pub(crate) fn spawn(
 
 /// Relays `/env` and keeps its `allowed_hosts` for the egress proxy: the list
 /// comes from the workspace's answer, never from the sandbox.
-async fn callback_env(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
+async fn callback_env(Extension(s): Extension<Arc<GatewayState>>, req: Request) -> Response {
     let res = forward_callback(&s, CALLBACK_ENV, req).await;
     if !res.status().is_success() {
         return res;
@@ -259,7 +278,7 @@ async fn callback_env(State(s): State<Arc<GatewayState>>, req: Request) -> Respo
 
 /// Relays `/config`; keeps the model it names and pins the URLs of its
 /// streamable-HTTP MCP servers, which the sandbox then reaches by name only.
-async fn callback_config(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
+async fn callback_config(Extension(s): Extension<Arc<GatewayState>>, req: Request) -> Response {
     let res = forward_callback(&s, CALLBACK_CONFIG, req).await;
     if !res.status().is_success() {
         return res;
@@ -328,7 +347,7 @@ async fn pin_mcp(s: &GatewayState, raw: &str) -> McpTarget {
 /// Protocol 2: the agent waits here for the client's answer to a call it
 /// announced with a `tool_call` line.
 async fn client_tool(
-    State(s): State<Arc<GatewayState>>,
+    Extension(s): Extension<Arc<GatewayState>>,
     Path(call_id): Path<String>,
 ) -> Result<Response, GatewayError> {
     match s.session.wait_call(&call_id).await {
@@ -345,7 +364,7 @@ async fn client_tool(
 
 /// The agent's token counts, kept for the session's stats.
 async fn usage(
-    State(s): State<Arc<GatewayState>>,
+    Extension(s): Extension<Arc<GatewayState>>,
     body: axum::body::Bytes,
 ) -> Result<StatusCode, GatewayError> {
     let u = serde_json::from_slice::<asbx_protocol::gateway::Usage>(&body)
@@ -365,7 +384,7 @@ async fn usage(
 
 /// Forwards one streamable-HTTP MCP request to the named server.
 async fn mcp(
-    State(s): State<Arc<GatewayState>>,
+    Extension(s): Extension<Arc<GatewayState>>,
     Path(name): Path<String>,
     req: Request,
 ) -> Result<Response, GatewayError> {
@@ -398,7 +417,7 @@ async fn mcp(
     forward(&client, req.method().clone(), url, headers, req.into_body()).await
 }
 
-async fn callback_results(State(s): State<Arc<GatewayState>>, req: Request) -> Response {
+async fn callback_results(Extension(s): Extension<Arc<GatewayState>>, req: Request) -> Response {
     forward_callback(&s, CALLBACK_RESULTS, req).await
 }
 
@@ -486,7 +505,7 @@ fn workspace_url(agent_url: &str, uri: &http::Uri) -> Result<String, GatewayErro
 /// The in-sandbox workspace API: forwarded to this dispatch's `agent_url`
 /// with the agent's own bearer, nothing added; bodies streamed both ways.
 async fn workspace(
-    State(s): State<Arc<GatewayState>>,
+    Extension(s): Extension<Arc<GatewayState>>,
     req: Request,
 ) -> Result<Response, GatewayError> {
     let url = workspace_url(&s.agent_url, req.uri())?;
@@ -553,7 +572,7 @@ struct ModelField<'a> {
 }
 
 async fn model(
-    State(s): State<Arc<GatewayState>>,
+    Extension(s): Extension<Arc<GatewayState>>,
     Path((provider, path)): Path<(String, String)>,
     req: Request,
 ) -> Result<Response, GatewayError> {

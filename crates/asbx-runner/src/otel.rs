@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -140,7 +140,7 @@ fn gateway_name(path: &str) -> String {
 /// its session's dispatch span, that lasts until the answer's body ended
 /// (a model's streamed answer included).
 pub(crate) async fn gateway(
-    State(dispatch): State<tracing::Span>,
+    axum::extract::Extension(dispatch): axum::extract::Extension<tracing::Span>,
     req: Request,
     next: Next,
 ) -> Response {

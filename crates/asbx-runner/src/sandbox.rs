@@ -303,9 +303,10 @@ impl Sandbox for Jailed {
     }
 }
 
-/// Removes the cgroups of a sandbox whose supervisor died before it could
-/// (SIGKILLed; the runner runs its jails without a cleanup guard), children
-/// first. Normally `asbx jail` removes them itself and there is nothing to do.
+/// Removes a sandbox's cgroups once its supervisor is gone, children
+/// first: after a clean end the supervisor leaves them (empty) to the
+/// runner, to end the stream one teardown sooner; after a SIGKILL (the
+/// runner runs its jails without a cleanup guard) nobody else would.
 fn remove_leftover_cgroups(name: &str) {
     if let Err(e) = asbx_jail::remove_cgroups(name) {
         tracing::warn!(cgroup = name, error = %e, "could not remove a sandbox's cgroups");

@@ -54,7 +54,7 @@ fn gateway(base: &str, allow_internal: &[&str]) -> Router {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    app(GatewaySpec {
+    routes().layer(Extension(state(GatewaySpec {
         session,
         agent_url: format!("{base}/ws"),
         providers: Arc::new(vec![ProviderConfig {
@@ -71,7 +71,7 @@ fn gateway(base: &str, allow_internal: &[&str]) -> Router {
                 .map(|c| Cidr::parse(c).unwrap())
                 .collect(),
         ),
-    })
+    })))
 }
 
 async fn call(app: &Router, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {

@@ -178,9 +178,6 @@ fn mkdir(path: &Path) -> Result<bool, JailError> {
 }
 
 impl Cgroups {
-    /// Create the sandbox's cgroups and write its limits.
-    /// `host_uid` owns the children's `freezer.state`, and is the group of
-    /// their `cgroup.procs`.
     /// The sandbox directories [`Cgroups::create`] makes for `name`, in the
     /// order it makes them, one per hierarchy.
     pub(crate) fn dirs_named(layout: &Layout, name: &str) -> Result<Vec<PathBuf>, JailError> {
@@ -234,11 +231,13 @@ impl Cgroups {
         }
     }
 
+    /// Create the sandbox's cgroups and write its limits; its child cgroups
+    /// are planned ([`Cgroups::child_mounts`]), made by
+    /// [`Cgroups::create_children`].
     pub(crate) fn create(
         layout: Layout,
         name: &str,
         limits: &ResourceLimits,
-        host_uid: u32,
         background: bool,
     ) -> Result<Cgroups, JailError> {
         if !valid_name(name) {
@@ -291,7 +290,7 @@ impl Cgroups {
                 }
                 if let Some(f) = me.dirs.get(3).cloned() {
                     let (m, p) = (m.clone(), p.clone());
-                    me.create_children_v1(&m, &p, &f, limits, host_uid)?;
+                    me.plan_children_v1(&m, &p, &f);
                 }
             }
             Layout::V2 { root } => {
@@ -329,52 +328,60 @@ impl Cgroups {
         Ok(me)
     }
 
-    /// The `tools` and `mcp` children under the memory, pids and freezer
-    /// sandbox directories; see the module docs.
-    fn create_children_v1(
-        &mut self,
-        memory: &Path,
-        pids: &Path,
-        freezer: &Path,
-        limits: &ResourceLimits,
-        host_uid: u32,
-    ) -> Result<(), JailError> {
+    /// Where the `tools` and `mcp` children go under the memory, pids and
+    /// freezer sandbox directories (see the module docs); made by
+    /// [`Cgroups::create_children`].
+    fn plan_children_v1(&mut self, memory: &Path, pids: &Path, freezer: &Path) {
         for child in CGROUP_CHILDREN {
             for (controller, parent) in [("memory", memory), ("pids", pids), ("freezer", freezer)] {
-                let dir = parent.join(child);
-                mkdir(&dir)?;
                 self.children.push(ChildMount {
                     child,
                     controller,
-                    host: dir.clone(),
+                    host: parent.join(child),
                 });
-                match controller {
-                    "memory" => {
-                        if let Some(bytes) = limits.memory_bytes {
-                            let v = child_memory(bytes).to_string();
-                            write(&dir.join("memory.limit_in_bytes"), &v)?;
-                            let memsw = dir.join("memory.memsw.limit_in_bytes");
-                            if memsw.exists() {
-                                write(&memsw, &v)?;
-                            }
-                        }
-                        // World-writable on some kernels (eventfd registration).
-                        let events = dir.join("cgroup.event_control");
-                        if events.exists() {
-                            set_owner(&events, Some(0), Some(0), 0o200)?;
+            }
+        }
+    }
+
+    /// Makes the child cgroups [`Cgroups::create`] planned, with their
+    /// bounds and owners. Apart from `create` so that the supervisor can
+    /// root (about 1 ms on cgroup v1, most of it the memory cgroups).
+    /// `host_uid` owns their `freezer.state`, and is the group of their
+    /// `cgroup.procs`.
+    pub(crate) fn create_children(
+        &self,
+        limits: &ResourceLimits,
+        host_uid: u32,
+    ) -> Result<(), JailError> {
+        for m in &self.children {
+            let dir = &m.host;
+            mkdir(dir)?;
+            match m.controller {
+                "memory" => {
+                    if let Some(bytes) = limits.memory_bytes {
+                        let v = child_memory(bytes).to_string();
+                        write(&dir.join("memory.limit_in_bytes"), &v)?;
+                        let memsw = dir.join("memory.memsw.limit_in_bytes");
+                        if memsw.exists() {
+                            write(&memsw, &v)?;
                         }
                     }
-                    "pids" => {
-                        if let Some(n) = limits.pids {
-                            write(&dir.join("pids.max"), &child_pids(n).to_string())?;
-                        }
-                    }
-                    _ => {
-                        set_owner(&dir.join("freezer.state"), Some(host_uid), Some(0), 0o644)?;
+                    // World-writable on some kernels (eventfd registration).
+                    let events = dir.join("cgroup.event_control");
+                    if events.exists() {
+                        set_owner(&events, Some(0), Some(0), 0o200)?;
                     }
                 }
-                set_owner(&dir.join("cgroup.procs"), Some(0), Some(host_uid), 0o664)?;
+                "pids" => {
+                    if let Some(n) = limits.pids {
+                        write(&dir.join("pids.max"), &child_pids(n).to_string())?;
+                    }
+                }
+                _ => {
+                    set_owner(&dir.join("freezer.state"), Some(host_uid), Some(0), 0o644)?;
+                }
             }
+            set_owner(&dir.join("cgroup.procs"), Some(0), Some(host_uid), 0o664)?;
         }
         Ok(())
     }
@@ -607,7 +614,7 @@ mod tests {
         let layout = Layout::detect(root).unwrap();
         assert!(matches!(layout, Layout::V1 { .. }));
         let limits = ResourceLimits::default();
-        let mut cg = Cgroups::create(layout, "t1", &limits, 10_000, false).unwrap();
+        let mut cg = Cgroups::create(layout, "t1", &limits, false).unwrap();
         let mem = root.join("memory/asbx/t1/memory.limit_in_bytes");
         assert_eq!(fs::read_to_string(mem).unwrap(), (512u64 << 20).to_string());
         assert_eq!(

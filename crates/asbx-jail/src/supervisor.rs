@@ -2,12 +2,13 @@
 //!
 //! 1. plan everything that can be computed up front (paths, seccomp
 //!    programs, C strings), so the sandbox side does as little as possible;
-//! 2. create the cgroups and write their limits;
+//! 2. create the cgroups and write their limits (the child cgroups are
+//!    only planned);
 //! 3. start a tiny cleanup guard process (see below);
 //! 4. block `SIGTERM`/`SIGINT`/`SIGHUP`/`SIGCHLD` and `clone` the sandbox's
 //!    init with new mount, pid, net, ipc and uts namespaces;
-//! 5. move init into the cgroups while it builds the first half of its
-//!    root, and say so (`C`);
+//! 5. move init into the cgroups and make the child cgroups while it builds
+//!    the first half of its root, and say so (`C`);
 //! 6. write the init's uid/gid maps when it asks (one pipe round trip), then
 //!    read its set-up channel until end-of-file: silence means the main
 //!    process `exec`ed, `E<message>` means set-up failed;
@@ -189,13 +190,7 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
             } else {
                 None
             };
-            match Cgroups::create(
-                layout,
-                &policy.cgroup,
-                &policy.limits,
-                policy.host_uid,
-                policy.background,
-            ) {
+            match Cgroups::create(layout, &policy.cgroup, &policy.limits, policy.background) {
                 Ok(cg) => (Some(cg), guard),
                 Err(e) => {
                     // `create` removed what it made when it failed; should
@@ -238,10 +233,15 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
     plan.root.release_trees();
     let init = Pid::from_raw(pid);
 
-    // Move init into the cgroups while it builds the first half of its root
-    // (on cgroup v1 each move may wait for an RCU grace period), then let
-    // it go on.
-    let ready = match attach(pid, &plan.cgroup_procs, &down_w) {
+    // Move init into the cgroups and make the child cgroups while it builds
+    // the first half of its root (on cgroup v1 each move may wait for an
+    // RCU grace period, and a memory cgroup takes a while to make), then
+    // let it go on.
+    let children = || match cgroups.as_ref() {
+        Some(cg) => cg.create_children(&policy.limits, policy.host_uid),
+        None => Ok(()),
+    };
+    let ready = match attach(pid, &plan.cgroup_procs, children, &down_w) {
         Ok(()) => handshake(pid, policy.host_uid, up_r, &down_w),
         // Init may have failed first (and left for that reason): its
         // message says more than ours.
@@ -296,13 +296,20 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
     Ok(code)
 }
 
-/// Write init's pid into each `cgroup.procs`, then tell it (`C`).
-fn attach(pid: libc::pid_t, procs: &[PathBuf], down: &File) -> Result<(), JailError> {
+/// Write init's pid into each `cgroup.procs`, make the child cgroups, then
+/// tell init (`C`).
+fn attach(
+    pid: libc::pid_t,
+    procs: &[PathBuf],
+    children: impl FnOnce() -> Result<(), JailError>,
+    down: &File,
+) -> Result<(), JailError> {
     let pid = pid.to_string();
     for file in procs {
         std::fs::write(file, &pid)
             .map_err(|e| JailError::Cgroup(format!("{}: {e}", file.display())))?;
     }
+    children()?;
     let mut down = down;
     down.write_all(b"C")
         .map_err(|e| JailError::Host(format!("sync: {e}")))

@@ -404,10 +404,18 @@ impl Cgroups {
 
     /// Kill every process left in the cgroups and remove them.
     pub(crate) fn destroy(&mut self) -> Result<(), JailError> {
+        self.destroy_within(RMDIR_PATIENCE)
+    }
+
+    /// [`Cgroups::destroy`], trying for up to `patience` per cgroup.
+    pub(crate) fn destroy_within(
+        &mut self,
+        patience: std::time::Duration,
+    ) -> Result<(), JailError> {
         if self.dirs.is_empty() {
             return Ok(());
         }
-        destroy_dirs(&self.layout, &self.dirs)?;
+        destroy_dirs_within(&self.layout, &self.dirs, patience)?;
         self.dirs.clear();
         self.children.clear();
         Ok(())
@@ -522,11 +530,25 @@ const DEFAULT_SHARES: &str = "1024";
 const BACKGROUND_WEIGHT: &str = "1";
 const DEFAULT_WEIGHT: &str = "100";
 
-const RMDIR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const RMDIR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+/// The same when no one else will remove them (the supervisor's parent
+/// died): a runner SIGKILLed with 2,500 sandboxes left the host's exits
+/// queued for longer than [`RMDIR_PATIENCE`], and 1,300 sandboxes' empty
+/// cgroups behind.
+pub(crate) const ORPHAN_RMDIR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Kill what is left in `dirs` (and their child cgroups) and remove them,
 /// children first. Missing directories are fine.
 pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), JailError> {
+    destroy_dirs_within(layout, dirs, RMDIR_PATIENCE)
+}
+
+/// [`destroy_dirs`], trying for up to `patience` per cgroup.
+fn destroy_dirs_within(
+    layout: &Layout,
+    dirs: &[PathBuf],
+    patience: std::time::Duration,
+) -> Result<(), JailError> {
     let mut all = Vec::new();
     for dir in dirs {
         subcgroups(dir, 0, &mut all);
@@ -547,7 +569,7 @@ pub(crate) fn destroy_dirs(layout: &Layout, dirs: &[PathBuf]) -> Result<(), Jail
         // populated until it is reaped), which on a loaded host takes longer
         // than a moment; so retry with a growing pause, for a bounded time.
         let mut removed = false;
-        let deadline = std::time::Instant::now() + RMDIR_PATIENCE;
+        let deadline = std::time::Instant::now() + patience;
         let mut pause = std::time::Duration::from_millis(1);
         for attempt in 0u32.. {
             kill_members(dir);

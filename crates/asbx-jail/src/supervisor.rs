@@ -281,7 +281,13 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
         }
         return Ok(code);
     }
-    let cleaned = match cgroups.as_mut().map(Cgroups::destroy) {
+    // With the parent gone no one else removes them: wait as long as the
+    // host needs to let the sandbox's processes go.
+    let patience = match parent_gone || nix::unistd::getppid() != ppid {
+        true => crate::cgroup::ORPHAN_RMDIR_PATIENCE,
+        false => crate::cgroup::RMDIR_PATIENCE,
+    };
+    let cleaned = match cgroups.as_mut().map(|c| c.destroy_within(patience)) {
         Some(Err(e)) => {
             // The run itself is over: report (stderr may be a closed pipe
             // if the runner died), and let the guard try again.

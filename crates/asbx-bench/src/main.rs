@@ -464,9 +464,40 @@ async fn idle(n: usize) -> anyhow::Result<()> {
         (runner_after.saturating_sub(rss_at_rest)) as f64 / n as f64,
         (after.saturating_sub(before)) as f64 / n as f64 / 1024.0
     );
+    // Hang up and let the runner end every sandbox and remove its cgroups
+    // before it stops (SIGTERM): killing it while thousands of sandboxes
+    // are ending would leave their cgroups to the next runner's sweep.
     drop(streams);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let _ = child.kill().await;
+    let ending = Instant::now();
+    // Every dispatch's permit comes back once its sandbox is cleaned up.
+    let all_free = || async {
+        let h: serde_json::Value = client
+            .get(format!("{url}/healthz"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        anyhow::Ok(h["free"] == h["capacity"])
+    };
+    while (!asbx_test_support::descendants_of(pid).is_empty() || !all_free().await.unwrap_or(false))
+        && ending.elapsed() < Duration::from_secs(180)
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "idle: {n} sandboxes ended and cleaned up (client hung up) in {:.1} s",
+        ending.elapsed().as_secs_f64()
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    if tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
     let _ = std::fs::remove_dir_all(&data);
     Ok(())
 }

@@ -62,6 +62,23 @@ pub(crate) enum Layout {
 }
 
 impl Layout {
+    /// The hierarchies a sandbox has a cgroup in: memory, pids, cpu and
+    /// (when mounted) freezer on v1, in that order; the one on v2.
+    pub(crate) fn hierarchies(&self) -> Vec<&PathBuf> {
+        match self {
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
+                .into_iter()
+                .flatten()
+                .collect(),
+            Layout::V2 { root } => vec![root],
+        }
+    }
+
     /// Find a usable layout under `root`, or say why there is none.
     pub(crate) fn detect(root: &Path) -> Result<Layout, String> {
         if is_cgroup2(root) {
@@ -184,19 +201,11 @@ impl Cgroups {
         if !valid_name(name) {
             return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
         }
-        Ok(match layout {
-            Layout::V1 {
-                memory,
-                pids,
-                cpu,
-                freezer,
-            } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
-                .into_iter()
-                .flatten()
-                .map(|h| h.join(PARENT).join(name))
-                .collect(),
-            Layout::V2 { root } => vec![root.join(PARENT).join(name)],
-        })
+        Ok(layout
+            .hierarchies()
+            .into_iter()
+            .map(|h| h.join(PARENT).join(name))
+            .collect())
     }
 
     /// [`Cgroups::dirs_named`], none of which may exist yet. The supervisor hands
@@ -465,18 +474,7 @@ fn subcgroups(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
 /// empty for a moment before init joins them); a cgroup whose age can't be
 /// read counts as new. Returns how many sandbox cgroups went.
 pub(crate) fn sweep_stale(layout: &Layout, min_age: std::time::Duration) -> usize {
-    let hierarchies: Vec<&PathBuf> = match layout {
-        Layout::V1 {
-            memory,
-            pids,
-            cpu,
-            freezer,
-        } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
-            .into_iter()
-            .flatten()
-            .collect(),
-        Layout::V2 { root } => vec![root],
-    };
+    let hierarchies = layout.hierarchies();
     // By name across the hierarchies: a sandbox's processes are in each,
     // and one with a process in any of them is left whole.
     let mut names = std::collections::BTreeSet::new();

@@ -486,9 +486,18 @@ async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cgroup = cgroups.first().expect("a warm sandbox");
-    // Booted in the background: the lowest CPU weight until a dispatch takes it.
-    let shares = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/asbx/{cgroup}/cpu.shares"))
-        .unwrap_or_default();
+    // Booted in the background: the lowest CPU weight until a dispatch takes
+    // it. (The memory cgroup is made first: the cpu one, and its weight, may
+    // not be there yet; a weight that never comes fails below.)
+    let mut shares = String::new();
+    for _ in 0..200 {
+        shares = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/asbx/{cgroup}/cpu.shares"))
+            .unwrap_or_default();
+        if shares.trim() == "2" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(shares.trim(), "2", "a warm sandbox's cpu.shares");
     let procs_file = format!("/sys/fs/cgroup/memory/asbx/{cgroup}/cgroup.procs");
     let cmdline = |pid: i32| {
@@ -521,6 +530,28 @@ async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
         "the sandbox's processes: {procs:?}"
     );
     let agent = procs[names.iter().position(|n| n == "asbx-agent").unwrap()];
+    // The supervisor starts at SCHED_IDLE (a boot ahead of time) and goes
+    // back to the default before the clone: no process or thread of the
+    // sandbox, nor the supervisor once it waits, keeps the idle policy
+    // (field 41 of `stat`, 0 = SCHED_OTHER, 5 = SCHED_IDLE).
+    let stat_field = |path: String, n: usize| {
+        let stat = std::fs::read_to_string(&path).unwrap_or_default();
+        let after = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
+        after.split(' ').nth(n - 3).unwrap_or("").to_owned()
+    };
+    let init = procs[names.iter().position(|n| n == "asbx-init").unwrap()];
+    let supervisor: i32 = stat_field(format!("/proc/{init}/stat"), 4).parse().unwrap();
+    let mut policies = Vec::new();
+    for pid in [supervisor, init, agent] {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let tid = task.unwrap().file_name().to_string_lossy().into_owned();
+            policies.push((pid, stat_field(format!("/proc/{pid}/task/{tid}/stat"), 41)));
+        }
+    }
+    assert!(
+        policies.len() >= 3 && policies.iter().all(|(_, p)| p == "0"),
+        "scheduling policies (pid, policy): {policies:?}"
+    );
     let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
     let field = |name: &str| {
         status

@@ -325,6 +325,13 @@ pub(crate) fn check_kept(run: &runs::RunRow, after: u64) -> Result<Start, Worksp
     Ok(Start { after })
 }
 
+/// Whether `page` does not start right after `last`: lines in between
+/// were never kept, or were pruned while this reader was between reads
+/// ([`check_kept`] tells which).
+fn skips(page: &[Kept], last: u64) -> bool {
+    page.first().is_some_and(|k| k.seq > last.saturating_add(1))
+}
+
 enum Phase {
     Replay,
     Live(broadcast::Receiver<Arc<[Kept]>>),
@@ -404,7 +411,7 @@ pub(crate) fn follow_batches(
                 Phase::Done => return Ok(None),
                 Phase::Replay => {
                     let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
-                    if std::mem::take(&mut f.lagged) {
+                    if std::mem::take(&mut f.lagged) || skips(&page, f.last) {
                         // Read after the page: a prune that removed lines
                         // the page lacks has moved `events_from` already.
                         if let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await? {
@@ -475,6 +482,12 @@ pub(crate) fn follow_batches(
                 }
                 Phase::Poll => {
                     let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
+                    if skips(&page, f.last)
+                        && let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await?
+                    {
+                        // Polled too seldom for a fast run: pruned past us.
+                        check_kept(&run, f.last)?;
+                    }
                     if let Some(k) = page.last() {
                         f.last = k.seq;
                         f.phase = Phase::Poll;
@@ -515,4 +528,61 @@ pub(crate) fn follow_batches(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::RunKind;
+
+    fn kept(seqs: &[u64]) -> Vec<Kept> {
+        seqs.iter()
+            .map(|&seq| Kept {
+                seq,
+                kind: None,
+                raw: Bytes::new(),
+            })
+            .collect()
+    }
+
+    fn run(events_from: i64) -> runs::RunRow {
+        runs::RunRow {
+            id: "r".into(),
+            workspace_id: "w".into(),
+            kind: RunKind::Run,
+            chat_id: None,
+            agent_id: None,
+            status: RunStatus::Running,
+            prompt: String::new(),
+            model: String::new(),
+            env_json: String::new(),
+            config_json: String::new(),
+            result: None,
+            error_code: None,
+            error_message: None,
+            created_at: 0,
+            ended_at: None,
+            termination: None,
+            sandbox_url: None,
+            events_from,
+        }
+    }
+
+    /// A page that does not go on from the reader's last line is checked
+    /// against what is kept: pruned past the reader is `events_gone`, a
+    /// hole that was never kept (nothing pruned there) is not.
+    #[test]
+    fn a_page_past_a_prune_is_gone_and_an_unpruned_hole_is_not() {
+        assert!(!skips(&kept(&[3, 4]), 2));
+        assert!(!skips(&kept(&[]), 2));
+        assert!(skips(&kept(&[5, 6]), 2));
+        // Pruned up to 5 while the reader was at 2: lines 3 and 4 are gone.
+        assert!(matches!(
+            check_kept(&run(5), 2),
+            Err(WorkspaceError::EventsGone { oldest: 5, .. })
+        ));
+        // Nothing pruned (or pruned only below the reader): go on.
+        assert!(check_kept(&run(1), 2).is_ok());
+        assert!(check_kept(&run(3), 2).is_ok());
+    }
 }

@@ -195,6 +195,13 @@ fn run_in_process(
     sys::reset_signal_dispositions();
     umask(Mode::from_bits_truncate(0o002));
     sys::replace_environment(&plan.env);
+    // Sealed before it takes its name: whoever sees `asbx-agent` sees the
+    // agent's final capabilities (the entry seals again, as an `exec`ed
+    // agent does; dropping what is gone already is a no-op).
+    if let Err(e) = crate::seal_agent() {
+        let _ = writeln!(std::io::stderr(), "asbx: {e}");
+        sys::exit_now(i32::from(asbx_protocol::exit::SETUP_FAILED))
+    }
     if let Some(area) = area {
         area.rename(c"asbx-agent");
     }

@@ -147,15 +147,6 @@ pub fn sweep_stale_cgroups(min_age: std::time::Duration) -> usize {
     }
 }
 
-/// Start `cmd` (an `asbx jail` for a policy with `background: true`) at
-/// the lowest CPU priority (`SCHED_IDLE`): its `exec` and set-up yield to
-/// the dispatches running meanwhile. The supervisor returns to the default
-/// policy before it clones the sandbox, whose processes the cgroup's CPU
-/// weight keeps in the background instead (undone by [`foreground`]).
-pub fn start_in_background(cmd: &mut std::process::Command) {
-    sys::idle_before_exec(cmd);
-}
-
 /// Give the sandbox whose policy named `cgroup` the default CPU weight,
 /// after a boot with `background: true`. A host without cgroups has
 /// nothing to change.

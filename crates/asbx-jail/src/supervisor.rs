@@ -217,12 +217,6 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
 
     let (up_r, up_w) = pipe()?;
     let (down_r, down_w) = pipe()?;
-    if policy.background {
-        // Started at `SCHED_IDLE` (`start_in_background`); the sandbox's
-        // processes must not inherit it: once taken they run at the
-        // default, and until then their cgroup's CPU weight holds them back.
-        let _ = sys::set_scheduler(libc::SCHED_OTHER);
-    }
     let pid =
         match sys::clone_fork(NAMESPACES).map_err(|e| JailError::Host(format!("clone: {e}")))? {
             Forked::Child => {

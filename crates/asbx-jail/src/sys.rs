@@ -578,33 +578,3 @@ fn errno() -> i32 {
         .raw_os_error()
         .unwrap_or(libc::EIO)
 }
-
-/// Make `cmd`'s child run at the lowest CPU priority (`SCHED_IDLE`) from
-/// before its `exec`: the start of a process booted ahead of time (the
-/// `exec` of a large binary, its relocation) then yields to everything
-/// else. A kernel that refuses leaves the default; the spawn goes on.
-pub(crate) fn idle_before_exec(cmd: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    let hook = || -> io::Result<()> {
-        let _ = set_scheduler(libc::SCHED_IDLE);
-        Ok(())
-    };
-    // SAFETY: the hook runs in the child between fork and exec and makes
-    // one async-signal-safe system call with a stack value (no allocation,
-    // no lock), as `pre_exec` requires.
-    unsafe {
-        cmd.pre_exec(hook);
-    }
-}
-
-/// This process's scheduling policy: `SCHED_IDLE` or `SCHED_OTHER`
-/// (priority 0; moving from `SCHED_IDLE` to `SCHED_OTHER` needs no
-/// privilege).
-pub(crate) fn set_scheduler(policy: libc::c_int) -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid sched_param on the stack; pid 0 is this thread.
-    match unsafe { libc::sched_setscheduler(0, policy, &param) } {
-        0 => Ok(()),
-        _ => Err(io::Error::last_os_error()),
-    }
-}

@@ -206,12 +206,8 @@ fn copy_exe(exe: &Path) -> Result<DetachedDir, asbx_jail::JailError> {
     Ok(dir)
 }
 
-fn base_command(program: &Path, background: bool) -> Command {
-    let mut std_cmd = std::process::Command::new(program);
-    if background {
-        asbx_jail::start_in_background(&mut std_cmd);
-    }
-    let mut cmd = Command::from(std_cmd);
+fn base_command(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
     cmd.env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -268,9 +264,7 @@ impl Sandbox for Jailed {
         };
         let json = serde_json::to_string(&policy)
             .map_err(|e| RunnerError::Spawn(format!("policy: {e}")))?;
-        // A boot ahead of time starts at the lowest CPU priority: the
-        // supervisor's `exec` and set-up yield to the dispatches running.
-        let mut command = base_command(&exe, spec.background);
+        let mut command = base_command(&exe);
         command.arg("jail").arg("--policy").arg(json);
         Ok(Prepared {
             command,
@@ -331,7 +325,7 @@ impl Sandbox for Unconfined {
     }
 
     fn prepare(&self, spec: &SandboxSpec<'_>) -> Result<Prepared, RunnerError> {
-        let mut command = base_command(&self.exe, false);
+        let mut command = base_command(&self.exe);
         command
             .arg("agent")
             .current_dir(&spec.dirs.work)

@@ -349,9 +349,6 @@ struct Follow {
     /// Other nodes' announcements (PostgreSQL), also subscribed before the
     /// first read.
     announced: Option<broadcast::Receiver<Arc<str>>>,
-    /// The broadcast ran ahead of this reader: the next read of the table
-    /// checks that the lines it missed are still kept.
-    lagged: bool,
     /// When the poll last asked whether somebody still relays the run.
     lost_checked: std::time::Instant,
 }
@@ -402,7 +399,6 @@ pub(crate) fn follow_batches(
         phase: Phase::Replay,
         rx,
         announced,
-        lagged: false,
         lost_checked: std::time::Instant::now(),
     };
     futures::stream::try_unfold(f, |mut f| async move {
@@ -411,12 +407,16 @@ pub(crate) fn follow_batches(
                 Phase::Done => return Ok(None),
                 Phase::Replay => {
                     let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
-                    if std::mem::take(&mut f.lagged) || skips(&page, f.last) {
-                        // Read after the page: a prune that removed lines
-                        // the page lacks has moved `events_from` already.
-                        if let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await? {
-                            check_kept(&run, f.last)?;
-                        }
+                    // A page that goes on from the last line lost nothing,
+                    // even if a prune moved `events_from` past it since (the
+                    // page was read first). One that skips is checked: read
+                    // after the page, `events_from` already names a prune
+                    // that removed what the page lacks (a prune moves it and
+                    // deletes in one transaction).
+                    if skips(&page, f.last)
+                        && let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await?
+                    {
+                        check_kept(&run, f.last)?;
                     }
                     let full = page.len() as i64 >= PAGE;
                     f.phase = if full {
@@ -445,9 +445,9 @@ pub(crate) fn follow_batches(
                                 }
                             }
                             Err(broadcast::error::RecvError::Lagged(_)) => {
-                                // Fell behind: what was missed is in the table.
+                                // Fell behind: what was missed is in the
+                                // table, or was pruned (the replay tells).
                                 f.rx = Some(rx);
-                                f.lagged = true;
                                 f.phase = Phase::Replay;
                                 break;
                             }

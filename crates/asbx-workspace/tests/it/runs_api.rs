@@ -5,6 +5,9 @@
 //! run is not found by any of the run routes. The real runner's side (client
 //! tools, cancel, resume, encryption) is in `crates/asbx/tests/it/runs_api.rs`.
 
+use std::sync::Arc;
+
+use futures::StreamExt as _;
 use serde_json::{Value, json};
 
 use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem, settled_run};
@@ -255,9 +258,23 @@ async fn long_runner(n: u64) -> (url::Url, crate::support::AbortOnDrop) {
 
 /// [`long_runner`], with or without the terminal `result` line.
 async fn fake_runner(n: u64, terminal: bool) -> (url::Url, crate::support::AbortOnDrop) {
+    held_runner(n, terminal, None).await
+}
+
+/// [`fake_runner`] whose lines start, when `go` is given, only once it is
+/// notified (the answer's head goes out at once); each dispatch waits.
+async fn held_runner(
+    n: u64,
+    terminal: bool,
+    go: Option<Arc<tokio::sync::Notify>>,
+) -> (url::Url, crate::support::AbortOnDrop) {
     use axum::routing::post;
     async fn stream(
-        axum::extract::State((n, terminal)): axum::extract::State<(u64, bool)>,
+        axum::extract::State((n, terminal, go)): axum::extract::State<(
+            u64,
+            bool,
+            Option<Arc<tokio::sync::Notify>>,
+        )>,
         body: bytes::Bytes,
     ) -> axum::response::Response {
         let d = asbx_protocol::DispatchRequest::parse(&body).unwrap();
@@ -281,7 +298,14 @@ async fn fake_runner(n: u64, terminal: bool) -> (url::Url, crate::support::Abort
             .chunks(64 * 1024)
             .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
             .collect();
-        axum::response::Response::new(axum::body::Body::from_stream(futures::stream::iter(chunks)))
+        let held = futures::stream::once(async move {
+            if let Some(go) = go {
+                go.notified().await;
+            }
+            futures::stream::iter(chunks)
+        })
+        .flatten();
+        axum::response::Response::new(axum::body::Body::from_stream(held))
     }
     let listener = crate::support::bind_loopback().await;
     let url = format!("http://{}", listener.local_addr().unwrap())
@@ -289,7 +313,7 @@ async fn fake_runner(n: u64, terminal: bool) -> (url::Url, crate::support::Abort
         .unwrap();
     let router = axum::Router::new()
         .route("/stream", post(stream))
-        .with_state((n, terminal));
+        .with_state((n, terminal, go));
     (url, crate::support::serve(listener, router))
 }
 
@@ -344,6 +368,68 @@ async fn a_long_run_keeps_its_newest_lines_and_410s_the_rest(db: Db) {
         .await
         .unwrap();
     assert_eq!(stored as u64, total + 2 - oldest, "older rows were deleted");
+}
+
+// A reader that stops reading while a long run goes on (many times the
+// retention of 10,000 lines, and more than loopback buffers hold) gets, once
+// it reads on, every line from the first in order with no gap: all of them
+// (what it missed was still held for it), or up to where it fell behind
+// what is kept, and then resuming after its last line is `410
+// events_gone`. Never a line after a gap.
+on_both!(a_stalled_reader_gets_no_gap);
+async fn a_stalled_reader_gets_no_gap(db: Db) {
+    let total = 600_000u64;
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (url, _runner) = held_runner(total, true, Some(Arc::clone(&go))).await;
+    let ws = TestWorkspace::start_on(db, Some(url), |_| {}).await;
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({"prompt": "x", "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let mut slow = client()
+        .get(ws.url(&format!("/api/runs/{run_id}/events?after=0")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(slow.status(), 200);
+    go.notify_one();
+    let mut got = slow.chunk().await.unwrap().unwrap_or_default().to_vec();
+    // The caller reads all of it meanwhile: the run goes on to its end.
+    let all = lines(&resp.bytes().await.unwrap());
+    assert_eq!(all.len() as u64, total + 1, "the caller got every line");
+    assert_eq!(settled_run(&ws, &run_id).await["status"], "succeeded");
+    // Now the slow reader reads on, to the end of its stream.
+    while let Ok(Some(c)) = slow.chunk().await {
+        got.extend_from_slice(&c);
+    }
+    // A stream cut mid-line leaves a partial last line: drop it.
+    let complete = got.len() - got.iter().rev().take_while(|b| **b != b'\n').count();
+    let seqs: Vec<u64> = lines(&got[..complete])
+        .iter()
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs.first(), Some(&1), "from the first line");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "no gap in what the slow reader got"
+    );
+    let last = *seqs.last().unwrap();
+    if last == total + 1 {
+        return; // It got everything.
+    }
+    let p = problem(
+        client()
+            .get(ws.url(&format!("/api/runs/{run_id}/events?after={last}")))
+            .send()
+            .await
+            .unwrap(),
+        410,
+    )
+    .await;
+    assert_eq!(p["code"], "events_gone");
 }
 
 #[tokio::test]

@@ -19,6 +19,21 @@ fn lines(body: &[u8]) -> Vec<Value> {
         .collect()
 }
 
+/// `GET .../events?after=N` of a run: `410 events_gone`; the problem.
+async fn events_gone(ws: &TestWorkspace, run_id: &str, after: impl std::fmt::Display) -> Value {
+    let p = problem(
+        client()
+            .get(ws.url(&format!("/api/runs/{run_id}/events?after={after}")))
+            .send()
+            .await
+            .unwrap(),
+        410,
+    )
+    .await;
+    assert_eq!(p["code"], "events_gone");
+    p
+}
+
 /// A string of the shape of a client public key (docs/protocol.md §4); the
 /// fake runner checks the shape only.
 fn key() -> String {
@@ -109,16 +124,7 @@ async fn lines_no_longer_kept_are_410_naming_the_oldest_kept(db: Db) {
         .await
         .unwrap();
     for after in ["0", "1"] {
-        let p = problem(
-            client()
-                .get(ws.url(&format!("/api/runs/{run_id}/events?after={after}")))
-                .send()
-                .await
-                .unwrap(),
-            410,
-        )
-        .await;
-        assert_eq!(p["code"], "events_gone");
+        let p = events_gone(&ws, &run_id, after).await;
         assert_eq!(p["oldestSeq"], 3);
     }
     // Last-Event-ID counts the same way.
@@ -335,16 +341,7 @@ async fn a_long_run_keeps_its_newest_lines_and_410s_the_rest(db: Db) {
     assert_eq!(all.len() as u64, total + 1, "the caller got every line");
     assert_eq!(settled_run(&ws, &run_id).await["status"], "succeeded");
 
-    let p = problem(
-        client()
-            .get(ws.url(&format!("/api/runs/{run_id}/events?after=0")))
-            .send()
-            .await
-            .unwrap(),
-        410,
-    )
-    .await;
-    assert_eq!(p["code"], "events_gone");
+    let p = events_gone(&ws, &run_id, 0).await;
     let oldest = p["oldestSeq"].as_u64().unwrap();
     assert!(
         // 11,501 lines: the newest 10,000 (a batch stored at once, pruned
@@ -420,16 +417,7 @@ async fn a_stalled_reader_gets_no_gap(db: Db) {
     if last == total + 1 {
         return; // It got everything.
     }
-    let p = problem(
-        client()
-            .get(ws.url(&format!("/api/runs/{run_id}/events?after={last}")))
-            .send()
-            .await
-            .unwrap(),
-        410,
-    )
-    .await;
-    assert_eq!(p["code"], "events_gone");
+    events_gone(&ws, &run_id, last).await;
 }
 
 #[tokio::test]

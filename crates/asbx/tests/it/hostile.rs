@@ -47,11 +47,7 @@ async fn sleeping_turn(
 /// the turn and of the warm pool) and none of their cgroups is left.
 #[tokio::test]
 async fn sandboxes_die_with_a_sigkilled_runner() {
-    if !Path::new("/sys/fs/cgroup").exists() || profile() != "strict" {
-        asbx_test_support::skip(
-            "sandboxes_die_with_a_sigkilled_runner",
-            &format!("needs the strict profile (ASBX_TEST_PROFILE={})", profile()),
-        );
+    if !strict_with_cgroups("sandboxes_die_with_a_sigkilled_runner") {
         return;
     }
     let mut runner = RunnerProc::start(&[]);
@@ -125,11 +121,7 @@ async fn sandboxes_die_with_a_sigkilled_runner() {
 /// of the sandbox and none of its cgroups, children included, is left.
 #[tokio::test]
 async fn a_sigkilled_supervisor_leaves_nothing_behind() {
-    if !Path::new("/sys/fs/cgroup").exists() || profile() != "strict" {
-        asbx_test_support::skip(
-            "a_sigkilled_supervisor_leaves_nothing_behind",
-            &format!("needs the strict profile (ASBX_TEST_PROFILE={})", profile()),
-        );
+    if !strict_with_cgroups("a_sigkilled_supervisor_leaves_nothing_behind") {
         return;
     }
     let runner = RunnerProc::start(&[]);
@@ -200,4 +192,17 @@ async fn a_sigkilled_supervisor_leaves_nothing_behind() {
         left.1
     );
     runner.assert_clean().await;
+}
+
+/// Whether the strict profile's cgroups are here; says why `test` is
+/// skipped when not.
+fn strict_with_cgroups(test: &str) -> bool {
+    let here = Path::new("/sys/fs/cgroup").exists() && profile() == "strict";
+    if !here {
+        asbx_test_support::skip(
+            test,
+            &format!("needs the strict profile (ASBX_TEST_PROFILE={})", profile()),
+        );
+    }
+    here
 }

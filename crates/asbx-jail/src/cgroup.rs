@@ -354,6 +354,7 @@ impl Cgroups {
 
     /// Makes the child cgroups [`Cgroups::create`] planned, with their
     /// bounds and owners. Apart from `create` so that the supervisor can
+    /// make them while the sandbox's init builds the first half of its
     /// root (about 1 ms on cgroup v1, most of it the memory cgroups).
     /// `host_uid` owns their `freezer.state`, and is the group of their
     /// `cgroup.procs`.

@@ -3,7 +3,9 @@
 //! no HTTP (architecture invariant).
 //!
 //! [`run_jail`] is called in a fresh single-threaded process (`asbx jail
-//! --policy <json>`). The process layout of a running sandbox:
+//! --policy <json>`), or in a fork of the runner's [`Zygote`] (`asbx jail
+//! --zygote`, which forks one supervisor per request as the runner's child;
+//! see `zygote`). The process layout of a running sandbox:
 //!
 //! ```text
 //! asbx jail (supervisor, host root)          ── cleanup guard (host, see supervisor;
@@ -19,7 +21,8 @@
 //! [`cgroup`], [`init`] (sandbox side), [`rootfs`], [`ids`], [`fsrules`]
 //! (Landlock), [`seccomp`], [`sys`] (raw system calls), [`check`]; and
 //! [`spawn`], for the agent: a tool process that joins its child cgroup
-//! between `fork` and `exec`.
+//! between `fork` and `exec`; [`zygote`], for the runner: supervisors
+//! forked, not `exec`ed.
 //!
 //! What the runner must do: see the README section of [`run_jail`].
 
@@ -38,12 +41,14 @@ mod seccomp;
 mod spawn;
 mod supervisor;
 mod sys;
+mod zygote;
 
 use std::ffi::CString;
 use std::path::PathBuf;
 
 pub use detached::DetachedDir;
 pub use spawn::{join_cgroups_on_spawn, join_failure};
+pub use zygote::{Zygote, serve as serve_zygote};
 
 use asbx_protocol::jail::{
     HOST_IDS_PER_SANDBOX, JailEntry, JailPolicy, JailProfile, LayerReport, TOOL_CGROUP_IN_JAIL,

@@ -44,6 +44,55 @@ pub(crate) fn clone_fork(ns_flags: libc::c_int) -> io::Result<Forked> {
     }
 }
 
+/// `clone(CLONE_PARENT | CLONE_PIDFD | SIGCHLD)` without a new stack: a
+/// fork whose child is the caller's parent's child, and a pidfd of it for
+/// the caller. The same rules as [`clone_fork`]: a single-threaded caller,
+/// a child that ends with [`exit_now`].
+pub(crate) fn clone_parent_pidfd() -> io::Result<(Forked, Option<OwnedFd>)> {
+    let flags = (libc::CLONE_PARENT | libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong;
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: as in `clone_fork`; with CLONE_PIDFD the kernel stores the
+    // pidfd through the third argument (`parent_tid` in the raw ABI), which
+    // points at a live `c_int` of this frame.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0usize,
+            &mut pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok((Forked::Child, None)),
+        pid => {
+            // SAFETY: the kernel just made `pidfd` for us; nothing else owns it.
+            let fd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+            Ok((Forked::Parent(pid as libc::pid_t), fd))
+        }
+    }
+}
+
+/// Takes ownership of a descriptor the kernel handed this process (received
+/// with `SCM_RIGHTS`, or a stdio slot nothing else uses).
+pub(crate) fn own_received_fd(fd: std::os::fd::RawFd) -> OwnedFd {
+    // SAFETY: the caller passes a descriptor that is open and owned by no
+    // other Rust value; it is closed exactly once, by the returned value.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// `dup2(fd, to)`: makes `to` (a stdio slot) a copy of `fd`, without
+/// close-on-exec.
+pub(crate) fn dup2_onto(fd: BorrowedFd<'_>, to: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: dup2 takes two integers; `fd` is open for the call's duration.
+    match unsafe { libc::dup2(fd.as_raw_fd(), to) } {
+        -1 => Err(io::Error::last_os_error()),
+        _ => Ok(()),
+    }
+}
+
 /// End the calling process now, without running atexit handlers or
 /// destructors (the child of [`clone_fork`] shares them with its parent).
 pub(crate) fn exit_now(code: i32) -> ! {
@@ -272,12 +321,10 @@ pub(crate) fn default_sigchld() -> io::Result<()> {
     }
 }
 
-/// Hide the supervisor's command line and environment from the sandbox:
-/// init is a fork of the supervisor, and `/proc/1/cmdline` is world-readable.
-/// Overwrites the argument area with `asbx-init` and zeroes the rest and the
-/// environment strings. The last argument byte is made non-zero, which makes
-/// the kernel read the area like a `setproctitle` title: up to the first NUL.
-pub(crate) fn scrub_cmdline() -> io::Result<Option<CmdlineArea>> {
+/// This process's argument area (`arg_start..arg_end` of
+/// `/proc/self/stat`), and its environment area; `None` when the kernel
+/// does not say.
+fn own_areas() -> io::Result<Option<(CmdlineArea, CmdlineArea)>> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let after_comm = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
     let fields: Vec<usize> = after_comm
@@ -293,28 +340,51 @@ pub(crate) fn scrub_cmdline() -> io::Result<Option<CmdlineArea>> {
     ) else {
         return Err(io::Error::other("short /proc/self/stat"));
     };
-    const NAME: &[u8] = b"asbx-init\0";
-    if arg_start == 0 || arg_end <= arg_start + NAME.len() || env_end < env_start {
+    if arg_start == 0 || arg_end <= arg_start || env_end < env_start {
         return Ok(None);
     }
-    // SAFETY: [arg_start, arg_end) and [env_start, env_end) are this
-    // process's own argument and environment strings on its initial stack,
-    // mapped and writable. This runs in the sandbox's init, a fork of the
-    // supervisor that never reads its arguments or environment again.
-    unsafe {
-        std::ptr::write_bytes(arg_start as *mut u8, 0, arg_end - arg_start);
-        std::ptr::copy_nonoverlapping(NAME.as_ptr(), arg_start as *mut u8, NAME.len());
-        std::ptr::write_bytes(env_start as *mut u8, 0, env_end - env_start);
-        *((arg_end - 1) as *mut u8) = b' ';
-    }
-    Ok(Some(CmdlineArea {
-        start: arg_start,
-        end: arg_end,
-    }))
+    Ok(Some((
+        CmdlineArea {
+            start: arg_start,
+            end: arg_end,
+        },
+        CmdlineArea {
+            start: env_start,
+            end: env_end,
+        },
+    )))
 }
 
-/// The argument area [`scrub_cmdline`] cleared: the same addresses in every
-/// fork of the process that cleared it.
+/// This process's argument area, to show a title in ([`CmdlineArea::show`]).
+pub(crate) fn cmdline_area() -> io::Result<Option<CmdlineArea>> {
+    Ok(own_areas()?.map(|(args, _)| args))
+}
+
+/// Hide the supervisor's command line and environment from the sandbox:
+/// init is a fork of the supervisor, and `/proc/1/cmdline` is world-readable.
+/// Overwrites the argument area with `asbx-init` and zeroes the rest and the
+/// environment strings. The last argument byte is made non-zero, which makes
+/// the kernel read the area like a `setproctitle` title: up to the first NUL.
+pub(crate) fn scrub_cmdline() -> io::Result<Option<CmdlineArea>> {
+    const NAME: &[u8] = b"asbx-init";
+    let Some((args, env)) = own_areas()? else {
+        return Ok(None);
+    };
+    if args.end <= args.start + NAME.len() + 1 {
+        return Ok(None);
+    }
+    args.show(NAME);
+    // SAFETY: [start, end) is this process's own environment strings on its
+    // initial stack, mapped and writable. This runs in the sandbox's init,
+    // a fork of the supervisor that never reads its environment again.
+    unsafe {
+        std::ptr::write_bytes(env.start as *mut u8, 0, env.end - env.start);
+    }
+    Ok(Some(args))
+}
+
+/// A process's argument (or environment) area: the same addresses in every
+/// fork of the process that found it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CmdlineArea {
     start: usize,
@@ -325,19 +395,31 @@ impl CmdlineArea {
     /// Show `name` (NUL-terminated, shorter than the area) as this process's
     /// command line, and its first 15 bytes as its `comm`.
     pub(crate) fn rename(self, name: &std::ffi::CStr) {
-        let bytes = name.to_bytes_with_nul();
-        if self.end <= self.start + bytes.len() {
+        if self.end <= self.start + name.to_bytes_with_nul().len() {
             return;
         }
+        self.show(name.to_bytes());
+        let _ = nix::sys::prctl::set_name(name);
+    }
+
+    /// Show `text` as this process's command line, cut to fit the area: the
+    /// area is zeroed, `text` written at its start, and its last byte made
+    /// non-zero, which makes the kernel read the area like a `setproctitle`
+    /// title, up to the first NUL.
+    pub(crate) fn show(self, text: &[u8]) {
+        let Some(room) = (self.end - self.start).checked_sub(2) else {
+            return;
+        };
+        let text = &text[..text.len().min(room)];
         // SAFETY: the area is this process's own argument strings on its
-        // initial stack (see `scrub_cmdline`), mapped and writable, and
-        // longer than `bytes`; nothing reads them as Rust data.
+        // initial stack (see `own_areas`), mapped and writable, and longer
+        // than `text` plus a NUL; nothing reads them as Rust data (the
+        // process read its arguments before it got here).
         unsafe {
             std::ptr::write_bytes(self.start as *mut u8, 0, self.end - self.start);
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.start as *mut u8, bytes.len());
+            std::ptr::copy_nonoverlapping(text.as_ptr(), self.start as *mut u8, text.len());
             *((self.end - 1) as *mut u8) = b' ';
         }
-        let _ = nix::sys::prctl::set_name(name);
     }
 }
 

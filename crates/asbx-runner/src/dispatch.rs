@@ -128,7 +128,7 @@ fn connect(
     session: &Arc<crate::session::Session>,
     req: &DispatchRequest,
     slot: &Slot,
-    child: &mut tokio::process::Child,
+    child: &mut crate::child::SandboxChild,
     trace: &tracing::Span,
 ) -> Result<CancellationToken, RunnerError> {
     // Jailed sandboxes run the agent as their own host uid; unconfined

@@ -9,6 +9,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::child::SandboxChild;
 use asbx_protocol::line::{SessionInit, SessionLimits, Step};
 use asbx_protocol::raw::{AgentEvent, AgentKind};
 use asbx_protocol::session::{EndReason, SessionStats, TerminatedBy, Termination};
@@ -17,7 +18,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -48,7 +48,7 @@ const MAX_HELD: usize = 64 * 1024;
 /// Everything the task needs, handed over by the `/stream` handler.
 pub(crate) struct Drive {
     pub(crate) session: Arc<Session>,
-    pub(crate) child: Child,
+    pub(crate) child: SandboxChild,
     pub(crate) stderr: JoinHandle<StderrCapture>,
     pub(crate) tx: mpsc::Sender<Bytes>,
     pub(crate) protocol: Protocol,
@@ -625,7 +625,7 @@ impl State {
 /// Kills the sandbox: SIGTERM lets `asbx jail` tear the whole pid namespace
 /// down and remove its cgroups; SIGKILL on the process group follows if it
 /// does not finish in time.
-pub(crate) async fn kill_tree(child: &mut Child) -> Option<std::process::ExitStatus> {
+pub(crate) async fn kill_tree(child: &mut SandboxChild) -> Option<std::process::ExitStatus> {
     if let Some(pid) = child.id() {
         let pid = Pid::from_raw(pid as i32);
         let _ = kill(pid, Signal::SIGTERM);

@@ -11,6 +11,7 @@
 
 mod apidoc;
 mod auth;
+mod child;
 mod config;
 mod dispatch;
 mod drive;
@@ -83,6 +84,7 @@ impl Runner {
                 exe: config.asbx_exe.clone(),
                 profile,
                 run_dirs: std::sync::OnceLock::new(),
+                zygote: std::sync::OnceLock::new(),
             }),
             IsolationProfile::Unconfined => Box::new(Unconfined {
                 exe: config.asbx_exe.clone(),

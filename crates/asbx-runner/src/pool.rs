@@ -34,9 +34,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::process::Child;
-
 use crate::Inner;
+use crate::child::SandboxChild;
 use crate::error::RunnerError;
 use crate::sandbox::{SandboxSpec, SessionDirs};
 use crate::uids::UidLease;
@@ -44,7 +43,7 @@ use crate::uids::UidLease;
 /// A started sandbox whose agent waits for its bootstrap.
 #[derive(Debug)]
 pub(crate) struct Booted {
-    pub(crate) child: Child,
+    pub(crate) child: SandboxChild,
     pub(crate) slot: Slot,
 }
 
@@ -115,8 +114,7 @@ pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, Ru
             return Err(e);
         }
     };
-    let mut command = prepared.command;
-    let child = match command.spawn() {
+    let child = match prepared.start.spawn() {
         Ok(c) => c,
         Err(e) => {
             dirs.remove();

@@ -1,7 +1,8 @@
 //! Starting one sandbox: the [`Sandbox`] trait and its two implementations.
 //!
 //! [`Jailed`] runs `asbx jail --policy <json>`, which builds the namespaces,
-//! cgroups, seccomp and Landlock layers and execs `asbx agent` inside.
+//! cgroups, seccomp and Landlock layers and runs the agent inside; the
+//! runner's zygote forks it ([`ZygoteCell`]), or it is spawned when none runs.
 //! [`Unconfined`] runs `asbx agent` as a plain child process: for hosts
 //! without namespaces, chosen by name and reported everywhere.
 //!
@@ -15,6 +16,7 @@
 //! clone a detached mount (before 6.15) the runner falls back to host
 //! folders, and says so once in its log.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -27,6 +29,7 @@ use asbx_protocol::jail::{
 };
 use tokio::process::Command;
 
+use crate::child::SandboxChild;
 use crate::error::RunnerError;
 
 /// Where the `asbx` binary appears inside a jail.
@@ -123,10 +126,10 @@ pub(crate) struct SandboxSpec<'a> {
     pub(crate) background: bool,
 }
 
-/// A ready-to-spawn command and what the agent must be told about its world.
+/// A ready-to-start sandbox and what the agent must be told about its world.
 #[derive(Debug)]
 pub(crate) struct Prepared {
-    pub(crate) command: Command,
+    pub(crate) start: Start,
     /// The gateway socket path as the agent sees it.
     pub(crate) gateway_socket: String,
     /// The egress proxy socket path as the agent sees it.
@@ -135,6 +138,112 @@ pub(crate) struct Prepared {
     pub(crate) workdir: String,
     /// Uid and gid for tools, when the sandbox provides a separate one.
     pub(crate) tool_user: Option<(u32, u32)>,
+}
+
+/// How a prepared sandbox's supervisor starts.
+#[derive(Debug)]
+pub(crate) enum Start {
+    /// A plain child process.
+    Command(Command),
+    /// Forked by the runner's zygote, running `policy` (JSON); `command` is
+    /// the same `asbx jail --policy` for when the zygote can't.
+    Zygote {
+        zygote: Arc<ZygoteCell>,
+        policy: String,
+        command: Command,
+    },
+}
+
+impl Start {
+    /// Starts the supervisor; must run inside the runtime (its pipes and
+    /// pidfd join the reactor). Blocks for a `fork` or a `spawn`.
+    pub(crate) fn spawn(self) -> std::io::Result<SandboxChild> {
+        match self {
+            Start::Command(mut c) => SandboxChild::spawned(c.spawn()?),
+            Start::Zygote {
+                zygote,
+                policy,
+                mut command,
+            } => match zygote.fork(policy.as_bytes()) {
+                Ok(child) => Ok(child),
+                Err(e) => {
+                    zygote.warn_once(&e);
+                    SandboxChild::spawned(command.spawn()?)
+                }
+            },
+        }
+    }
+}
+
+/// The runner's zygote (`asbx jail --zygote`, see `asbx_jail::Zygote`):
+/// started on first use; one request at a time (a fork takes a fraction of
+/// a millisecond, and only boots take the lock, never the line path).
+#[derive(Debug)]
+pub(crate) struct ZygoteCell {
+    exe: PathBuf,
+    state: Mutex<ZygoteState>,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug)]
+enum ZygoteState {
+    NotStarted,
+    Running(asbx_jail::Zygote),
+    /// It could not be started: every sandbox is spawned instead.
+    Unavailable,
+}
+
+impl ZygoteCell {
+    pub(crate) fn new(exe: PathBuf) -> Self {
+        ZygoteCell {
+            exe,
+            state: Mutex::new(ZygoteState::NotStarted),
+            warned: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Forks a supervisor running `policy`; on an error the caller spawns
+    /// it instead. A zygote that failed a request is ended and the next
+    /// request starts a new one.
+    fn fork(&self, policy: &[u8]) -> Result<SandboxChild, asbx_jail::JailError> {
+        use nix::fcntl::OFlag;
+        let host = |what: &str, e: &dyn std::fmt::Display| {
+            asbx_jail::JailError::Host(format!("{what}: {e}"))
+        };
+        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| host("pipe", &e));
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let forked = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if matches!(*state, ZygoteState::NotStarted) {
+                *state = match asbx_jail::Zygote::start(&self.exe) {
+                    Ok(z) => ZygoteState::Running(z),
+                    Err(e) => {
+                        self.warn_once(&e);
+                        ZygoteState::Unavailable
+                    }
+                };
+            }
+            let ZygoteState::Running(z) = &*state else {
+                return Err(asbx_jail::JailError::Host("no zygote".into()));
+            };
+            let forked = z.fork(policy, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()]);
+            if forked.is_err() {
+                *state = ZygoteState::NotStarted; // ends this one (see its Drop)
+            }
+            forked?
+        };
+        drop((in_r, out_w, err_w));
+        let (pid, pidfd) = forked;
+        SandboxChild::forked(pid, pidfd, in_w, out_r, err_r).map_err(|e| host("pipes", &e))
+    }
+
+    fn warn_once(&self, e: &asbx_jail::JailError) {
+        if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(error = %e, "the zygote could not fork a sandbox; spawning instead");
+        }
+    }
 }
 
 /// One way of isolating a dispatch.
@@ -224,6 +333,8 @@ pub(crate) struct Jailed {
     pub(crate) profile: JailProfile,
     /// The run folders' tmpfs, made on first use ([`Sandbox::detached_run`]).
     pub(crate) run_dirs: std::sync::OnceLock<Option<Arc<DetachedDir>>>,
+    /// Forks the supervisors, started on first use from the binary's copy.
+    pub(crate) zygote: std::sync::OnceLock<Arc<ZygoteCell>>,
 }
 
 impl Sandbox for Jailed {
@@ -265,9 +376,16 @@ impl Sandbox for Jailed {
         let json = serde_json::to_string(&policy)
             .map_err(|e| RunnerError::Spawn(format!("policy: {e}")))?;
         let mut command = base_command(&exe);
-        command.arg("jail").arg("--policy").arg(json);
+        command.arg("jail").arg("--policy").arg(&json);
+        let zygote = self
+            .zygote
+            .get_or_init(|| Arc::new(ZygoteCell::new(exe.clone())));
         Ok(Prepared {
-            command,
+            start: Start::Zygote {
+                zygote: Arc::clone(zygote),
+                policy: json,
+                command,
+            },
             gateway_socket: format!("{RUN_DIR_IN_JAIL}/{GATEWAY_SOCKET}"),
             proxy_socket: format!("{RUN_DIR_IN_JAIL}/{PROXY_SOCKET}"),
             workdir: WORKDIR_IN_JAIL.to_owned(),
@@ -331,7 +449,7 @@ impl Sandbox for Unconfined {
             .current_dir(&spec.dirs.work)
             .envs(spec.env.iter().cloned());
         Ok(Prepared {
-            command,
+            start: Start::Command(command),
             gateway_socket: spec.dirs.gateway_socket().display().to_string(),
             proxy_socket: spec.dirs.proxy_socket().display().to_string(),
             workdir: spec.dirs.work.display().to_string(),

@@ -252,4 +252,11 @@ pub(crate) struct JailArgs {
     /// The profile to check.
     #[arg(long, default_value = "strict")]
     pub(crate) profile: String,
+    /// Serve fork requests from the runner on stdin (internal: the runner
+    /// starts one per process; see `asbx_jail::Zygote`).
+    #[arg(long, hide = true, conflicts_with_all = ["policy", "check"])]
+    pub(crate) zygote: bool,
+    /// Room for the forked supervisors' titles (internal: spaces).
+    #[arg(hide = true, requires = "zygote")]
+    pub(crate) title_room: Option<String>,
 }

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Agent => sandbox_cmd::agent(),
+        Command::Jail(args) if args.zygote => sandbox_cmd::zygote(),
         Command::Jail(args) => sandbox_cmd::jail(args.policy, args.check, &args.profile),
         Command::EnvVars => {
             use std::io::Write;

@@ -23,6 +23,12 @@ fn agent_in_jail() -> u8 {
     asbx_agent::agent_main()
 }
 
+/// `jail --zygote`: fork supervisors for the runner, each running a policy
+/// the runner sends, until the runner closes the socket (`asbx_jail::Zygote`).
+pub(crate) fn zygote() -> ExitCode {
+    ExitCode::from(u8::try_from(asbx_jail::serve_zygote(Some(agent_in_jail))).unwrap_or(1))
+}
+
 /// `jail --policy JSON` or `jail --check [--profile NAME]`.
 pub(crate) fn jail(policy: Option<String>, check: bool, profile: &str) -> ExitCode {
     let Some(profile) = JailProfile::parse(profile) else {

@@ -1,5 +1,6 @@
 //! Integration tests of the jail: real programs in real sandboxes, through
-//! this very binary acting as `asbx jail` (`it __jail <policy-json>`).
+//! this very binary acting as `asbx jail` (`it __jail <policy-json>`, and
+//! `it jail --zygote` for the zygote).
 //!
 //! - `cargo test -p asbx-jail --test it` runs every case (root needed;
 //!   cases skip with a message when the host lacks a feature);
@@ -23,6 +24,11 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("__jail") {
         harness::jail_main(&args);
+    }
+    if args.get(1).map(String::as_str) == Some("jail")
+        && args.get(2).map(String::as_str) == Some("--zygote")
+    {
+        std::process::exit(asbx_jail::serve_zygote(None));
     }
     if args.get(1).map(String::as_str) == Some("__parent") {
         harness::parent_main(&args);

@@ -108,6 +108,10 @@ pub fn cases() -> Vec<Case> {
             "stale_cgroups_are_swept_and_live_ones_kept",
             stale_cgroups_are_swept_and_live_ones_kept,
         ),
+        (
+            "the_zygote_forks_supervisors_as_the_callers_children",
+            the_zygote_forks_supervisors_as_the_callers_children,
+        ),
     ]
 }
 
@@ -1447,5 +1451,73 @@ fn stale_cgroups_are_swept_and_live_ones_kept() -> R {
     ensure(busy == [true, true], format!("busy removed: {busy:?}"))?;
     ensure(fresh == [true, true], format!("fresh removed: {fresh:?}"))?;
     ensure(swept >= 1, format!("swept {swept}"))?;
+    pass()
+}
+
+/// `asbx_jail::Zygote` (this binary as `jail --zygote`): a refused policy
+/// leaves it serving; a forked supervisor is the caller's child, shows its
+/// sandbox in its command line, runs the policy with the caller's pipes as
+/// its stdio and reports the exit code; the zygote ends with its socket.
+fn the_zygote_forks_supervisors_as_the_callers_children() -> R {
+    use std::os::fd::AsFd;
+    let exe = std::env::current_exe().unwrap();
+    let zygote = asbx_jail::Zygote::start(&exe).map_err(|e| e.to_string())?;
+    let zygote_pid = zygote.pid();
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+
+    let (in_r, _in_w) = pipe();
+    let (_out_r, out_w) = pipe();
+    match zygote.fork(
+        b"{not a policy",
+        [in_r.as_fd(), out_w.as_fd(), out_w.as_fd()],
+    ) {
+        Err(e) if e.to_string().contains("invalid policy") => {}
+        other => return Err(format!("a bad policy: {other:?}")),
+    }
+
+    let sbx = Sbx::new("read -r l; echo \"hi $l\"; echo err >&2; exit 7");
+    let json = serde_json::to_vec(&sbx.policy).unwrap();
+    let (in_r, in_w) = pipe();
+    let (out_r, out_w) = pipe();
+    let (err_r, err_w) = pipe();
+    let (pid, _pidfd) = zygote
+        .fork(&json, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
+        .map_err(|e| e.to_string())?;
+    drop((in_r, out_w, err_w));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let ppid: u32 = stat
+        .rsplit_once(") ")
+        .and_then(|(_, r)| r.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let title = String::from_utf8_lossy(&cmdline).into_owned();
+    std::fs::File::from(in_w).write_all(b"there\n").unwrap();
+    let mut out = String::new();
+    std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
+    let mut err = String::new();
+    std::fs::File::from(err_r).read_to_string(&mut err).unwrap();
+    let status = nix::sys::wait::waitpid(Pid::from_raw(pid), None).map_err(|e| e.to_string())?;
+    ensure(
+        ppid == std::process::id(),
+        format!("its parent is {ppid}, not the caller"),
+    )?;
+    ensure(
+        title.contains(&sbx.policy.cgroup) && title.contains(&sbx.policy.workdir),
+        format!("its command line names its sandbox: {title:?}"),
+    )?;
+    ensure(
+        out == "hi there\n" && err == "err\n",
+        format!("stdout {out:?}, stderr {err:?}"),
+    )?;
+    ensure(
+        status == nix::sys::wait::WaitStatus::Exited(Pid::from_raw(pid), 7),
+        format!("{status:?}"),
+    )?;
+    drop(zygote);
+    ensure(
+        !std::path::Path::new(&format!("/proc/{zygote_pid}")).exists(),
+        "the zygote outlived its socket",
+    )?;
     pass()
 }

@@ -1,7 +1,7 @@
 //! `asbx-sandbox`: the lean binary the runner starts for every sandbox.
 //!
-//! `asbx-sandbox jail --policy JSON`, `asbx-sandbox jail --check --profile P`
-//! and `asbx-sandbox agent`, the same as the hidden `asbx` subcommands, but
+//! `asbx-sandbox jail --policy JSON`, `asbx-sandbox jail --check --profile P`,
+//! `asbx-sandbox jail --zygote` and `asbx-sandbox agent`, the same as the hidden `asbx` subcommands, but
 //! without the workspace, the runner or clap linked in: every sandbox
 //! process maps and relocates a much smaller image.
 
@@ -14,6 +14,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("agent") if args.len() == 1 => sandbox_cmd::agent(),
+        // `--zygote` and the room for its children's titles.
+        Some("jail") if args.len() <= 3 && args.get(1).is_some_and(|a| a == "--zygote") => {
+            sandbox_cmd::zygote()
+        }
         Some("jail") => {
             let mut policy = None;
             let mut check = false;
@@ -34,7 +38,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: asbx-sandbox agent | jail --policy JSON | jail --check [--profile P]"
+                "usage: asbx-sandbox agent | jail --policy JSON | jail --check [--profile P] | jail --zygote"
             );
             ExitCode::from(asbx_protocol::exit::USAGE)
         }

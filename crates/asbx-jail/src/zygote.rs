@@ -1,0 +1,294 @@
+//! The zygote: one long-lived, single-threaded `asbx jail --zygote` process
+//! per runner that forks supervisors on request, so a sandbox's supervisor
+//! is a `fork`, not an `execve` of the runner's binary.
+//!
+//! Why: an `execve` of a large position-independent binary maps it, loads
+//! its libraries and applies its relocations (tens of thousands of them for
+//! `asbx-sandbox`), each time. That is about a millisecond of a cold
+//! dispatch's critical path and of every pool boot's CPU, and the relocated
+//! pages (`.data.rel.ro`, about 0.7 MiB) are private to each supervisor, and
+//! so to each sandbox, whose init and agent are forked from it. Forked from
+//! the zygote, every supervisor shares those pages with it.
+//!
+//! The wire, over a `SOCK_SEQPACKET` socket pair (the zygote's end is its
+//! stdin):
+//! - request: one message, the policy as JSON, with three descriptors
+//!   (`SCM_RIGHTS`): the supervisor's stdin, stdout and stderr;
+//! - reply: `P` and the child's pid (4 bytes, little-endian) with its pidfd,
+//!   or `E` and a message (the policy was refused, or `clone` failed).
+//!
+//! The child is cloned with `CLONE_PARENT`: it is the runner's child, as an
+//! `execve`d supervisor would be (the runner reaps it, its pidfd of its
+//! parent watches the runner), and the zygote never waits for anything but
+//! its socket. It then makes the three descriptors its stdio, its own
+//! process group, and runs [`crate::supervisor::run`] as `asbx jail
+//! --policy` would.
+//!
+//! The zygote holds no secret: it is started with an empty environment, and
+//! what it knows is the policies it was sent. It ends when its socket reads
+//! end-of-file: when the runner closed its end or died.
+//!
+//! What it costs: every supervisor (and so every sandbox's init and agent)
+//! shares the zygote's address-space layout instead of getting a fresh one
+//! from `execve`. None of them parses input from another sandbox, and the
+//! sandbox side reaches its supervisor only through its set-up pipe.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
+    sendmsg, socketpair,
+};
+
+use asbx_protocol::exit;
+use asbx_protocol::jail::JailPolicy;
+
+use crate::sys::{self, Forked};
+use crate::{AgentEntry, JailError};
+
+/// Room for the forked supervisors' titles: the zygote's command line is
+/// `exe jail --zygote <TITLE_ROOM spaces>`, and each child writes over it
+/// `asbx jail <cgroup> <workdir>`, so an operator's `ps` (and a test) can
+/// tell which sandbox a supervisor runs, as the `--policy` argument of an
+/// `execve`d one showed.
+const TITLE_ROOM: usize = 480;
+
+/// The largest policy the zygote reads (a policy carries the agent's
+/// environment; a few KiB in practice).
+const MAX_POLICY: usize = 1 << 20;
+
+/// The runner's handle on its zygote. Not `Sync`-safe to share without a
+/// lock: requests and replies must not interleave.
+#[derive(Debug)]
+pub struct Zygote {
+    /// `None` only while dropping.
+    sock: Option<OwnedFd>,
+    child: Child,
+}
+
+impl Zygote {
+    /// The zygote's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Starts `exe jail --zygote` with an empty environment, its stdout on
+    /// `/dev/null` and its stderr inherited.
+    pub fn start(exe: &Path) -> Result<Zygote, JailError> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| JailError::Host(format!("zygote socket: {e}")))?;
+        let child = Command::new(exe)
+            .args(["jail", "--zygote", &" ".repeat(TITLE_ROOM)])
+            .env_clear()
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| JailError::Host(format!("{}: {e}", exe.display())))?;
+        Ok(Zygote {
+            sock: Some(ours),
+            child,
+        })
+    }
+
+    /// Forks a supervisor running `policy` (JSON) with `stdio` as its stdin,
+    /// stdout and stderr; returns its pid and a pidfd of it. The child is
+    /// the caller's (see the module docs): the caller reaps it.
+    pub fn fork(
+        &self,
+        policy: &[u8],
+        stdio: [BorrowedFd<'_>; 3],
+    ) -> Result<(libc::pid_t, OwnedFd), JailError> {
+        let io = |e: nix::Error| JailError::Host(format!("zygote: {e}"));
+        let sock = self
+            .sock
+            .as_ref()
+            .ok_or_else(|| JailError::Host("zygote: closed".into()))?;
+        let fds = stdio.map(|f| f.as_raw_fd());
+        let cmsg = [ControlMessage::ScmRights(&fds)];
+        sendmsg::<()>(
+            sock.as_raw_fd(),
+            &[IoSlice::new(policy)],
+            &cmsg,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .map_err(io)?;
+        let mut buf = [0u8; 1024];
+        let (n, pidfd) = recv_with_fds::<1>(sock.as_fd(), &mut buf)
+            .map_err(|e| JailError::Host(format!("zygote: {e}")))?;
+        let [pidfd] = pidfd;
+        match (&buf[..n], pidfd) {
+            ([b'P', a, b, c, d], Some(fd)) => Ok((i32::from_le_bytes([*a, *b, *c, *d]), fd)),
+            ([b'E', msg @ ..], _) => Err(JailError::Host(format!(
+                "zygote: {}",
+                String::from_utf8_lossy(msg)
+            ))),
+            ([], _) => Err(JailError::Host("zygote: it ended".into())),
+            _ => Err(JailError::Host("zygote: an unreadable reply".into())),
+        }
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        // End-of-file on its socket ends it at once.
+        drop(self.sock.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Receives one message into `buf` and up to `N` descriptors (close-on-exec).
+/// A message longer than `buf` is an error.
+fn recv_with_fds<const N: usize>(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, [Option<OwnedFd>; N])> {
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = loop {
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => break r.map_err(io::Error::from)?,
+        }
+    };
+    let mut got: [Option<OwnedFd>; N] = std::array::from_fn(|_| None);
+    let mut i = 0;
+    let mut extra = false;
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                let owned = sys::own_received_fd(fd);
+                if i < N {
+                    got[i] = Some(owned);
+                    i += 1;
+                } else {
+                    extra = true; // dropped: closed
+                }
+            }
+        }
+    }
+    let n = msg.bytes;
+    if msg
+        .flags
+        .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC)
+        || extra
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message or descriptors truncated",
+        ));
+    }
+    Ok((n, got))
+}
+
+/// `asbx jail --zygote`: serve fork requests on stdin until end-of-file.
+/// Returns the process's exit code. Must run in a fresh single-threaded
+/// process.
+pub fn serve(agent: Option<AgentEntry>) -> i32 {
+    // Fd 0 is the socket, and nothing else in this process uses it.
+    let sock = sys::own_received_fd(0);
+    let title = sys::cmdline_area().ok().flatten();
+    if let Some(area) = title {
+        area.show(b"asbx jail --zygote");
+    }
+    let mut buf = vec![0u8; MAX_POLICY];
+    loop {
+        let (n, fds) = match recv_with_fds::<3>(sock.as_fd(), &mut buf) {
+            Ok((0, _)) => return 0, // the runner closed its end, or died
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                if reply(&sock, b"E", e.to_string().as_bytes(), None).is_err() {
+                    return 1;
+                }
+                continue;
+            }
+            Err(_) => return 1,
+        };
+        let answer = fork_one(&buf[..n], fds, agent, title);
+        let sent = match answer {
+            Ok((pid, pidfd)) => reply(&sock, b"P", &pid.to_le_bytes(), Some(pidfd.as_fd())),
+            Err(e) => reply(&sock, b"E", e.to_string().as_bytes(), None),
+        };
+        if sent.is_err() {
+            return 1;
+        }
+    }
+}
+
+fn reply(sock: &OwnedFd, tag: &[u8], body: &[u8], fd: Option<BorrowedFd<'_>>) -> nix::Result<()> {
+    let raw = fd.map(|f| [f.as_raw_fd()]);
+    let cmsg: Vec<ControlMessage<'_>> = raw.iter().map(|r| ControlMessage::ScmRights(r)).collect();
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[IoSlice::new(tag), IoSlice::new(body)],
+        &cmsg,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map(|_| ())
+}
+
+/// Parses the policy and forks its supervisor; the child never returns.
+fn fork_one(
+    policy: &[u8],
+    fds: [Option<OwnedFd>; 3],
+    agent: Option<AgentEntry>,
+    title: Option<sys::CmdlineArea>,
+) -> Result<(libc::pid_t, OwnedFd), JailError> {
+    let policy: JailPolicy = serde_json::from_slice(policy)
+        .map_err(|e| JailError::Policy(format!("invalid policy: {e}")))?;
+    let [Some(stdin), Some(stdout), Some(stderr)] = fds else {
+        return Err(JailError::Host(
+            "a request without its three descriptors".into(),
+        ));
+    };
+    match sys::clone_parent_pidfd().map_err(|e| JailError::Host(format!("clone: {e}")))? {
+        (Forked::Parent(pid), Some(pidfd)) => Ok((pid, pidfd)),
+        (Forked::Parent(_), None) => Err(JailError::Host("clone: no pidfd".into())),
+        (Forked::Child, _) => {
+            if let Some(area) = title {
+                area.show(format!("asbx jail {} {}", policy.cgroup, policy.workdir).as_bytes());
+            }
+            let code = match become_supervisor(&stdin, &stdout, &stderr) {
+                Ok(()) => {
+                    drop((stdin, stdout, stderr));
+                    match crate::supervisor::run(&policy, agent) {
+                        Ok(code) => code,
+                        Err(e) => {
+                            use std::io::Write;
+                            let _ = writeln!(std::io::stderr(), "asbx jail: {e}");
+                            i32::from(exit::SETUP_FAILED)
+                        }
+                    }
+                }
+                Err(_) => i32::from(exit::SETUP_FAILED),
+            };
+            sys::exit_now(code)
+        }
+    }
+}
+
+/// In the forked child: the three descriptors become stdio (which closes
+/// the zygote's socket, fd 0), and the child leads its own process group,
+/// as the runner's `process_group(0)` made an `execve`d supervisor do.
+fn become_supervisor(stdin: &OwnedFd, stdout: &OwnedFd, stderr: &OwnedFd) -> io::Result<()> {
+    for (fd, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
+        sys::dup2_onto(fd.as_fd(), to)?;
+    }
+    let me = nix::unistd::Pid::from_raw(0);
+    nix::unistd::setpgid(me, me).map_err(io::Error::from)
+}

@@ -166,10 +166,7 @@ impl Start {
                 mut command,
             } => match zygote.fork(policy.as_bytes()) {
                 Ok(child) => Ok(child),
-                Err(e) => {
-                    zygote.warn_once(&e);
-                    SandboxChild::spawned(command.spawn()?)
-                }
+                Err(_) => SandboxChild::spawned(command.spawn()?),
             },
         }
     }
@@ -182,7 +179,6 @@ impl Start {
 pub(crate) struct ZygoteCell {
     exe: PathBuf,
     state: Mutex<ZygoteState>,
-    warned: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -198,7 +194,6 @@ impl ZygoteCell {
         ZygoteCell {
             exe,
             state: Mutex::new(ZygoteState::NotStarted),
-            warned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -220,7 +215,7 @@ impl ZygoteCell {
                 *state = match asbx_jail::Zygote::start(&self.exe) {
                     Ok(z) => ZygoteState::Running(z),
                     Err(e) => {
-                        self.warn_once(&e);
+                        tracing::warn!(error = %e, "no zygote: every sandbox is spawned");
                         ZygoteState::Unavailable
                     }
                 };
@@ -229,7 +224,8 @@ impl ZygoteCell {
                 return Err(asbx_jail::JailError::Host("no zygote".into()));
             };
             let forked = z.fork(policy, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()]);
-            if forked.is_err() {
+            if let Err(e) = &forked {
+                tracing::warn!(error = %e, "the zygote failed; spawning this sandbox and starting a new zygote");
                 *state = ZygoteState::NotStarted; // ends this one (see its Drop)
             }
             forked?
@@ -237,12 +233,6 @@ impl ZygoteCell {
         drop((in_r, out_w, err_w));
         let (pid, pidfd) = forked;
         SandboxChild::forked(pid, pidfd, in_w, out_r, err_r).map_err(|e| host("pipes", &e))
-    }
-
-    fn warn_once(&self, e: &asbx_jail::JailError) {
-        if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!(error = %e, "the zygote could not fork a sandbox; spawning instead");
-        }
     }
 }
 

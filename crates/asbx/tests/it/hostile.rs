@@ -206,3 +206,76 @@ fn strict_with_cgroups(test: &str) -> bool {
     }
     here
 }
+
+/// The zygotes (`asbx jail --zygote`) among the runner's children, and
+/// whether each is a zombie.
+fn zygotes_of(runner: u32) -> Vec<(i32, bool)> {
+    let mut out = Vec::new();
+    for pid in pids_with("asbx jail --zygote") {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let mut rest = stat
+            .rsplit_once(") ")
+            .map(|(_, r)| r)
+            .unwrap_or("")
+            .split(' ');
+        let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse::<u32>().ok()));
+        if ppid == Some(runner) {
+            out.push((pid, state == Some("Z")));
+        }
+    }
+    out
+}
+
+/// A runner's zygote that dies (SIGKILLed here) costs no dispatch: the next
+/// boot finds it gone, reaps it, spawns that sandbox's supervisor instead
+/// and starts a new zygote for the boots after.
+#[tokio::test]
+async fn a_dead_zygote_is_replaced_and_no_dispatch_fails() {
+    if !strict_with_cgroups("a_dead_zygote_is_replaced_and_no_dispatch_fails") {
+        return;
+    }
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Some(&(pid, false)) = zygotes_of(runner.pid()).first() {
+            break pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no zygote: the pool boots through one"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    for i in 0..4 {
+        let t = ws.mint(&session_id(&format!("zyg{i}")));
+        let prompt =
+            script(json!([{"tool": "shell", "args": {"command": "echo hi"}}, {"say": "ok"}]));
+        let (status, lines, _) = dispatch(&runner.url, &ws.body(&t, &prompt)).await;
+        assert_eq!(status, 200);
+        assert_well_formed(&lines);
+        assert!(
+            matches!(terminal(&lines), Event::Result(r) if r.message == "ok"),
+            "dispatch {i} after the zygote died: {lines:?}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let zygotes = loop {
+        let z = zygotes_of(runner.pid());
+        if z.iter().all(|(pid, zombie)| *pid != first && !zombie) && !z.is_empty() {
+            break z;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead zygote {first} was not reaped and replaced: {z:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(zygotes.len(), 1, "one zygote: {zygotes:?}");
+    runner.assert_clean().await;
+}

@@ -431,7 +431,9 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     for p in &descendants {
         let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd);
-        let kind = if cmd.contains("jail") {
+        let kind = if is_zygote(*p) {
+            "zygote (asbx jail --zygote, one per runner)"
+        } else if cmd.contains("jail") {
             "supervisor or guard (asbx jail)"
         } else if cmd.contains("agent") {
             "agent (asbx agent)"
@@ -479,7 +481,14 @@ async fn idle(n: usize) -> anyhow::Result<()> {
             .await?;
         anyhow::Ok(h["free"] == h["capacity"])
     };
-    while (!asbx_test_support::descendants_of(pid).is_empty() || !all_free().await.unwrap_or(false))
+    // The runner's zygote stays while the runner lives; nothing else may.
+    let sandboxes_left = || {
+        asbx_test_support::descendants_of(pid)
+            .into_iter()
+            .filter(|p| !is_zygote(*p as u32))
+            .count()
+    };
+    while (sandboxes_left() > 0 || !all_free().await.unwrap_or(false))
         && ending.elapsed() < Duration::from_secs(180)
     {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -530,6 +539,12 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .context("VmRSS")
+}
+
+/// Whether `pid` is a runner's zygote (its title, see `asbx_jail::Zygote`).
+fn is_zygote(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.starts_with(b"asbx jail --zygote"))
 }
 
 fn pss_kib(pid: u32) -> Option<u64> {

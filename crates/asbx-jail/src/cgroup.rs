@@ -172,7 +172,10 @@ pub(crate) struct ChildMount {
 #[derive(Debug)]
 pub(crate) struct Cgroups {
     layout: Layout,
+    /// The sandbox directories made so far (what a drop removes).
     dirs: Vec<PathBuf>,
+    /// All of them, made or not ([`Cgroups::plan`]).
+    planned: Vec<PathBuf>,
     children: Vec<ChildMount>,
 }
 
@@ -242,43 +245,69 @@ impl Cgroups {
 
     /// Create the sandbox's cgroups and write its limits; its child cgroups
     /// are planned ([`Cgroups::child_mounts`]), made by
-    /// [`Cgroups::create_children`].
+    /// [`Cgroups::create_children`]. [`Cgroups::plan`] then
+    /// [`Cgroups::make`].
+    #[cfg(test)]
     pub(crate) fn create(
         layout: Layout,
         name: &str,
         limits: &ResourceLimits,
         background: bool,
     ) -> Result<Cgroups, JailError> {
-        if !valid_name(name) {
-            return Err(JailError::Policy(format!("invalid cgroup name {name:?}")));
-        }
+        let mut me = Cgroups::plan(layout, name)?;
+        me.make(name, limits, background)?;
+        Ok(me)
+    }
+
+    /// The sandbox's cgroups, planned, none made yet: where they go
+    /// ([`Cgroups::procs_files`], [`Cgroups::child_mounts`]), so that the
+    /// supervisor can `clone` the sandbox's init first and make them
+    /// ([`Cgroups::make`]) while init builds the first half of its root.
+    pub(crate) fn plan(layout: Layout, name: &str) -> Result<Cgroups, JailError> {
+        let planned = Cgroups::dirs_named(&layout, name)?;
         let mut me = Cgroups {
             layout,
             dirs: Vec::new(),
+            planned,
             children: Vec::new(),
         };
-        match me.layout.clone() {
-            Layout::V1 {
-                memory,
-                pids,
-                cpu,
-                freezer,
-            } => {
-                for h in [Some(&memory), Some(&pids), Some(&cpu), freezer.as_ref()]
-                    .into_iter()
-                    .flatten()
-                {
-                    mkdir(&h.join(PARENT))?;
-                    let dir = h.join(PARENT).join(name);
-                    if !mkdir(&dir)? {
-                        return Err(JailError::Cgroup(format!(
-                            "{} already exists (a leftover of a killed supervisor?)",
-                            dir.display()
-                        )));
+        if let Layout::V1 {
+            freezer: Some(_), ..
+        } = &me.layout
+        {
+            let [m, p, _, f] = [0, 1, 2, 3].map(|i| me.planned[i].clone());
+            me.plan_children_v1(&m, &p, &f);
+        }
+        Ok(me)
+    }
+
+    /// Makes the planned sandbox cgroups and writes their limits. Refuses a
+    /// name whose cgroup exists already (a leftover of a killed supervisor,
+    /// or another sandbox's), and removes only what it made itself.
+    pub(crate) fn make(
+        &mut self,
+        name: &str,
+        limits: &ResourceLimits,
+        background: bool,
+    ) -> Result<(), JailError> {
+        let exists = |dir: &Path| {
+            JailError::Cgroup(format!(
+                "{} already exists (a leftover of a killed supervisor?)",
+                dir.display()
+            ))
+        };
+        match self.layout.clone() {
+            Layout::V1 { .. } => {
+                for dir in self.planned.clone() {
+                    if let Some(parent) = dir.parent() {
+                        mkdir(parent)?;
                     }
-                    me.dirs.push(dir);
+                    if !mkdir(&dir)? {
+                        return Err(exists(&dir));
+                    }
+                    self.dirs.push(dir);
                 }
-                let [m, p, c] = [&me.dirs[0], &me.dirs[1], &me.dirs[2]];
+                let [m, p, c] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
                 if let Some(bytes) = limits.memory_bytes {
                     write(&m.join("memory.limit_in_bytes"), &bytes.to_string())?;
                     let memsw = m.join("memory.memsw.limit_in_bytes");
@@ -297,10 +326,6 @@ impl Cgroups {
                     let quota = u64::from(pct.max(1)) * 1000;
                     write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
                 }
-                if let Some(f) = me.dirs.get(3).cloned() {
-                    let (m, p) = (m.clone(), p.clone());
-                    me.plan_children_v1(&m, &p, &f);
-                }
             }
             Layout::V2 { root } => {
                 let parent = root.join(PARENT);
@@ -309,12 +334,9 @@ impl Cgroups {
                 write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                 let dir = parent.join(name);
                 if !mkdir(&dir)? {
-                    return Err(JailError::Cgroup(format!(
-                        "{} already exists",
-                        dir.display()
-                    )));
+                    return Err(exists(&dir));
                 }
-                me.dirs.push(dir.clone());
+                self.dirs.push(dir.clone());
                 if let Some(bytes) = limits.memory_bytes {
                     write(&dir.join("memory.max"), &bytes.to_string())?;
                     let swap = dir.join("memory.swap.max");
@@ -334,7 +356,7 @@ impl Cgroups {
                 }
             }
         }
-        Ok(me)
+        Ok(())
     }
 
     /// Where the `tools` and `mcp` children go under the memory, pids and
@@ -401,9 +423,12 @@ impl Cgroups {
         &self.children
     }
 
-    /// The `cgroup.procs` files the sandbox's init writes itself into.
+    /// The `cgroup.procs` files the sandbox's init is moved into.
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+        self.planned
+            .iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
     }
 
     /// The per-sandbox directories.

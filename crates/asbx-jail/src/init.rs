@@ -1,11 +1,13 @@
 //! The sandbox side: what the child of the supervisor's `clone` does.
 //!
 //! It starts as host root in fresh mount, pid, net, ipc and uts namespaces
-//! (pid 1 of its pid namespace) and, in order: builds the first half of the
-//! root file system, sets the hostname and brings up loopback while the
-//! supervisor moves it into the sandbox cgroups (`C` on the set-up channel
-//! says it is in), unshares the cgroup namespace, sets rlimits, builds the
-//! rest of the root, unshares the user namespace and
+//! (pid 1 of its pid namespace; or joins the fresh network namespace the
+//! zygote made ahead, `lo` already up) and, in order: builds the first half
+//! of the root file system, sets the hostname and brings up loopback while
+//! the supervisor makes the sandbox cgroups and moves it into them (`C` on
+//! the set-up channel says it is in), unshares the cgroup namespace, sets
+//! rlimits, builds the rest of the root (binding the child cgroups once the
+//! supervisor made them: `K`), unshares the user namespace and
 //! waits for the supervisor to write its id maps, becomes the agent user,
 //! arms `PDEATHSIG`, sets `no_new_privs`, Landlock and seccomp, then forks the
 //! main process, which `exec`s `policy.argv`. It stays as the namespace's
@@ -129,11 +131,16 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<Option<sys::Cmdlin
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(|e| setup("sigprocmask", e))?;
     umask(Mode::empty());
+    if let Some(netns) = &plan.netns {
+        nix::sched::setns(netns, CloneFlags::CLONE_NEWNET).map_err(|e| setup("setns net", e))?;
+    }
     let area = sys::scrub_cmdline().map_err(|e| setup("scrub cmdline", e))?;
     // While the supervisor moves this process into the sandbox's cgroups.
     rootfs::build_base(&plan.root)?;
     nix::unistd::sethostname("sandbox").map_err(|e| setup("sethostname", e))?;
-    sys::loopback_up().map_err(|e| setup("loopback", e))?;
+    if plan.netns.is_none() {
+        sys::loopback_up().map_err(|e| setup("loopback", e))?;
+    }
     let mut down_r = down;
     let mut go = [0u8; 1];
     match down_r.read(&mut go) {
@@ -150,7 +157,10 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<Option<sys::Cmdlin
     }
     setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| setup("rlimit core", e))?;
 
-    rootfs::build_rest(&plan.root)?;
+    rootfs::build_rest(&plan.root, || match down_r.read(&mut go) {
+        Ok(1) if go[0] == b'K' => Ok(()),
+        _ => Err(JailError::Setup("supervisor went away".into())),
+    })?;
     // After the copy into /work, which the file-size bound must not cut short.
     if let Some(bounds) = &plan.rlimits {
         bounds.apply()?;

@@ -197,6 +197,9 @@ pub(crate) struct Plan {
     rlimits: Option<init::RlimitBounds>,
     /// Run in the main process instead of `exec`ing `argv` (`entry: agent`).
     entry: Option<AgentEntry>,
+    /// A fresh network namespace made ahead of time, its `lo` up (the
+    /// zygote's, see `zygote`): init joins it instead of `clone` making one.
+    netns: Option<std::os::fd::OwnedFd>,
 }
 
 /// The lowest host uid a sandbox may be mapped to.
@@ -270,6 +273,7 @@ impl Plan {
                 JailProfile::Namespaces => Some(init::RlimitBounds::from(&policy.limits)),
             },
             entry,
+            netns: None,
         })
     }
 }

@@ -344,7 +344,13 @@ pub(crate) fn build_base(plan: &RootPlan) -> Result<(), JailError> {
 /// `/work` (the input files copied in, charged to the sandbox), `/tmp`,
 /// `/dev`, `/proc`, the child cgroups, the binds; then the old root goes
 /// and the root turns read-only.
-pub(crate) fn build_rest(plan: &RootPlan) -> Result<(), JailError> {
+///
+/// `children_made` is called before the child cgroups are bound: it waits
+/// until the supervisor made them (it makes them while this runs).
+pub(crate) fn build_rest(
+    plan: &RootPlan,
+    children_made: impl FnOnce() -> Result<(), JailError>,
+) -> Result<(), JailError> {
     let root = Path::new("/");
     let size = |default: &str| match plan.disk_bytes {
         Some(n) => format!("size={n}"),
@@ -395,6 +401,7 @@ pub(crate) fn build_rest(plan: &RootPlan) -> Result<(), JailError> {
 
     mkdir(Path::new("/run"), 0o755)?;
     mkdir(Path::new("/home"), 0o755)?;
+    children_made()?;
     for m in &plan.cgroup_mounts {
         let target = Path::new(TOOL_CGROUP_IN_JAIL)
             .join(m.child)

@@ -45,6 +45,7 @@ use seccompiler::{
 use crate::JailError;
 
 /// The two compiled programs, in installation order.
+#[derive(Clone)]
 pub(crate) struct Filters {
     pub(crate) prelude: BpfProgram,
     pub(crate) deny: BpfProgram,
@@ -54,8 +55,18 @@ fn err(e: impl std::fmt::Display) -> JailError {
     JailError::Seccomp(e.to_string())
 }
 
-/// Build both programs for the running architecture.
+/// Both programs for the running architecture, built once per process
+/// (the same for every sandbox; a zygote builds them before it forks, so
+/// its supervisors find them built).
 pub(crate) fn build() -> Result<Filters, JailError> {
+    static BUILT: std::sync::OnceLock<Result<Filters, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| build_now().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(JailError::Seccomp)
+}
+
+fn build_now() -> Result<Filters, JailError> {
     let arch: TargetArch = std::env::consts::ARCH.try_into().map_err(err)?;
     let filter = SeccompFilter::new(
         deny_rules()?,

@@ -2,13 +2,15 @@
 //!
 //! 1. plan everything that can be computed up front (paths, seccomp
 //!    programs, C strings), so the sandbox side does as little as possible;
-//! 2. create the cgroups and write their limits (the child cgroups are
-//!    only planned);
+//! 2. plan the cgroups (paths only);
 //! 3. start a tiny cleanup guard process (see below);
 //! 4. block `SIGTERM`/`SIGINT`/`SIGHUP`/`SIGCHLD` and `clone` the sandbox's
-//!    init with new mount, pid, net, ipc and uts namespaces;
-//! 5. move init into the cgroups and make the child cgroups while it builds
-//!    the first half of its root, and say so (`C`);
+//!    init with new mount, pid, net, ipc and uts namespaces (or join it to
+//!    a network namespace made ahead of time: the zygote's spares);
+//! 5. make the cgroups, write their limits and move init into them while it
+//!    builds the first half of its root, and say so (`C`); make the child
+//!    cgroups while it builds the second half, and say so (`K`) before it
+//!    binds them;
 //! 6. write the init's uid/gid maps when it asks (one pipe round trip), then
 //!    read its set-up channel until end-of-file: silence means the main
 //!    process `exec`ed, `E<message>` means set-up failed;
@@ -153,9 +155,24 @@ impl Drop for Guard {
 
 /// See [`crate::run_jail`].
 pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Result<i32, JailError> {
+    run_in(policy, agent, None)
+}
+
+/// [`run`], with `netns` (a fresh network namespace, `lo` up) for the
+/// sandbox instead of a new one made by `clone`.
+pub(crate) fn run_in(
+    policy: &JailPolicy,
+    agent: Option<crate::AgentEntry>,
+    netns: Option<OwnedFd>,
+) -> Result<i32, JailError> {
     let ppid = nix::unistd::getppid();
     let parent = watch_parent()?;
     let mut plan = Plan::new(policy, agent)?;
+    let namespaces = match netns {
+        Some(_) => NAMESPACES & !libc::CLONE_NEWNET,
+        None => NAMESPACES,
+    };
+    plan.netns = netns;
     if !nix::unistd::geteuid().is_root() {
         return Err(JailError::NotRoot);
     }
@@ -190,13 +207,12 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
             } else {
                 None
             };
-            match Cgroups::create(layout, &policy.cgroup, &policy.limits, policy.background) {
+            // Only planned: made after `clone`, beside init's first steps.
+            match Cgroups::plan(layout, &policy.cgroup) {
                 Ok(cg) => (Some(cg), guard),
                 Err(e) => {
-                    // `create` removed what it made when it failed; should
-                    // that removal have failed too, the guard tries again.
                     if let Some(g) = guard.as_mut() {
-                        g.hand_over();
+                        g.dismiss();
                     }
                     return Err(e);
                 }
@@ -218,7 +234,7 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
     let (up_r, up_w) = pipe()?;
     let (down_r, down_w) = pipe()?;
     let pid =
-        match sys::clone_fork(NAMESPACES).map_err(|e| JailError::Host(format!("clone: {e}")))? {
+        match sys::clone_fork(namespaces).map_err(|e| JailError::Host(format!("clone: {e}")))? {
             Forked::Child => {
                 drop(up_r);
                 drop(down_w);
@@ -230,18 +246,24 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
         };
     drop(up_w);
     drop(down_r);
+    drop(plan.netns.take());
     plan.root.release_trees();
     let init = Pid::from_raw(pid);
 
-    // Move init into the cgroups and make the child cgroups while it builds
-    // the first half of its root (on cgroup v1 each move may wait for an
-    // RCU grace period, and a memory cgroup takes a while to make), then
-    // let it go on.
+    // Make the cgroups and move init into them while it builds the first
+    // half of its root (on cgroup v1 each move may wait for an RCU grace
+    // period, and a memory cgroup takes a while to make), let it go on, and
+    // make the child cgroups while it builds the second half.
+    let made = match cgroups.as_mut() {
+        Some(cg) => cg.make(&policy.cgroup, &policy.limits, policy.background),
+        None => Ok(()),
+    };
     let children = || match cgroups.as_ref() {
         Some(cg) => cg.create_children(&policy.limits, policy.host_uid),
         None => Ok(()),
     };
-    let ready = match attach(pid, &plan.cgroup_procs, children, &down_w) {
+    let attached = made.and_then(|()| attach(pid, &plan.cgroup_procs, children, &down_w));
+    let ready = match attached {
         Ok(()) => handshake(pid, policy.host_uid, up_r, &down_w),
         // Init may have failed first (and left for that reason): its
         // message says more than ours.
@@ -302,8 +324,8 @@ pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Resu
     Ok(code)
 }
 
-/// Write init's pid into each `cgroup.procs`, make the child cgroups, then
-/// tell init (`C`).
+/// Write init's pid into each `cgroup.procs` and tell init (`C`), then make
+/// the child cgroups and tell it (`K`).
 fn attach(
     pid: libc::pid_t,
     procs: &[PathBuf],
@@ -315,10 +337,11 @@ fn attach(
         std::fs::write(file, &pid)
             .map_err(|e| JailError::Cgroup(format!("{}: {e}", file.display())))?;
     }
-    children()?;
     let mut down = down;
-    down.write_all(b"C")
-        .map_err(|e| JailError::Host(format!("sync: {e}")))
+    let sync = |e: std::io::Error| JailError::Host(format!("sync: {e}"));
+    down.write_all(b"C").map_err(sync)?;
+    children()?;
+    down.write_all(b"K").map_err(sync)
 }
 
 /// Answer the init's map request, then wait until the main process `exec`ed.

@@ -93,6 +93,21 @@ pub(crate) fn dup2_onto(fd: BorrowedFd<'_>, to: std::os::fd::RawFd) -> io::Resul
     }
 }
 
+/// Whether `fd` is readable right now (`poll` with a zero timeout).
+pub(crate) fn poll_readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a count of 1, no timeout.
+    match unsafe { libc::poll(&mut p, 1, 0) } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(false),
+        _ => Ok(p.revents != 0),
+    }
+}
+
 /// End the calling process now, without running atexit handlers or
 /// destructors (the child of [`clone_fork`] shares them with its parent).
 pub(crate) fn exit_now(code: i32) -> ! {

@@ -112,6 +112,10 @@ pub fn cases() -> Vec<Case> {
             "the_zygote_forks_supervisors_as_the_callers_children",
             the_zygote_forks_supervisors_as_the_callers_children,
         ),
+        (
+            "zygote_sandboxes_get_fresh_network_namespaces",
+            zygote_sandboxes_get_fresh_network_namespaces,
+        ),
     ]
 }
 
@@ -1518,6 +1522,58 @@ fn the_zygote_forks_supervisors_as_the_callers_children() -> R {
     ensure(
         !std::path::Path::new(&format!("/proc/{zygote_pid}")).exists(),
         "the zygote outlived its socket",
+    )?;
+    pass()
+}
+
+/// Through the zygote, whose spare network namespaces are ready (it makes
+/// them while idle): two sandboxes in a row each get a network namespace
+/// of their own, neither the host's nor the other's, with `lo` up and no
+/// other interface.
+fn zygote_sandboxes_get_fresh_network_namespaces() -> R {
+    use std::os::fd::AsFd;
+    let exe = std::env::current_exe().unwrap();
+    let zygote = asbx_jail::Zygote::start(&exe).map_err(|e| e.to_string())?;
+    // Let it make its spares.
+    std::thread::sleep(Duration::from_millis(300));
+    let script = "readlink /proc/self/ns/net; \
+        python3 -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1); \
+        socket.create_connection(s.getsockname(), timeout=2); print('lo up')\"; \
+        tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let sbx = Sbx::new(script);
+        let json = serde_json::to_vec(&sbx.policy).unwrap();
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (in_r, in_w) = pipe();
+        let (out_r, out_w) = pipe();
+        let (err_r, err_w) = pipe();
+        let (pid, _pidfd) = zygote
+            .fork(&json, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
+            .map_err(|e| e.to_string())?;
+        drop((in_r, in_w, out_w, err_w));
+        let mut out = String::new();
+        std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        std::fs::File::from(err_r).read_to_string(&mut err).unwrap();
+        let status =
+            nix::sys::wait::waitpid(Pid::from_raw(pid), None).map_err(|e| e.to_string())?;
+        ensure(
+            status == nix::sys::wait::WaitStatus::Exited(Pid::from_raw(pid), 0),
+            format!("{status:?}: {out} {err}"),
+        )?;
+        let lines: Vec<&str> = out.lines().collect();
+        ensure(
+            lines.len() == 3 && lines[1] == "lo up" && lines[2] == "lo",
+            format!("lo up and alone: {out:?} {err:?}"),
+        )?;
+        seen.push(lines[0].to_owned());
+    }
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let host = host.to_string_lossy();
+    ensure(
+        seen[0].starts_with("net:[") && seen[0] != seen[1] && !seen.iter().any(|s| *s == host),
+        format!("fresh namespaces: {seen:?}, the host's {host}"),
     )?;
     pass()
 }

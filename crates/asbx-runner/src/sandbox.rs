@@ -1,8 +1,9 @@
 //! Starting one sandbox: the [`Sandbox`] trait and its two implementations.
 //!
-//! [`Jailed`] runs `asbx jail --policy <json>`, which builds the namespaces,
-//! cgroups, seccomp and Landlock layers and runs the agent inside; the
-//! runner's zygote forks it ([`ZygoteCell`]), or it is spawned when none runs.
+//! [`Jailed`] runs `asbx jail` with the policy as JSON, which builds the
+//! namespaces, cgroups, seccomp and Landlock layers and runs the agent
+//! inside; the runner's zygote forks it ([`ZygoteCell`]), or it is spawned
+//! when none runs.
 //! [`Unconfined`] runs `asbx agent` as a plain child process: for hosts
 //! without namespaces, chosen by name and reported everywhere.
 //!

@@ -1480,34 +1480,31 @@ fn the_zygote_forks_supervisors_as_the_callers_children() -> R {
     }
 
     let sbx = Sbx::new("read -r l; echo \"hi $l\"; echo err >&2; exit 7");
-    let json = serde_json::to_vec(&sbx.policy).unwrap();
-    let (in_r, in_w) = pipe();
-    let (out_r, out_w) = pipe();
-    let (err_r, err_w) = pipe();
-    let (pid, _pidfd) = zygote
-        .fork(&json, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
-        .map_err(|e| e.to_string())?;
-    drop((in_r, out_w, err_w));
+    let (pid, in_w, out_r, err_r) = zygote_fork(&zygote, &sbx)?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let ppid: u32 = stat
         .rsplit_once(") ")
         .and_then(|(_, r)| r.split_whitespace().nth(1))
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let title = String::from_utf8_lossy(&cmdline).into_owned();
-    std::fs::File::from(in_w).write_all(b"there\n").unwrap();
-    let mut out = String::new();
-    std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
-    let mut err = String::new();
-    std::fs::File::from(err_r).read_to_string(&mut err).unwrap();
-    let status = nix::sys::wait::waitpid(Pid::from_raw(pid), None).map_err(|e| e.to_string())?;
+    // The child writes its title over the zygote's just after the fork.
+    let title = || {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmdline).into_owned()
+    };
+    let named = |t: &str| t.contains(&sbx.policy.cgroup) && t.contains(&sbx.policy.workdir);
+    eventually(Duration::from_secs(5), || named(&title()));
+    let title = title();
+    let mut in_w = in_w;
+    in_w.write_all(b"there\n").unwrap();
+    drop(in_w);
+    let (out, err, status) = zygote_collect(pid, out_r, err_r)?;
     ensure(
         ppid == std::process::id(),
         format!("its parent is {ppid}, not the caller"),
     )?;
     ensure(
-        title.contains(&sbx.policy.cgroup) && title.contains(&sbx.policy.workdir),
+        named(&title),
         format!("its command line names its sandbox: {title:?}"),
     )?;
     ensure(
@@ -1531,7 +1528,6 @@ fn the_zygote_forks_supervisors_as_the_callers_children() -> R {
 /// of their own, neither the host's nor the other's, with `lo` up and no
 /// other interface.
 fn zygote_sandboxes_get_fresh_network_namespaces() -> R {
-    use std::os::fd::AsFd;
     let exe = std::env::current_exe().unwrap();
     let zygote = asbx_jail::Zygote::start(&exe).map_err(|e| e.to_string())?;
     // Let it make its spares.
@@ -1543,21 +1539,9 @@ fn zygote_sandboxes_get_fresh_network_namespaces() -> R {
     let mut seen = Vec::new();
     for _ in 0..2 {
         let sbx = Sbx::new(script);
-        let json = serde_json::to_vec(&sbx.policy).unwrap();
-        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        let (in_r, in_w) = pipe();
-        let (out_r, out_w) = pipe();
-        let (err_r, err_w) = pipe();
-        let (pid, _pidfd) = zygote
-            .fork(&json, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
-            .map_err(|e| e.to_string())?;
-        drop((in_r, in_w, out_w, err_w));
-        let mut out = String::new();
-        std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
-        let mut err = String::new();
-        std::fs::File::from(err_r).read_to_string(&mut err).unwrap();
-        let status =
-            nix::sys::wait::waitpid(Pid::from_raw(pid), None).map_err(|e| e.to_string())?;
+        let (pid, in_w, out_r, err_r) = zygote_fork(&zygote, &sbx)?;
+        drop(in_w);
+        let (out, err, status) = zygote_collect(pid, out_r, err_r)?;
         ensure(
             status == nix::sys::wait::WaitStatus::Exited(Pid::from_raw(pid), 0),
             format!("{status:?}: {out} {err}"),
@@ -1576,4 +1560,36 @@ fn zygote_sandboxes_get_fresh_network_namespaces() -> R {
         format!("fresh namespaces: {seen:?}, the host's {host}"),
     )?;
     pass()
+}
+
+/// Forks `sbx`'s supervisor through `zygote`, with fresh pipes as its stdio:
+/// its pid and our ends (stdin, stdout, stderr).
+fn zygote_fork(
+    zygote: &asbx_jail::Zygote,
+    sbx: &Sbx,
+) -> Result<(i32, std::fs::File, std::fs::File, std::fs::File), String> {
+    use std::os::fd::AsFd;
+    let json = serde_json::to_vec(&sbx.policy).unwrap();
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (in_r, in_w) = pipe();
+    let (out_r, out_w) = pipe();
+    let (err_r, err_w) = pipe();
+    let (pid, _pidfd) = zygote
+        .fork(&json, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
+        .map_err(|e| e.to_string())?;
+    Ok((pid, in_w.into(), out_r.into(), err_r.into()))
+}
+
+/// Reads a forked supervisor's stdout and stderr to their ends and reaps it.
+fn zygote_collect(
+    pid: i32,
+    mut out_r: std::fs::File,
+    mut err_r: std::fs::File,
+) -> Result<(String, String, nix::sys::wait::WaitStatus), String> {
+    let mut out = String::new();
+    out_r.read_to_string(&mut out).unwrap();
+    let mut err = String::new();
+    err_r.read_to_string(&mut err).unwrap();
+    let status = nix::sys::wait::waitpid(Pid::from_raw(pid), None).map_err(|e| e.to_string())?;
+    Ok((out, err, status))
 }

@@ -82,7 +82,8 @@ pub(crate) async fn burst(n: usize) -> anyhow::Result<()> {
     config.isolation = IsolationProfile::Jail(JailProfile::Strict);
     config.warm_pool_max = n;
     config.max_sandboxes = n.max(64) * 2;
-    let url = serve_runner(config).await?;
+    let served = serve_runner(config).await?;
+    let url = served.url.clone();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let (times, wall) = one_burst(&client, &url, &ws, n).await?;
@@ -131,7 +132,7 @@ pub(crate) async fn burst(n: usize) -> anyhow::Result<()> {
     println!("  pool after the first burst: {warm} warm");
     let (times, wall) = one_burst(&client, &url, &ws, n).await?;
     print_burst("asbx, second burst (pool grown)", &times, wall);
-    let _ = std::fs::remove_dir_all(&state);
+    served.stop().await;
     sustained().await
 }
 
@@ -147,7 +148,8 @@ async fn sustained() -> anyhow::Result<()> {
     let state = tempdir("sustained")?;
     let mut config = RunnerConfig::new(asbx, state.clone());
     config.isolation = IsolationProfile::Jail(JailProfile::Strict);
-    let url = serve_runner(config).await?;
+    let served = serve_runner(config).await?;
+    let url = served.url.clone();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let client = reqwest::Client::new();
     let until = Instant::now() + Duration::from_secs(5);
@@ -190,6 +192,6 @@ async fn sustained() -> anyhow::Result<()> {
         "  sustained, scripted model end to end, 4 at a time: {total} dispatches in {secs:.1} s = {:.0}/s",
         total as f64 / secs
     );
-    let _ = std::fs::remove_dir_all(&state);
+    served.stop().await;
     Ok(())
 }

@@ -94,7 +94,8 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-async fn serve_runner(config: RunnerConfig) -> anyhow::Result<String> {
+async fn serve_runner(config: RunnerConfig) -> anyhow::Result<Served> {
+    let state = config.state_dir.clone();
     let runner = Runner::new(config)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
@@ -104,10 +105,33 @@ async fn serve_runner(config: RunnerConfig) -> anyhow::Result<String> {
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    tokio::spawn(async move {
+    let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    Ok(url)
+    Ok(Served {
+        url,
+        runner,
+        server,
+        state,
+    })
+}
+
+/// A runner served in this process ([`serve_runner`]).
+pub(crate) struct Served {
+    pub(crate) url: String,
+    runner: Runner,
+    server: tokio::task::JoinHandle<()>,
+    state: PathBuf,
+}
+
+impl Served {
+    /// Stops serving, ends the warm sandboxes and removes the state folder
+    /// (else the pool's refills would go on making sandboxes in it).
+    pub(crate) async fn stop(self) {
+        self.server.abort();
+        self.runner.shutdown().await;
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
 }
 
 /// A callback server that refuses every token: the agent ends at once.
@@ -138,7 +162,8 @@ async fn throughput() -> anyhow::Result<()> {
     config
         .agent_env
         .push(("ASBX_FIREHOSE_LINES".into(), lines.to_string()));
-    let url = serve_runner(config).await?;
+    let served = serve_runner(config).await?;
+    let url = served.url.clone();
     let client = reqwest::Client::new();
     println!(
         "throughput: {lines} log lines (80 bytes each) from a sandbox process to an HTTP client, \
@@ -176,7 +201,7 @@ async fn throughput() -> anyhow::Result<()> {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(&state);
+    served.stop().await;
     Ok(())
 }
 
@@ -286,7 +311,8 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
             config.warm_pool = 0;
             config.warm_pool_max = 0;
         }
-        let url = serve_runner(config).await?;
+        let served = serve_runner(config).await?;
+        let url = served.url.clone();
         // Let the warm pool boot before the first dispatch.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut times = Vec::with_capacity(n);
@@ -309,7 +335,7 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
             }
         }
         report(&format!("asbx {profile}"), times);
-        let _ = std::fs::remove_dir_all(&state);
+        served.stop().await;
     }
     if let Ok(bwrap) = which("bwrap") {
         let mut times = Vec::with_capacity(n);

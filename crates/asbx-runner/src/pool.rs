@@ -212,6 +212,12 @@ pub(crate) struct Pool {
     /// waits for them.
     starting: AtomicUsize,
     started: tokio::sync::Notify,
+    /// Set by [`Pool::drain`]: no refill starts or goes on, so none boots a
+    /// sandbox after the drain took the warm ones (a booted sandbox that is
+    /// dropped instead of drained leaves its cgroups behind).
+    draining: AtomicBool,
+    /// Woken when a refill loop ends.
+    refilled: tokio::sync::Notify,
 }
 
 /// Marks a dispatch as starting until its first line; see [`Pool::starting`].
@@ -260,6 +266,8 @@ impl Pool {
             refilling: AtomicBool::new(false),
             starting: AtomicUsize::new(0),
             started: tokio::sync::Notify::new(),
+            draining: AtomicBool::new(false),
+            refilled: tokio::sync::Notify::new(),
         }
     }
 
@@ -315,7 +323,10 @@ impl Pool {
     /// Boots sandboxes until the pool holds its target, on a blocking
     /// thread; returns at once when a refill is already running.
     pub(crate) fn refill(inner: &Arc<Inner>) {
-        if inner.pool.refilling.swap(true, Ordering::AcqRel) {
+        if inner.pool.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        if inner.pool.refilling.swap(true, Ordering::SeqCst) {
             return; // the running loop fills up to the target
         }
         let inner = Arc::clone(inner);
@@ -324,13 +335,15 @@ impl Pool {
             loop {
                 let failed = Pool::fill(&inner, &handle);
                 let pool = &inner.pool;
-                pool.refilling.store(false, Ordering::Release);
+                pool.refilling.store(false, Ordering::SeqCst);
                 // A sandbox taken after the last check but before the
                 // release found the flag set: look once more.
                 if failed
+                    || pool.draining.load(Ordering::SeqCst)
                     || pool.lock().len() >= pool.target()
-                    || pool.refilling.swap(true, Ordering::AcqRel)
+                    || pool.refilling.swap(true, Ordering::SeqCst)
                 {
+                    pool.refilled.notify_waiters();
                     return;
                 }
             }
@@ -340,7 +353,7 @@ impl Pool {
     /// The refill loop; true when a boot failed.
     fn fill(inner: &Arc<Inner>, handle: &tokio::runtime::Handle) -> bool {
         let pool = &inner.pool;
-        while pool.lock().len() < pool.target() {
+        while pool.lock().len() < pool.target() && !pool.draining.load(Ordering::SeqCst) {
             // Starting dispatches go first.
             while pool.starting.load(Ordering::Acquire) > 0 {
                 let done = pool.started.notified();
@@ -372,9 +385,18 @@ impl Pool {
         false
     }
 
-    /// Ends every warm sandbox and removes its traces.
+    /// Ends every warm sandbox and removes its traces; no refill boots one
+    /// after (a running refill loop finishes its boot first).
     pub(crate) async fn drain(inner: &Arc<Inner>) {
-        let warm: Vec<Booted> = inner.pool.lock().drain(..).collect();
+        let pool = &inner.pool;
+        pool.draining.store(true, Ordering::SeqCst);
+        let done = pool.refilled.notified();
+        tokio::pin!(done);
+        done.as_mut().enable();
+        if pool.refilling.load(Ordering::SeqCst) {
+            done.await;
+        }
+        let warm: Vec<Booted> = pool.lock().drain(..).collect();
         for mut b in warm {
             // Closing stdin ends a waiting agent; SIGTERM ends the jail.
             drop(b.child.stdin.take());

@@ -286,3 +286,40 @@ async fn a_dead_zygote_is_replaced_and_no_dispatch_fails() {
     }
     runner.assert_clean().await;
 }
+
+/// A runner stopped (SIGTERM) while its warm pool is still booting leaves
+/// no warm sandbox behind: the drain first stops the refill, so no sandbox
+/// is booted after the drain took the warm ones (one that was would be
+/// killed with its runner and leave its cgroups to the next sweep).
+#[tokio::test]
+async fn a_runner_stopped_while_its_pool_boots_leaves_nothing() {
+    if !strict_with_cgroups("a_runner_stopped_while_its_pool_boots_leaves_nothing") {
+        return;
+    }
+    let mut runner = RunnerProc::start(&[("ASBX_WARM_POOL", "12"), ("ASBX_WARM_POOL_MAX", "12")]);
+    let warm = vec![format!("asbx-warm-{}-", runner.pid())];
+    let data = runner.data.path().canonicalize().unwrap();
+    let data = data.display().to_string();
+    // Stop it once its first warm sandbox exists, while the rest boot.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cgroups_named(&warm).is_empty() {
+        assert!(Instant::now() < deadline, "the pool never booted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    runner.terminate();
+    let stopped = Instant::now();
+    let mut left = (Vec::new(), Vec::new());
+    while stopped.elapsed() < Duration::from_secs(10) {
+        left = (cgroups_named(&warm), pids_mentioning(&data));
+        if left.0.is_empty() && left.1.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        left.0.is_empty() && left.1.is_empty(),
+        "10 s after SIGTERM: warm cgroups {:?}, processes {:?}",
+        left.0,
+        left.1
+    );
+}

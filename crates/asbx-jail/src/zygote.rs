@@ -3,12 +3,12 @@
 //! is a `fork`, not an `execve` of the runner's binary.
 //!
 //! Why: an `execve` of a large position-independent binary maps it, loads
-//! its libraries and applies its relocations (tens of thousands of them for
-//! `asbx-sandbox`), each time. That is about a millisecond of a cold
+//! its libraries and applies its relocations (about 14,000 for
+//! `asbx-sandbox`), each time. That is part of a millisecond of a cold
 //! dispatch's critical path and of every pool boot's CPU, and the relocated
-//! pages (`.data.rel.ro`, about 0.7 MiB) are private to each supervisor, and
-//! so to each sandbox, whose init and agent are forked from it. Forked from
-//! the zygote, every supervisor shares those pages with it.
+//! pages (`.data.rel.ro` and the GOT, about 0.24 MiB) are private to each
+//! supervisor, and so to each sandbox, whose init and agent are forked from
+//! it. Forked from the zygote, every supervisor shares those pages with it.
 //!
 //! The wire, over a `SOCK_SEQPACKET` socket pair (the zygote's end is its
 //! stdin):

@@ -36,6 +36,19 @@ async fn events_gone(ws: &TestWorkspace, run_id: &str, after: impl std::fmt::Dis
 
 /// A string of the shape of a client public key (docs/protocol.md §4); the
 /// fake runner checks the shape only.
+/// `POST /api/runs` of a protocol 2 run with prompt `x`: the response (its
+/// body not read yet) and the run's id.
+async fn start_run(ws: &TestWorkspace) -> (reqwest::Response, String) {
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({"prompt": "x", "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    (resp, run_id)
+}
+
 fn key() -> String {
     format!("B{}", "A".repeat(86))
 }
@@ -101,13 +114,7 @@ on_both!(lines_no_longer_kept_are_410_naming_the_oldest_kept);
 async fn lines_no_longer_kept_are_410_naming_the_oldest_kept(db: Db) {
     let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
     let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
-    let resp = client()
-        .post(ws.url("/api/runs"))
-        .json(&json!({"prompt": "x", "protocol": 2}))
-        .send()
-        .await
-        .unwrap();
-    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let (resp, run_id) = start_run(&ws).await;
     resp.bytes().await.unwrap();
     settled_run(&ws, &run_id).await;
     // What pruning does past the retention (runs::events::KEEP_LINES lines):
@@ -330,13 +337,7 @@ async fn a_long_run_keeps_its_newest_lines_and_410s_the_rest(db: Db) {
     let total = 11_500u64;
     let (url, _runner) = long_runner(total).await;
     let ws = TestWorkspace::start_on(db, Some(url), |_| {}).await;
-    let resp = client()
-        .post(ws.url("/api/runs"))
-        .json(&json!({"prompt": "x", "protocol": 2}))
-        .send()
-        .await
-        .unwrap();
-    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let (resp, run_id) = start_run(&ws).await;
     let all = lines(&resp.bytes().await.unwrap());
     assert_eq!(all.len() as u64, total + 1, "the caller got every line");
     assert_eq!(settled_run(&ws, &run_id).await["status"], "succeeded");
@@ -379,13 +380,7 @@ async fn a_stalled_reader_gets_no_gap(db: Db) {
     let go = Arc::new(tokio::sync::Notify::new());
     let (url, _runner) = held_runner(total, true, Some(Arc::clone(&go))).await;
     let ws = TestWorkspace::start_on(db, Some(url), |_| {}).await;
-    let resp = client()
-        .post(ws.url("/api/runs"))
-        .json(&json!({"prompt": "x", "protocol": 2}))
-        .send()
-        .await
-        .unwrap();
-    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let (resp, run_id) = start_run(&ws).await;
     let mut slow = client()
         .get(ws.url(&format!("/api/runs/{run_id}/events?after=0")))
         .send()
@@ -487,13 +482,7 @@ async fn an_agent_run_takes_the_same_protocol_2_choices() {
 async fn a_run_nobody_relays_is_not_left_running() {
     let runner = FakeRunner::start(Mode::Hold).await;
     let ws = TestWorkspace::start(Some(runner.url.clone())).await;
-    let mut held = client()
-        .post(ws.url("/api/runs"))
-        .json(&json!({"prompt": "x", "protocol": 2}))
-        .send()
-        .await
-        .unwrap();
-    let live = held.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let (mut held, live) = start_run(&ws).await;
     held.chunk().await.unwrap();
     // A run another node relayed until it died: its row, nothing else.
     let pool = ws.db().await;
@@ -549,13 +538,7 @@ async fn another_node_follows_a_run_it_does_not_relay(db: Db) {
         c.replay_safety_poll = std::time::Duration::from_secs(600);
     })
     .await;
-    let mut on_a = client()
-        .post(a.url("/api/runs"))
-        .json(&json!({"prompt": "x", "protocol": 2}))
-        .send()
-        .await
-        .unwrap();
-    let run_id = on_a.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let (mut on_a, run_id) = start_run(&a).await;
     on_a.chunk().await.unwrap();
     let mut on_b = client()
         .get(b.url(&format!("/api/runs/{run_id}/events?after=0")))

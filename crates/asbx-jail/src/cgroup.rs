@@ -255,7 +255,7 @@ impl Cgroups {
         background: bool,
     ) -> Result<Cgroups, JailError> {
         let mut me = Cgroups::plan(layout, name)?;
-        me.make(name, limits, background)?;
+        me.make(limits, background)?;
         Ok(me)
     }
 
@@ -286,7 +286,6 @@ impl Cgroups {
     /// or another sandbox's), and removes only what it made itself.
     pub(crate) fn make(
         &mut self,
-        name: &str,
         limits: &ResourceLimits,
         background: bool,
     ) -> Result<(), JailError> {
@@ -332,7 +331,7 @@ impl Cgroups {
                 write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                 mkdir(&parent)?;
                 write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
-                let dir = parent.join(name);
+                let dir = self.planned[0].clone();
                 if !mkdir(&dir)? {
                     return Err(exists(&dir));
                 }

@@ -255,7 +255,7 @@ pub(crate) fn run_in(
     // period, and a memory cgroup takes a while to make), let it go on, and
     // make the child cgroups while it builds the second half.
     let made = match cgroups.as_mut() {
-        Some(cg) => cg.make(&policy.cgroup, &policy.limits, policy.background),
+        Some(cg) => cg.make(&policy.limits, policy.background),
         None => Ok(()),
     };
     let children = || match cgroups.as_ref() {
@@ -421,7 +421,7 @@ fn wait_init(init: Pid, set: &SigSet, parent: &OwnedFd, parent_alive: &mut bool)
                 if *parent_alive {
                     fds.push(parent.as_fd());
                 }
-                let ready = sys::poll_readable(&fds).unwrap_or_default();
+                let ready = sys::poll_readable(&fds, -1).unwrap_or_default();
                 if *parent_alive && ready.get(1).copied().unwrap_or(false) {
                     *parent_alive = false;
                     received.get_or_insert(Signal::SIGKILL);

@@ -93,21 +93,6 @@ pub(crate) fn dup2_onto(fd: BorrowedFd<'_>, to: std::os::fd::RawFd) -> io::Resul
     }
 }
 
-/// Whether `fd` is readable right now (`poll` with a zero timeout).
-pub(crate) fn poll_readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, a count of 1, no timeout.
-    match unsafe { libc::poll(&mut p, 1, 0) } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(false),
-        _ => Ok(p.revents != 0),
-    }
-}
-
 /// End the calling process now, without running atexit handlers or
 /// destructors (the child of [`clone_fork`] shares them with its parent).
 pub(crate) fn exit_now(code: i32) -> ! {
@@ -482,9 +467,10 @@ pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ret as libc::c_int) })
 }
 
-/// Wait until at least one of `fds` is readable (or hung up); which ones are.
-/// Restarts on `EINTR`.
-pub(crate) fn poll_readable(fds: &[BorrowedFd<'_>]) -> io::Result<Vec<bool>> {
+/// Wait until at least one of `fds` is readable (or hung up), or for
+/// `timeout_ms` (-1: no limit, 0: just look); which ones are. Restarts on
+/// `EINTR`.
+pub(crate) fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
     let mut set: Vec<libc::pollfd> = fds
         .iter()
         .map(|fd| libc::pollfd {
@@ -496,7 +482,7 @@ pub(crate) fn poll_readable(fds: &[BorrowedFd<'_>]) -> io::Result<Vec<bool>> {
     loop {
         // SAFETY: `set` is a valid array of `set.len()` pollfd structures that
         // the kernel may write `revents` into; every fd is borrowed, so open.
-        let ret = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, -1) };
+        let ret = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, timeout_ms) };
         if ret >= 0 {
             return Ok(set.iter().map(|p| p.revents != 0).collect());
         }

@@ -337,7 +337,9 @@ impl Spares {
     /// Makes spares until there are [`SPARE_NETNS`], or a request waits on
     /// `sock`, or making one fails (then the sandboxes' `clone` makes them).
     fn fill_while_idle(&mut self, sock: BorrowedFd<'_>) {
-        while self.ready.len() < SPARE_NETNS && !sys::poll_readable_now(sock).unwrap_or(true) {
+        while self.ready.len() < SPARE_NETNS
+            && !sys::poll_readable(&[sock], 0).map_or(true, |r| r[0])
+        {
             match self.make() {
                 Some(ns) => self.ready.push(ns),
                 None => {

@@ -27,12 +27,70 @@ pub(crate) struct SandboxChild {
 #[derive(Debug)]
 enum How {
     Spawned(tokio::process::Child),
-    /// Forked by the zygote: waited for through its pidfd (readable once
-    /// it exited), then reaped with `waitid(P_PIDFD)`.
-    Forked {
-        pidfd: AsyncFd<OwnedFd>,
-        status: Option<ExitStatus>,
-    },
+    Forked(Forked),
+}
+
+/// A child forked by the zygote: waited for through its pidfd (readable
+/// once it exited), then reaped with `waitid(P_PIDFD)`.
+#[derive(Debug)]
+struct Forked {
+    pidfd: AsyncFd<OwnedFd>,
+    status: Option<ExitStatus>,
+}
+
+impl Forked {
+    /// Needs the runtime (the pidfd joins its reactor).
+    fn new(pidfd: OwnedFd) -> io::Result<Forked> {
+        Ok(Forked {
+            pidfd: register(pidfd)?,
+            status: None,
+        })
+    }
+
+    async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(s) = self.status {
+                return Ok(s);
+            }
+            let mut ready = self.pidfd.readable().await?;
+            match reap(&self.pidfd, &mut self.status)? {
+                Some(s) => return Ok(s),
+                None => ready.clear_ready(),
+            }
+        }
+    }
+
+    /// Its status if it exited (reaping it), else `None`.
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        reap(&self.pidfd, &mut self.status)
+    }
+}
+
+/// `waitid(P_PIDFD, WEXITED | WNOHANG)`, remembering what it found.
+fn reap(
+    pidfd: &AsyncFd<OwnedFd>,
+    status: &mut Option<ExitStatus>,
+) -> io::Result<Option<ExitStatus>> {
+    if status.is_some() {
+        return Ok(*status);
+    }
+    let found = loop {
+        match waitid(
+            Id::PIDFd(pidfd.get_ref().as_fd()),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other.map_err(io::Error::from)?,
+        }
+    };
+    *status = match found {
+        WaitStatus::Exited(_, code) => Some(ExitStatus::from_raw((code & 0xff) << 8)),
+        WaitStatus::Signaled(_, sig, core) => Some(ExitStatus::from_raw(
+            sig as i32 | if core { 0x80 } else { 0 },
+        )),
+        _ => None,
+    };
+    Ok(*status)
 }
 
 impl SandboxChild {
@@ -62,10 +120,7 @@ impl SandboxChild {
     ) -> io::Result<Self> {
         Ok(SandboxChild {
             pid: u32::try_from(pid).unwrap_or(0),
-            how: How::Forked {
-                pidfd: register(pidfd)?,
-                status: None,
-            },
+            how: How::Forked(Forked::new(pidfd)?),
             stdin: Some(pipe::Sender::from_owned_fd(stdin)?),
             stdout: Some(pipe::Receiver::from_owned_fd(stdout)?),
             stderr: Some(pipe::Receiver::from_owned_fd(stderr)?),
@@ -76,10 +131,7 @@ impl SandboxChild {
     pub(crate) fn id(&self) -> Option<u32> {
         match &self.how {
             How::Spawned(c) => c.id(),
-            How::Forked { status: None, .. } => Some(self.pid),
-            How::Forked {
-                status: Some(_), ..
-            } => None,
+            How::Forked(f) => f.status.is_none().then_some(self.pid),
         }
     }
 
@@ -87,16 +139,7 @@ impl SandboxChild {
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         match &mut self.how {
             How::Spawned(c) => c.wait().await,
-            How::Forked { pidfd, status } => loop {
-                if let Some(s) = status {
-                    return Ok(*s);
-                }
-                let mut ready = pidfd.readable().await?;
-                match reap(pidfd.get_ref(), status)? {
-                    Some(s) => return Ok(s),
-                    None => ready.clear_ready(),
-                }
-            },
+            How::Forked(f) => f.wait().await,
         }
     }
 
@@ -104,7 +147,7 @@ impl SandboxChild {
     pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         match &mut self.how {
             How::Spawned(c) => c.try_wait(),
-            How::Forked { pidfd, status } => reap(pidfd.get_ref(), status),
+            How::Forked(f) => f.try_wait(),
         }
     }
 }
@@ -119,62 +162,29 @@ fn register(pidfd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     Ok(unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?)
 }
 
-/// `waitid(P_PIDFD, WEXITED | WNOHANG)`, remembering what it found.
-fn reap(pidfd: &OwnedFd, status: &mut Option<ExitStatus>) -> io::Result<Option<ExitStatus>> {
-    if status.is_some() {
-        return Ok(*status);
-    }
-    let found = loop {
-        match waitid(
-            Id::PIDFd(pidfd.as_fd()),
-            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
-        ) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other.map_err(io::Error::from)?,
-        }
-    };
-    *status = match found {
-        WaitStatus::Exited(_, code) => Some(ExitStatus::from_raw((code & 0xff) << 8)),
-        WaitStatus::Signaled(_, sig, core) => Some(ExitStatus::from_raw(
-            sig as i32 | if core { 0x80 } else { 0 },
-        )),
-        _ => None,
-    };
-    Ok(*status)
-}
-
 impl Drop for SandboxChild {
     fn drop(&mut self) {
         // A spawned child is `kill_on_drop`; do the same for a forked one,
         // and reap it off this thread.
-        let How::Forked { pidfd, status } = &mut self.how else {
+        let How::Forked(f) = &mut self.how else {
             return;
         };
-        if status.is_some() {
+        if f.status.is_some() {
             return;
         }
         // Unreaped, so the pid is still its own.
         let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
-        if matches!(reap(pidfd.get_ref(), status), Ok(Some(_))) {
+        if matches!(f.try_wait(), Ok(Some(_))) {
             return;
         }
-        let Ok(fd) = pidfd.get_ref().try_clone() else {
+        let Ok(fd) = f.pidfd.get_ref().try_clone() else {
             return;
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    if let Ok(afd) = register(fd) {
-                        let mut status = None;
-                        while status.is_none() {
-                            let Ok(mut ready) = afd.readable().await else {
-                                return;
-                            };
-                            match reap(afd.get_ref(), &mut status) {
-                                Ok(Some(_)) | Err(_) => return,
-                                Ok(None) => ready.clear_ready(),
-                            }
-                        }
+                    if let Ok(mut f) = Forked::new(fd) {
+                        let _ = f.wait().await;
                     }
                 });
             }

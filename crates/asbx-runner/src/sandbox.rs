@@ -146,12 +146,11 @@ pub(crate) struct Prepared {
 pub(crate) enum Start {
     /// A plain child process.
     Command(Command),
-    /// Forked by the runner's zygote, running `policy` (JSON); `command` is
-    /// the same `asbx jail --policy` for when the zygote can't.
+    /// Forked by the runner's zygote, running `policy` (JSON); spawned as
+    /// `asbx jail --policy` when the zygote can't.
     Zygote {
         zygote: Arc<ZygoteCell>,
         policy: String,
-        command: Command,
     },
 }
 
@@ -161,13 +160,13 @@ impl Start {
     pub(crate) fn spawn(self) -> std::io::Result<SandboxChild> {
         match self {
             Start::Command(mut c) => SandboxChild::spawned(c.spawn()?),
-            Start::Zygote {
-                zygote,
-                policy,
-                mut command,
-            } => match zygote.fork(policy.as_bytes()) {
+            Start::Zygote { zygote, policy } => match zygote.fork(policy.as_bytes()) {
                 Ok(child) => Ok(child),
-                Err(_) => SandboxChild::spawned(command.spawn()?),
+                Err(_) => {
+                    let mut command = base_command(&zygote.exe);
+                    command.arg("jail").arg("--policy").arg(&policy);
+                    SandboxChild::spawned(command.spawn()?)
+                }
             },
         }
     }
@@ -366,8 +365,6 @@ impl Sandbox for Jailed {
         };
         let json = serde_json::to_string(&policy)
             .map_err(|e| RunnerError::Spawn(format!("policy: {e}")))?;
-        let mut command = base_command(&exe);
-        command.arg("jail").arg("--policy").arg(&json);
         let zygote = self
             .zygote
             .get_or_init(|| Arc::new(ZygoteCell::new(exe.clone())));
@@ -375,7 +372,6 @@ impl Sandbox for Jailed {
             start: Start::Zygote {
                 zygote: Arc::clone(zygote),
                 policy: json,
-                command,
             },
             gateway_socket: format!("{RUN_DIR_IN_JAIL}/{GATEWAY_SOCKET}"),
             proxy_socket: format!("{RUN_DIR_IN_JAIL}/{PROXY_SOCKET}"),

@@ -8,10 +8,14 @@
 //!   available): `<root>/asbx/<name>` with `memory.max`, `memory.swap.max`,
 //!   `pids.max`, `cpu.max`; teardown writes `cgroup.kill`.
 //!
-//! The supervisor creates the directories and writes the limits before
-//! `clone`; the sandbox's init joins them by writing `0` (itself) to each
-//! `cgroup.procs` before anything else runs. The shared parent `asbx`
-//! directory is left in place; the per-sandbox directory is removed.
+//! The supervisor plans the paths before `clone`, then creates the
+//! directories, writes the limits and moves the sandbox's init into them
+//! (its pid into each `cgroup.procs`) while init builds its root; init
+//! waits for that before anything it runs could use a resource. A sandbox
+//! forked by the zygote gets its directories made ahead (a
+//! [`SpareCgroups`] renamed for it): its supervisor only writes the limits
+//! and moves init. The shared parent `asbx` directory is left in place;
+//! the per-sandbox directory is removed.
 //!
 //! **Child cgroups** (cgroup v1, when the host has the memory, pids and
 //! freezer hierarchies): under each sandbox directory of those three, one
@@ -177,6 +181,11 @@ pub(crate) struct Cgroups {
     /// All of them, made or not ([`Cgroups::plan`]).
     planned: Vec<PathBuf>,
     children: Vec<ChildMount>,
+    /// The directories (children included) exist already: the zygote made
+    /// them ahead of time and renamed them for this sandbox
+    /// ([`SpareCgroups::take_as`]); [`Cgroups::make`] and
+    /// [`Cgroups::create_children`] only write limits and owners.
+    made_ahead: bool,
 }
 
 fn set_owner(path: &Path, uid: Option<u32>, gid: Option<u32>, mode: u32) -> Result<(), JailError> {
@@ -270,6 +279,7 @@ impl Cgroups {
             dirs: Vec::new(),
             planned,
             children: Vec::new(),
+            made_ahead: false,
         };
         if let Layout::V1 {
             freezer: Some(_), ..
@@ -278,6 +288,16 @@ impl Cgroups {
             let [m, p, _, f] = [0, 1, 2, 3].map(|i| me.planned[i].clone());
             me.plan_children_v1(&m, &p, &f);
         }
+        Ok(me)
+    }
+
+    /// [`Cgroups::plan`] for cgroups the zygote made ahead and renamed to
+    /// `name` ([`SpareCgroups::take_as`]): they exist, children included,
+    /// and a drop removes them from now on.
+    pub(crate) fn plan_made_ahead(layout: Layout, name: &str) -> Result<Cgroups, JailError> {
+        let mut me = Cgroups::plan(layout, name)?;
+        me.made_ahead = true;
+        me.dirs = me.planned.clone();
         Ok(me)
     }
 
@@ -296,6 +316,8 @@ impl Cgroups {
             ))
         };
         match self.layout.clone() {
+            // Made ahead: they exist (and are in `dirs`).
+            Layout::V1 { .. } if self.made_ahead => self.write_v1_limits(limits, background)?,
             Layout::V1 { .. } => {
                 for dir in self.planned.clone() {
                     if let Some(parent) = dir.parent() {
@@ -306,25 +328,7 @@ impl Cgroups {
                     }
                     self.dirs.push(dir);
                 }
-                let [m, p, c] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
-                if let Some(bytes) = limits.memory_bytes {
-                    write(&m.join("memory.limit_in_bytes"), &bytes.to_string())?;
-                    let memsw = m.join("memory.memsw.limit_in_bytes");
-                    if memsw.exists() {
-                        write(&memsw, &bytes.to_string())?;
-                    }
-                }
-                if let Some(n) = limits.pids {
-                    write(&p.join("pids.max"), &n.to_string())?;
-                }
-                if background {
-                    write(&c.join("cpu.shares"), BACKGROUND_SHARES)?;
-                }
-                if let Some(pct) = limits.cpu_percent {
-                    write(&c.join("cpu.cfs_period_us"), "100000")?;
-                    let quota = u64::from(pct.max(1)) * 1000;
-                    write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
-                }
+                self.write_v1_limits(limits, background)?;
             }
             Layout::V2 { root } => {
                 let parent = root.join(PARENT);
@@ -358,6 +362,30 @@ impl Cgroups {
         Ok(())
     }
 
+    /// The sandbox's limits, on cgroup v1 (its directories made).
+    fn write_v1_limits(&self, limits: &ResourceLimits, background: bool) -> Result<(), JailError> {
+        let [m, p, c] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
+        if let Some(bytes) = limits.memory_bytes {
+            write(&m.join("memory.limit_in_bytes"), &bytes.to_string())?;
+            let memsw = m.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(&memsw, &bytes.to_string())?;
+            }
+        }
+        if let Some(n) = limits.pids {
+            write(&p.join("pids.max"), &n.to_string())?;
+        }
+        if background {
+            write(&c.join("cpu.shares"), BACKGROUND_SHARES)?;
+        }
+        if let Some(pct) = limits.cpu_percent {
+            write(&c.join("cpu.cfs_period_us"), "100000")?;
+            let quota = u64::from(pct.max(1)) * 1000;
+            write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
+        }
+        Ok(())
+    }
+
     /// Where the `tools` and `mcp` children go under the memory, pids and
     /// freezer sandbox directories (see the module docs); made by
     /// [`Cgroups::create_children`].
@@ -386,7 +414,9 @@ impl Cgroups {
     ) -> Result<(), JailError> {
         for m in &self.children {
             let dir = &m.host;
-            mkdir(dir)?;
+            if !self.made_ahead {
+                mkdir(dir)?;
+            }
             match m.controller {
                 "memory" => {
                     if let Some(bytes) = limits.memory_bytes {
@@ -497,48 +527,23 @@ fn subcgroups(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
 /// process is skipped, and `rmdir` of a populated cgroup fails anyway. The
 /// age keeps it off a neighbour's sandbox being set up (its cgroups are
 /// empty for a moment before init joins them); a cgroup whose age can't be
-/// read counts as new. Returns how many sandbox cgroups went.
+/// read counts as new. Also the spares ([`SpareCgroups`]) of zygotes no
+/// longer running. Returns how many sandbox cgroups went.
 pub(crate) fn sweep_stale(layout: &Layout, min_age: std::time::Duration) -> usize {
-    let hierarchies = layout.hierarchies();
     // By name across the hierarchies: a sandbox's processes are in each,
     // and one with a process in any of them is left whole.
-    let mut names = std::collections::BTreeSet::new();
-    for h in &hierarchies {
-        for e in fs::read_dir(h.join(PARENT)).into_iter().flatten().flatten() {
-            let old = e
-                .metadata()
+    let old = |name: &str| {
+        layout.hierarchies().iter().any(|h| {
+            fs::metadata(h.join(PARENT).join(name))
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age >= min_age);
-            if let Some(n) = e.file_name().to_str()
-                && n.starts_with("asbx-")
-                && valid_name(n)
-                && old
-                && e.file_type().is_ok_and(|t| t.is_dir())
-            {
-                names.insert(n.to_owned());
-            }
-        }
-    }
-    let mut removed = 0;
-    for name in names {
-        let mut all = Vec::new();
-        for h in &hierarchies {
-            let dir = h.join(PARENT).join(&name);
-            if dir.exists() {
-                subcgroups(&dir, 0, &mut all);
-                all.push(dir);
-            }
-        }
-        if all.iter().any(|d| has_processes(d)) {
-            continue;
-        }
-        if all.iter().all(|d| fs::remove_dir(d).is_ok() || !d.exists()) {
-            removed += 1;
-        }
-    }
-    removed
+                .is_some_and(|age| age >= min_age)
+        })
+    };
+    remove_empty(layout, |name| {
+        (name.starts_with("asbx-") && old(name)) || spare_of_dead_zygote(name)
+    })
 }
 
 /// Whether `dir`'s `cgroup.procs` lists a process (or can't be read).
@@ -629,6 +634,191 @@ fn destroy_dirs_within(
         )),
         false => Ok(()),
     }
+}
+
+/// The start of a spare's name: `zygote-<pid>-<n>`, `pid` the zygote's.
+const SPARE_PREFIX: &str = "zygote-";
+
+/// Sandbox cgroups the zygote makes ahead of time, while no request waits,
+/// and renames for a sandbox ([`SpareCgroups::take_as`]): making them
+/// (`mkdir` of a memory cgroup and its two children alone takes about
+/// 0.45 ms on cgroup v1) was the supervisor's largest step after `clone`,
+/// and a rename takes a few microseconds. Only on cgroup v1: cgroup v2
+/// refuses to rename a cgroup. A spare has no limits until its sandbox's
+/// supervisor writes them, and holds no process until its init joins.
+/// Dropping this removes the spares left; the spares of a zygote that was
+/// killed are removed by its runner ([`remove_spares_of`]) or by the next
+/// sweep ([`sweep_stale`]).
+#[derive(Debug)]
+pub(crate) struct SpareCgroups {
+    /// `None`: none are made (not cgroup v1, or making one failed).
+    layout: Option<Layout>,
+    next: u64,
+    ready: Vec<String>,
+}
+
+impl SpareCgroups {
+    pub(crate) fn new() -> SpareCgroups {
+        let layout = Layout::detect(Path::new(CGROUP_ROOT))
+            .ok()
+            .filter(|l| matches!(l, Layout::V1 { .. }));
+        SpareCgroups {
+            layout,
+            next: 0,
+            ready: Vec::new(),
+        }
+    }
+
+    /// How many are ready.
+    pub(crate) fn len(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Whether spares can be made here.
+    pub(crate) fn enabled(&self) -> bool {
+        self.layout.is_some()
+    }
+
+    /// Makes one more. If that fails it removes what it made and makes no
+    /// more: sandboxes then make their own.
+    pub(crate) fn make_one(&mut self) {
+        let Some(layout) = self.layout.clone() else {
+            return;
+        };
+        let name = format!("{SPARE_PREFIX}{}-{}", std::process::id(), self.next);
+        self.next += 1;
+        let made = Cgroups::plan(layout.clone(), &name).and_then(|cg| {
+            for dir in &cg.planned {
+                if let Some(parent) = dir.parent() {
+                    mkdir(parent)?;
+                }
+                if !mkdir(dir)? {
+                    return Err(JailError::Cgroup(format!("{} exists", dir.display())));
+                }
+            }
+            cg.children
+                .iter()
+                .try_for_each(|c| mkdir(&c.host).map(drop))
+        });
+        match made {
+            Ok(()) => self.ready.push(name),
+            Err(_) => {
+                if let Ok(dirs) = Cgroups::dirs_named(&layout, &name) {
+                    let _ = destroy_dirs(&layout, &dirs);
+                }
+                self.layout = None;
+            }
+        }
+    }
+
+    /// Renames a spare to `name`, a sandbox's, in every hierarchy; its
+    /// supervisor then only writes limits ([`Cgroups::plan_made_ahead`]).
+    /// False when none is ready, when `name` is invalid or taken, or when a
+    /// rename failed (what was renamed so far is removed, not left half
+    /// renamed): the sandbox makes its own then.
+    pub(crate) fn take_as(&mut self, name: &str) -> bool {
+        let Some(layout) = &self.layout else {
+            return false;
+        };
+        let Ok(to) = Cgroups::planned_dirs(layout, name) else {
+            return false;
+        };
+        let Some(spare) = self.ready.pop() else {
+            return false;
+        };
+        let Ok(from) = Cgroups::dirs_named(layout, &spare) else {
+            return false;
+        };
+        for (i, (f, t)) in from.iter().zip(&to).enumerate() {
+            if fs::rename(f, t).is_err() {
+                let _ = destroy_dirs(layout, &to[..i]);
+                let _ = destroy_dirs(layout, &from[i..]);
+                return false;
+            }
+            // A rename keeps the time it was made: made new, so that a sweep
+            // ([`sweep_stale`]) leaves it alone until init is in it, as it
+            // does a sandbox's own cgroups.
+            let now = nix::sys::time::TimeSpec::UTIME_NOW;
+            let _ = nix::sys::stat::utimensat(
+                nix::fcntl::AT_FDCWD,
+                t,
+                &now,
+                &now,
+                nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+            );
+        }
+        true
+    }
+
+    /// In a child forked from the zygote: the spares are the zygote's.
+    pub(crate) fn forget(&mut self) {
+        self.ready.clear();
+        self.layout = None;
+    }
+}
+
+impl Drop for SpareCgroups {
+    fn drop(&mut self) {
+        if let Some(layout) = &self.layout {
+            for name in self.ready.drain(..) {
+                if let Ok(dirs) = Cgroups::dirs_named(layout, &name) {
+                    let _ = destroy_dirs(layout, &dirs);
+                }
+            }
+        }
+    }
+}
+
+/// The spares a zygote left (`zygote-<pid>-*`) that hold no process: what
+/// a zygote that was killed leaves. Returns how many went.
+pub(crate) fn remove_spares_of(layout: &Layout, pid: u32) -> usize {
+    let prefix = format!("{SPARE_PREFIX}{pid}-");
+    remove_empty(layout, |name| name.starts_with(&prefix))
+}
+
+/// Removes, by name across the hierarchies, the sandbox cgroups under the
+/// parent whose names `pick` chooses and that hold no process anywhere in
+/// their subtree. Returns how many names went.
+fn remove_empty(layout: &Layout, pick: impl Fn(&str) -> bool) -> usize {
+    let hierarchies = layout.hierarchies();
+    let mut names = std::collections::BTreeSet::new();
+    for h in &hierarchies {
+        for e in fs::read_dir(h.join(PARENT)).into_iter().flatten().flatten() {
+            if let Some(n) = e.file_name().to_str()
+                && valid_name(n)
+                && pick(n)
+                && e.file_type().is_ok_and(|t| t.is_dir())
+            {
+                names.insert(n.to_owned());
+            }
+        }
+    }
+    let mut removed = 0;
+    for name in names {
+        let mut all = Vec::new();
+        for h in &hierarchies {
+            let dir = h.join(PARENT).join(&name);
+            if dir.exists() {
+                subcgroups(&dir, 0, &mut all);
+                all.push(dir);
+            }
+        }
+        if all.iter().any(|d| has_processes(d)) {
+            continue;
+        }
+        if all.iter().all(|d| fs::remove_dir(d).is_ok() || !d.exists()) {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether a spare's name is of a zygote that is no longer running.
+fn spare_of_dead_zygote(name: &str) -> bool {
+    name.strip_prefix(SPARE_PREFIX)
+        .and_then(|rest| rest.split_once('-'))
+        .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        .is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists())
 }
 
 #[cfg(test)]

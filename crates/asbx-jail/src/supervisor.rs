@@ -10,7 +10,8 @@
 //! 5. make the cgroups, write their limits and move init into them while it
 //!    builds the first half of its root, and say so (`C`); make the child
 //!    cgroups while it builds the second half, and say so (`K`) before it
-//!    binds them;
+//!    binds them. When the zygote made them ahead ([`MadeAhead`]), only
+//!    write the limits and owners;
 //! 6. write the init's uid/gid maps when it asks (one pipe round trip), then
 //!    read its set-up channel until end-of-file: silence means the main
 //!    process `exec`ed, `E<message>` means set-up failed;
@@ -155,16 +156,30 @@ impl Drop for Guard {
 
 /// See [`crate::run_jail`].
 pub(crate) fn run(policy: &JailPolicy, agent: Option<crate::AgentEntry>) -> Result<i32, JailError> {
-    run_in(policy, agent, None)
+    run_in(policy, agent, MadeAhead::default())
 }
 
-/// [`run`], with `netns` (a fresh network namespace, `lo` up) for the
-/// sandbox instead of a new one made by `clone`.
+/// What the zygote made for a sandbox ahead of time.
+#[derive(Debug, Default)]
+pub(crate) struct MadeAhead {
+    /// A fresh network namespace, `lo` up, for the sandbox instead of a new
+    /// one made by `clone`.
+    pub(crate) netns: Option<OwnedFd>,
+    /// The sandbox's cgroups exist, children included, without limits
+    /// (`crate::cgroup::SpareCgroups::take_as`).
+    pub(crate) cgroups: bool,
+}
+
+/// [`run`], with what the zygote made ahead.
 pub(crate) fn run_in(
     policy: &JailPolicy,
     agent: Option<crate::AgentEntry>,
-    netns: Option<OwnedFd>,
+    ahead: MadeAhead,
 ) -> Result<i32, JailError> {
+    let MadeAhead {
+        netns,
+        cgroups: made_ahead,
+    } = ahead;
     let ppid = nix::unistd::getppid();
     let parent = watch_parent()?;
     let mut plan = Plan::new(policy, agent)?;
@@ -202,13 +217,21 @@ pub(crate) fn run_in(
             let layout =
                 Layout::detect(std::path::Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
             let mut guard = if policy.guard {
-                let planned = Cgroups::planned_dirs(&layout, &policy.cgroup)?;
+                let planned = match made_ahead {
+                    true => Cgroups::dirs_named(&layout, &policy.cgroup)?,
+                    false => Cgroups::planned_dirs(&layout, &policy.cgroup)?,
+                };
                 Some(Guard::start(&layout, planned)?)
             } else {
                 None
             };
-            // Only planned: made after `clone`, beside init's first steps.
-            match Cgroups::plan(layout, &policy.cgroup) {
+            // Only planned: made (or given limits) after `clone`, beside
+            // init's first steps.
+            let planned = match made_ahead {
+                true => Cgroups::plan_made_ahead(layout, &policy.cgroup),
+                false => Cgroups::plan(layout, &policy.cgroup),
+            };
+            match planned {
                 Ok(cg) => (Some(cg), guard),
                 Err(e) => {
                     if let Some(g) = guard.as_mut() {

@@ -24,9 +24,16 @@
 //! process group, and runs [`crate::supervisor::run`] as `asbx jail
 //! --policy` would.
 //!
+//! While no request waits it makes what a sandbox would otherwise make on
+//! its critical path, each for one sandbox and never reused: network
+//! namespaces ([`SPARE_NETNS`]) and, on cgroup v1, sandbox cgroups
+//! ([`SPARE_CGROUPS`], renamed for the sandbox before its fork).
+//!
 //! The zygote holds no secret: it is started with an empty environment, and
 //! what it knows is the policies it was sent. It ends when its socket reads
-//! end-of-file: when the runner closed its end or died.
+//! end-of-file: when the runner closed its end or died, and removes its
+//! spare cgroups first; [`Zygote`]'s drop removes those of a zygote that was
+//! killed.
 //!
 //! What it costs: every supervisor (and so every sandbox's init and agent)
 //! shares the zygote's address-space layout instead of getting a fresh one
@@ -44,8 +51,9 @@ use nix::sys::socket::{
 };
 
 use asbx_protocol::exit;
-use asbx_protocol::jail::JailPolicy;
+use asbx_protocol::jail::{JailPolicy, JailProfile};
 
+use crate::cgroup::{CGROUP_ROOT, Layout, SpareCgroups, remove_spares_of};
 use crate::sys::{self, Forked};
 use crate::{AgentEntry, JailError};
 
@@ -62,6 +70,11 @@ const TITLE_ROOM: usize = 480;
 /// kernel. Each is fresh: handed to exactly one sandbox and never reused. It
 /// makes them while no request waits, so they cost a request nothing.
 const SPARE_NETNS: usize = 4;
+
+/// Sandbox cgroups the zygote keeps made ahead of time, renamed for a
+/// sandbox on request (see [`SpareCgroups`]); like the network namespaces,
+/// each serves one sandbox.
+const SPARE_CGROUPS: usize = 4;
 
 /// The largest policy the zygote reads (a policy carries the agent's
 /// environment; a few KiB in practice).
@@ -147,9 +160,13 @@ impl Zygote {
 
 impl Drop for Zygote {
     fn drop(&mut self) {
-        // End-of-file on its socket ends it at once.
+        // End-of-file on its socket ends it at once, and it removes its
+        // spare cgroups; one that was killed could not.
         drop(self.sock.take());
         let _ = self.child.wait();
+        if let Ok(layout) = Layout::detect(Path::new(CGROUP_ROOT)) {
+            remove_spares_of(&layout, self.child.id());
+        }
     }
 }
 
@@ -270,7 +287,14 @@ fn fork_one(
     };
     // Ours or the child's; closed here either way once the child has it.
     let netns = spares.take();
-    match sys::clone_parent_pidfd().map_err(|e| JailError::Host(format!("clone: {e}")))? {
+    // Renamed for this sandbox: the child's from here on, or removed here.
+    let cgroups_made =
+        policy.profile == JailProfile::Strict && spares.cgroups.take_as(&policy.cgroup);
+    let cloned = sys::clone_parent_pidfd().map_err(|e| JailError::Host(format!("clone: {e}")));
+    if cgroups_made && cloned.is_err() {
+        let _ = crate::remove_cgroups(&policy.cgroup);
+    }
+    match cloned? {
         (Forked::Parent(pid), Some(pidfd)) => Ok((pid, pidfd)),
         (Forked::Parent(_), None) => Err(JailError::Host("clone: no pidfd".into())),
         (Forked::Child, _) => {
@@ -282,10 +306,19 @@ fn fork_one(
                     drop((stdin, stdout, stderr));
                     // The other spares are the zygote's, not this sandbox's.
                     drop(std::mem::take(&mut spares.ready));
-                    match crate::supervisor::run_in(&policy, agent, netns) {
+                    spares.cgroups.forget();
+                    let ahead = crate::supervisor::MadeAhead {
+                        netns,
+                        cgroups: cgroups_made,
+                    };
+                    match crate::supervisor::run_in(&policy, agent, ahead) {
                         Ok(code) => code,
                         Err(e) => {
                             use std::io::Write;
+                            if cgroups_made {
+                                // Failed before they were in its hands.
+                                let _ = crate::remove_cgroups(&policy.cgroup);
+                            }
                             let _ = writeln!(std::io::stderr(), "asbx jail: {e}");
                             i32::from(exit::SETUP_FAILED)
                         }
@@ -309,11 +342,13 @@ fn become_supervisor(stdin: &OwnedFd, stdout: &OwnedFd, stderr: &OwnedFd) -> io:
     nix::unistd::setpgid(me, me).map_err(io::Error::from)
 }
 
-/// The zygote's network namespaces made ahead of time ([`SPARE_NETNS`]).
+/// What the zygote makes ahead of time: network namespaces
+/// ([`SPARE_NETNS`]) and sandbox cgroups ([`SPARE_CGROUPS`]).
 struct Spares {
     /// The zygote's own network namespace, to return to after making one.
     home: Option<OwnedFd>,
     ready: Vec<OwnedFd>,
+    cgroups: SpareCgroups,
 }
 
 impl Spares {
@@ -326,6 +361,7 @@ impl Spares {
         Spares {
             home,
             ready: Vec::new(),
+            cgroups: SpareCgroups::new(),
         }
     }
 
@@ -334,18 +370,24 @@ impl Spares {
         self.ready.pop()
     }
 
-    /// Makes spares until there are [`SPARE_NETNS`], or a request waits on
-    /// `sock`, or making one fails (then the sandboxes' `clone` makes them).
+    /// Makes spares, one at a time, until there are enough of each kind,
+    /// or a request waits on `sock`. A kind whose making failed is made no
+    /// more (then each sandbox makes its own).
     fn fill_while_idle(&mut self, sock: BorrowedFd<'_>) {
-        while self.ready.len() < SPARE_NETNS
-            && !sys::poll_readable(&[sock], 0).map_or(true, |r| r[0])
-        {
-            match self.make() {
-                Some(ns) => self.ready.push(ns),
-                None => {
-                    self.home = None;
-                    return;
+        loop {
+            let netns = self.home.is_some() && self.ready.len() < SPARE_NETNS;
+            let cgroups = self.cgroups.enabled() && self.cgroups.len() < SPARE_CGROUPS;
+            if !(netns || cgroups) || sys::poll_readable(&[sock], 0).map_or(true, |r| r[0]) {
+                return;
+            }
+            // The kind with fewer ready first.
+            if netns && (!cgroups || self.ready.len() <= self.cgroups.len()) {
+                match self.make() {
+                    Some(ns) => self.ready.push(ns),
+                    None => self.home = None,
                 }
+            } else {
+                self.cgroups.make_one();
             }
         }
     }

@@ -116,6 +116,10 @@ pub fn cases() -> Vec<Case> {
             "zygote_sandboxes_get_fresh_network_namespaces",
             zygote_sandboxes_get_fresh_network_namespaces,
         ),
+        (
+            "zygote_sandboxes_get_spare_cgroups_with_their_own_limits",
+            zygote_sandboxes_get_spare_cgroups_with_their_own_limits,
+        ),
     ]
 }
 
@@ -1395,7 +1399,8 @@ s.connect('/run/asbx/gateway.sock'); print(s.recv(4).decode())\"; \
 
 /// `sweep_stale_cgroups` removes an old sandbox cgroup no process is in
 /// (children first), and keeps one as old with a process in it and an
-/// empty one just made (a neighbour's sandbox being set up).
+/// empty one just made (a neighbour's sandbox being set up). It removes a
+/// dead zygote's spares however new, and keeps a live one's.
 fn stale_cgroups_are_swept_and_live_ones_kept() -> R {
     use nix::sys::stat::{UtimensatFlags, utimensat};
     use nix::sys::time::TimeSpec;
@@ -1405,7 +1410,14 @@ fn stale_cgroups_are_swept_and_live_ones_kept() -> R {
         .iter()
         .map(|c| Path::new("/sys/fs/cgroup").join(c).join("asbx"))
         .collect();
-    let name = |kind: &str| format!("asbx-sweep-{}-{kind}", std::process::id());
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let name = |kind: &str| match kind {
+        "dead-zygote" => format!("zygote-{dead}-0"),
+        "live-zygote" => format!("zygote-{}-0", std::process::id()),
+        _ => format!("asbx-sweep-{}-{kind}", std::process::id()),
+    };
     let dirs =
         |kind: &str| -> Vec<PathBuf> { hierarchies.iter().map(|h| h.join(name(kind))).collect() };
     let two_minutes_ago = TimeSpec::new(
@@ -1415,7 +1427,7 @@ fn stale_cgroups_are_swept_and_live_ones_kept() -> R {
             .as_secs() as i64,
         0,
     );
-    for kind in ["stale", "busy", "fresh"] {
+    for kind in ["stale", "busy", "fresh", "dead-zygote", "live-zygote"] {
         for d in dirs(kind) {
             std::fs::create_dir_all(d.join("tools")).unwrap();
         }
@@ -1443,9 +1455,10 @@ fn stale_cgroups_are_swept_and_live_ones_kept() -> R {
     let swept = asbx_jail::sweep_stale_cgroups(Duration::from_secs(60));
     let state = |kind: &str| dirs(kind).iter().map(|d| d.exists()).collect::<Vec<_>>();
     let (stale, busy, fresh) = (state("stale"), state("busy"), state("fresh"));
+    let (dead_zygote, live_zygote) = (state("dead-zygote"), state("live-zygote"));
     let _ = sleeper.kill();
     let _ = sleeper.wait();
-    for kind in ["busy", "fresh"] {
+    for kind in ["busy", "fresh", "dead-zygote", "live-zygote"] {
         for d in dirs(kind) {
             let _ = std::fs::remove_dir(d.join("tools"));
             let _ = std::fs::remove_dir(&d);
@@ -1454,7 +1467,15 @@ fn stale_cgroups_are_swept_and_live_ones_kept() -> R {
     ensure(stale == [false, false], format!("stale left: {stale:?}"))?;
     ensure(busy == [true, true], format!("busy removed: {busy:?}"))?;
     ensure(fresh == [true, true], format!("fresh removed: {fresh:?}"))?;
-    ensure(swept >= 1, format!("swept {swept}"))?;
+    ensure(
+        dead_zygote == [false, false],
+        format!("a dead zygote's spare left: {dead_zygote:?}"),
+    )?;
+    ensure(
+        live_zygote == [true, true],
+        format!("a live zygote's spare removed: {live_zygote:?}"),
+    )?;
+    ensure(swept >= 2, format!("swept {swept}"))?;
     pass()
 }
 
@@ -1558,6 +1579,127 @@ fn zygote_sandboxes_get_fresh_network_namespaces() -> R {
     ensure(
         seen[0].starts_with("net:[") && seen[0] != seen[1] && !seen.iter().any(|s| *s == host),
         format!("fresh namespaces: {seen:?}, the host's {host}"),
+    )?;
+    pass()
+}
+
+/// Through the zygote, whose spare cgroups are ready (it makes them while
+/// idle, `zygote-<pid>-<n>`, children included): a sandbox's cgroups are
+/// one of them, renamed (the same kernfs inode) and made new (for a
+/// sweep), with the sandbox's own limits and its children's written, init
+/// in it; they go with the
+/// sandbox; and the spares of a zygote that was SIGKILLed go when its
+/// handle is dropped.
+fn zygote_sandboxes_get_spare_cgroups_with_their_own_limits() -> R {
+    use std::os::unix::fs::MetadataExt;
+    use std::path::{Path, PathBuf};
+    let memory = Path::new("/sys/fs/cgroup/memory/asbx");
+    if !memory
+        .parent()
+        .unwrap()
+        .join("memory.limit_in_bytes")
+        .exists()
+    {
+        return Ok(Outcome::Skip("no cgroup v1 memory hierarchy".into()));
+    }
+    let exe = std::env::current_exe().unwrap();
+    let zygote = asbx_jail::Zygote::start(&exe).map_err(|e| e.to_string())?;
+    let prefix = format!("zygote-{}-", zygote.pid());
+    // name -> inode of the spares' memory cgroups.
+    let spares = || -> Vec<(String, u64)> {
+        std::fs::read_dir(memory)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| {
+                let ino = e.metadata().map(|m| m.ino()).unwrap_or(0);
+                (e.file_name().to_string_lossy().into_owned(), ino)
+            })
+            .collect()
+    };
+    let full = |s: &[(String, u64)]| {
+        s.len() == 4 && s.iter().all(|(n, _)| memory.join(n).join("tools").is_dir())
+    };
+    ensure(
+        eventually(Duration::from_secs(5), || full(&spares())),
+        format!("four spares with children: {:?}", spares()),
+    )?;
+    let before = spares();
+    // Spares a while old: the sandbox's cgroups count as new all the same
+    // (a sweep leaves new empty cgroups alone).
+    std::thread::sleep(Duration::from_millis(1100));
+    let asked = std::time::SystemTime::now();
+
+    let mut sbx = Sbx::new("read -r l; exit 3");
+    sbx.policy.limits.memory_bytes = Some(96 << 20);
+    sbx.policy.limits.pids = Some(64);
+    let (pid, in_w, out_r, err_r) = zygote_fork(&zygote, &sbx)?;
+    let mine = memory.join(&sbx.policy.cgroup);
+    let read = |p: PathBuf| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    // Limits are written and init moved before the agent runs.
+    let moved = eventually(Duration::from_secs(5), || {
+        !read(mine.join("cgroup.procs")).is_empty()
+    });
+    let ino = std::fs::metadata(&mine).map(|m| m.ino()).unwrap_or(0);
+    let made = std::fs::metadata(&mine).and_then(|m| m.modified()).ok();
+    let limits = (
+        read(mine.join("memory.limit_in_bytes")),
+        read(mine.join("tools/memory.limit_in_bytes")),
+        read(
+            Path::new("/sys/fs/cgroup/pids/asbx")
+                .join(&sbx.policy.cgroup)
+                .join("mcp/pids.max"),
+        ),
+    );
+    let mut in_w = in_w;
+    in_w.write_all(b"go\n").unwrap();
+    drop(in_w);
+    let (out, err, status) = zygote_collect(pid, out_r, err_r)?;
+    ensure(
+        status == nix::sys::wait::WaitStatus::Exited(Pid::from_raw(pid), 3),
+        format!("{status:?}: {out} {err}"),
+    )?;
+    ensure(moved, "init never joined its memory cgroup")?;
+    ensure(
+        before.iter().any(|(_, i)| *i == ino),
+        format!("the sandbox's memory cgroup (inode {ino}) is not one of the spares {before:?}"),
+    )?;
+    ensure(
+        made.is_some_and(|t| t >= asked - Duration::from_millis(20)),
+        format!("the renamed cgroup kept its spare's age: {made:?}, asked at {asked:?}"),
+    )?;
+    // 96 MiB less a reserve of max(64 MiB, 1/8), at most half: 48 MiB; 64
+    // pids less max(8, 1/8): 56.
+    ensure(
+        limits
+            == (
+                (96u64 << 20).to_string(),
+                (48u64 << 20).to_string(),
+                "56".into(),
+            ),
+        format!("limits (sandbox memory, tools memory, mcp pids): {limits:?}"),
+    )?;
+    ensure(
+        eventually(Duration::from_secs(5), || !mine.exists()),
+        "the sandbox's cgroups outlived it",
+    )?;
+
+    // A zygote killed with its spares made: dropping its handle removes them.
+    ensure(
+        eventually(Duration::from_secs(5), || full(&spares())),
+        format!("the spares were made again: {:?}", spares()),
+    )?;
+    kill(Pid::from_raw(zygote.pid() as i32), Signal::SIGKILL).map_err(|e| e.to_string())?;
+    drop(zygote);
+    ensure(
+        spares().is_empty(),
+        format!("a killed zygote's spares left: {:?}", spares()),
     )?;
     pass()
 }

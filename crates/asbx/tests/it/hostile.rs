@@ -284,13 +284,18 @@ async fn a_dead_zygote_is_replaced_and_no_dispatch_fails() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Its spare cgroups went with it (the runner removes what a killed
+    // zygote could not).
+    let spares = cgroups_named(&[format!("zygote-{first}-")]);
+    assert!(spares.is_empty(), "the dead zygote's spares: {spares:?}");
     runner.assert_clean().await;
 }
 
 /// A runner stopped (SIGTERM) while its warm pool is still booting leaves
 /// no warm sandbox behind: the drain first stops the refill, so no sandbox
 /// is booted after the drain took the warm ones (one that was would be
-/// killed with its runner and leave its cgroups to the next sweep).
+/// killed with its runner and leave its cgroups to the next sweep), and
+/// its zygote's spare cgroups go too.
 #[tokio::test]
 async fn a_runner_stopped_while_its_pool_boots_leaves_nothing() {
     if !strict_with_cgroups("a_runner_stopped_while_its_pool_boots_leaves_nothing") {
@@ -306,6 +311,9 @@ async fn a_runner_stopped_while_its_pool_boots_leaves_nothing() {
         assert!(Instant::now() < deadline, "the pool never booted");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // The pool boots through the zygote, whose spare cgroups go with it.
+    let (zygote, _) = zygote_of(runner.pid()).expect("the pool boots through a zygote");
+    let warm = vec![warm[0].clone(), format!("zygote-{zygote}-")];
     runner.terminate();
     let stopped = Instant::now();
     let mut left = (Vec::new(), Vec::new());

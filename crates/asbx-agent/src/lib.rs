@@ -89,6 +89,9 @@ pub fn run_agent() -> ExitCode {
 /// [`run_agent`] as a plain exit status, for a jail that runs the agent in
 /// its main process without an `execve` (`asbx_jail::run_jail_with`).
 pub fn agent_main() -> u8 {
+    // Before any process starts: the socket for the child memory cgroups
+    // becomes close-on-exec, so no tool inherits it.
+    asbx_jail::take_cgroup_requests();
     let options = AgentOptions::from_env();
     let mut input = Vec::new();
     // Read before the runtime exists: a warm sandbox waits here, one thread.

@@ -29,6 +29,11 @@
 //! processes live in the sandbox directory itself, which the "no internal
 //! processes" rule forbids giving children: no child cgroups there yet, so
 //! the folders are absent (the layout's documented "no cgroups" case).
+//! The memory children are not made with the sandbox: the supervisor makes
+//! one when the sandbox's main process asks for it (before the child's
+//! first process starts), and mounts it in the sandbox then
+//! ([`Cgroups::make_on_request`]): a memory cgroup costs the host about
+//! 0.3 MiB of kernel memory, and an idle sandbox runs no tool.
 //! Teardown removes the children before their parent.
 
 use std::fs;
@@ -170,6 +175,10 @@ pub(crate) struct ChildMount {
     pub(crate) controller: &'static str,
     /// The host directory.
     pub(crate) host: PathBuf,
+    /// Made on request, not with the sandbox (the memory children: see
+    /// [`Cgroups::make_on_request`]); until then the sandbox's folder for
+    /// it is an empty mount point.
+    pub(crate) on_request: bool,
 }
 
 /// The cgroups of one sandbox. Dropping it kills what is left and removes them.
@@ -396,55 +405,62 @@ impl Cgroups {
                     child,
                     controller,
                     host: parent.join(child),
+                    on_request: controller == "memory",
                 });
             }
         }
     }
 
     /// Makes the child cgroups [`Cgroups::create`] planned, with their
-    /// bounds and owners. Apart from `create` so that the supervisor can
-    /// make them while the sandbox's init builds the first half of its
-    /// root (about 1 ms on cgroup v1, most of it the memory cgroups).
-    /// `host_uid` owns their `freezer.state`, and is the group of their
-    /// `cgroup.procs`.
+    /// bounds and owners, but those made on request (the memory children,
+    /// [`Cgroups::make_on_request`]). Apart from `create` so that the
+    /// supervisor can make them while the sandbox's init builds the first
+    /// half of its root. `host_uid` owns their `freezer.state`, and is the
+    /// group of their `cgroup.procs`.
     pub(crate) fn create_children(
         &self,
         limits: &ResourceLimits,
         host_uid: u32,
     ) -> Result<(), JailError> {
-        for m in &self.children {
-            let dir = &m.host;
+        for m in self.children.iter().filter(|m| !m.on_request) {
             if !self.made_ahead {
-                mkdir(dir)?;
+                mkdir(&m.host)?;
             }
-            match m.controller {
-                "memory" => {
-                    if let Some(bytes) = limits.memory_bytes {
-                        let v = child_memory(bytes).to_string();
-                        write(&dir.join("memory.limit_in_bytes"), &v)?;
-                        let memsw = dir.join("memory.memsw.limit_in_bytes");
-                        if memsw.exists() {
-                            write(&memsw, &v)?;
-                        }
-                    }
-                    // World-writable on some kernels (eventfd registration).
-                    let events = dir.join("cgroup.event_control");
-                    if events.exists() {
-                        set_owner(&events, Some(0), Some(0), 0o200)?;
-                    }
-                }
-                "pids" => {
-                    if let Some(n) = limits.pids {
-                        write(&dir.join("pids.max"), &child_pids(n).to_string())?;
-                    }
-                }
-                _ => {
-                    set_owner(&dir.join("freezer.state"), Some(host_uid), Some(0), 0o644)?;
-                }
-            }
-            set_owner(&dir.join("cgroup.procs"), Some(0), Some(host_uid), 0o664)?;
+            make_child(m, limits, host_uid)?;
         }
         Ok(())
+    }
+
+    /// Whether some child cgroups are made on request
+    /// ([`Cgroups::make_on_request`]).
+    pub(crate) fn has_on_request(&self) -> bool {
+        self.children.iter().any(|m| m.on_request)
+    }
+
+    /// Makes the memory cgroup of child `child` (one of [`CGROUP_CHILDREN`])
+    /// if it is not there yet, with its bound and owners: on the sandbox's
+    /// request, when its first tool (or MCP server) starts, since an idle
+    /// sandbox needs none and each costs the host about 0.3 MiB of kernel
+    /// memory. Returns it, and whether it was made now.
+    pub(crate) fn make_on_request(
+        &self,
+        child: &str,
+        limits: &ResourceLimits,
+        host_uid: u32,
+    ) -> Result<(&ChildMount, bool), JailError> {
+        let m = self
+            .children
+            .iter()
+            .find(|m| m.on_request && m.child == child)
+            .ok_or_else(|| JailError::Cgroup(format!("no child cgroup {child:?} to make")))?;
+        if !mkdir(&m.host)? {
+            return Ok((m, false));
+        }
+        if let Err(e) = make_child(m, limits, host_uid) {
+            let _ = fs::remove_dir(&m.host);
+            return Err(e);
+        }
+        Ok((m, true))
     }
 
     /// The child cgroup directories the sandbox gets to see.
@@ -484,6 +500,37 @@ impl Cgroups {
         self.children.clear();
         Ok(())
     }
+}
+
+/// A child cgroup's bounds and owners (see the module docs), its directory made.
+fn make_child(m: &ChildMount, limits: &ResourceLimits, host_uid: u32) -> Result<(), JailError> {
+    let dir = &m.host;
+    match m.controller {
+        "memory" => {
+            if let Some(bytes) = limits.memory_bytes {
+                let v = child_memory(bytes).to_string();
+                write(&dir.join("memory.limit_in_bytes"), &v)?;
+                let memsw = dir.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(&memsw, &v)?;
+                }
+            }
+            // World-writable on some kernels (eventfd registration).
+            let events = dir.join("cgroup.event_control");
+            if events.exists() {
+                set_owner(&events, Some(0), Some(0), 0o200)?;
+            }
+        }
+        "pids" => {
+            if let Some(n) = limits.pids {
+                write(&dir.join("pids.max"), &child_pids(n).to_string())?;
+            }
+        }
+        _ => {
+            set_owner(&dir.join("freezer.state"), Some(host_uid), Some(0), 0o644)?;
+        }
+    }
+    set_owner(&dir.join("cgroup.procs"), Some(0), Some(host_uid), 0o664)
 }
 
 impl Drop for Cgroups {
@@ -698,6 +745,7 @@ impl SpareCgroups {
             }
             cg.children
                 .iter()
+                .filter(|c| !c.on_request)
                 .try_for_each(|c| mkdir(&c.host).map(drop))
         });
         match made {

@@ -21,6 +21,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -192,7 +193,8 @@ fn prepare(plan: &Plan, up: &mut File, down: &File) -> Result<Option<sys::Cmdlin
 
 /// In the main process of a policy with `entry: agent`: what `execve` would
 /// have done (signal dispositions, umask, exactly the policy's environment,
-/// no descriptor but 0, 1 and 2), then the agent, in this process. Every
+/// no descriptor but 0, 1 and 2, and the socket for its child memory
+/// cgroups when it has one), then the agent, in this process. Every
 /// layer is in place already, inherited from init like an `exec`ed program
 /// would inherit it. Closing the set-up channel tells the supervisor the
 /// main process started, as the close-on-exec of an `execve` does.
@@ -216,7 +218,8 @@ fn run_in_process(
         area.rename(c"asbx-agent");
     }
     drop(up);
-    if let Err(e) = sys::close_from(3) {
+    let keep = plan.cgroup_request.as_ref().map(|fd| fd.as_raw_fd());
+    if let Err(e) = sys::close_from_except(3, keep) {
         // The channel is closed: nothing to tell the supervisor.
         let _ = writeln!(std::io::stderr(), "asbx: close_range: {e}");
         sys::exit_now(127)
@@ -235,6 +238,11 @@ fn exec_main(plan: &Plan) -> JailError {
     };
     if let Err(e) = sys::cloexec_from(3) {
         return setup("close_range", e);
+    }
+    if let Some(fd) = &plan.cgroup_request
+        && let Err(e) = fcntl(fd, FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+    {
+        return setup("fcntl", e);
     }
     match nix::unistd::execve(&program, &plan.argv, &plan.env) {
         Err(e) => setup(&format!("exec {}", program.to_string_lossy()), e),

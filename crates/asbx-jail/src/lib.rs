@@ -47,7 +47,7 @@ use std::ffi::CString;
 use std::path::PathBuf;
 
 pub use detached::DetachedDir;
-pub use spawn::{join_cgroups_on_spawn, join_failure};
+pub use spawn::{join_cgroups_on_spawn, join_failure, request_memory_cgroup, take_cgroup_requests};
 pub use zygote::{Zygote, serve as serve_zygote};
 
 use asbx_protocol::jail::{
@@ -200,6 +200,11 @@ pub(crate) struct Plan {
     /// A fresh network namespace made ahead of time, its `lo` up (the
     /// zygote's, see `zygote`): init joins it instead of `clone` making one.
     netns: Option<std::os::fd::OwnedFd>,
+    /// The sandbox's end of the socket on which its main process asks the
+    /// supervisor for its child memory cgroups
+    /// ([`asbx_protocol::jail::CGROUP_REQUEST_FD_ENV`]): kept open, and
+    /// inherited, by the main process alone.
+    cgroup_request: Option<std::os::fd::OwnedFd>,
 }
 
 /// The lowest host uid a sandbox may be mapped to.
@@ -274,6 +279,7 @@ impl Plan {
             },
             entry,
             netns: None,
+            cgroup_request: None,
         })
     }
 }

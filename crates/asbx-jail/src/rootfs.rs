@@ -407,6 +407,10 @@ pub(crate) fn build_rest(
             .join(m.child)
             .join(m.controller);
         fs::create_dir_all(&target).map_err(|e| sys("mkdir", &target, e))?;
+        if m.on_request {
+            // Its supervisor mounts it here once made (`supervisor::Requests`).
+            continue;
+        }
         // Writable (cgroup.procs, freezer.state: file modes decide), nothing executable.
         mnt(Some(&old(&m.host)), &target, None, MsFlags::MS_BIND, None)?;
         mnt(

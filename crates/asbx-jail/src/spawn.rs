@@ -16,6 +16,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
+use asbx_protocol::jail::CGROUP_REQUEST_FD_ENV;
+
 use crate::JailError;
 use crate::sys::{self, JOIN_ERRNO_SPAN, JOIN_ERROR_BASE};
 
@@ -45,4 +47,61 @@ pub fn join_failure(err: &std::io::Error, procs: &[PathBuf]) -> Option<String> {
     let file = procs.get(index).map(PathBuf::as_path)?;
     let why = std::io::Error::from_raw_os_error(code % JOIN_ERRNO_SPAN);
     Some(format!("{}: {why}", file.display()))
+}
+
+type Requests = std::sync::Mutex<std::os::unix::net::UnixStream>;
+
+/// The socket on which this process asks its supervisor for its child
+/// memory cgroups ([`CGROUP_REQUEST_FD_ENV`]), taken the first time this
+/// runs when the environment names a descriptor that is a socket, and made
+/// close-on-exec then, so that no tool inherits it.
+fn cgroup_requests() -> Option<&'static Requests> {
+    static SOCKET: std::sync::OnceLock<Option<Requests>> = std::sync::OnceLock::new();
+    SOCKET
+        .get_or_init(|| {
+            let fd: std::os::fd::RawFd = std::env::var(CGROUP_REQUEST_FD_ENV)
+                .ok()?
+                .parse()
+                .ok()
+                .filter(|fd| *fd > 2)?;
+            let sock = sys::take_socket(fd)?;
+            Some(std::sync::Mutex::new(sock.into()))
+        })
+        .as_ref()
+}
+
+/// For the agent, first thing, before it starts any process: takes the
+/// socket of [`request_memory_cgroup`] (close-on-exec from now on). Whether
+/// there is one.
+pub fn take_cgroup_requests() -> bool {
+    cgroup_requests().is_some()
+}
+
+/// Asks the supervisor to make the memory cgroup of child cgroup `child`
+/// (`tools` or `mcp`, see [`CGROUP_REQUEST_FD_ENV`]) and waits for it.
+/// `Ok(false)`: this process has no such socket (not in a jail, or its
+/// child cgroups are made with it); `Ok(true)`: the child's `memory`
+/// folder holds its cgroup.
+pub fn request_memory_cgroup(child: &str) -> Result<bool, JailError> {
+    use std::io::{Read, Write};
+    let Some(sock) = cgroup_requests() else {
+        return Ok(false);
+    };
+    let byte = match child {
+        "tools" => b't',
+        "mcp" => b'm',
+        other => return Err(JailError::Policy(format!("no child cgroup {other:?}"))),
+    };
+    let io =
+        |e: std::io::Error| JailError::Cgroup(format!("asking for the {child} memory cgroup: {e}"));
+    let mut sock = sock.lock().unwrap_or_else(|p| p.into_inner());
+    sock.write_all(&[byte]).map_err(io)?;
+    let mut answer = [0u8; 1];
+    sock.read_exact(&mut answer).map_err(io)?;
+    match answer[0] {
+        b'+' => Ok(true),
+        _ => Err(JailError::Cgroup(format!(
+            "the supervisor could not make the {child} memory cgroup"
+        ))),
+    }
 }

@@ -16,7 +16,8 @@
 //!    read its set-up channel until end-of-file: silence means the main
 //!    process `exec`ed, `E<message>` means set-up failed;
 //! 7. wait for init to exit, or for a signal, which kills init (and with it
-//!    the whole pid namespace) at once;
+//!    the whole pid namespace) at once; meanwhile make the child memory
+//!    cgroups the main process asks for (`Requests`);
 //! 8. remove the cgroups, stop the guard, return the exit code. With
 //!    `guard: false` the caller removes the cgroups once the supervisor
 //!    exited (the runner does, after the stream's last line), so after a
@@ -52,7 +53,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 
 use nix::fcntl::OFlag;
@@ -61,7 +62,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2};
 
-use asbx_protocol::jail::{JailPolicy, JailProfile};
+use asbx_protocol::jail::{CGROUP_REQUEST_FD_ENV, JailPolicy, JailProfile, TOOL_CGROUP_IN_JAIL};
 
 use crate::cgroup::{CGROUP_ROOT, Cgroups, Layout, destroy_dirs};
 use crate::sys::{self, Forked};
@@ -254,6 +255,13 @@ pub(crate) fn run_in(
             .unwrap_or_default(),
     );
 
+    // The main process asks for its child memory cgroups on a socket of its
+    // own (`Requests`).
+    let mut requests = match cgroups.as_ref().filter(|c| c.has_on_request()) {
+        Some(_) => Some(Requests::socket(&mut plan, policy)?),
+        None => None,
+    };
+
     let (up_r, up_w) = pipe()?;
     let (down_r, down_w) = pipe()?;
     let pid =
@@ -270,6 +278,7 @@ pub(crate) fn run_in(
     drop(up_w);
     drop(down_r);
     drop(plan.netns.take());
+    drop(plan.cgroup_request.take());
     plan.root.release_trees();
     let init = Pid::from_raw(pid);
 
@@ -315,7 +324,10 @@ pub(crate) fn run_in(
         return Err(e);
     }
 
-    let (code, parent_gone) = wait(init, &set, &parent);
+    if let Some(r) = requests.as_mut() {
+        r.init = pid;
+    }
+    let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref());
     drop(down_w);
     if !policy.guard && code == 0 && !parent_gone && nix::unistd::getppid() == ppid {
         // The caller removes the cgroups (now empty: init was reaped, and
@@ -416,16 +428,34 @@ fn watch_parent() -> Result<OwnedFd, JailError> {
 /// process, kills it (and the whole pid namespace) first. Returns init's
 /// code, or 128 + the signal received (SIGKILL when the parent ended), and
 /// whether the parent ended.
-fn wait(init: Pid, set: &SigSet, parent: &OwnedFd) -> (i32, bool) {
+fn wait(
+    init: Pid,
+    set: &SigSet,
+    parent: &OwnedFd,
+    requests: Option<Requests>,
+    cgroups: Option<&Cgroups>,
+) -> (i32, bool) {
     let mut parent_alive = true;
-    let code = wait_init(init, set, parent, &mut parent_alive);
+    let mut requests = requests.zip(cgroups);
+    let code = wait_init(init, set, parent, &mut parent_alive, &mut requests);
     (code, !parent_alive)
 }
 
-fn wait_init(init: Pid, set: &SigSet, parent: &OwnedFd, parent_alive: &mut bool) -> i32 {
+fn wait_init(
+    init: Pid,
+    set: &SigSet,
+    parent: &OwnedFd,
+    parent_alive: &mut bool,
+    requests: &mut Option<(Requests, &Cgroups)>,
+) -> i32 {
     let mut received: Option<Signal> = None;
     // The signals are blocked since before `clone`: none is lost before this exists.
     let signals = SignalFd::with_flags(set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).ok();
+    if signals.is_none() {
+        // Without it nothing is polled: close the request socket, so that
+        // a request fails at once instead of waiting forever.
+        *requests = None;
+    }
     loop {
         match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(_, code)) => {
@@ -444,11 +474,20 @@ fn wait_init(init: Pid, set: &SigSet, parent: &OwnedFd, parent_alive: &mut bool)
                 if *parent_alive {
                     fds.push(parent.as_fd());
                 }
+                if let Some((r, _)) = requests.as_ref() {
+                    fds.push(r.sock.as_fd());
+                }
                 let ready = sys::poll_readable(&fds, -1).unwrap_or_default();
                 if *parent_alive && ready.get(1).copied().unwrap_or(false) {
                     *parent_alive = false;
                     received.get_or_insert(Signal::SIGKILL);
                     let _ = kill(init, Signal::SIGKILL);
+                }
+                if ready.last().copied().unwrap_or(false)
+                    && let Some((r, cg)) = requests.as_mut()
+                    && !r.serve(cg)
+                {
+                    *requests = None; // end-of-file: the main process is done asking
                 }
                 match sfd.read_signal() {
                     Ok(Some(info)) => Signal::try_from(info.ssi_signo as i32).ok(),
@@ -468,4 +507,139 @@ fn wait_init(init: Pid, set: &SigSet, parent: &OwnedFd, parent_alive: &mut bool)
             }
         }
     }
+}
+
+/// The supervisor's end of the socket on which the sandbox's main process
+/// asks for its child memory cgroups ([`CGROUP_REQUEST_FD_ENV`]), which are
+/// made on request, not with the sandbox: each costs the host about 0.3 MiB
+/// of kernel memory, and an idle sandbox runs no tool. A request makes the
+/// child's memory cgroup ([`Cgroups::make_on_request`]) and mounts it on
+/// its empty folder in the sandbox (`setns` into the sandbox's mount
+/// namespace, `move_mount` of a detached bind, `setns` back). The sandbox
+/// can ask for these two and nothing else; a request for one made already
+/// is answered at once.
+struct Requests {
+    sock: OwnedFd,
+    init: libc::pid_t,
+    limits: asbx_protocol::jail::ResourceLimits,
+    host_uid: u32,
+}
+
+impl Requests {
+    /// The socket pair: the sandbox's end goes in `plan` (kept by the main
+    /// process alone), with its number in the main process's environment.
+    fn socket(plan: &mut Plan, policy: &JailPolicy) -> Result<Requests, JailError> {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        )
+        .map_err(|e| JailError::Host(format!("socketpair: {e}")))?;
+        // The sandbox's end blocks: its reader waits for the answer.
+        nix::fcntl::fcntl(&theirs, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))
+            .map_err(|e| JailError::Host(format!("fcntl: {e}")))?;
+        let var = format!("{CGROUP_REQUEST_FD_ENV}={}", theirs.as_raw_fd());
+        let prefix = format!("{CGROUP_REQUEST_FD_ENV}=");
+        plan.env
+            .retain(|kv| !kv.as_bytes().starts_with(prefix.as_bytes()));
+        plan.env
+            .push(std::ffi::CString::new(var).map_err(|e| JailError::Host(e.to_string()))?);
+        plan.cgroup_request = Some(theirs);
+        Ok(Requests {
+            sock: ours,
+            init: 0, // set once init exists
+            limits: policy.limits.clone(),
+            host_uid: policy.host_uid,
+        })
+    }
+
+    /// Answers what the socket holds; false at its end-of-file (or error).
+    /// Answers never block: an answer the sandbox does not read is dropped.
+    fn serve(&mut self, cgroups: &Cgroups) -> bool {
+        let mut asked = [0u8; 64];
+        let n = match nix::unistd::read(&self.sock, &mut asked) {
+            Ok(0) => return false,
+            Ok(n) => n,
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => return true,
+            Err(_) => return false,
+        };
+        let mut answers = [b'-'; 64];
+        for (b, answer) in asked[..n].iter().zip(&mut answers) {
+            let made = match b {
+                b't' => self.make(cgroups, "tools"),
+                b'm' => self.make(cgroups, "mcp"),
+                _ => false,
+            };
+            if made {
+                *answer = b'+';
+            }
+        }
+        // Never blocks, never SIGPIPE: answers the sandbox does not read are
+        // dropped, and a main process that asked and ended is no reason to die.
+        let _ = nix::sys::socket::send(
+            self.sock.as_raw_fd(),
+            &answers[..n],
+            nix::sys::socket::MsgFlags::MSG_NOSIGNAL | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        );
+        true
+    }
+
+    /// Makes `child`'s memory cgroup and mounts it in the sandbox, unless
+    /// it is there already.
+    fn make(&self, cgroups: &Cgroups, child: &str) -> bool {
+        let (m, made) = match cgroups.make_on_request(child, &self.limits, self.host_uid) {
+            Ok(got) => got,
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "asbx jail: {e}");
+                return false;
+            }
+        };
+        if !made {
+            return true;
+        }
+        let target = std::path::Path::new(TOOL_CGROUP_IN_JAIL)
+            .join(m.child)
+            .join(m.controller);
+        match mount_in_sandbox(self.init, &m.host, &target) {
+            Ok(()) => true,
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "asbx jail: {}: {e}", target.display());
+                let _ = std::fs::remove_dir(&m.host);
+                false
+            }
+        }
+    }
+}
+
+/// Binds host directory `host` on `target` in the mount namespace of the
+/// sandbox whose init is `init`: writable (file modes decide), nothing
+/// executable, no set-uid, no devices.
+fn mount_in_sandbox(
+    init: libc::pid_t,
+    host: &std::path::Path,
+    target: &std::path::Path,
+) -> std::io::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sched::{CloneFlags, setns};
+    let tree = sys::open_tree_clone(host)?;
+    let home = File::open("/proc/self/ns/mnt")?;
+    let sandbox = File::open(format!("/proc/{init}/ns/mnt"))?;
+    setns(&sandbox, CloneFlags::CLONE_NEWNS)?;
+    let moved = sys::move_mount_to(tree.as_fd(), target).and_then(|()| {
+        let flags = MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC;
+        mount(None::<&str>, target, None::<&str>, flags, None::<&str>).map_err(Into::into)
+    });
+    if setns(&home, CloneFlags::CLONE_NEWNS).is_err() {
+        // Stranded in the sandbox's mount namespace: end the sandbox and
+        // this process rather than go on from there.
+        let _ = kill(Pid::from_raw(init), Signal::SIGKILL);
+        sys::exit_now(i32::from(asbx_protocol::exit::SETUP_FAILED));
+    }
+    moved
 }

@@ -9,7 +9,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 /// Capability numbers (linux/capability.h) the jail deals with by name.
@@ -81,6 +81,24 @@ pub(crate) fn own_received_fd(fd: std::os::fd::RawFd) -> OwnedFd {
     // SAFETY: the caller passes a descriptor that is open and owned by no
     // other Rust value; it is closed exactly once, by the returned value.
     unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Takes descriptor `fd` when it is an open socket, making it
+/// close-on-exec; `None` (and `fd` left alone) otherwise.
+pub(crate) fn take_socket(fd: std::os::fd::RawFd) -> Option<OwnedFd> {
+    // SAFETY: `stat` is plain data, for which all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into the struct we own; an invalid `fd` only
+    // makes it fail.
+    let ret = unsafe { libc::fstat(fd, &mut st) };
+    if ret != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return None;
+    }
+    // SAFETY: fcntl on an integer; `fd` is open (fstat said so).
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return None;
+    }
+    Some(own_received_fd(fd))
 }
 
 /// `dup2(fd, to)`: makes `to` (a stdio slot) a copy of `fd`, without
@@ -432,6 +450,29 @@ pub(crate) fn close_from(first: u32) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// [`close_from`], but `keep` (when it is at least `first`) stays open.
+pub(crate) fn close_from_except(first: u32, keep: Option<RawFd>) -> io::Result<()> {
+    match keep
+        .and_then(|k| u32::try_from(k).ok())
+        .filter(|k| *k >= first)
+    {
+        None => close_from(first),
+        Some(k) => {
+            if k > first {
+                // SAFETY: as in `close_from`, for the range below `keep`.
+                let ret = unsafe { libc::syscall(libc::SYS_close_range, first, k - 1, 0) };
+                if ret != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            match k.checked_add(1) {
+                Some(next) => close_from(next),
+                None => Ok(()),
+            }
+        }
     }
 }
 

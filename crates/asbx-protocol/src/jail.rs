@@ -40,7 +40,19 @@ pub const HOST_IDS_PER_SANDBOX: u32 = 3;
 /// `cgroup.kill`, `cgroup.freeze`). A process joins by writing `0` to each
 /// `cgroup.procs` of its child before it execs (the files are writable by
 /// the sandbox's group); absent folders mean the profile has no cgroups.
+///
+/// On cgroup v1 a child's `memory` folder is empty until the child's memory
+/// cgroup is made, on request ([`CGROUP_REQUEST_FD_ENV`]): a memory cgroup
+/// costs the host about 0.3 MiB of kernel memory, and an idle sandbox, which
+/// runs no tool, needs none.
 pub const TOOL_CGROUP_IN_JAIL: &str = "/run/asbx-cgroup";
+/// Set in the main process's environment when its child cgroups' memory
+/// cgroups are made on request (cgroup v1): the number of its descriptor of
+/// a stream socket to its supervisor. Write one byte per request, `t` for
+/// `tools` or `m` for `mcp`, and read one byte back: `+` once the child's
+/// `memory` folder holds its cgroup (made now, or before), `-` if it could
+/// not be made. Anything else written is answered `-`.
+pub const CGROUP_REQUEST_FD_ENV: &str = "ASBX_CGROUP_REQUEST_FD";
 /// The child cgroups: `tools` (shell and skill scripts) and `mcp` (stdio MCP servers).
 pub const CGROUP_CHILDREN: [&str; 2] = ["tools", "mcp"];
 

@@ -13,7 +13,10 @@
 //! runs outside its cgroup. One `exec` per tool start: a `sh -c` wrapper
 //! that did the writes and then `exec`ed the command cost about 1 ms more.
 //! No folder (the `namespaces` or `unconfined` profile, tests outside a
-//! jail) means no join.
+//! jail) means no join. On cgroup v1 a child's memory cgroup is made when
+//! its first process starts: the agent asks its supervisor first
+//! ([`asbx_jail::request_memory_cgroup`]), and a child folder without its
+//! `cgroup.procs` fails the spawn.
 //!
 //! The environment ([`base_env`]) sets `SHELL`: without it bash looks the
 //! tool uid up in NSS at start (`getpwuid`, which loads `libnss_systemd`
@@ -121,9 +124,11 @@ impl ChildCgroup {
         let mut procs = Vec::new();
         for entry in entries.flatten() {
             let p = entry.path().join("cgroup.procs");
-            if p.exists() {
-                procs.push(p);
+            if !p.exists() {
+                // A cgroup not made (or not mounted): never run outside it.
+                return Err(format!("{} holds no cgroup.procs", entry.path().display()));
             }
+            procs.push(p);
         }
         procs.sort();
         if procs.is_empty() {
@@ -448,6 +453,12 @@ pub(crate) fn command(
     tool_user: Option<(u32, u32)>,
     root: &CgroupRoot,
 ) -> Result<(tokio::process::Command, Option<ChildCgroup>), String> {
+    // On cgroup v1 the child's memory cgroup is made when its first
+    // process starts (see `asbx_jail::request_memory_cgroup`).
+    if root.0 == Path::new(TOOL_CGROUP_IN_JAIL) {
+        asbx_jail::request_memory_cgroup(slot.dir_name())
+            .map_err(|e| format!("the tool cannot get its cgroup: {e}"))?;
+    }
     let cgroup = ChildCgroup::find(root, slot)?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).process_group(0).kill_on_drop(true);

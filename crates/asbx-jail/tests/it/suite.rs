@@ -117,6 +117,10 @@ pub fn cases() -> Vec<Case> {
             zygote_sandboxes_get_fresh_network_namespaces,
         ),
         (
+            "hostile_cgroup_requests_leave_the_supervisor_whole",
+            hostile_cgroup_requests_leave_the_supervisor_whole,
+        ),
+        (
             "zygote_sandboxes_get_spare_cgroups_with_their_own_limits",
             zygote_sandboxes_get_spare_cgroups_with_their_own_limits,
         ),
@@ -181,7 +185,23 @@ fn stdin_and_stdout_are_inherited() -> R {
 fn exact_environment() -> R {
     let sbx = Sbx::argv(&["/usr/bin/env"]);
     let out = sbx.run().ok()?;
-    let mut got: Vec<&str> = out.stdout.lines().collect();
+    // The one variable the jail adds, where the memory cgroups of the child
+    // cgroups are made on request (cgroup v1): the request socket's number.
+    let request = format!("{}=", asbx_protocol::jail::CGROUP_REQUEST_FD_ENV);
+    let on_request = std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists();
+    let mut got: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| {
+            !(on_request
+                && l.strip_prefix(&request)
+                    .is_some_and(|n| n.parse::<u32>().is_ok_and(|n| n > 2)))
+        })
+        .collect();
+    ensure(
+        !on_request || out.stdout.lines().any(|l| l.starts_with(&request)),
+        format!("no {request}: {:?}", out.stdout),
+    )?;
     got.sort();
     let mut want: Vec<String> = sbx
         .policy
@@ -1069,7 +1089,9 @@ except OSError as e:
     pass()
 }
 
-/// The `tools` and `mcp` child cgroups (v1 with a freezer hierarchy): a tool
+/// The `tools` and `mcp` child cgroups (v1 with a freezer hierarchy): their
+/// memory cgroups are absent until the main process asks for them (twice
+/// for `tools`: answered at once; an unknown child is refused); a tool
 /// (uid 1001) joins `tools` by writing `0`, and an MCP server (uid 1002)
 /// joins `mcp`; neither can change a limit, create a cgroup, reach the
 /// sandbox's own cgroup or freeze; the agent (positive control) can freeze.
@@ -1083,6 +1105,9 @@ fn child_cgroups_join_but_nothing_else() -> R {
 C=/run/asbx-cgroup
 try() { if ( eval "$2" ) 2>/dev/null; then echo "$1=ALLOWED"; else echo "$1=denied"; fi; }
 echo children=$(ls $C | tr '\n' ' ') controllers=$(ls $C/tools | tr '\n' ' ')
+echo memory_before=$(ls $C/tools/memory $C/mcp/memory | grep -c cgroup.procs)
+ask() { printf %s "$1" >&$ASBX_CGROUP_REQUEST_FD && IFS= read -r -n1 -u $ASBX_CGROUP_REQUEST_FD a && echo "ask_$1=$a"; }
+ask t; ask t; ask m; ask x
 cat $C/tools/memory/memory.limit_in_bytes $C/tools/memory/memory.memsw.limit_in_bytes $C/mcp/pids/pids.max
 python3 /work/as_tool.py /bin/bash -c '
 try() { if ( eval "$2" ) 2>/dev/null; then echo "$1=ALLOWED"; else echo "$1=denied"; fi; }
@@ -1113,7 +1138,8 @@ try agent_freeze "echo FROZEN > $C/tools/freezer/freezer.state && echo THAWED > 
     let out = sbx.run().ok()?;
     let o = &out.stdout;
     for want in [
-        "children=mcp tools controllers=freezer memory pids\n",
+        "children=mcp tools controllers=freezer memory pids\nmemory_before=0\n",
+        "ask_t=+\nask_t=+\nask_m=+\nask_x=-\n",
         &format!("{}\n{}\n224\n", 448u64 << 20, 448u64 << 20),
         "join_memory=ok\njoin_pids=ok\njoin_freezer=ok\n",
         "cgroups=/tools\n",
@@ -1131,6 +1157,32 @@ try agent_freeze "echo FROZEN > $C/tools/freezer/freezer.state && echo THAWED > 
     pass()
 }
 
+/// The child memory cgroup requests of a hostile main process: 4 MB of
+/// junk (each byte refused) whose answers it never reads (more than a
+/// socket buffer holds), then requests, then its end: the supervisor
+/// neither blocks nor dies, reports the main process's exit code, and
+/// removes every cgroup, the memory children it made included.
+fn hostile_cgroup_requests_leave_the_supervisor_whole() -> R {
+    if !std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        return Ok(Outcome::Skip(
+            "no cgroup v1 freezer hierarchy: the jail makes no child cgroups".into(),
+        ));
+    }
+    let sbx = Sbx::new(
+        "head -c 4000000 /dev/zero | tr '\\0' x >&$ASBX_CGROUP_REQUEST_FD; \
+         printf tmtmtm >&$ASBX_CGROUP_REQUEST_FD; sleep 0.2; exit 5",
+    );
+    let out = sbx.run();
+    ensure(out.code == 5, format!("{out:?}"))?;
+    ensure(
+        eventually(Duration::from_secs(5), || {
+            sbx.cgroup_dirs().iter().all(|d| !d.exists())
+        }),
+        format!("cgroups left: {:?}", sbx.cgroup_dirs()),
+    )?;
+    pass()
+}
+
 /// A tool in `tools` that allocates more than the child's bound (but less
 /// than the sandbox's) is OOM-killed, and the agent-like parent outside it
 /// lives on; the same allocation outside `tools` (positive control) fits.
@@ -1142,6 +1194,7 @@ fn tool_memory_hog_dies_agent_survives() -> R {
     }
     // 1 GiB sandbox: `tools` gets 896 MiB; the hog wants 940 MiB.
     const SCRIPT: &str = r#"
+printf t >&$ASBX_CGROUP_REQUEST_FD && read -r -n1 -u $ASBX_CGROUP_REQUEST_FD made
 HOG='b = b"x" * (940 << 20); print("hog lived")'
 python3 /work/as_tool.py /bin/bash -c "echo 0 > /run/asbx-cgroup/tools/memory/cgroup.procs; exec python3 -c '$HOG'"
 echo tool_exit=$?
@@ -1216,7 +1269,8 @@ echo tool_pids=\$(ls /proc | grep -c '^[0-9]')
 /// every cgroup, the `tools` and `mcp` children first, within 5 s.
 fn killpg_of_the_supervisor_removes_child_cgroups() -> R {
     let sbx = Sbx::new(
-        "echo 0 > /run/asbx-cgroup/tools/memory/cgroup.procs; sleep 300 & echo ready; wait",
+        "printf t >&$ASBX_CGROUP_REQUEST_FD && read -r -n1 -u $ASBX_CGROUP_REQUEST_FD made; \
+         echo 0 > /run/asbx-cgroup/tools/memory/cgroup.procs; sleep 300 & echo ready; wait",
     );
     let mut child = sbx.spawn_in_group();
     let mut line = String::new();
@@ -1584,7 +1638,8 @@ fn zygote_sandboxes_get_fresh_network_namespaces() -> R {
 }
 
 /// Through the zygote, whose spare cgroups are ready (it makes them while
-/// idle, `zygote-<pid>-<n>`, children included): a sandbox's cgroups are
+/// idle, `zygote-<pid>-<n>`, children included but the memory ones, made
+/// when a sandbox asks): a sandbox's cgroups are
 /// one of them, renamed (the same kernfs inode) and made new (for a
 /// sweep), with the sandbox's own limits and its children's written, init
 /// in it; they go with the
@@ -1618,8 +1673,14 @@ fn zygote_sandboxes_get_spare_cgroups_with_their_own_limits() -> R {
             })
             .collect()
     };
+    // With their pids and freezer children, not their memory children
+    // (made when a sandbox asks).
+    let pids = Path::new("/sys/fs/cgroup/pids/asbx");
     let full = |s: &[(String, u64)]| {
-        s.len() == 4 && s.iter().all(|(n, _)| memory.join(n).join("tools").is_dir())
+        s.len() == 4
+            && s.iter().all(|(n, _)| {
+                pids.join(n).join("tools").is_dir() && !memory.join(n).join("tools").exists()
+            })
     };
     ensure(
         eventually(Duration::from_secs(5), || full(&spares())),
@@ -1631,7 +1692,10 @@ fn zygote_sandboxes_get_spare_cgroups_with_their_own_limits() -> R {
     std::thread::sleep(Duration::from_millis(1100));
     let asked = std::time::SystemTime::now();
 
-    let mut sbx = Sbx::new("read -r l; exit 3");
+    let mut sbx = Sbx::new(
+        "printf t >&$ASBX_CGROUP_REQUEST_FD && read -r -n1 -u $ASBX_CGROUP_REQUEST_FD a; \
+         read -r l; exit 3",
+    );
     sbx.policy.limits.memory_bytes = Some(96 << 20);
     sbx.policy.limits.pids = Some(64);
     let (pid, in_w, out_r, err_r) = zygote_fork(&zygote, &sbx)?;
@@ -1642,9 +1706,10 @@ fn zygote_sandboxes_get_spare_cgroups_with_their_own_limits() -> R {
             .trim()
             .to_owned()
     };
-    // Limits are written and init moved before the agent runs.
+    // Limits are written and init moved before the agent runs; `tools`'s
+    // memory cgroup once the sandbox asked for it.
     let moved = eventually(Duration::from_secs(5), || {
-        !read(mine.join("cgroup.procs")).is_empty()
+        !read(mine.join("cgroup.procs")).is_empty() && mine.join("tools").is_dir()
     });
     let ino = std::fs::metadata(&mine).map(|m| m.ino()).unwrap_or(0);
     let made = std::fs::metadata(&mine).and_then(|m| m.modified()).ok();

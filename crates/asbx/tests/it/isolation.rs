@@ -68,6 +68,8 @@ echo capeff=$(awk '/^CapEff/ {{print $2}}' /proc/self/status)
 echo uid=$(id -u)
 echo procs=$(ls /proc | grep -c '^[0-9]')
 echo hostname=$(cat /proc/sys/kernel/hostname)
+echo sockets=$(for f in /proc/$$/fd/*; do readlink $f; done | grep -c socket)
+echo request_env=${{ASBX_CGROUP_REQUEST_FD:-none}}
 ",
         ptrace = py(
             "import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.ptrace(16, 1, 0, 0)==0 else 1)"
@@ -135,6 +137,9 @@ echo hostname=$(cat /proc/sys/kernel/hostname)
     let procs: u32 = v["procs"].parse().unwrap();
     assert!(procs < 10, "/proc shows {procs} processes: {out}");
     assert_eq!(v["hostname"], "sandbox");
+    // The agent's socket for its child memory cgroups stays the agent's.
+    assert_eq!(v["sockets"], "0", "a tool inherited a socket: {out}");
+    assert_eq!(v["request_env"], "none", "{out}");
     runner.assert_clean().await;
 }
 

@@ -114,7 +114,7 @@ pub(crate) fn run(plan: &Plan, up: File, down: File) -> ! {
         Ok(Forked::Parent(main)) => {
             drop(up);
             drop(down);
-            reap(main)
+            reap(main, plan.status.as_ref())
         }
     }
 }
@@ -282,13 +282,21 @@ fn path_cstring(p: PathBuf) -> Result<CString, JailError> {
     CString::new(p.as_os_str().as_bytes()).map_err(|e| JailError::Policy(e.to_string()))
 }
 
-/// Reap every child; when `main` ends, exit with its status.
-fn reap(main: libc::pid_t) -> ! {
+/// Reap every child; when `main` ends, exit with its status, told first on
+/// `status` when there is one: the supervisor learns it before this
+/// process's exit (which takes the namespaces down) is done.
+fn reap(main: libc::pid_t, status: Option<&std::os::fd::OwnedFd>) -> ! {
     let main = nix::unistd::Pid::from_raw(main);
+    let end = |code: i32| -> ! {
+        if let Some(fd) = status {
+            let _ = nix::unistd::write(fd, &code.to_le_bytes());
+        }
+        sys::exit_now(code)
+    };
     loop {
         match waitpid(None, Some(WaitPidFlag::__WALL)) {
-            Ok(WaitStatus::Exited(pid, code)) if pid == main => sys::exit_now(code),
-            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == main => sys::exit_now(128 + sig as i32),
+            Ok(WaitStatus::Exited(pid, code)) if pid == main => end(code),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == main => end(128 + sig as i32),
             Ok(_) | Err(Errno::EINTR) => {}
             Err(_) => sys::exit_now(SETUP_FAILED),
         }

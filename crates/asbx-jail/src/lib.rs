@@ -205,6 +205,10 @@ pub(crate) struct Plan {
     /// ([`asbx_protocol::jail::CGROUP_REQUEST_FD_ENV`]): kept open, and
     /// inherited, by the main process alone.
     cgroup_request: Option<std::os::fd::OwnedFd>,
+    /// Init writes the main process's end (its exit code, or 128 + the
+    /// signal, as 4 bytes little-endian) here before it exits itself, when
+    /// the supervisor reports ends early (`supervisor::MadeAhead::report`).
+    status: Option<std::os::fd::OwnedFd>,
 }
 
 /// The lowest host uid a sandbox may be mapped to.
@@ -280,6 +284,7 @@ impl Plan {
             entry,
             netns: None,
             cgroup_request: None,
+            status: None,
         })
     }
 }

@@ -17,7 +17,9 @@
 //!    process `exec`ed, `E<message>` means set-up failed;
 //! 7. wait for init to exit, or for a signal, which kills init (and with it
 //!    the whole pid namespace) at once; meanwhile make the child memory
-//!    cgroups the main process asks for (`Requests`);
+//!    cgroups the main process asks for (`Requests`), and pass init's word
+//!    of the main process's end on to the caller when it gave a socket for
+//!    it (`MadeAhead::report`), before init's exit is done;
 //! 8. remove the cgroups, stop the guard, return the exit code. With
 //!    `guard: false` the caller removes the cgroups once the supervisor
 //!    exited (the runner does, after the stream's last line), so after a
@@ -169,6 +171,12 @@ pub(crate) struct MadeAhead {
     /// The sandbox's cgroups exist, children included, without limits
     /// (`crate::cgroup::SpareCgroups::take_as`).
     pub(crate) cgroups: bool,
+    /// A stream socket on which to report the main process's end as soon as
+    /// init tells it (4 bytes, little-endian: the code this process will
+    /// exit with), before
+    /// init's own exit takes the sandbox's namespaces down: the caller can
+    /// end the session then, and reap this process after.
+    pub(crate) report: Option<OwnedFd>,
 }
 
 /// [`run`], with what the zygote made ahead.
@@ -180,6 +188,7 @@ pub(crate) fn run_in(
     let MadeAhead {
         netns,
         cgroups: made_ahead,
+        report,
     } = ahead;
     let ppid = nix::unistd::getppid();
     let parent = watch_parent()?;
@@ -262,6 +271,20 @@ pub(crate) fn run_in(
         None => None,
     };
 
+    // Init tells the main process's end on a pipe of its own when there is
+    // someone to report it to.
+    let status = match report {
+        Some(report) => {
+            let (r, w) = pipe()?;
+            plan.status = Some(OwnedFd::from(w));
+            Some(Status {
+                from_init: r,
+                report,
+            })
+        }
+        None => None,
+    };
+
     let (up_r, up_w) = pipe()?;
     let (down_r, down_w) = pipe()?;
     let pid =
@@ -279,6 +302,7 @@ pub(crate) fn run_in(
     drop(down_r);
     drop(plan.netns.take());
     drop(plan.cgroup_request.take());
+    drop(plan.status.take());
     plan.root.release_trees();
     let init = Pid::from_raw(pid);
 
@@ -327,7 +351,7 @@ pub(crate) fn run_in(
     if let Some(r) = requests.as_mut() {
         r.init = pid;
     }
-    let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref());
+    let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref(), status);
     drop(down_w);
     if !policy.guard && code == 0 && !parent_gone && nix::unistd::getppid() == ppid {
         // The caller removes the cgroups (now empty: init was reaped, and
@@ -434,10 +458,19 @@ fn wait(
     parent: &OwnedFd,
     requests: Option<Requests>,
     cgroups: Option<&Cgroups>,
+    status: Option<Status>,
 ) -> (i32, bool) {
     let mut parent_alive = true;
     let mut requests = requests.zip(cgroups);
-    let code = wait_init(init, set, parent, &mut parent_alive, &mut requests);
+    let mut status = status;
+    let code = wait_init(
+        init,
+        set,
+        parent,
+        &mut parent_alive,
+        &mut requests,
+        &mut status,
+    );
     (code, !parent_alive)
 }
 
@@ -447,14 +480,17 @@ fn wait_init(
     parent: &OwnedFd,
     parent_alive: &mut bool,
     requests: &mut Option<(Requests, &Cgroups)>,
+    status: &mut Option<Status>,
 ) -> i32 {
     let mut received: Option<Signal> = None;
     // The signals are blocked since before `clone`: none is lost before this exists.
     let signals = SignalFd::with_flags(set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).ok();
     if signals.is_none() {
         // Without it nothing is polled: close the request socket, so that
-        // a request fails at once instead of waiting forever.
+        // a request fails at once instead of waiting forever (and the end
+        // is known from the exit alone).
         *requests = None;
+        *status = None;
     }
     loop {
         match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
@@ -470,24 +506,31 @@ fn wait_init(
         }
         let got = match &signals {
             Some(sfd) => {
+                // The signals, then each of these that is open.
+                let watched = [
+                    parent_alive.then(|| parent.as_fd()),
+                    requests.as_ref().map(|(r, _)| r.sock.as_fd()),
+                    status.as_ref().map(|s| s.from_init.as_fd()),
+                ];
                 let mut fds = vec![sfd.as_fd()];
-                if *parent_alive {
-                    fds.push(parent.as_fd());
-                }
-                if let Some((r, _)) = requests.as_ref() {
-                    fds.push(r.sock.as_fd());
-                }
+                fds.extend(watched.iter().flatten());
                 let ready = sys::poll_readable(&fds, -1).unwrap_or_default();
-                if *parent_alive && ready.get(1).copied().unwrap_or(false) {
+                let mut next = ready.iter().skip(1);
+                let [parent_ready, request_ready, status_ready] =
+                    watched.map(|w| w.is_some() && next.next().copied().unwrap_or(false));
+                if parent_ready {
                     *parent_alive = false;
                     received.get_or_insert(Signal::SIGKILL);
                     let _ = kill(init, Signal::SIGKILL);
                 }
-                if ready.last().copied().unwrap_or(false)
+                if request_ready
                     && let Some((r, cg)) = requests.as_mut()
                     && !r.serve(cg)
                 {
                     *requests = None; // end-of-file: the main process is done asking
+                }
+                if status_ready && let Some(s) = status.take() {
+                    s.relay();
                 }
                 match sfd.read_signal() {
                     Ok(Some(info)) => Signal::try_from(info.ssi_signo as i32).ok(),
@@ -642,4 +685,28 @@ fn mount_in_sandbox(
         sys::exit_now(i32::from(asbx_protocol::exit::SETUP_FAILED));
     }
     moved
+}
+
+/// Init's report of the main process's end, and where it goes on to
+/// ([`MadeAhead::report`]).
+struct Status {
+    from_init: File,
+    report: OwnedFd,
+}
+
+impl Status {
+    /// Passes init's 4 bytes on (nothing when init ended without them:
+    /// then the caller learns the end from this process's exit).
+    fn relay(self) {
+        let mut code = [0u8; 4];
+        let mut from_init = self.from_init;
+        if from_init.read_exact(&mut code).is_ok() {
+            // A socket: a caller gone is no reason to die of SIGPIPE.
+            let _ = nix::sys::socket::send(
+                self.report.as_raw_fd(),
+                &code,
+                nix::sys::socket::MsgFlags::MSG_NOSIGNAL | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            );
+        }
+    }
 }

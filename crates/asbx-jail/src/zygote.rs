@@ -12,8 +12,10 @@
 //!
 //! The wire, over a `SOCK_SEQPACKET` socket pair (the zygote's end is its
 //! stdin):
-//! - request: one message, the policy as JSON, with three descriptors
-//!   (`SCM_RIGHTS`): the supervisor's stdin, stdout and stderr;
+//! - request: one message, the policy as JSON, with three or four
+//!   descriptors (`SCM_RIGHTS`): the supervisor's stdin, stdout and stderr,
+//!   and where it reports the main process's end
+//!   ([`Zygote::fork_reporting`]);
 //! - reply: `P` and the child's pid (4 bytes, little-endian) with its pidfd,
 //!   or `E` and a message (the policy was refused, or `clone` failed).
 //!
@@ -127,12 +129,28 @@ impl Zygote {
         policy: &[u8],
         stdio: [BorrowedFd<'_>; 3],
     ) -> Result<(libc::pid_t, OwnedFd), JailError> {
+        self.fork_reporting(policy, stdio, None)
+    }
+
+    /// [`Zygote::fork`], and the supervisor reports the main process's end
+    /// on stream socket `report` as soon as the sandbox's init tells it: 4
+    /// bytes, the code (little-endian) the supervisor will exit with, before
+    /// init's exit takes the sandbox's namespaces down. Nothing comes if
+    /// the sandbox ends another way (its supervisor killed, set-up failed):
+    /// then its exit says it.
+    pub fn fork_reporting(
+        &self,
+        policy: &[u8],
+        stdio: [BorrowedFd<'_>; 3],
+        report: Option<BorrowedFd<'_>>,
+    ) -> Result<(libc::pid_t, OwnedFd), JailError> {
         let io = |e: nix::Error| JailError::Host(format!("zygote: {e}"));
         let sock = self
             .sock
             .as_ref()
             .ok_or_else(|| JailError::Host("zygote: closed".into()))?;
-        let fds = stdio.map(|f| f.as_raw_fd());
+        let mut fds: Vec<RawFd> = stdio.iter().map(|f| f.as_raw_fd()).collect();
+        fds.extend(report.map(|r| r.as_raw_fd()));
         let cmsg = [ControlMessage::ScmRights(&fds)];
         sendmsg::<()>(
             sock.as_raw_fd(),
@@ -235,7 +253,7 @@ pub fn serve(agent: Option<AgentEntry>) -> i32 {
     let mut spares = Spares::new();
     loop {
         spares.fill_while_idle(sock.as_fd());
-        let (n, fds) = match recv_with_fds::<3>(sock.as_fd(), &mut buf) {
+        let (n, fds) = match recv_with_fds::<4>(sock.as_fd(), &mut buf) {
             Ok((0, _)) => return 0, // the runner closed its end, or died
             Ok(got) => got,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -273,14 +291,14 @@ fn reply(sock: &OwnedFd, tag: &[u8], body: &[u8], fd: Option<BorrowedFd<'_>>) ->
 /// Parses the policy and forks its supervisor; the child never returns.
 fn fork_one(
     policy: &[u8],
-    fds: [Option<OwnedFd>; 3],
+    fds: [Option<OwnedFd>; 4],
     agent: Option<AgentEntry>,
     title: Option<sys::CmdlineArea>,
     spares: &mut Spares,
 ) -> Result<(libc::pid_t, OwnedFd), JailError> {
     let policy: JailPolicy = serde_json::from_slice(policy)
         .map_err(|e| JailError::Policy(format!("invalid policy: {e}")))?;
-    let [Some(stdin), Some(stdout), Some(stderr)] = fds else {
+    let [Some(stdin), Some(stdout), Some(stderr), report] = fds else {
         return Err(JailError::Host(
             "a request without its three descriptors".into(),
         ));
@@ -310,6 +328,7 @@ fn fork_one(
                     let ahead = crate::supervisor::MadeAhead {
                         netns,
                         cgroups: cgroups_made,
+                        report,
                     };
                     match crate::supervisor::run_in(&policy, agent, ahead) {
                         Ok(code) => code,

@@ -36,6 +36,9 @@ enum How {
 struct Forked {
     pidfd: AsyncFd<OwnedFd>,
     status: Option<ExitStatus>,
+    /// Where its supervisor reports the sandbox's end before it exits
+    /// ([`SandboxChild::ended`]).
+    report: Option<tokio::net::UnixStream>,
 }
 
 impl Forked {
@@ -44,6 +47,7 @@ impl Forked {
         Ok(Forked {
             pidfd: register(pidfd)?,
             status: None,
+            report: None,
         })
     }
 
@@ -109,18 +113,22 @@ impl SandboxChild {
         })
     }
 
-    /// A child forked for us (see the module docs), and our ends of its
-    /// stdio pipes. Needs the runtime (the pidfd joins its reactor).
+    /// A child forked for us (see the module docs), our ends of its stdio
+    /// pipes, and of the socket its supervisor reports the sandbox's end
+    /// on. Needs the runtime (the pidfd joins its reactor).
     pub(crate) fn forked(
         pid: i32,
         pidfd: OwnedFd,
-        stdin: OwnedFd,
-        stdout: OwnedFd,
-        stderr: OwnedFd,
+        [stdin, stdout, stderr]: [OwnedFd; 3],
+        report: OwnedFd,
     ) -> io::Result<Self> {
+        let mut forked = Forked::new(pidfd)?;
+        let report = std::os::unix::net::UnixStream::from(report);
+        report.set_nonblocking(true)?;
+        forked.report = Some(tokio::net::UnixStream::from_std(report)?);
         Ok(SandboxChild {
             pid: u32::try_from(pid).unwrap_or(0),
-            how: How::Forked(Forked::new(pidfd)?),
+            how: How::Forked(forked),
             stdin: Some(pipe::Sender::from_owned_fd(stdin)?),
             stdout: Some(pipe::Receiver::from_owned_fd(stdout)?),
             stderr: Some(pipe::Receiver::from_owned_fd(stderr)?),
@@ -141,6 +149,31 @@ impl SandboxChild {
             How::Spawned(c) => c.wait().await,
             How::Forked(f) => f.wait().await,
         }
+    }
+
+    /// How the sandbox ended, as soon as that is known: its supervisor's
+    /// report of the main process's end (forked children; before init's
+    /// exit takes the sandbox's namespaces down and the supervisor exits),
+    /// or else its exit. The supervisor may still run: [`SandboxChild::wait`]
+    /// reaps it after.
+    pub(crate) async fn ended(&mut self) -> io::Result<ExitStatus> {
+        use tokio::io::AsyncReadExt;
+        if let How::Forked(f) = &mut self.how
+            && f.status.is_none()
+            && let Some(mut report) = f.report.take()
+        {
+            let mut code = [0u8; 4];
+            tokio::select! {
+                read = report.read_exact(&mut code) => {
+                    if read.is_ok() {
+                        let code = i32::from_le_bytes(code);
+                        return Ok(ExitStatus::from_raw((code & 0xff) << 8));
+                    }
+                }
+                status = f.wait() => return status,
+            }
+        }
+        self.wait().await
     }
 
     /// Its status if it exited (reaping it), else `None`.

@@ -59,7 +59,7 @@ pub(crate) async fn start(
     };
     let stderr = match child.stderr.take() {
         Some(e) => capture_stderr(e),
-        None => tokio::spawn(async { crate::stderr::StderrCapture::default() }),
+        None => crate::drive::StderrReader::none(),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let limits = inner.config.limits;

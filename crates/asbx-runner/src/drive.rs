@@ -49,7 +49,7 @@ const MAX_HELD: usize = 64 * 1024;
 pub(crate) struct Drive {
     pub(crate) session: Arc<Session>,
     pub(crate) child: SandboxChild,
-    pub(crate) stderr: JoinHandle<StderrCapture>,
+    pub(crate) stderr: StderrReader,
     pub(crate) tx: mpsc::Sender<Bytes>,
     pub(crate) protocol: Protocol,
     pub(crate) filter: Option<Filter>,
@@ -165,26 +165,26 @@ impl Drive {
             None => End::Crashed,
         };
 
-        // Make sure the sandbox is gone, and learn how it ended.
+        // Learn how the sandbox ended: as soon as its supervisor reports it
+        // (before the sandbox's namespaces are down), or from its exit.
         let status = match end {
             End::Result | End::AgentError => {
-                match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+                match tokio::time::timeout(EXIT_GRACE, child.ended()).await {
                     Ok(s) => s.ok(),
                     Err(_) => kill_tree(&mut child).await,
                 }
             }
             End::Crashed => {
-                match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+                match tokio::time::timeout(Duration::from_secs(2), child.ended()).await {
                     Ok(s) => s.ok(),
                     Err(_) => kill_tree(&mut child).await,
                 }
             }
             End::Cancelled(_) | End::Cap => kill_tree(&mut child).await,
         };
-        let captured = match tokio::time::timeout(Duration::from_secs(1), stderr).await {
-            Ok(Ok(c)) => c,
-            _ => StderrCapture::default(),
-        };
+        // The supervisor may still hold stderr: what the sandbox wrote is
+        // in the pipe by now.
+        let captured = stderr.finish().await;
         let (exit_code, signal) = decode_status(status);
 
         // Lines the runner owes the client: session_init if still held,
@@ -245,6 +245,14 @@ impl Drive {
             }
         }
         session.close_log();
+        // Now make sure the sandbox is gone (its supervisor reaped), before
+        // the caller removes what is left of it.
+        if tokio::time::timeout(EXIT_GRACE, child.wait())
+            .await
+            .is_err()
+        {
+            kill_tree(&mut child).await;
+        }
         let (outcome, code) = match end {
             End::Result => ("completed", "none"),
             End::AgentError => ("agent_error", "agent"),
@@ -666,28 +674,72 @@ fn crash_message(code: Option<i32>, signal: Option<i32>, last: Option<&str>) -> 
     }
 }
 
-/// Reads a sandbox's stderr into a head/tail capture until it closes.
-pub(crate) fn capture_stderr<R: AsyncRead + Unpin + Send + 'static>(
-    mut stderr: R,
-) -> JoinHandle<StderrCapture> {
-    tokio::spawn(async move {
+/// A sandbox's stderr, read into a head/tail capture until it closes or
+/// the sandbox is known to have ended ([`StderrReader::finish`]).
+pub(crate) struct StderrReader {
+    task: JoinHandle<StderrCapture>,
+    done: tokio_util::sync::CancellationToken,
+}
+
+impl StderrReader {
+    /// Nothing to read (no pipe).
+    pub(crate) fn none() -> StderrReader {
+        StderrReader {
+            task: tokio::spawn(async { StderrCapture::default() }),
+            done: tokio_util::sync::CancellationToken::new(),
+        }
+    }
+
+    /// The capture, once the sandbox ended: what the pipe holds now is
+    /// read (without waiting for its end-of-file, which a supervisor still
+    /// tearing the sandbox down holds back), then the reading stops.
+    pub(crate) async fn finish(self) -> StderrCapture {
+        self.done.cancel();
+        match tokio::time::timeout(Duration::from_secs(1), self.task).await {
+            Ok(Ok(c)) => c,
+            _ => StderrCapture::default(),
+        }
+    }
+}
+
+/// Reads a sandbox's stderr into a head/tail capture; see [`StderrReader`].
+pub(crate) fn capture_stderr(mut stderr: tokio::net::unix::pipe::Receiver) -> StderrReader {
+    let done = tokio_util::sync::CancellationToken::new();
+    let finish = done.clone();
+    let task = tokio::spawn(async move {
         let mut cap = StderrCapture::default();
         // Most sandboxes write little or nothing there while they idle:
         // start small, and read big once a read fills the buffer.
         let mut buf = vec![0u8; 256];
         loop {
-            match stderr.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    cap.push(&buf[..n]);
-                    if n == buf.len() && buf.len() < 8192 {
-                        buf.resize(8192, 0);
+            tokio::select! {
+                biased;
+                read = stderr.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        cap.push(&buf[..n]);
+                        if n == buf.len() && buf.len() < 8192 {
+                            buf.resize(8192, 0);
+                        }
                     }
+                },
+                _ = finish.cancelled() => {
+                    // What is in the pipe now, read directly (the pipe does
+                    // not block), whether or not the reactor saw it yet.
+                    buf.resize(8192, 0);
+                    while let Ok(n) = nix::unistd::read(&stderr, &mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        cap.push(&buf[..n]);
+                    }
+                    break;
                 }
             }
         }
         cap
-    })
+    });
+    StderrReader { task, done }
 }
 
 #[cfg(test)]

@@ -209,6 +209,14 @@ impl ZygoteCell {
         let (in_r, in_w) = pipe()?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
+        // Where the supervisor reports the sandbox's end early (`SandboxChild::ended`).
+        let (report, report_w) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| host("socketpair", &e))?;
         let forked = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if matches!(*state, ZygoteState::NotStarted) {
@@ -223,16 +231,21 @@ impl ZygoteCell {
             let ZygoteState::Running(z) = &*state else {
                 return Err(asbx_jail::JailError::Host("no zygote".into()));
             };
-            let forked = z.fork(policy, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()]);
+            let forked = z.fork_reporting(
+                policy,
+                [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
+                Some(report_w.as_fd()),
+            );
             if let Err(e) = &forked {
                 tracing::warn!(error = %e, "the zygote failed; spawning this sandbox and starting a new zygote");
                 *state = ZygoteState::NotStarted; // ends this one (see its Drop)
             }
             forked?
         };
-        drop((in_r, out_w, err_w));
+        drop((in_r, out_w, err_w, report_w));
         let (pid, pidfd) = forked;
-        SandboxChild::forked(pid, pidfd, in_w, out_r, err_r).map_err(|e| host("pipes", &e))
+        SandboxChild::forked(pid, pidfd, [in_w, out_r, err_r], report)
+            .map_err(|e| host("pipes", &e))
     }
 }
 

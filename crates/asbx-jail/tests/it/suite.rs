@@ -117,6 +117,10 @@ pub fn cases() -> Vec<Case> {
             zygote_sandboxes_get_fresh_network_namespaces,
         ),
         (
+            "zygote_supervisors_report_the_end_on_their_socket",
+            zygote_supervisors_report_the_end_on_their_socket,
+        ),
+        (
             "hostile_cgroup_requests_leave_the_supervisor_whole",
             hostile_cgroup_requests_leave_the_supervisor_whole,
         ),
@@ -1765,6 +1769,62 @@ fn zygote_sandboxes_get_spare_cgroups_with_their_own_limits() -> R {
     ensure(
         spares().is_empty(),
         format!("a killed zygote's spares left: {:?}", spares()),
+    )?;
+    pass()
+}
+
+/// `Zygote::fork_reporting`: the supervisor reports the main process's end
+/// (its exit code, 4 bytes little-endian) on the socket it was given, the
+/// code it then exits with; a main process killed by a signal reports 128 +
+/// the signal; and a sandbox whose set-up fails reports nothing (its exit
+/// says it).
+fn zygote_supervisors_report_the_end_on_their_socket() -> R {
+    use std::os::fd::AsFd;
+    let exe = std::env::current_exe().unwrap();
+    let zygote = asbx_jail::Zygote::start(&exe).map_err(|e| e.to_string())?;
+    let run = |sbx: &Sbx| -> Result<(Vec<u8>, nix::sys::wait::WaitStatus), String> {
+        let json = serde_json::to_vec(&sbx.policy).unwrap();
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (in_r, in_w) = pipe();
+        let (out_r, out_w) = pipe();
+        let (err_r, err_w) = pipe();
+        let (ours, theirs) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let (pid, _pidfd) = zygote
+            .fork_reporting(
+                &json,
+                [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
+                Some(theirs.as_fd()),
+            )
+            .map_err(|e| e.to_string())?;
+        drop((in_r, out_w, err_w, theirs, in_w));
+        let (_, _, status) = zygote_collect(pid, out_r.into(), err_r.into())?;
+        let mut report = Vec::new();
+        std::fs::File::from(ours).read_to_end(&mut report).unwrap();
+        Ok((report, status))
+    };
+    let (report, status) = run(&Sbx::new("exit 7"))?;
+    ensure(
+        report == 7i32.to_le_bytes() && matches!(status, nix::sys::wait::WaitStatus::Exited(_, 7)),
+        format!("exit 7: report {report:?}, {status:?}"),
+    )?;
+    let (report, status) = run(&Sbx::new("kill -TERM $$"))?;
+    ensure(
+        report == 143i32.to_le_bytes()
+            && matches!(status, nix::sys::wait::WaitStatus::Exited(_, 143)),
+        format!("SIGTERM: report {report:?}, {status:?}"),
+    )?;
+    let mut bad = Sbx::new("exit 0");
+    bad.policy.argv = vec!["/no/such/program".into()];
+    let (report, status) = run(&bad)?;
+    ensure(
+        report.is_empty() && !matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        format!("failed set-up: report {report:?}, {status:?}"),
     )?;
     pass()
 }

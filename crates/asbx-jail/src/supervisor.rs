@@ -278,7 +278,7 @@ pub(crate) fn run_in(
             let (r, w) = pipe()?;
             plan.status = Some(OwnedFd::from(w));
             Some(Status {
-                from_init: r,
+                from_init: Some(r),
                 report,
             })
         }
@@ -351,7 +351,10 @@ pub(crate) fn run_in(
     if let Some(r) = requests.as_mut() {
         r.init = pid;
     }
-    let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref(), status);
+    // `status` (and with it the caller's socket) lives until this returns:
+    // its end-of-file tells the caller this process is exiting.
+    let mut status = status;
+    let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref(), &mut status);
     drop(down_w);
     if !policy.guard && code == 0 && !parent_gone && nix::unistd::getppid() == ppid {
         // The caller removes the cgroups (now empty: init was reaped, and
@@ -458,19 +461,11 @@ fn wait(
     parent: &OwnedFd,
     requests: Option<Requests>,
     cgroups: Option<&Cgroups>,
-    status: Option<Status>,
+    status: &mut Option<Status>,
 ) -> (i32, bool) {
     let mut parent_alive = true;
     let mut requests = requests.zip(cgroups);
-    let mut status = status;
-    let code = wait_init(
-        init,
-        set,
-        parent,
-        &mut parent_alive,
-        &mut requests,
-        &mut status,
-    );
+    let code = wait_init(init, set, parent, &mut parent_alive, &mut requests, status);
     (code, !parent_alive)
 }
 
@@ -490,7 +485,9 @@ fn wait_init(
         // a request fails at once instead of waiting forever (and the end
         // is known from the exit alone).
         *requests = None;
-        *status = None;
+        if let Some(s) = status.as_mut() {
+            s.from_init = None;
+        }
     }
     loop {
         match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
@@ -510,7 +507,10 @@ fn wait_init(
                 let watched = [
                     parent_alive.then(|| parent.as_fd()),
                     requests.as_ref().map(|(r, _)| r.sock.as_fd()),
-                    status.as_ref().map(|s| s.from_init.as_fd()),
+                    status
+                        .as_ref()
+                        .and_then(|s| s.from_init.as_ref())
+                        .map(|f| f.as_fd()),
                 ];
                 let mut fds = vec![sfd.as_fd()];
                 fds.extend(watched.iter().flatten());
@@ -529,7 +529,7 @@ fn wait_init(
                 {
                     *requests = None; // end-of-file: the main process is done asking
                 }
-                if status_ready && let Some(s) = status.take() {
+                if status_ready && let Some(s) = status.as_mut() {
                     s.relay();
                 }
                 match sfd.read_signal() {
@@ -688,18 +688,22 @@ fn mount_in_sandbox(
 }
 
 /// Init's report of the main process's end, and where it goes on to
-/// ([`MadeAhead::report`]).
+/// ([`MadeAhead::report`]). The caller's socket stays open until this
+/// process exits: its end-of-file tells the caller so.
 struct Status {
-    from_init: File,
+    /// `None` once read.
+    from_init: Option<File>,
     report: OwnedFd,
 }
 
 impl Status {
     /// Passes init's 4 bytes on (nothing when init ended without them:
     /// then the caller learns the end from this process's exit).
-    fn relay(self) {
+    fn relay(&mut self) {
+        let Some(mut from_init) = self.from_init.take() else {
+            return;
+        };
         let mut code = [0u8; 4];
-        let mut from_init = self.from_init;
         if from_init.read_exact(&mut code).is_ok() {
             // A socket: a caller gone is no reason to die of SIGPIPE.
             let _ = nix::sys::socket::send(

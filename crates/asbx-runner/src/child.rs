@@ -5,14 +5,14 @@
 //! killed if dropped while it runs.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
-use tokio::io::unix::AsyncFd;
+use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 
 #[derive(Debug)]
@@ -30,71 +30,70 @@ enum How {
     Forked(Forked),
 }
 
-/// A child forked by the zygote: waited for through its pidfd (readable
-/// once it exited), then reaped with `waitid(P_PIDFD)`.
+/// A child forked by the zygote. Its supervisor holds the other end of
+/// `report` until it exits: first it writes the sandbox's end there (4
+/// bytes, [`SandboxChild::ended`]), then its exit closes it, and it is then
+/// reaped with `waitid(P_PID)` (its pid can't be reused before: it is our
+/// child, unreaped). One descriptor per sandbox for both, where a pidfd
+/// beside the socket took two.
 #[derive(Debug)]
 struct Forked {
-    pidfd: AsyncFd<OwnedFd>,
+    pid: Pid,
     status: Option<ExitStatus>,
-    /// Where its supervisor reports the sandbox's end before it exits
-    /// ([`SandboxChild::ended`]).
+    /// `None` once at its end-of-file (or handed to a reaper on drop).
     report: Option<tokio::net::UnixStream>,
 }
 
 impl Forked {
-    /// Needs the runtime (the pidfd joins its reactor).
-    fn new(pidfd: OwnedFd) -> io::Result<Forked> {
-        Ok(Forked {
-            pidfd: register(pidfd)?,
-            status: None,
-            report: None,
-        })
-    }
-
+    /// Waits for it to exit and reaps it.
     async fn wait(&mut self) -> io::Result<ExitStatus> {
-        loop {
-            if let Some(s) = self.status {
-                return Ok(s);
-            }
-            let mut ready = self.pidfd.readable().await?;
-            match reap(&self.pidfd, &mut self.status)? {
-                Some(s) => return Ok(s),
-                None => ready.clear_ready(),
+        if let Some(s) = self.status {
+            return Ok(s);
+        }
+        if let Some(mut report) = self.report.take() {
+            // Its end-of-file: the supervisor's descriptors are closed, so
+            // it is exiting.
+            let mut buf = [0u8; 16];
+            while let Ok(n) = report.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
             }
         }
+        // It closes its descriptors just before it becomes a zombie: this
+        // blocks for microseconds, if at all.
+        let pid = self.pid;
+        let found = tokio::task::spawn_blocking(move || reap(pid, WaitPidFlag::WEXITED))
+            .await
+            .map_err(io::Error::other)??;
+        self.status = found;
+        found.ok_or_else(|| io::Error::other("the sandbox's supervisor could not be reaped"))
     }
 
     /// Its status if it exited (reaping it), else `None`.
     fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        reap(&self.pidfd, &mut self.status)
+        if self.status.is_none() {
+            self.status = reap(self.pid, WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG)?;
+        }
+        Ok(self.status)
     }
 }
 
-/// `waitid(P_PIDFD, WEXITED | WNOHANG)`, remembering what it found.
-fn reap(
-    pidfd: &AsyncFd<OwnedFd>,
-    status: &mut Option<ExitStatus>,
-) -> io::Result<Option<ExitStatus>> {
-    if status.is_some() {
-        return Ok(*status);
-    }
+/// `waitid(P_PID, pid, flags)`: its status if it exited.
+fn reap(pid: Pid, flags: WaitPidFlag) -> io::Result<Option<ExitStatus>> {
     let found = loop {
-        match waitid(
-            Id::PIDFd(pidfd.get_ref().as_fd()),
-            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
-        ) {
+        match waitid(Id::Pid(pid), flags) {
             Err(nix::errno::Errno::EINTR) => continue,
             other => break other.map_err(io::Error::from)?,
         }
     };
-    *status = match found {
+    Ok(match found {
         WaitStatus::Exited(_, code) => Some(ExitStatus::from_raw((code & 0xff) << 8)),
         WaitStatus::Signaled(_, sig, core) => Some(ExitStatus::from_raw(
             sig as i32 | if core { 0x80 } else { 0 },
         )),
         _ => None,
-    };
-    Ok(*status)
+    })
 }
 
 impl SandboxChild {
@@ -114,21 +113,23 @@ impl SandboxChild {
     }
 
     /// A child forked for us (see the module docs), our ends of its stdio
-    /// pipes, and of the socket its supervisor reports the sandbox's end
-    /// on. Needs the runtime (the pidfd joins its reactor).
+    /// pipes, and of the socket its supervisor reports the sandbox's end on
+    /// and holds until it exits ([`Forked`]). Needs the runtime (the socket
+    /// joins its reactor).
     pub(crate) fn forked(
         pid: i32,
-        pidfd: OwnedFd,
         [stdin, stdout, stderr]: [OwnedFd; 3],
         report: OwnedFd,
     ) -> io::Result<Self> {
-        let mut forked = Forked::new(pidfd)?;
         let report = std::os::unix::net::UnixStream::from(report);
         report.set_nonblocking(true)?;
-        forked.report = Some(tokio::net::UnixStream::from_std(report)?);
         Ok(SandboxChild {
             pid: u32::try_from(pid).unwrap_or(0),
-            how: How::Forked(forked),
+            how: How::Forked(Forked {
+                pid: Pid::from_raw(pid),
+                status: None,
+                report: Some(tokio::net::UnixStream::from_std(report)?),
+            }),
             stdin: Some(pipe::Sender::from_owned_fd(stdin)?),
             stdout: Some(pipe::Receiver::from_owned_fd(stdout)?),
             stderr: Some(pipe::Receiver::from_owned_fd(stderr)?),
@@ -157,21 +158,17 @@ impl SandboxChild {
     /// or else its exit. The supervisor may still run: [`SandboxChild::wait`]
     /// reaps it after.
     pub(crate) async fn ended(&mut self) -> io::Result<ExitStatus> {
-        use tokio::io::AsyncReadExt;
         if let How::Forked(f) = &mut self.how
             && f.status.is_none()
-            && let Some(mut report) = f.report.take()
+            && let Some(report) = f.report.as_mut()
         {
             let mut code = [0u8; 4];
-            tokio::select! {
-                read = report.read_exact(&mut code) => {
-                    if read.is_ok() {
-                        let code = i32::from_le_bytes(code);
-                        return Ok(ExitStatus::from_raw((code & 0xff) << 8));
-                    }
-                }
-                status = f.wait() => return status,
+            if report.read_exact(&mut code).await.is_ok() {
+                let code = i32::from_le_bytes(code);
+                return Ok(ExitStatus::from_raw((code & 0xff) << 8));
             }
+            // End-of-file first: it ended without a report (killed, or its
+            // set-up failed); its exit says how.
         }
         self.wait().await
     }
@@ -185,16 +182,6 @@ impl SandboxChild {
     }
 }
 
-/// A pidfd, registered with the runtime's reactor (readable once the
-/// process exited). Needs the runtime.
-#[allow(unsafe_code)]
-fn register(pidfd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: `register` asks that the descriptor stay open and refer to the
-    // same file description for the `AsyncFd`'s whole life: an `OwnedFd`,
-    // moved into it and closed only when it drops, does.
-    Ok(unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?)
-}
-
 impl Drop for SandboxChild {
     fn drop(&mut self) {
         // A spawned child is `kill_on_drop`; do the same for a forked one,
@@ -206,23 +193,23 @@ impl Drop for SandboxChild {
             return;
         }
         // Unreaped, so the pid is still its own.
-        let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+        let _ = kill(f.pid, Signal::SIGKILL);
         if matches!(f.try_wait(), Ok(Some(_))) {
             return;
         }
-        let Ok(fd) = f.pidfd.get_ref().try_clone() else {
-            return;
+        let mut reaper = Forked {
+            pid: f.pid,
+            status: None,
+            report: f.report.take(),
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    if let Ok(mut f) = Forked::new(fd) {
-                        let _ = f.wait().await;
-                    }
+                    let _ = reaper.wait().await;
                 });
             }
             Err(_) => {
-                let _ = waitid(Id::PIDFd(fd.as_fd()), WaitPidFlag::WEXITED);
+                let _ = reap(reaper.pid, WaitPidFlag::WEXITED);
             }
         }
     }

@@ -243,9 +243,10 @@ impl ZygoteCell {
             forked?
         };
         drop((in_r, out_w, err_w, report_w));
-        let (pid, pidfd) = forked;
-        SandboxChild::forked(pid, pidfd, [in_w, out_r, err_r], report)
-            .map_err(|e| host("pipes", &e))
+        // Its end is watched on `report` (see `SandboxChild`): the pidfd
+        // is not needed.
+        let (pid, _pidfd) = forked;
+        SandboxChild::forked(pid, [in_w, out_r, err_r], report).map_err(|e| host("pipes", &e))
     }
 }
 

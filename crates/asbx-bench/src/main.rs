@@ -53,7 +53,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
+    let result = rt.block_on(async {
         match what {
             "throughput" => throughput().await,
             "first-line" => first_line(n).await,
@@ -79,7 +79,29 @@ fn main() -> anyhow::Result<()> {
             }
             other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | relay [N] | all"),
         }
-    })
+    });
+    // A bench that failed half-way left its folders: what it started is
+    // gone with the runtime, so they go too.
+    drop(rt);
+    if result.is_err() {
+        remove_own_tempdirs();
+    }
+    result
+}
+
+/// Removes this process's [`tempdir`] folders.
+fn remove_own_tempdirs() {
+    let suffix = format!("-{}", std::process::id());
+    for e in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("asbx-bench-") && name.ends_with(&suffix) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 fn sibling(name: &str) -> anyhow::Result<PathBuf> {

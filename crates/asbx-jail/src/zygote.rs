@@ -137,7 +137,8 @@ impl Zygote {
     /// bytes, the code (little-endian) the supervisor will exit with, before
     /// init's exit takes the sandbox's namespaces down. Nothing comes if
     /// the sandbox ends another way (its supervisor killed, set-up failed):
-    /// then its exit says it.
+    /// then its exit says it. The supervisor holds `report` until it exits,
+    /// so its end-of-file says the supervisor is exiting.
     pub fn fork_reporting(
         &self,
         policy: &[u8],

@@ -266,14 +266,16 @@ pub(crate) fn run_in(
 
     // The main process asks for its child memory cgroups on a socket of its
     // own (`Requests`).
-    let mut requests = match cgroups.as_ref().filter(|c| c.has_on_request()) {
+    let requests = match cgroups.as_ref().filter(|c| c.has_on_request()) {
         Some(_) => Some(Requests::socket(&mut plan, policy)?),
         None => None,
     };
 
     // Init tells the main process's end on a pipe of its own when there is
-    // someone to report it to.
-    let status = match report {
+    // someone to report it to. It (and with it the caller's socket) lives
+    // until this returns: its end-of-file tells the caller this process is
+    // exiting.
+    let mut status = match report {
         Some(report) => {
             let (r, w) = pipe()?;
             plan.status = Some(OwnedFd::from(w));
@@ -348,12 +350,6 @@ pub(crate) fn run_in(
         return Err(e);
     }
 
-    if let Some(r) = requests.as_mut() {
-        r.init = pid;
-    }
-    // `status` (and with it the caller's socket) lives until this returns:
-    // its end-of-file tells the caller this process is exiting.
-    let mut status = status;
     let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref(), &mut status);
     drop(down_w);
     if !policy.guard && code == 0 && !parent_gone && nix::unistd::getppid() == ppid {
@@ -525,7 +521,7 @@ fn wait_init(
                 }
                 if request_ready
                     && let Some((r, cg)) = requests.as_mut()
-                    && !r.serve(cg)
+                    && !r.serve(cg, init.as_raw())
                 {
                     *requests = None; // end-of-file: the main process is done asking
                 }
@@ -563,7 +559,6 @@ fn wait_init(
 /// is answered at once.
 struct Requests {
     sock: OwnedFd,
-    init: libc::pid_t,
     limits: asbx_protocol::jail::ResourceLimits,
     host_uid: u32,
 }
@@ -592,7 +587,6 @@ impl Requests {
         plan.cgroup_request = Some(theirs);
         Ok(Requests {
             sock: ours,
-            init: 0, // set once init exists
             limits: policy.limits.clone(),
             host_uid: policy.host_uid,
         })
@@ -600,7 +594,7 @@ impl Requests {
 
     /// Answers what the socket holds; false at its end-of-file (or error).
     /// Answers never block: an answer the sandbox does not read is dropped.
-    fn serve(&mut self, cgroups: &Cgroups) -> bool {
+    fn serve(&mut self, cgroups: &Cgroups, init: libc::pid_t) -> bool {
         let mut asked = [0u8; 64];
         let n = match nix::unistd::read(&self.sock, &mut asked) {
             Ok(0) => return false,
@@ -611,8 +605,8 @@ impl Requests {
         let mut answers = [b'-'; 64];
         for (b, answer) in asked[..n].iter().zip(&mut answers) {
             let made = match b {
-                b't' => self.make(cgroups, "tools"),
-                b'm' => self.make(cgroups, "mcp"),
+                b't' => self.make(cgroups, "tools", init),
+                b'm' => self.make(cgroups, "mcp", init),
                 _ => false,
             };
             if made {
@@ -631,7 +625,8 @@ impl Requests {
 
     /// Makes `child`'s memory cgroup and mounts it in the sandbox, unless
     /// it is there already.
-    fn make(&self, cgroups: &Cgroups, child: &str) -> bool {
+    /// `init`: the sandbox's init, whose mount namespace it goes in.
+    fn make(&self, cgroups: &Cgroups, child: &str, init: libc::pid_t) -> bool {
         let (m, made) = match cgroups.make_on_request(child, &self.limits, self.host_uid) {
             Ok(got) => got,
             Err(e) => {
@@ -645,7 +640,7 @@ impl Requests {
         let target = std::path::Path::new(TOOL_CGROUP_IN_JAIL)
             .join(m.child)
             .join(m.controller);
-        match mount_in_sandbox(self.init, &m.host, &target) {
+        match mount_in_sandbox(init, &m.host, &target) {
             Ok(()) => true,
             Err(e) => {
                 let _ = writeln!(std::io::stderr(), "asbx jail: {}: {e}", target.display());

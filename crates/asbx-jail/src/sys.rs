@@ -44,37 +44,6 @@ pub(crate) fn clone_fork(ns_flags: libc::c_int) -> io::Result<Forked> {
     }
 }
 
-/// `clone(CLONE_PARENT | CLONE_PIDFD | SIGCHLD)` without a new stack: a
-/// fork whose child is the caller's parent's child, and a pidfd of it for
-/// the caller. The same rules as [`clone_fork`]: a single-threaded caller,
-/// a child that ends with [`exit_now`].
-pub(crate) fn clone_parent_pidfd() -> io::Result<(Forked, Option<OwnedFd>)> {
-    let flags = (libc::CLONE_PARENT | libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong;
-    let mut pidfd: libc::c_int = -1;
-    // SAFETY: as in `clone_fork`; with CLONE_PIDFD the kernel stores the
-    // pidfd through the third argument (`parent_tid` in the raw ABI), which
-    // points at a live `c_int` of this frame.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            flags,
-            0usize,
-            &mut pidfd as *mut libc::c_int,
-            0usize,
-            0usize,
-        )
-    };
-    match ret {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok((Forked::Child, None)),
-        pid => {
-            // SAFETY: the kernel just made `pidfd` for us; nothing else owns it.
-            let fd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-            Ok((Forked::Parent(pid as libc::pid_t), fd))
-        }
-    }
-}
-
 /// Takes ownership of a descriptor the kernel handed this process (received
 /// with `SCM_RIGHTS`, or a stdio slot nothing else uses).
 pub(crate) fn own_received_fd(fd: std::os::fd::RawFd) -> OwnedFd {

@@ -14,10 +14,9 @@
 //! stdin):
 //! - request: one message, the policy as JSON, with three or four
 //!   descriptors (`SCM_RIGHTS`): the supervisor's stdin, stdout and stderr,
-//!   and where it reports the main process's end
-//!   ([`Zygote::fork_reporting`]);
-//! - reply: `P` and the child's pid (4 bytes, little-endian) with its pidfd,
-//!   or `E` and a message (the policy was refused, or `clone` failed).
+//!   and where it reports the main process's end ([`Zygote::fork`]);
+//! - reply: `P` and the child's pid (4 bytes, little-endian), or `E` and a
+//!   message (the policy was refused, or `clone` failed).
 //!
 //! The child is cloned with `CLONE_PARENT`: it is the runner's child, as an
 //! `execve`d supervisor would be (the runner reaps it, its pidfd of its
@@ -122,29 +121,21 @@ impl Zygote {
     }
 
     /// Forks a supervisor running `policy` (JSON) with `stdio` as its stdin,
-    /// stdout and stderr; returns its pid and a pidfd of it. The child is
-    /// the caller's (see the module docs): the caller reaps it.
+    /// stdout and stderr; returns its pid. The child is the caller's (see
+    /// the module docs): the caller reaps it. With `report` (a stream
+    /// socket), the supervisor reports the main process's end there as soon
+    /// as the sandbox's init tells it: 4 bytes, the code (little-endian) the
+    /// supervisor will exit with, before init's exit takes the sandbox's
+    /// namespaces down. Nothing comes if the sandbox ends another way (its
+    /// supervisor killed, set-up failed): then its exit says it. The
+    /// supervisor holds `report` until it exits, so its end-of-file says the
+    /// supervisor is exiting.
     pub fn fork(
         &self,
         policy: &[u8],
         stdio: [BorrowedFd<'_>; 3],
-    ) -> Result<(libc::pid_t, OwnedFd), JailError> {
-        self.fork_reporting(policy, stdio, None)
-    }
-
-    /// [`Zygote::fork`], and the supervisor reports the main process's end
-    /// on stream socket `report` as soon as the sandbox's init tells it: 4
-    /// bytes, the code (little-endian) the supervisor will exit with, before
-    /// init's exit takes the sandbox's namespaces down. Nothing comes if
-    /// the sandbox ends another way (its supervisor killed, set-up failed):
-    /// then its exit says it. The supervisor holds `report` until it exits,
-    /// so its end-of-file says the supervisor is exiting.
-    pub fn fork_reporting(
-        &self,
-        policy: &[u8],
-        stdio: [BorrowedFd<'_>; 3],
         report: Option<BorrowedFd<'_>>,
-    ) -> Result<(libc::pid_t, OwnedFd), JailError> {
+    ) -> Result<libc::pid_t, JailError> {
         let io = |e: nix::Error| JailError::Host(format!("zygote: {e}"));
         let sock = self
             .sock
@@ -162,16 +153,15 @@ impl Zygote {
         )
         .map_err(io)?;
         let mut buf = [0u8; 1024];
-        let (n, pidfd) = recv_with_fds::<1>(sock.as_fd(), &mut buf)
+        let (n, []) = recv_with_fds::<0>(sock.as_fd(), &mut buf)
             .map_err(|e| JailError::Host(format!("zygote: {e}")))?;
-        let [pidfd] = pidfd;
-        match (&buf[..n], pidfd) {
-            ([b'P', a, b, c, d], Some(fd)) => Ok((i32::from_le_bytes([*a, *b, *c, *d]), fd)),
-            ([b'E', msg @ ..], _) => Err(JailError::Host(format!(
+        match &buf[..n] {
+            [b'P', a, b, c, d] => Ok(i32::from_le_bytes([*a, *b, *c, *d])),
+            [b'E', msg @ ..] => Err(JailError::Host(format!(
                 "zygote: {}",
                 String::from_utf8_lossy(msg)
             ))),
-            ([], _) => Err(JailError::Host("zygote: it ended".into())),
+            [] => Err(JailError::Host("zygote: it ended".into())),
             _ => Err(JailError::Host("zygote: an unreadable reply".into())),
         }
     }
@@ -258,7 +248,7 @@ pub fn serve(agent: Option<AgentEntry>) -> i32 {
             Ok((0, _)) => return 0, // the runner closed its end, or died
             Ok(got) => got,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                if reply(&sock, b"E", e.to_string().as_bytes(), None).is_err() {
+                if reply(&sock, b"E", e.to_string().as_bytes()).is_err() {
                     return 1;
                 }
                 continue;
@@ -267,8 +257,8 @@ pub fn serve(agent: Option<AgentEntry>) -> i32 {
         };
         let answer = fork_one(&buf[..n], fds, agent, title, &mut spares);
         let sent = match answer {
-            Ok((pid, pidfd)) => reply(&sock, b"P", &pid.to_le_bytes(), Some(pidfd.as_fd())),
-            Err(e) => reply(&sock, b"E", e.to_string().as_bytes(), None),
+            Ok(pid) => reply(&sock, b"P", &pid.to_le_bytes()),
+            Err(e) => reply(&sock, b"E", e.to_string().as_bytes()),
         };
         if sent.is_err() {
             return 1;
@@ -276,13 +266,11 @@ pub fn serve(agent: Option<AgentEntry>) -> i32 {
     }
 }
 
-fn reply(sock: &OwnedFd, tag: &[u8], body: &[u8], fd: Option<BorrowedFd<'_>>) -> nix::Result<()> {
-    let raw = fd.map(|f| [f.as_raw_fd()]);
-    let cmsg: Vec<ControlMessage<'_>> = raw.iter().map(|r| ControlMessage::ScmRights(r)).collect();
+fn reply(sock: &OwnedFd, tag: &[u8], body: &[u8]) -> nix::Result<()> {
     sendmsg::<()>(
         sock.as_raw_fd(),
         &[IoSlice::new(tag), IoSlice::new(body)],
-        &cmsg,
+        &[],
         MsgFlags::MSG_NOSIGNAL,
         None,
     )
@@ -296,7 +284,7 @@ fn fork_one(
     agent: Option<AgentEntry>,
     title: Option<sys::CmdlineArea>,
     spares: &mut Spares,
-) -> Result<(libc::pid_t, OwnedFd), JailError> {
+) -> Result<libc::pid_t, JailError> {
     let policy: JailPolicy = serde_json::from_slice(policy)
         .map_err(|e| JailError::Policy(format!("invalid policy: {e}")))?;
     let [Some(stdin), Some(stdout), Some(stderr), report] = fds else {
@@ -309,14 +297,15 @@ fn fork_one(
     // Renamed for this sandbox: the child's from here on, or removed here.
     let cgroups_made =
         policy.profile == JailProfile::Strict && spares.cgroups.take_as(&policy.cgroup);
-    let cloned = sys::clone_parent_pidfd().map_err(|e| JailError::Host(format!("clone: {e}")));
+    // `CLONE_PARENT`: the child is the runner's (see the module docs).
+    let cloned =
+        sys::clone_fork(libc::CLONE_PARENT).map_err(|e| JailError::Host(format!("clone: {e}")));
     if cgroups_made && cloned.is_err() {
         let _ = crate::remove_cgroups(&policy.cgroup);
     }
     match cloned? {
-        (Forked::Parent(pid), Some(pidfd)) => Ok((pid, pidfd)),
-        (Forked::Parent(_), None) => Err(JailError::Host("clone: no pidfd".into())),
-        (Forked::Child, _) => {
+        Forked::Parent(pid) => Ok(pid),
+        Forked::Child => {
             if let Some(area) = title {
                 area.show(format!("asbx jail {} {}", policy.cgroup, policy.workdir).as_bytes());
             }

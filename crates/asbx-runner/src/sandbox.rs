@@ -231,7 +231,7 @@ impl ZygoteCell {
             let ZygoteState::Running(z) = &*state else {
                 return Err(asbx_jail::JailError::Host("no zygote".into()));
             };
-            let forked = z.fork_reporting(
+            let forked = z.fork(
                 policy,
                 [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
                 Some(report_w.as_fd()),
@@ -243,10 +243,7 @@ impl ZygoteCell {
             forked?
         };
         drop((in_r, out_w, err_w, report_w));
-        // Its end is watched on `report` (see `SandboxChild`): the pidfd
-        // is not needed.
-        let (pid, _pidfd) = forked;
-        SandboxChild::forked(pid, [in_w, out_r, err_r], report).map_err(|e| host("pipes", &e))
+        SandboxChild::forked(forked, [in_w, out_r, err_r], report).map_err(|e| host("pipes", &e))
     }
 }
 

@@ -454,11 +454,10 @@ pub(crate) fn command(
     root: &CgroupRoot,
 ) -> Result<(tokio::process::Command, Option<ChildCgroup>), String> {
     // On cgroup v1 the child's memory cgroup is made when its first
-    // process starts (see `asbx_jail::request_memory_cgroup`).
-    if root.0 == Path::new(TOOL_CGROUP_IN_JAIL) {
-        asbx_jail::request_memory_cgroup(slot.dir_name())
-            .map_err(|e| format!("the tool cannot get its cgroup: {e}"))?;
-    }
+    // process starts (see `asbx_jail::request_memory_cgroup`; a no-op
+    // outside a jail that makes them so).
+    asbx_jail::request_memory_cgroup(slot.dir_name())
+        .map_err(|e| format!("the tool cannot get its cgroup: {e}"))?;
     let cgroup = ChildCgroup::find(root, slot)?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).process_group(0).kill_on_drop(true);

@@ -1553,6 +1553,7 @@ fn the_zygote_forks_supervisors_as_the_callers_children() -> R {
     match zygote.fork(
         b"{not a policy",
         [in_r.as_fd(), out_w.as_fd(), out_w.as_fd()],
+        None,
     ) {
         Err(e) if e.to_string().contains("invalid policy") => {}
         other => return Err(format!("a bad policy: {other:?}")),
@@ -1773,7 +1774,7 @@ fn zygote_sandboxes_get_spare_cgroups_with_their_own_limits() -> R {
     pass()
 }
 
-/// `Zygote::fork_reporting`: the supervisor reports the main process's end
+/// `Zygote::fork` with a report socket: the supervisor reports the main process's end
 /// (its exit code, 4 bytes little-endian) on the socket it was given, the
 /// code it then exits with; a main process killed by a signal reports 128 +
 /// the signal; and a sandbox whose set-up fails reports nothing (its exit
@@ -1783,11 +1784,6 @@ fn zygote_supervisors_report_the_end_on_their_socket() -> R {
     let exe = std::env::current_exe().unwrap();
     let zygote = asbx_jail::Zygote::start(&exe).map_err(|e| e.to_string())?;
     let run = |sbx: &Sbx| -> Result<(Vec<u8>, nix::sys::wait::WaitStatus), String> {
-        let json = serde_json::to_vec(&sbx.policy).unwrap();
-        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        let (in_r, in_w) = pipe();
-        let (out_r, out_w) = pipe();
-        let (err_r, err_w) = pipe();
         let (ours, theirs) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
             nix::sys::socket::SockType::Stream,
@@ -1795,15 +1791,9 @@ fn zygote_supervisors_report_the_end_on_their_socket() -> R {
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .unwrap();
-        let (pid, _pidfd) = zygote
-            .fork_reporting(
-                &json,
-                [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
-                Some(theirs.as_fd()),
-            )
-            .map_err(|e| e.to_string())?;
-        drop((in_r, out_w, err_w, theirs, in_w));
-        let (_, _, status) = zygote_collect(pid, out_r.into(), err_r.into())?;
+        let (pid, in_w, out_r, err_r) = zygote_fork_reporting(&zygote, sbx, Some(theirs.as_fd()))?;
+        drop((theirs, in_w));
+        let (_, _, status) = zygote_collect(pid, out_r, err_r)?;
         let mut report = Vec::new();
         std::fs::File::from(ours).read_to_end(&mut report).unwrap();
         Ok((report, status))
@@ -1835,14 +1825,23 @@ fn zygote_fork(
     zygote: &asbx_jail::Zygote,
     sbx: &Sbx,
 ) -> Result<(i32, std::fs::File, std::fs::File, std::fs::File), String> {
+    zygote_fork_reporting(zygote, sbx, None)
+}
+
+/// [`zygote_fork`], the supervisor reporting the sandbox's end on `report`.
+fn zygote_fork_reporting(
+    zygote: &asbx_jail::Zygote,
+    sbx: &Sbx,
+    report: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<(i32, std::fs::File, std::fs::File, std::fs::File), String> {
     use std::os::fd::AsFd;
     let json = serde_json::to_vec(&sbx.policy).unwrap();
     let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let (in_r, in_w) = pipe();
     let (out_r, out_w) = pipe();
     let (err_r, err_w) = pipe();
-    let (pid, _pidfd) = zygote
-        .fork(&json, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()])
+    let pid = zygote
+        .fork(&json, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], report)
         .map_err(|e| e.to_string())?;
     Ok((pid, in_w.into(), out_r.into(), err_r.into()))
 }

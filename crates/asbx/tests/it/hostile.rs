@@ -176,15 +176,10 @@ async fn a_sigkilled_supervisor_leaves_nothing_behind() {
         last.contains(r#""type":"error""#),
         "the turn ends with an error: {rest}"
     );
-    let killed = Instant::now();
-    let mut left = (Vec::new(), Vec::new());
-    while killed.elapsed() < Duration::from_secs(5) {
-        left = (pids_mentioning(&marker), cgroups_named(&needles));
-        if left.0.is_empty() && left.1.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let left = left_after(Duration::from_secs(5), || {
+        (pids_mentioning(&marker), cgroups_named(&needles))
+    })
+    .await;
     assert!(
         left.0.is_empty() && left.1.is_empty(),
         "5 s after SIGKILL of the supervisor: tools {:?}, cgroups {:?}",
@@ -315,19 +310,29 @@ async fn a_runner_stopped_while_its_pool_boots_leaves_nothing() {
     let (zygote, _) = zygote_of(runner.pid()).expect("the pool boots through a zygote");
     let warm = vec![warm[0].clone(), format!("zygote-{zygote}-")];
     runner.terminate();
-    let stopped = Instant::now();
-    let mut left = (Vec::new(), Vec::new());
-    while stopped.elapsed() < Duration::from_secs(10) {
-        left = (cgroups_named(&warm), pids_mentioning(&data));
-        if left.0.is_empty() && left.1.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let left = left_after(Duration::from_secs(10), || {
+        (cgroups_named(&warm), pids_mentioning(&data))
+    })
+    .await;
     assert!(
         left.0.is_empty() && left.1.is_empty(),
         "10 s after SIGTERM: warm cgroups {:?}, processes {:?}",
         left.0,
         left.1
     );
+}
+
+/// What `probe` still finds once both its lists are empty, or `limit` passed.
+async fn left_after<A, B>(
+    limit: Duration,
+    probe: impl Fn() -> (Vec<A>, Vec<B>),
+) -> (Vec<A>, Vec<B>) {
+    let since = Instant::now();
+    loop {
+        let left = probe();
+        if (left.0.is_empty() && left.1.is_empty()) || since.elapsed() >= limit {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -443,6 +443,7 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     let stall = stalling_workspace().await?;
     let client = reqwest::Client::new();
     let before = mem_used_kib()?;
+    let parts_before = meminfo_parts()?;
     let mut streams = Vec::with_capacity(n);
     let starting = Instant::now();
     for _ in 0..n {
@@ -469,6 +470,7 @@ async fn idle(n: usize) -> anyhow::Result<()> {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = mem_used_kib()?;
+    let parts_after = meminfo_parts()?;
     let runner_after = rss_kib(pid)?;
     let descendants: Vec<u32> = asbx_test_support::descendants_of(pid)
         .into_iter()
@@ -513,6 +515,15 @@ async fn idle(n: usize) -> anyhow::Result<()> {
         runner_after as f64 / 1024.0,
         (runner_after.saturating_sub(rss_at_rest)) as f64 / n as f64,
         (after.saturating_sub(before)) as f64 / n as f64 / 1024.0
+    );
+    let parts: Vec<String> = parts_before
+        .iter()
+        .zip(&parts_after)
+        .map(|((k, b), (_, a))| format!("{k} {:+.0}", (*a as f64 - *b as f64) / n as f64))
+        .collect();
+    println!(
+        "idle: where it went, /proc/meminfo KiB per sandbox: {}",
+        parts.join(", ")
     );
     // Hang up and let the runner end every sandbox and remove its cgroups
     // before it stops (SIGTERM): killing it while thousands of sandboxes
@@ -614,6 +625,32 @@ fn cgroup_usage_bytes() -> u64 {
         .filter_map(|e| std::fs::read_to_string(e.path().join("memory.usage_in_bytes")).ok())
         .filter_map(|v| v.trim().parse::<u64>().ok())
         .sum()
+}
+
+/// The `/proc/meminfo` fields an idle sandbox's host memory splits into, in KiB.
+fn meminfo_parts() -> anyhow::Result<Vec<(&'static str, u64)>> {
+    let info = std::fs::read_to_string("/proc/meminfo")?;
+    [
+        "AnonPages",
+        "Shmem",
+        "SReclaimable",
+        "SUnreclaim",
+        "KernelStack",
+        "PageTables",
+        "Percpu",
+        "Cached",
+    ]
+    .into_iter()
+    .map(|k| {
+        let v = info
+            .lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{k} in /proc/meminfo"))?;
+        Ok((k, v))
+    })
+    .collect()
 }
 
 /// Memory in use on the host (MemTotal - MemAvailable), in KiB.

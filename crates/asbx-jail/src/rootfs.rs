@@ -48,8 +48,9 @@ const DATA: &str = "/.data";
 /// Host system folders made visible read-only (or recreated as symlinks).
 const SYSTEM: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32"];
 
-/// `/etc` entries taken from the host: files are copied, folders bound
-/// read-only, symlinks recreated. Nothing else of the host's `/etc` is
+/// `/etc` entries taken from the host into the sandboxes' shared `/etc`
+/// ([`shared_etc`]): files and folders copied (only what any user of the
+/// host may read), symlinks recreated. Nothing else of the host's `/etc` is
 /// visible. Deliberately absent: `environment`, `profile.d` and `gitconfig`,
 /// where operators put proxies, tokens and credential helpers.
 const ETC: [&str; 27] = [
@@ -120,6 +121,8 @@ enum System {
 #[derive(Debug, Clone)]
 pub(crate) struct RootPlan {
     system: Vec<System>,
+    /// The host folder bound read-only as `/etc` ([`shared_etc`]).
+    etc: PathBuf,
     workdir: PathBuf,
     binds: Vec<Bind>,
     disk_bytes: Option<u64>,
@@ -206,6 +209,7 @@ impl RootPlan {
         binds.sort_by_key(|b| b.target.components().count());
         Ok(RootPlan {
             system,
+            etc: shared_etc()?,
             workdir,
             binds,
             disk_bytes: policy.limits.disk_bytes,
@@ -336,7 +340,13 @@ pub(crate) fn build_base(plan: &RootPlan) -> Result<(), JailError> {
             }
         }
     }
-    build_etc()?;
+    let etc = root.join("etc");
+    mkdir(&etc, 0o755)?;
+    bind_with(
+        &old(&plan.etc),
+        &etc,
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+    )?;
     Ok(())
 }
 
@@ -496,44 +506,219 @@ fn make_mount_point(target: &Path, is_dir: bool, root_dev: u64) -> Result<(), Ja
     }
 }
 
-fn build_etc() -> Result<(), JailError> {
-    let etc = Path::new("/etc");
-    mkdir(etc, 0o755)?;
-    write_file(
-        &etc.join("passwd"),
-        &format!(
-            "root:x:0:0:root:/root:/usr/sbin/nologin\n\
-             agent:x:{AGENT_UID}:{AGENT_GID}:asbx agent:{WORKDIR_IN_JAIL}:/bin/bash\n\
-             tool:x:{TOOL_UID}:{AGENT_GID}:asbx tool:{WORKDIR_IN_JAIL}:/bin/bash\n\
-             mcp:x:{MCP_UID}:{AGENT_GID}:asbx mcp server:{WORKDIR_IN_JAIL}:/bin/bash\n\
-             nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+/// Where the sandboxes' shared `/etc` folders are made on the host.
+const ETC_CACHE: &str = "/run/asbx-jail";
+/// Bounds on what is copied from the host's `/etc` entries.
+const ETC_MAX_DEPTH: u32 = 6;
+const ETC_MAX_ENTRIES: usize = 8192;
+const ETC_MAX_FILE: u64 = 4 << 20;
+
+/// The sandbox's own `/etc` files, the same in every sandbox.
+fn generated_etc() -> [(&'static str, String); 4] {
+    [
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+                 agent:x:{AGENT_UID}:{AGENT_GID}:asbx agent:{WORKDIR_IN_JAIL}:/bin/bash\n\
+                 tool:x:{TOOL_UID}:{AGENT_GID}:asbx tool:{WORKDIR_IN_JAIL}:/bin/bash\n\
+                 mcp:x:{MCP_UID}:{AGENT_GID}:asbx mcp server:{WORKDIR_IN_JAIL}:/bin/bash\n\
+                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
         ),
-    )?;
-    write_file(
-        &etc.join("group"),
-        &format!("root:x:0:\nagent:x:{AGENT_GID}:tool,mcp\nnogroup:x:65534:\n"),
-    )?;
-    write_file(
-        &etc.join("hosts"),
-        "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-    )?;
-    write_file(&etc.join("hostname"), "sandbox\n")?;
+        (
+            "group",
+            format!("root:x:0:\nagent:x:{AGENT_GID}:tool,mcp\nnogroup:x:65534:\n"),
+        ),
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n".into(),
+        ),
+        ("hostname", "sandbox\n".into()),
+    ]
+}
+
+/// One entry of the host's `/etc` that the sandboxes see.
+#[derive(Debug, Hash)]
+enum EtcEntry {
+    File {
+        rel: PathBuf,
+        len: u64,
+        mtime: (i64, i64),
+        ino: u64,
+    },
+    Dir {
+        rel: PathBuf,
+    },
+    Symlink {
+        rel: PathBuf,
+        to: PathBuf,
+    },
+}
+
+/// What of `host/rel` (an [`ETC`] entry, or inside one) the sandboxes see:
+/// regular files and folders any user of the host may read, and symlinks.
+/// A private key folder (`/etc/ssl/private`, mode 0700) stays out.
+fn etc_entries(
+    host: &Path,
+    rel: &Path,
+    depth: u32,
+    out: &mut Vec<EtcEntry>,
+) -> Result<(), JailError> {
+    if out.len() >= ETC_MAX_ENTRIES {
+        return Err(JailError::Host(format!(
+            "more than {ETC_MAX_ENTRIES} entries in the host's /etc folders to copy"
+        )));
+    }
+    let path = host.join(rel);
+    let Ok(meta) = fs::symlink_metadata(&path) else {
+        return Ok(());
+    };
+    let mode = meta.mode();
+    if meta.file_type().is_symlink() {
+        let to = fs::read_link(&path).map_err(|e| sys("readlink", &path, e))?;
+        out.push(EtcEntry::Symlink {
+            rel: rel.to_owned(),
+            to,
+        });
+    } else if meta.is_file() && mode & 0o004 != 0 && meta.len() <= ETC_MAX_FILE {
+        out.push(EtcEntry::File {
+            rel: rel.to_owned(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ino: meta.ino(),
+        });
+    } else if meta.is_dir() && mode & 0o005 == 0o005 && depth < ETC_MAX_DEPTH {
+        out.push(EtcEntry::Dir {
+            rel: rel.to_owned(),
+        });
+        let mut names: Vec<_> = fs::read_dir(&path)
+            .map_err(|e| sys("readdir", &path, e))?
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        names.sort();
+        for name in names {
+            etc_entries(host, &rel.join(name), depth + 1, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The host folder every sandbox binds read-only as its `/etc`: the
+/// generated files ([`generated_etc`]) and copies of the host's [`ETC`]
+/// entries, all root's, files 0644 and folders 0755.
+///
+/// Made once per state of those host entries, in a folder named after it
+/// (their names, sizes, inodes and modification times), so every sandbox of
+/// every runner on the host shares one copy: in the page cache, not in
+/// each sandbox's tmpfs (about 230 KiB of `Shmem` and 80 tmpfs inodes per
+/// sandbox before), and a sandbox's start binds one folder instead of
+/// writing and copying some 25 files. The process keeps the folder's path
+/// (the zygote looks once, at start, and its supervisors inherit it), so a
+/// change to the host's `/etc` reaches sandboxes started after the runner
+/// restarts; a folder removed meanwhile is made again.
+pub(crate) fn shared_etc() -> Result<PathBuf, JailError> {
+    let mut known = SHARED_ETC
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(dir) = known.as_ref()
+        && dir.is_dir()
+    {
+        return Ok(dir.clone());
+    }
+    let dir = make_shared_etc(Path::new(ETC_CACHE), Path::new("/etc"))?;
+    *known = Some(dir.clone());
+    Ok(dir)
+}
+
+static SHARED_ETC: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+/// Takes [`shared_etc`]'s folder from the environment variable `var` (the
+/// zygote's, set by the runner) when it names one, else finds it now.
+pub(crate) fn shared_etc_from_env(var: &str) {
+    match std::env::var_os(var).map(PathBuf::from) {
+        Some(dir) if dir.is_dir() => {
+            *SHARED_ETC
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(dir);
+        }
+        _ => {
+            let _ = shared_etc();
+        }
+    }
+}
+
+/// [`shared_etc`]'s folder under `cache` for the host folder `host_etc`.
+fn make_shared_etc(cache: &Path, host_etc: &Path) -> Result<PathBuf, JailError> {
+    use std::hash::{Hash, Hasher};
+    let mut entries = Vec::new();
     for name in ETC {
-        let host = Path::new(OLD).join("etc").join(name);
-        let dst = etc.join(name);
-        let Ok(meta) = fs::symlink_metadata(&host) else {
-            continue;
-        };
-        if meta.file_type().is_symlink() {
-            let to = fs::read_link(&host).map_err(|e| sys("readlink", &host, e))?;
-            symlink(to, &dst).map_err(|e| sys("symlink", &dst, e))?;
-        } else if meta.is_dir() {
-            mkdir(&dst, 0o755)?;
-            bind(&host, &dst, false)?;
-        } else if meta.is_file() {
-            fs::copy(&host, &dst).map_err(|e| sys("copy", &host, e))?;
-            fs::set_permissions(&dst, fs::Permissions::from_mode(0o644))
-                .map_err(|e| sys("chmod", &dst, e))?;
+        etc_entries(host_etc, Path::new(name), 0, &mut entries)?;
+    }
+    let generated = generated_etc();
+    // SipHash with fixed keys: the same name in every process of a build
+    // (a cache key: the folder is root's, nothing untrusted chooses it).
+    let mut h = std::hash::DefaultHasher::new();
+    (host_etc, &generated, &entries).hash(&mut h);
+    let dir = cache.join(format!("etc-{:016x}", h.finish()));
+    if dir.is_dir() {
+        return Ok(dir);
+    }
+    match fs::create_dir(cache) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(sys("mkdir", cache, e)),
+    }
+    // Only root may have made or changed what every sandbox will see.
+    let meta = fs::symlink_metadata(cache).map_err(|e| sys("stat", cache, e))?;
+    if !meta.is_dir() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(JailError::Host(format!(
+            "{} must be a folder of root's that no one else may write to",
+            cache.display()
+        )));
+    }
+    fs::set_permissions(cache, fs::Permissions::from_mode(0o755))
+        .map_err(|e| sys("chmod", cache, e))?;
+    let tmp = cache.join(format!(
+        ".{}.{}",
+        dir.file_name().and_then(OsStr::to_str).unwrap_or("etc"),
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&tmp);
+    let filled = fill_etc(&tmp, host_etc, &generated, &entries);
+    let placed = filled.and_then(|()| match fs::rename(&tmp, &dir) {
+        Ok(()) => Ok(()),
+        // Another process made the same folder first: use it.
+        Err(_) if dir.is_dir() => Ok(()),
+        Err(e) => Err(sys("rename", &tmp, e)),
+    });
+    let _ = fs::remove_dir_all(&tmp);
+    placed.map(|()| dir)
+}
+
+fn fill_etc(
+    dir: &Path,
+    host_etc: &Path,
+    generated: &[(&str, String)],
+    entries: &[EtcEntry],
+) -> Result<(), JailError> {
+    mkdir(dir, 0o755)?;
+    for (name, content) in generated {
+        write_file(&dir.join(name), content)?;
+    }
+    for e in entries {
+        match e {
+            EtcEntry::Dir { rel } => mkdir(&dir.join(rel), 0o755)?,
+            EtcEntry::Symlink { rel, to } => {
+                let dst = dir.join(rel);
+                symlink(to, &dst).map_err(|e| sys("symlink", &dst, e))?;
+            }
+            EtcEntry::File { rel, .. } => {
+                let (src, dst) = (host_etc.join(rel), dir.join(rel));
+                fs::copy(&src, &dst).map_err(|e| sys("copy", &src, e))?;
+                fs::set_permissions(&dst, fs::Permissions::from_mode(0o644))
+                    .map_err(|e| sys("chmod", &dst, e))?;
+            }
         }
     }
     Ok(())
@@ -678,4 +863,90 @@ pub(crate) fn writable_roots(plan: &RootPlan) -> Vec<PathBuf> {
             .map(|(p, _)| p.to_path_buf()),
     );
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host `/etc` with what the sandboxes may see and what they may not.
+    fn host_etc() -> tempfile::TempDir {
+        let host = tempfile::tempdir().unwrap();
+        let p = host.path();
+        fs::write(p.join("services"), "http 80/tcp\n").unwrap();
+        fs::write(p.join("shells"), "/bin/sh\n").unwrap();
+        fs::set_permissions(p.join("shells"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(p.join("environment"), "TOKEN=secret\n").unwrap();
+        fs::create_dir_all(p.join("ssl/certs")).unwrap();
+        fs::write(p.join("ssl/certs/a.pem"), "CERT\n").unwrap();
+        symlink("a.pem", p.join("ssl/certs/link.pem")).unwrap();
+        fs::create_dir(p.join("ssl/private")).unwrap();
+        fs::write(p.join("ssl/private/key.pem"), "KEY\n").unwrap();
+        fs::set_permissions(p.join("ssl/private"), fs::Permissions::from_mode(0o710)).unwrap();
+        host
+    }
+
+    #[test]
+    fn shared_etc_holds_what_any_host_user_may_read() {
+        let (host, cache) = (host_etc(), tempfile::tempdir().unwrap());
+        let cache = cache.path().join("c");
+        let dir = make_shared_etc(&cache, host.path()).unwrap();
+        let read = |rel: &str| fs::read_to_string(dir.join(rel)).ok();
+        assert!(
+            read("passwd")
+                .unwrap()
+                .contains(&format!("agent:x:{AGENT_UID}:"))
+        );
+        assert_eq!(read("services").as_deref(), Some("http 80/tcp\n"));
+        assert_eq!(read("ssl/certs/a.pem").as_deref(), Some("CERT\n"));
+        assert_eq!(
+            fs::read_link(dir.join("ssl/certs/link.pem")).unwrap(),
+            Path::new("a.pem")
+        );
+        for hidden in ["shells", "environment", "ssl/private"] {
+            assert!(!dir.join(hidden).exists(), "{hidden} was copied");
+        }
+        for (rel, mode) in [("", 0o755), ("ssl/certs", 0o755), ("services", 0o644)] {
+            let m = fs::metadata(dir.join(rel)).unwrap();
+            assert_eq!((m.mode() & 0o7777, m.uid()), (mode, 0), "{rel}");
+        }
+        let m = fs::metadata(&cache).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o755);
+    }
+
+    #[test]
+    fn shared_etc_is_made_once_per_state_of_the_host_files() {
+        let (host, cache) = (host_etc(), tempfile::tempdir().unwrap());
+        let first = make_shared_etc(cache.path(), host.path()).unwrap();
+        let ino = fs::metadata(first.join("passwd")).unwrap().ino();
+        let again = make_shared_etc(cache.path(), host.path()).unwrap();
+        assert_eq!(again, first);
+        assert_eq!(fs::metadata(again.join("passwd")).unwrap().ino(), ino);
+
+        fs::write(host.path().join("services"), "http 8080/tcp\n").unwrap();
+        let changed = make_shared_etc(cache.path(), host.path()).unwrap();
+        assert_ne!(changed, first);
+        assert_eq!(
+            fs::read_to_string(changed.join("services")).unwrap(),
+            "http 8080/tcp\n"
+        );
+        // The older folder stays for the sandboxes that bound it; no
+        // half-made folder is left beside them.
+        let mut names: Vec<_> = fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("etc-")), "{names:?}");
+    }
+
+    #[test]
+    fn shared_etc_refuses_a_folder_others_may_write() {
+        let (host, cache) = (host_etc(), tempfile::tempdir().unwrap());
+        fs::set_permissions(cache.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let err = make_shared_etc(cache.path(), host.path()).unwrap_err();
+        assert!(err.to_string().contains("no one else may write"), "{err}");
+        assert_eq!(fs::read_dir(cache.path()).unwrap().count(), 0);
+    }
 }

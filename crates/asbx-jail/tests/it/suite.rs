@@ -7,7 +7,7 @@ use asbx_protocol::jail::{BindMount, JailProfile};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::harness::{Case, Outcome, Sbx, ensure, eventually, finish, marked_pids};
+use crate::harness::{Case, Out, Outcome, Sbx, ensure, eventually, finish, marked_pids};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -92,6 +92,10 @@ pub fn cases() -> Vec<Case> {
             tool_memory_hog_dies_agent_survives,
         ),
         ("no_secrets_from_etc_or_proc", no_secrets_from_etc_or_proc),
+        (
+            "etc_is_one_read_only_folder_for_every_sandbox",
+            etc_is_one_read_only_folder_for_every_sandbox,
+        ),
         (
             "killpg_of_the_supervisor_removes_child_cgroups",
             killpg_of_the_supervisor_removes_child_cgroups,
@@ -1265,6 +1269,50 @@ echo tool_pids=\$(ls /proc | grep -c '^[0-9]')
     if host_has == 0 {
         println!("    (host has none of /etc/environment, gitconfig, profile.d: absence only)");
     }
+    pass()
+}
+
+/// Every sandbox binds the same host folder, read-only, as its `/etc`
+/// (`rootfs::shared_etc`): the same inodes in two sandboxes, a read-only
+/// mount that root in the sandbox can neither write to nor remount, the
+/// host's `/etc/alternatives` links working (`awk` is one), and a host
+/// folder only root may read (`/etc/ssl/private`) absent.
+fn etc_is_one_read_only_folder_for_every_sandbox() -> R {
+    const SCRIPT: &str = r#"
+stat -c 'inodes %d:%i' /etc/passwd /etc/nsswitch.conf
+awk '$5 == "/etc" { split($6, o, ","); print "etc mount " o[1] }' /proc/self/mountinfo
+(echo x > /etc/passwd) 2>/dev/null && echo WROTE passwd
+(echo x > /etc/new) 2>/dev/null && echo WROTE new
+mount -o remount,rw /etc 2>/dev/null && echo REMOUNTED
+test -e /etc/ssl/private && echo private visible
+test -s /etc/ssl/certs/ca-certificates.crt && echo certs
+true
+"#;
+    let a = Sbx::new(SCRIPT).run().ok()?;
+    let b = Sbx::new(SCRIPT).run().ok()?;
+    let inodes = |o: &Out| -> Vec<String> {
+        o.stdout
+            .lines()
+            .filter(|l| l.starts_with("inodes "))
+            .map(str::to_owned)
+            .collect()
+    };
+    ensure(
+        inodes(&a).len() == 2 && inodes(&a) == inodes(&b),
+        format!("two sandboxes, two /etc: {a:?} {b:?}"),
+    )?;
+    ensure(
+        a.stdout.contains("etc mount ro\n"),
+        format!("/etc not a read-only mount: {a:?}"),
+    )?;
+    for bad in ["WROTE", "REMOUNTED", "private visible"] {
+        ensure(!a.stdout.contains(bad), format!("{bad}: {a:?}"))?;
+    }
+    let host_certs = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt").exists();
+    ensure(
+        a.stdout.contains("certs\n") == host_certs,
+        format!("host has certs: {host_certs}; {a:?}"),
+    )?;
     pass()
 }
 

@@ -9,10 +9,12 @@
 //! 1. a tmpfs is mounted on the host path `/tmp` (inside the new namespace
 //!    only) and `pivot_root`ed into, the host tree moving to `/.oldroot`;
 //! 2. the sandbox tree is built in that tmpfs from `/.oldroot/...` sources;
-//! 3. `/.oldroot` is detached and the root remounted read-only.
+//! 3. `/.oldroot` is detached and the root's mount turns read-only; `/work`,
+//!    `/tmp` and `/dev/shm`, folders of the same tmpfs bound onto
+//!    themselves, stay writable.
 //!
 //! **The working directory.** `/work` is a folder of the sandbox's one
-//! writable tmpfs (`disk_bytes` for `/work`, `/tmp` and `/dev/shm` together),
+//! tmpfs (`disk_bytes` for `/work`, `/tmp` and `/dev/shm` together),
 //! owned by the tool uid and the shared group (mode 2775). The host `policy.workdir` is
 //! copied into it at start (regular files, folders, symlinks; the runner puts
 //! attachments there before starting the jail). Nothing is written back to
@@ -41,9 +43,6 @@ use crate::cgroup::ChildMount;
 const OLD: &str = "/.oldroot";
 /// The host folder the new root tmpfs is mounted on (in the private namespace only).
 const BASE: &str = "/tmp";
-/// Where the writable tmpfs sits while `/work`, `/tmp` and `/dev/shm` are
-/// bound from it (then it is unmounted: only those binds remain).
-const DATA: &str = "/.data";
 
 /// Host system folders made visible read-only (or recreated as symlinks).
 const SYSTEM: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32"];
@@ -317,11 +316,22 @@ pub(crate) fn build_base(plan: &RootPlan) -> Result<(), JailError> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None,
     )?;
+    // The sandbox's one tmpfs: the root's folders and device nodes, and
+    // all it may write (`/work`, `/tmp`, `/dev/shm` are folders of it, each
+    // bound onto itself with its own flags once the root's mount turns
+    // read-only), so `disk_bytes` bounds the three together. One superblock,
+    // not two: each one registers a memcg-aware shrinker, and every memory
+    // cgroup on the host then keeps state for every shrinker registered at
+    // once (ARCHITECTURE.md, "what an idle sandbox costs").
     let base = Path::new(BASE);
+    let size = match plan.disk_bytes {
+        Some(n) => format!("size={n}"),
+        None => "size=50%".to_string(),
+    };
     tmpfs(
         base,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        "size=4m,nr_inodes=4096,mode=0755",
+        &format!("{size},mode=0755"),
     )?;
     let base_old = base.join(OLD.trim_start_matches('/'));
     mkdir(&base_old, 0o700)?;
@@ -362,51 +372,21 @@ pub(crate) fn build_rest(
     children_made: impl FnOnce() -> Result<(), JailError>,
 ) -> Result<(), JailError> {
     let root = Path::new("/");
-    let size = |default: &str| match plan.disk_bytes {
-        Some(n) => format!("size={n}"),
-        None => default.to_string(),
-    };
-    // One tmpfs for all the sandbox may write: `/work`, `/tmp` and
-    // `/dev/shm` are folders of it, each bound in place with its own mount
-    // flags, and `disk_bytes` bounds the three together. A superblock is
-    // not free: each one registers a memcg-aware shrinker, and every memory
-    // cgroup on the host then keeps state for every shrinker ever
-    // registered (ARCHITECTURE.md, "what an idle sandbox costs").
-    let data = Path::new(DATA);
-    mkdir(data, 0o700)?;
-    tmpfs(
-        data,
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        &format!("{},mode=0755", size("size=50%")),
-    )?;
     let work = Path::new(WORKDIR_IN_JAIL);
-    mkdir(work, 0o755)?;
-    let work_src = data.join("files");
-    mkdir(&work_src, 0o2775)?;
+    mkdir(work, 0o2775)?;
     // Owner set by chown, not by mount options, which `/proc/self/mountinfo`
     // would show: the sandbox need not learn its host uid range.
-    lchown(&work_src, Some(plan.work_uid), Some(plan.work_gid))
-        .map_err(|e| sys("chown", &work_src, e))?;
-    fs::set_permissions(&work_src, fs::Permissions::from_mode(0o2775))
-        .map_err(|e| sys("chmod", &work_src, e))?;
-    copy_tree(
-        &old(&plan.workdir),
-        &work_src,
-        plan.work_uid,
-        plan.work_gid,
-        0,
-    )?;
-    bind_with(&work_src, work, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+    lchown(work, Some(plan.work_uid), Some(plan.work_gid)).map_err(|e| sys("chown", work, e))?;
+    fs::set_permissions(work, fs::Permissions::from_mode(0o2775))
+        .map_err(|e| sys("chmod", work, e))?;
+    copy_tree(&old(&plan.workdir), work, plan.work_uid, plan.work_gid, 0)?;
+    bind_with(work, work, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
 
     let tmp = Path::new("/tmp");
-    mkdir(tmp, 0o755)?;
-    let tmp_src = data.join("scratch");
-    mkdir(&tmp_src, 0o1777)?;
-    bind_with(&tmp_src, tmp, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+    mkdir(tmp, 0o1777)?;
+    bind_with(tmp, tmp, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
 
-    build_dev(&data.join("shm"))?;
-    umount2(data, MntFlags::MNT_DETACH).map_err(|e| sys("umount", data, e))?;
-    fs::remove_dir(data).map_err(|e| sys("rmdir", data, e))?;
+    build_dev()?;
     build_proc()?;
 
     mkdir(Path::new("/run"), 0o755)?;
@@ -456,11 +436,17 @@ pub(crate) fn build_rest(
 
     umount2(OLD, MntFlags::MNT_DETACH).map_err(|e| sys("umount", OLD, e))?;
     fs::remove_dir(OLD).map_err(|e| sys("rmdir", OLD, e))?;
+    // The root's mount, not its superblock, turns read-only: the binds of
+    // `/work`, `/tmp` and `/dev/shm` stay writable.
     mnt(
         None,
         root,
         None,
-        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
         None,
     )?;
     nix::unistd::chdir(work).map_err(|e| sys("chdir", work, e))?;
@@ -724,7 +710,7 @@ fn fill_etc(
     Ok(())
 }
 
-fn build_dev(shm_src: &Path) -> Result<(), JailError> {
+fn build_dev() -> Result<(), JailError> {
     // A folder of the root tmpfs (no superblock of its own), bound onto
     // itself so that this mount, unlike the root's, allows device nodes.
     let dev = Path::new("/dev");
@@ -763,9 +749,8 @@ fn build_dev(shm_src: &Path) -> Result<(), JailError> {
     )?;
     let shm = dev.join("shm");
     mkdir(&shm, 0o1777)?;
-    mkdir(shm_src, 0o1777)?;
     bind_with(
-        shm_src,
+        &shm,
         &shm,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
     )?;

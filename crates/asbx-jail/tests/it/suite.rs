@@ -659,19 +659,27 @@ fn disk_fill_stops_at_the_cap() -> R {
     pass()
 }
 
-/// `/work`, `/tmp` and `/dev/shm` are folders of one tmpfs and `/dev` one
-/// of the root's: four file systems in all (root, data, `/proc`,
-/// `/dev/pts`), each a superblock the kernel keeps per-cgroup state for.
-/// The cap bounds the three together, and `/dev` still opens its device
-/// nodes but takes no new file.
+/// `/work`, `/tmp`, `/dev/shm` and `/dev` are folders of the root's tmpfs:
+/// three file systems in all (the root, `/proc`, `/dev/pts`), each a
+/// superblock the kernel keeps per-cgroup state for. The cap bounds the
+/// three writable folders together, `/dev` still opens its device nodes but
+/// takes no new file, and the root's mount is read-only: nothing written
+/// to `/tmp` can be linked, moved or remounted into it.
 fn writable_folders_share_one_tmpfs_and_one_cap() -> R {
     let mut sbx = Sbx::new(
         "stat -c '%n %d' / /dev /work /tmp /dev/shm /proc /dev/pts; \
+         awk '$5 == \"/\" { split($6, o, \",\"); print \"root mount \" o[1] }' /proc/self/mountinfo; \
          dd if=/dev/zero of=/work/a bs=1M count=6 2>/dev/null && echo work-ok; \
          dd if=/dev/zero of=/tmp/b bs=1M count=6 2>/dev/null || echo tmp-full; \
          echo x 2>/dev/null > /dev/shm/c || echo shm-full; \
          head -c 4 /dev/zero | od -An -tx1 | tr -d ' \n'; echo; \
-         touch /dev/x 2>/dev/null || echo dev-ro",
+         touch /dev/x 2>/dev/null || echo dev-ro; \
+         rm -f /tmp/b; mkdir /tmp/d; \
+         ln /work/a /home/a 2>/dev/null && echo LINKED; \
+         mv /tmp/d /run/d 2>/dev/null && echo MOVED; \
+         mount -o remount,rw / 2>/dev/null && echo REMOUNTED; \
+         touch /x /run/x /home/x 2>/dev/null && echo WROTE; \
+         test -e /home/a || test -e /run/d || echo root-untouched",
     );
     sbx.policy.limits.disk_bytes = Some(8 << 20);
     let out = sbx.run().ok()?;
@@ -684,20 +692,29 @@ fn writable_folders_share_one_tmpfs_and_one_cap() -> R {
     let get = |n: &str| dev.get(n).copied().unwrap_or("?");
     ensure(dev.len() == 7, format!("{out:?}"))?;
     ensure(
-        get("/") == get("/dev"),
-        format!("/dev on the root: {dev:?}"),
-    )?;
-    ensure(
-        get("/work") == get("/tmp") && get("/tmp") == get("/dev/shm") && get("/work") != get("/"),
-        format!("one data tmpfs: {dev:?}"),
+        ["/dev", "/work", "/tmp", "/dev/shm"]
+            .iter()
+            .all(|n| get(n) == get("/")),
+        format!("one tmpfs: {dev:?}"),
     )?;
     let distinct: std::collections::BTreeSet<&str> = dev.values().copied().collect();
-    ensure(distinct.len() == 4, format!("four file systems: {dev:?}"))?;
-    for want in ["work-ok", "tmp-full", "shm-full", "00000000", "dev-ro"] {
+    ensure(distinct.len() == 3, format!("three file systems: {dev:?}"))?;
+    for want in [
+        "root mount ro",
+        "work-ok",
+        "tmp-full",
+        "shm-full",
+        "00000000",
+        "dev-ro",
+        "root-untouched",
+    ] {
         ensure(
             out.stdout.lines().any(|l| l == want),
             format!("{want}: {out:?}"),
         )?;
+    }
+    for bad in ["LINKED", "MOVED", "REMOUNTED", "WROTE"] {
+        ensure(!out.stdout.contains(bad), format!("{bad}: {out:?}"))?;
     }
     pass()
 }
@@ -1468,8 +1485,20 @@ s.connect('/run/asbx/gateway.sock'); print(s.recv(4).decode())\"; \
     )?;
     let pid = std::process::id().to_string();
     let workdir = sbx.dir.path().to_string_lossy().into_owned();
+    // `/work`, `/tmp` and `/dev/shm` are folders of the sandbox's own tmpfs
+    // bound onto themselves: their root is their own path in it.
+    for point in ["/work", "/tmp", "/dev/shm"] {
+        let got = roots.get(point).map(|(r, s)| (r.as_str(), s.as_str()));
+        ensure(
+            got == Some((point, "tmpfs")),
+            format!("{point}: {got:?}: {mountinfo}"),
+        )?;
+    }
     for (point, (root, source)) in &roots {
-        if point == "/run/hostbind" {
+        if matches!(
+            point.as_str(),
+            "/run/hostbind" | "/work" | "/tmp" | "/dev/shm"
+        ) {
             continue;
         }
         for field in [root, source] {

@@ -521,9 +521,19 @@ async fn idle(n: usize) -> anyhow::Result<()> {
         .zip(&parts_after)
         .map(|((k, b), (_, a))| format!("{k} {:+.0}", (*a as f64 - *b as f64) / n as f64))
         .collect();
+    // What no reclaim gives back (`Cached` holds `Shmem`; `SReclaimable` is
+    // dentries and inodes the kernel may drop): steadier than MemAvailable,
+    // which moves with the page cache of everything else on the host.
+    let held: i64 = parts_before
+        .iter()
+        .zip(&parts_after)
+        .filter(|((k, _), _)| !matches!(*k, "Cached" | "SReclaimable"))
+        .map(|((_, b), (_, a))| *a as i64 - *b as i64)
+        .sum();
     println!(
-        "idle: where it went, /proc/meminfo KiB per sandbox: {}",
-        parts.join(", ")
+        "idle: where it went, /proc/meminfo KiB per sandbox: {}; held (all but Cached and SReclaimable) {:.2} MiB per sandbox",
+        parts.join(", "),
+        held as f64 / n as f64 / 1024.0
     );
     // Hang up and let the runner end every sandbox and remove its cgroups
     // before it stops (SIGTERM): killing it while thousands of sandboxes

@@ -277,16 +277,46 @@ fn sandbox_exe() -> anyhow::Result<PathBuf> {
     Ok(if lean.is_file() { lean } else { me })
 }
 
-/// Raises the soft open-file limit to the hard one: each live sandbox holds
-/// about eight descriptors in the runner (pipes, sockets, the client).
-fn raise_nofile() {
+/// Descriptors the runner holds per live sandbox (pipes, sockets, the
+/// client's connection: about eight), with room.
+const FDS_PER_SANDBOX: u64 = 10;
+
+/// Raises the open-file limit to fit `max_sandboxes` live sandboxes: the
+/// soft limit to the hard one, and the hard one too when it is lower than
+/// they need and this process may (`CAP_SYS_RESOURCE`; at most
+/// `fs.nr_open`), as systemd's `LimitNOFILE=` would. Returns the limit.
+fn raise_nofile(max_sandboxes: usize) -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < hard
+    let Ok((soft, mut hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
+    };
+    let want = (max_sandboxes as u64)
+        .saturating_mul(FDS_PER_SANDBOX)
+        .saturating_add(1024);
+    if hard < want {
+        let ceiling = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(1 << 20);
+        let to = want.min(ceiling).max(hard);
+        match setrlimit(Resource::RLIMIT_NOFILE, to, to) {
+            Ok(()) => hard = to,
+            Err(e) => tracing::warn!(
+                error = %e,
+                hard,
+                sandboxes = hard / FDS_PER_SANDBOX,
+                "the open-file limit fits fewer sandboxes than ASBX_MAX_SANDBOXES: \
+                 raise its hard limit (LimitNOFILE) or run the runner as root"
+            ),
+        }
+    }
+    if soft < hard
         && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
     {
         tracing::warn!(error = %e, "could not raise the open-file limit");
+        return soft;
     }
+    hard
 }
 
 fn start_runner(
@@ -294,7 +324,7 @@ fn start_runner(
     data: &Path,
     workspace_origin: Option<String>,
 ) -> anyhow::Result<Runner> {
-    raise_nofile();
+    raise_nofile(opts.max_sandboxes);
     let exe = sandbox_exe()?;
     let isolation = IsolationProfile::parse(&opts.profile).with_context(|| {
         format!(
@@ -415,5 +445,37 @@ mod tests {
             up_models(Some("scripted:demo"), &listed, &with_openai).0,
             "scripted:demo"
         );
+    }
+
+    /// The soft open-file limit rises to the hard one, and with
+    /// `CAP_SYS_RESOURCE` the hard one rises to fit `--max-sandboxes` (here more than it held before).
+    #[test]
+    fn the_open_file_limit_fits_the_most_sandboxes() {
+        use nix::sys::resource::{Resource, getrlimit};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        let sandboxes = (hard / FDS_PER_SANDBOX + 100) as usize;
+        let want = sandboxes as u64 * FDS_PER_SANDBOX + 1024;
+        let got = raise_nofile(sandboxes);
+        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (got, got));
+        let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // CAP_SYS_RESOURCE (bit 24 of the effective set) raises a hard
+        // limit; root on some hosts (this test's own) does not have it.
+        let may_raise = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|caps| caps & (1 << 24) != 0);
+        if !may_raise {
+            assert_eq!(got, hard);
+        } else if want <= nr_open {
+            assert_eq!(got, want);
+        } else {
+            assert_eq!(got, nr_open.max(hard));
+        }
     }
 }

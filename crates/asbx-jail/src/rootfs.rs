@@ -492,7 +492,9 @@ fn make_mount_point(target: &Path, is_dir: bool, root_dev: u64) -> Result<(), Ja
     }
 }
 
-/// Where the sandboxes' shared `/etc` folders are made on the host.
+/// Where the sandboxes' shared `/etc` folders are made on the host: in
+/// `/run` (a tmpfs), or, where that is read-only (a container's read-only
+/// root), in the temporary folder.
 const ETC_CACHE: &str = "/run/asbx-jail";
 /// Bounds on what is copied from the host's `/etc` entries.
 const ETC_MAX_DEPTH: u32 = 6;
@@ -612,7 +614,11 @@ pub(crate) fn shared_etc() -> Result<PathBuf, JailError> {
     {
         return Ok(dir.clone());
     }
-    let dir = make_shared_etc(Path::new(ETC_CACHE), Path::new("/etc"))?;
+    let caches = [
+        PathBuf::from(ETC_CACHE),
+        std::env::temp_dir().join("asbx-jail"),
+    ];
+    let dir = make_shared_etc_in(&caches, Path::new("/etc"))?;
     *known = Some(dir.clone());
     Ok(dir)
 }
@@ -632,6 +638,21 @@ pub(crate) fn shared_etc_from_env(var: &str) {
             let _ = shared_etc();
         }
     }
+}
+
+/// [`make_shared_etc`] in the first of `caches` where it can be made.
+fn make_shared_etc_in(caches: &[PathBuf], host_etc: &Path) -> Result<PathBuf, JailError> {
+    let mut failed = Vec::new();
+    for cache in caches {
+        match make_shared_etc(cache, host_etc) {
+            Ok(dir) => return Ok(dir),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    Err(JailError::Host(format!(
+        "the sandboxes' /etc: {}",
+        failed.join("; ")
+    )))
 }
 
 /// [`shared_etc`]'s folder under `cache` for the host folder `host_etc`.
@@ -924,6 +945,17 @@ mod tests {
         names.sort();
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("etc-")), "{names:?}");
+    }
+
+    #[test]
+    fn shared_etc_goes_to_the_next_folder_when_one_is_read_only() {
+        let (host, tmp) = (host_etc(), tempfile::tempdir().unwrap());
+        fs::write(tmp.path().join("file"), "").unwrap();
+        let caches = [tmp.path().join("file/c"), tmp.path().join("c")];
+        let dir = make_shared_etc_in(&caches, host.path()).unwrap();
+        assert!(dir.starts_with(&caches[1]), "{}", dir.display());
+        let err = make_shared_etc_in(&caches[..1], host.path()).unwrap_err();
+        assert!(err.to_string().contains("file/c"), "{err}");
     }
 
     #[test]

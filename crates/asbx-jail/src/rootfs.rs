@@ -498,7 +498,7 @@ fn make_mount_point(target: &Path, is_dir: bool, root_dev: u64) -> Result<(), Ja
 const ETC_CACHE: &str = "/run/asbx-jail";
 /// Bounds on what is copied from the host's `/etc` entries.
 const ETC_MAX_DEPTH: u32 = 6;
-const ETC_MAX_ENTRIES: usize = 8192;
+const ETC_MAX_ENTRIES: usize = 65_536;
 const ETC_MAX_FILE: u64 = 4 << 20;
 
 /// The sandbox's own `/etc` files, the same in every sandbox.

@@ -270,6 +270,16 @@ def check_rules(rep, where, docs, env_names):
                                      f"!= the jail's {sorted(RUNNER_CAPS)}")
                 if pod.get("hostUsers") is False:
                     rep.error(where, f"{name_of(w)}: the jail needs hostUsers (uid maps from 1000000)")
+                # Runners on one node claim their host uid blocks in one
+                # folder (crates/asbx-runner/src/uids.rs): the node's, not
+                # the container's.
+                mounts = {m.get("name"): m.get("mountPath") for m in c.get("volumeMounts") or []}
+                host_paths = {v.get("name"): (v.get("hostPath") or {}).get("path")
+                              for v in pod.get("volumes") or []}
+                if not any(path == "/run/asbx-uids" and host_paths.get(name)
+                           for name, path in mounts.items()):
+                    rep.error(where, f"{name_of(w)}/{c['name']}: /run/asbx-uids must be a hostPath "
+                                     "(runners on one node claim their host uids there)")
     check_origins(rep, where, cms)
     for (ns, name), data in cms.items():
         rep.rules += 1

@@ -52,8 +52,13 @@ pub struct RunnerConfig {
     pub runtime_grace: Duration,
     pub limits: MaxLimits,
     pub resources: ResourceLimits,
-    /// First host uid handed to sandboxes.
+    /// Lowest host uid handed to sandboxes: a jailed runner's uids start
+    /// at the first free block of 65,536 at or above it (`uid_locks`).
     pub uid_base: u32,
+    /// Where the runners of one host claim their blocks of host uids
+    /// (`/run/asbx-uids`; every runner on the host must see the same
+    /// folder). `None`: no claim, uids from `uid_base` (one runner per host).
+    pub uid_locks: Option<PathBuf>,
     /// Longest line accepted from a sandbox.
     pub max_line_bytes: usize,
     /// Extra environment passed to every agent (never provider keys).
@@ -83,6 +88,7 @@ impl RunnerConfig {
             limits: MaxLimits::default(),
             resources: ResourceLimits::default(),
             uid_base: 1_000_000,
+            uid_locks: Some(PathBuf::from("/run/asbx-uids")),
             max_line_bytes: 1 << 20,
             agent_env: Vec::new(),
             allow_internal: Vec::new(),

@@ -47,7 +47,7 @@ pub use otel::enable as enable_traces;
 
 use crate::sandbox::{Jailed, Sandbox, Unconfined};
 use crate::session::Sessions;
-use crate::uids::UidPool;
+use crate::uids::{UidClaim, UidPool};
 
 /// A running runner's shared state.
 #[derive(Debug, Clone)]
@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     pub(crate) sessions: Sessions,
     pub(crate) capacity: Arc<Semaphore>,
     pub(crate) uids: Arc<UidPool>,
+    /// The host uid blocks `uids` hands out, held until the runner ends.
+    _uid_claim: Option<UidClaim>,
     pub(crate) providers: Arc<Vec<ProviderConfig>>,
     pub(crate) client: reqwest::Client,
     pub(crate) pool: pool::Pool,
@@ -96,13 +98,23 @@ impl Runner {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| RunnerError::Spawn(format!("http client: {e}")))?;
+        let slots = config.max_sandboxes + config.warm_pool.max(config.warm_pool_max);
+        // Jailed sandboxes run as host uids of their own: claimed on the
+        // host, so another runner there never hands out the same ones.
+        let uid_claim = match (&config.isolation, &config.uid_locks) {
+            (IsolationProfile::Jail(_), Some(dir)) => Some(UidClaim::take(
+                dir,
+                config.uid_base,
+                slots as u64 * u64::from(asbx_protocol::jail::HOST_IDS_PER_SANDBOX),
+            )?),
+            _ => None,
+        };
+        let uid_base = uid_claim.as_ref().map_or(config.uid_base, UidClaim::base);
         Ok(Runner {
             inner: Arc::new(Inner {
                 capacity: Arc::new(Semaphore::new(config.max_sandboxes)),
-                uids: Arc::new(UidPool::new(
-                    config.uid_base,
-                    config.max_sandboxes + config.warm_pool.max(config.warm_pool_max),
-                )),
+                uids: Arc::new(UidPool::new(uid_base, slots)),
+                _uid_claim: uid_claim,
                 pool: pool::Pool::new(config.warm_pool, config.warm_pool_max),
                 providers: Arc::new(config.providers.clone()),
                 sessions: Sessions::default(),

@@ -392,6 +392,58 @@ PY
     runner.assert_clean().await;
 }
 
+/// Two runners on one host claim their own blocks of host uids
+/// (`asbx_runner` `uids::UidClaim`, under `/run/asbx-uids`): their sandboxes
+/// never run as the same host user, which would share per-user kernel
+/// state (process counts, inotify and message-queue limits) across them.
+/// The uid map a sandbox sees names its host ids.
+#[tokio::test]
+async fn two_runners_on_one_host_hand_out_distinct_host_uids() {
+    if profile() == "unconfined" {
+        return; // no uid maps without the jail
+    }
+    let (a, b) = (RunnerProc::start(&[]), RunnerProc::start(&[]));
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    // `inside outside count` per line: the host id of the sandbox's uid 1000.
+    let host_ids = |out: &str| -> (u64, u64) {
+        let first = out
+            .lines()
+            .find_map(|l| {
+                let f: Vec<u64> = l
+                    .split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                (f.len() == 3 && f[0] == 1000).then(|| (f[1], f[1] + f[2]))
+            })
+            .unwrap_or_else(|| panic!("no uid map line for 1000: {out}"));
+        let last = out
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<u64> = l
+                    .split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                (f.len() == 3).then(|| f[1] + f[2])
+            })
+            .max()
+            .unwrap();
+        (first.0, last.max(first.1))
+    };
+    let (out_a, _) = shell(&a, &ws, "cat /proc/self/uid_map").await;
+    let (out_b, _) = shell(&b, &ws, "cat /proc/self/uid_map").await;
+    let (ra, rb) = (host_ids(&out_a), host_ids(&out_b));
+    assert!(ra.0 >= 1_000_000 && rb.0 >= 1_000_000, "{ra:?} {rb:?}");
+    // Each runner's uids lie in blocks of 65,536 of its own.
+    let (block_a, block_b) = (ra.0 >> 16, rb.0 >> 16);
+    assert_ne!(block_a, block_b, "a: {out_a} b: {out_b}");
+    assert_eq!((ra.1 - 1) >> 16, block_a, "{ra:?}");
+    assert_eq!((rb.1 - 1) >> 16, block_b, "{rb:?}");
+    let held = |block: u64| std::fs::metadata(format!("/run/asbx-uids/block-{block}.lock")).is_ok();
+    assert!(held(block_a) && held(block_b));
+    a.assert_clean().await;
+    b.assert_clean().await;
+}
+
 /// `/proc/self/mountinfo` and `/proc/self/cgroup` inside a sandbox name no
 /// host path and no pid of the host (issue 13, item 8): not the runner's
 /// data folder, not its pid (which the warm sandboxes' names carry), not

@@ -404,30 +404,25 @@ async fn two_runners_on_one_host_hand_out_distinct_host_uids() {
     }
     let (a, b) = (RunnerProc::start(&[]), RunnerProc::start(&[]));
     let ws = FakeWorkspace::start(scripted("scripted:test")).await;
-    // `inside outside count` per line: the host id of the sandbox's uid 1000.
+    // `inside outside count` per line: the host ids the sandbox maps, from
+    // its uid 1000's to past its last.
     let host_ids = |out: &str| -> (u64, u64) {
-        let first = out
-            .lines()
-            .find_map(|l| {
-                let f: Vec<u64> = l
-                    .split_whitespace()
-                    .filter_map(|v| v.parse().ok())
-                    .collect();
-                (f.len() == 3 && f[0] == 1000).then(|| (f[1], f[1] + f[2]))
-            })
-            .unwrap_or_else(|| panic!("no uid map line for 1000: {out}"));
-        let last = out
+        let maps: Vec<[u64; 3]> = out
             .lines()
             .filter_map(|l| {
                 let f: Vec<u64> = l
                     .split_whitespace()
                     .filter_map(|v| v.parse().ok())
                     .collect();
-                (f.len() == 3).then(|| f[1] + f[2])
+                <[u64; 3]>::try_from(f).ok()
             })
-            .max()
-            .unwrap();
-        (first.0, last.max(first.1))
+            .collect();
+        let first = maps
+            .iter()
+            .find(|m| m[0] == 1000)
+            .unwrap_or_else(|| panic!("no uid map line for 1000: {out}"));
+        let end = maps.iter().map(|m| m[1] + m[2]).max().unwrap_or(0);
+        (first[1], end)
     };
     let (out_a, _) = shell(&a, &ws, "cat /proc/self/uid_map").await;
     let (out_b, _) = shell(&b, &ws, "cat /proc/self/uid_map").await;

@@ -33,6 +33,7 @@ use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
 
 mod burst;
+mod idle;
 mod jail;
 mod nodes;
 mod relay;
@@ -57,7 +58,7 @@ fn main() -> anyhow::Result<()> {
         match what {
             "throughput" => throughput().await,
             "first-line" => first_line(n).await,
-            "idle" => idle(n.min(10_000)).await,
+            "idle" => idle::idle(n.min(10_000)).await,
             "jail-startup" => jail::startup(n),
             "burst" => burst::burst(n.min(1000)).await,
             "turn" => turn::turn(n.min(2000)).await,
@@ -71,7 +72,7 @@ fn main() -> anyhow::Result<()> {
                 throughput().await?;
                 first_line(n).await?;
                 burst::burst(n).await?;
-                idle(100).await?;
+                idle::idle(100).await?;
                 turn::turn(100).await?;
                 nodes::nodes(200).await?;
                 nodes::chat_append(50).await?;
@@ -403,203 +404,42 @@ fn which(name: &str) -> anyhow::Result<PathBuf> {
     bail!("{name} not found")
 }
 
-/// Host memory: the runner idle, and sandboxes held open idle.
-async fn idle(n: usize) -> anyhow::Result<()> {
-    let asbx = sibling("asbx")?;
-    let data = tempdir("idle")?;
-    let mut child = tokio::process::Command::new(&asbx)
-        .args(["runner", "--listen", "127.0.0.1:0"])
-        .env("ASBX_DATA", &data)
-        .env("ASBX_LOG", "warn")
-        // Exactly the n sandboxes held open: no warm pool beside them.
-        .env("ASBX_WARM_POOL", "0")
-        .env("ASBX_WARM_POOL_MAX", "0")
-        .env("ASBX_MAX_SANDBOXES", "20000")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let pid = child.id().context("runner pid")?;
-    let mut banner = String::new();
-    {
-        use tokio::io::AsyncBufReadExt;
-        let out = child.stdout.take().context("stdout")?;
-        tokio::io::BufReader::new(out)
-            .read_line(&mut banner)
-            .await?;
-    }
-    let url = banner
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .context("url")?
-        .to_owned();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let rss_at_rest = rss_kib(pid)?;
-    println!(
-        "idle: runner RSS at rest {:.1} MiB",
-        rss_at_rest as f64 / 1024.0
-    );
+/// The model an idle sandbox's agent waits on: an OpenAI-compatible
+/// provider (the runner's, `OPENAI_BASE_URL` = [`idle_workspace`]`/v1`)
+/// whose stream never ends. So each idle sandbox holds what one waiting on
+/// a real model holds: the agent's request through its gateway and the
+/// runner's connection to the provider.
+const IDLE_MODEL: &str = "openai:idle";
 
-    // Hold n sandboxes open: each agent waits on a model that never answers.
-    let stall = stalling_workspace().await?;
-    let client = reqwest::Client::new();
-    // Host memory is counted from the first sandbox on: the first boot
-    // makes what the runner keeps for all (the copy of the binary sandboxes
-    // run, about 55 MiB of tmpfs, and the zygote).
-    let (mut before, mut parts_before) = (0, Vec::new());
-    let mut streams = Vec::with_capacity(n);
-    let starting = Instant::now();
-    for i in 0..n {
-        let res = client
-            .post(format!("{url}/stream"))
-            .json(&body(&stall, "hi"))
-            .send()
-            .await?;
-        if !res.status().is_success() {
-            let status = res.status();
-            bail!(
-                "sandbox {} of {n} refused ({status}): {}",
-                streams.len() + 1,
-                res.text().await.unwrap_or_default()
-            );
-        }
-        let mut s = res.bytes_stream();
-        let _ = s.next().await;
-        streams.push(s);
-        if i == 0 {
-            before = mem_used_kib()?;
-            parts_before = meminfo_parts()?;
-        }
-    }
-    println!(
-        "idle: {n} sandboxes started one after another (each to its first line) in {:.1} s",
-        starting.elapsed().as_secs_f64()
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = mem_used_kib()?;
-    let parts_after = meminfo_parts()?;
-    // The sandboxes started after the first.
-    let counted = n.saturating_sub(1).max(1) as f64;
-    let runner_after = rss_kib(pid)?;
-    let descendants: Vec<u32> = asbx_test_support::descendants_of(pid)
-        .into_iter()
-        .map(|p| p as u32)
-        .collect();
-    let pss: u64 = descendants.iter().filter_map(|p| pss_kib(*p)).sum();
-    let mut kinds: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
-    for p in &descendants {
-        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd);
-        let kind = if is_zygote(*p) {
-            "zygote (asbx jail --zygote, one per runner)"
-        } else if cmd.contains("jail") {
-            "supervisor or guard (asbx jail)"
-        } else if cmd.contains("agent") {
-            "agent (asbx agent)"
-        } else {
-            "init and others"
-        };
-        let e = kinds.entry(kind).or_default();
-        e.0 += 1;
-        e.1 += pss_kib(*p).unwrap_or(0);
-    }
-    for (kind, (count, kib)) in &kinds {
-        println!(
-            "  {kind}: {count} processes, PSS {:.0} KiB each",
-            *kib as f64 / *count as f64
-        );
-    }
-    let cgroup_bytes = cgroup_usage_bytes();
-    println!(
-        "idle: {n} sandboxes alive ({} processes): PSS of all sandbox processes {:.2} MiB per sandbox",
-        descendants.len(),
-        pss as f64 / n as f64 / 1024.0,
-    );
-    println!(
-        "idle: sandbox cgroups (memory.usage_in_bytes, incl. kernel memory) {:.2} MiB per sandbox",
-        cgroup_bytes as f64 / n as f64 / (1 << 20) as f64
-    );
-    println!(
-        "idle: runner RSS {:.1} MiB (+{:.1} KiB per sandbox); host MemAvailable delta {:.2} MiB per sandbox (noisy)",
-        runner_after as f64 / 1024.0,
-        (runner_after.saturating_sub(rss_at_rest)) as f64 / n as f64,
-        (after.saturating_sub(before)) as f64 / counted / 1024.0
-    );
-    let parts: Vec<String> = parts_before
-        .iter()
-        .zip(&parts_after)
-        .map(|((k, b), (_, a))| format!("{k} {:+.0}", (*a as f64 - *b as f64) / counted))
-        .collect();
-    // What no reclaim gives back (`Cached` holds `Shmem`; `SReclaimable` is
-    // dentries and inodes the kernel may drop): steadier than MemAvailable,
-    // which moves with the page cache of everything else on the host.
-    let held: i64 = parts_before
-        .iter()
-        .zip(&parts_after)
-        .filter(|((k, _), _)| !matches!(*k, "Cached" | "SReclaimable"))
-        .map(|((_, b), (_, a))| *a as i64 - *b as i64)
-        .sum();
-    println!(
-        "idle: where it went, /proc/meminfo KiB per sandbox: {}; held (all but Cached and SReclaimable) {:.2} MiB per sandbox",
-        parts.join(", "),
-        held as f64 / counted / 1024.0
-    );
-    // Hang up and let the runner end every sandbox and remove its cgroups
-    // before it stops (SIGTERM): killing it while thousands of sandboxes
-    // are ending would leave their cgroups to the next runner's sweep.
-    drop(streams);
-    let ending = Instant::now();
-    // Every dispatch's permit comes back once its sandbox is cleaned up.
-    let all_free = || async {
-        let h: serde_json::Value = client
-            .get(format!("{url}/healthz"))
-            .send()
-            .await?
-            .json()
-            .await?;
-        anyhow::Ok(h["free"] == h["capacity"])
+/// A callback server and model provider for idle sandboxes: `/env` and
+/// `/config` answered at once, and a chat completion that streams a
+/// keep-alive comment every 20 s and never ends (so no stall timeout fires).
+async fn idle_workspace() -> anyhow::Result<String> {
+    let stream = || async {
+        let pings = futures::stream::unfold(true, |first| async move {
+            if !first {
+                tokio::time::sleep(Duration::from_secs(20)).await;
+            }
+            Some((
+                Ok::<_, std::convert::Infallible>(axum::body::Bytes::from_static(b": waiting\n\n")),
+                false,
+            ))
+        });
+        (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            axum::body::Body::from_stream(pings),
+        )
     };
-    // The runner's zygote stays while the runner lives; nothing else may.
-    let sandboxes_left = || {
-        asbx_test_support::descendants_of(pid)
-            .into_iter()
-            .filter(|p| !is_zygote(*p as u32))
-            .count()
-    };
-    while (sandboxes_left() > 0 || !all_free().await.unwrap_or(false))
-        && ending.elapsed() < Duration::from_secs(180)
-    {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!(
-        "idle: {n} sandboxes ended and cleaned up (client hung up) in {:.1} s",
-        ending.elapsed().as_secs_f64()
-    );
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    if tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
-    }
-    let _ = std::fs::remove_dir_all(&data);
-    Ok(())
-}
-
-/// A callback server that accepts the tokens and never answers `/config`,
-/// so each agent idles in its bootstrap.
-async fn stalling_workspace() -> anyhow::Result<String> {
     let app = axum::Router::new()
         .route(
             "/env",
             axum::routing::get(|| async { axum::Json(serde_json::json!({"variables": {}})) }),
         )
-        .fallback(|| async {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            axum::http::StatusCode::GATEWAY_TIMEOUT
-        });
+        .route(
+            "/config",
+            axum::routing::get(|| async { axum::Json(serde_json::json!({"model": IDLE_MODEL})) }),
+        )
+        .route("/v1/chat/completions", axum::routing::post(stream));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move {

@@ -1,0 +1,287 @@
+//! `asbx-bench idle N`: host memory with N sandboxes held open and idle.
+//!
+//! One runner holds about eight descriptors per live sandbox, so a host
+//! whose hard `RLIMIT_NOFILE` can't be raised (no `CAP_SYS_RESOURCE`) caps
+//! a runner near 2,500 sandboxes; the bench spreads the sandboxes over as
+//! many runners as that takes ([`PER_RUNNER`] each, round robin). Runners
+//! on one host claim their own host uids (`asbx_runner` `uids`), so their
+//! sandboxes are as apart as one runner's.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+
+use crate::{
+    body, cgroup_usage_bytes, idle_workspace, is_zygote, mem_used_kib, meminfo_parts, pss_kib,
+    rss_kib, sibling, tempdir,
+};
+
+/// Sandboxes per runner: 10 descriptors each and room fit a hard open-file
+/// limit of 20,000.
+const PER_RUNNER: usize = 1_800;
+
+/// One `asbx runner` of the bench, SIGTERMed and reaped by
+/// [`IdleRunner::stop`].
+struct IdleRunner {
+    child: tokio::process::Child,
+    pid: u32,
+    url: String,
+    data: PathBuf,
+    rss_at_rest: u64,
+}
+
+/// The first line `child` prints on stdout (a runner prints its URL there).
+async fn banner(child: &mut tokio::process::Child) -> anyhow::Result<String> {
+    use tokio::io::AsyncBufReadExt;
+    let out = child.stdout.take().context("stdout")?;
+    let mut line = String::new();
+    tokio::io::BufReader::new(out).read_line(&mut line).await?;
+    Ok(line)
+}
+
+impl IdleRunner {
+    /// A runner whose `openai` provider is `callbacks` (`/v1`).
+    async fn start(k: usize, callbacks: &str) -> anyhow::Result<IdleRunner> {
+        let data = tempdir(&format!("idle{k}"))?;
+        let mut child = tokio::process::Command::new(sibling("asbx")?)
+            .args(["runner", "--listen", "127.0.0.1:0"])
+            .env("ASBX_DATA", &data)
+            .env("ASBX_LOG", "warn")
+            // Exactly the sandboxes held open: no warm pool beside them.
+            .env("ASBX_WARM_POOL", "0")
+            .env("ASBX_WARM_POOL_MAX", "0")
+            .env("ASBX_MAX_SANDBOXES", PER_RUNNER.to_string())
+            .env("OPENAI_BASE_URL", format!("{callbacks}/v1"))
+            .env("OPENAI_API_KEY", "asbx-bench-idle")
+            .env_remove("ANTHROPIC_API_KEY")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().context("runner pid")?;
+        let url = banner(&mut child)
+            .await?
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .context("url")?
+            .to_owned();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rss_at_rest = rss_kib(pid)?;
+        Ok(IdleRunner {
+            child,
+            pid,
+            url,
+            data,
+            rss_at_rest,
+        })
+    }
+
+    /// Its sandboxes' processes (the zygote included).
+    fn descendants(&self) -> Vec<u32> {
+        asbx_test_support::descendants_of(self.pid)
+            .into_iter()
+            .map(|p| p as u32)
+            .collect()
+    }
+
+    /// True once every dispatch's permit came back (its sandbox cleaned
+    /// up) and nothing but the zygote is left.
+    async fn done(&self, client: &reqwest::Client) -> bool {
+        let free = async {
+            let h: serde_json::Value = client
+                .get(format!("{}/healthz", self.url))
+                .send()
+                .await?
+                .json()
+                .await?;
+            anyhow::Ok(h["free"] == h["capacity"])
+        };
+        self.descendants().iter().all(|p| is_zygote(*p)) && free.await.unwrap_or(false)
+    }
+
+    async fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// Host memory: the runners idle, and `n` sandboxes held open idle.
+pub(crate) async fn idle(n: usize) -> anyhow::Result<()> {
+    // Three processes per idle sandbox, and every thread of the host, come
+    // out of `kernel.pid_max`: a bench that would run out of pids fails
+    // forks all over the host, so it does not start.
+    let pid_max: usize = std::fs::read_to_string("/proc/sys/kernel/pid_max")?
+        .trim()
+        .parse()?;
+    let tasks: usize = std::fs::read_to_string("/proc/loadavg")?
+        .split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split('/').nth(1))
+        .and_then(|t| t.parse().ok())
+        .context("tasks in /proc/loadavg")?;
+    let runners = n.div_ceil(PER_RUNNER).max(1);
+    let need = tasks + 3 * n + 64 * runners;
+    if need > pid_max * 9 / 10 {
+        bail!(
+            "{n} idle sandboxes take about {need} of the host's {pid_max} pids \
+             (kernel.pid_max): raise it (sysctl -w kernel.pid_max=4194304) or hold fewer"
+        );
+    }
+    // Each agent waits on a model whose answer never ends.
+    let callbacks = idle_workspace().await?;
+    let mut started = Vec::new();
+    for k in 0..runners {
+        match IdleRunner::start(k, &callbacks).await {
+            Ok(r) => started.push(r),
+            Err(e) => {
+                for r in started {
+                    r.stop().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    let held = hold(n, &started, &callbacks).await;
+    for r in started {
+        r.stop().await;
+    }
+    held
+}
+
+async fn hold(n: usize, runners: &[IdleRunner], callbacks: &str) -> anyhow::Result<()> {
+    let rss_at_rest: u64 = runners.iter().map(|r| r.rss_at_rest).sum();
+    println!(
+        "idle: {} runner(s) (at most {PER_RUNNER} sandboxes each), RSS at rest {:.1} MiB in all",
+        runners.len(),
+        rss_at_rest as f64 / 1024.0
+    );
+    let client = reqwest::Client::new();
+    // Host memory is counted from each runner's first sandbox on: the first
+    // boot makes what a runner keeps for all (the copy of the binary
+    // sandboxes run, about 55 MiB of tmpfs, and the zygote).
+    let (mut before, mut parts_before) = (0, Vec::new());
+    let mut streams = Vec::with_capacity(n);
+    let starting = Instant::now();
+    for i in 0..n {
+        let runner = &runners[i % runners.len()];
+        let res = client
+            .post(format!("{}/stream", runner.url))
+            .json(&body(callbacks, "hi"))
+            .send()
+            .await?;
+        if !res.status().is_success() {
+            let status = res.status();
+            bail!(
+                "sandbox {} of {n} refused ({status}): {}",
+                streams.len() + 1,
+                res.text().await.unwrap_or_default()
+            );
+        }
+        let mut s = res.bytes_stream();
+        let _ = s.next().await;
+        streams.push(s);
+        if i + 1 == runners.len() {
+            before = mem_used_kib()?;
+            parts_before = meminfo_parts()?;
+        }
+    }
+    println!(
+        "idle: {n} sandboxes started one after another (each to its first line) in {:.1} s",
+        starting.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = mem_used_kib()?;
+    let parts_after = meminfo_parts()?;
+    // The sandboxes started after each runner's first.
+    let counted = n.saturating_sub(runners.len()).max(1) as f64;
+    let runner_after: u64 = runners.iter().filter_map(|r| rss_kib(r.pid).ok()).sum();
+    let descendants: Vec<u32> = runners.iter().flat_map(IdleRunner::descendants).collect();
+    let pss: u64 = descendants.iter().filter_map(|p| pss_kib(*p)).sum();
+    let mut kinds: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for p in &descendants {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        let kind = if is_zygote(*p) {
+            "zygote (asbx jail --zygote, one per runner)"
+        } else if cmd.contains("jail") {
+            "supervisor or guard (asbx jail)"
+        } else if cmd.contains("agent") {
+            "agent (asbx agent)"
+        } else {
+            "init and others"
+        };
+        let e = kinds.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += pss_kib(*p).unwrap_or(0);
+    }
+    for (kind, (count, kib)) in &kinds {
+        println!(
+            "  {kind}: {count} processes, PSS {:.0} KiB each",
+            *kib as f64 / *count as f64
+        );
+    }
+    println!(
+        "idle: {n} sandboxes alive ({} processes): PSS of all sandbox processes {:.2} MiB per sandbox",
+        descendants.len(),
+        pss as f64 / n as f64 / 1024.0,
+    );
+    println!(
+        "idle: sandbox cgroups (memory.usage_in_bytes, incl. kernel memory) {:.2} MiB per sandbox",
+        cgroup_usage_bytes() as f64 / n as f64 / (1 << 20) as f64
+    );
+    println!(
+        "idle: runner RSS {:.1} MiB in all (+{:.1} KiB per sandbox); host MemAvailable delta {:.2} MiB per sandbox (noisy)",
+        runner_after as f64 / 1024.0,
+        (runner_after.saturating_sub(rss_at_rest)) as f64 / n as f64,
+        (after.saturating_sub(before)) as f64 / counted / 1024.0
+    );
+    let parts: Vec<String> = parts_before
+        .iter()
+        .zip(&parts_after)
+        .map(|((k, b), (_, a))| format!("{k} {:+.0}", (*a as f64 - *b as f64) / counted))
+        .collect();
+    // What no reclaim gives back (`Cached` holds `Shmem`; `SReclaimable` is
+    // dentries and inodes the kernel may drop): steadier than MemAvailable,
+    // which moves with the page cache of everything else on the host.
+    let held: i64 = parts_before
+        .iter()
+        .zip(&parts_after)
+        .filter(|((k, _), _)| !matches!(*k, "Cached" | "SReclaimable"))
+        .map(|((_, b), (_, a))| *a as i64 - *b as i64)
+        .sum();
+    println!(
+        "idle: where it went, /proc/meminfo KiB per sandbox: {}; held (all but Cached and SReclaimable) {:.2} MiB per sandbox",
+        parts.join(", "),
+        held as f64 / counted / 1024.0
+    );
+    // Hang up and let the runners end every sandbox and remove its cgroups
+    // before they stop (SIGTERM): killing one while thousands of sandboxes
+    // are ending would leave their cgroups to the next runner's sweep.
+    drop(streams);
+    let ending = Instant::now();
+    while ending.elapsed() < Duration::from_secs(180) {
+        let mut all = true;
+        for r in runners {
+            all &= r.done(&client).await;
+        }
+        if all {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "idle: {n} sandboxes ended and cleaned up (client hung up) in {:.1} s",
+        ending.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -8,7 +8,10 @@
 //! host shares (`/run/asbx-uids`; a `hostPath` in Kubernetes). Blocks are
 //! aligned to multiples of [`BLOCK_UIDS`], so two runners never share a
 //! uid whatever their `uid_base` and sandbox counts; a runner's death,
-//! `SIGKILL` included, releases its locks. Without the claim, two runners
+//! `SIGKILL` included, releases its locks. Known gap: a runner's sandboxes
+//! die a moment after it does (their supervisors watch its pidfd), so a
+//! runner started in that moment may hand out uids of sandboxes still being
+//! killed. Without the claim, two runners
 //! on one node would give their sandboxes the same host uids, and with them
 //! per-user kernel state: process counts (`RLIMIT_NPROC`), inotify and
 //! message-queue limits.

@@ -404,50 +404,6 @@ fn which(name: &str) -> anyhow::Result<PathBuf> {
     bail!("{name} not found")
 }
 
-/// The model an idle sandbox's agent waits on: an OpenAI-compatible
-/// provider (the runner's, `OPENAI_BASE_URL` = [`idle_workspace`]`/v1`)
-/// whose stream never ends. So each idle sandbox holds what one waiting on
-/// a real model holds: the agent's request through its gateway and the
-/// runner's connection to the provider.
-const IDLE_MODEL: &str = "openai:idle";
-
-/// A callback server and model provider for idle sandboxes: `/env` and
-/// `/config` answered at once, and a chat completion that streams a
-/// keep-alive comment every 20 s and never ends (so no stall timeout fires).
-async fn idle_workspace() -> anyhow::Result<String> {
-    let stream = || async {
-        let pings = futures::stream::unfold(true, |first| async move {
-            if !first {
-                tokio::time::sleep(Duration::from_secs(20)).await;
-            }
-            Some((
-                Ok::<_, std::convert::Infallible>(axum::body::Bytes::from_static(b": waiting\n\n")),
-                false,
-            ))
-        });
-        (
-            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-            axum::body::Body::from_stream(pings),
-        )
-    };
-    let app = axum::Router::new()
-        .route(
-            "/env",
-            axum::routing::get(|| async { axum::Json(serde_json::json!({"variables": {}})) }),
-        )
-        .route(
-            "/config",
-            axum::routing::get(|| async { axum::Json(serde_json::json!({"model": IDLE_MODEL})) }),
-        )
-        .route("/v1/chat/completions", axum::routing::post(stream));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(url)
-}
-
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status

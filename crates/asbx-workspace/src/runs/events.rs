@@ -382,9 +382,13 @@ pub(crate) fn follow(
 /// ends: from the local broadcast when this node relays it, else by polling
 /// the table. Ends when the run has ended and every line was given. Lines
 /// come in batches (a page of the table, or what the relay stored at once),
-/// never empty, in `seq` order. A reader that fell so far behind that the
-/// lines it missed are no longer kept gets [`WorkspaceError::EventsGone`]
-/// (a client resuming from its last line then gets `410`), never a gap.
+/// never empty, in `seq` order. Lines pruned from the table before this
+/// reader read them, but published after it subscribed, come from the
+/// broadcast (which holds [`BROADCAST_CAPACITY`] batches): so the caller
+/// that started a run gets every line however fast the run. A reader that
+/// fell so far behind that the lines it missed are in neither gets
+/// [`WorkspaceError::EventsGone`] (a client resuming from its last line
+/// then gets `410`), never a gap.
 pub(crate) fn follow_batches(
     state: Arc<AppState>,
     run_id: String,
@@ -415,8 +419,19 @@ pub(crate) fn follow_batches(
                     // deletes in one transaction).
                     if skips(&page, f.last)
                         && let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await?
+                        && let Err(gone) = check_kept(&run, f.last)
                     {
-                        check_kept(&run, f.last)?;
+                        // Pruned from the table, but perhaps published after
+                        // this reader subscribed (a run faster than its
+                        // reader): then the broadcast still holds it. Live
+                        // checks what it gets for the same gap.
+                        match f.rx.take() {
+                            Some(rx) => {
+                                f.phase = Phase::Live(rx);
+                                continue;
+                            }
+                            None => return Err(gone),
+                        }
                     }
                     let full = page.len() as i64 >= PAGE;
                     f.phase = if full {
@@ -433,6 +448,7 @@ pub(crate) fn follow_batches(
                     }
                 }
                 Phase::Live(mut rx) => {
+                    let from = f.last;
                     let mut out: Vec<Kept> = Vec::new();
                     let mut next = rx.recv().await;
                     loop {
@@ -475,6 +491,14 @@ pub(crate) fn follow_batches(
                                 break;
                             }
                         };
+                    }
+                    // Lines between the reader's last and the broadcast's
+                    // first were published before it subscribed: in the
+                    // table, unless pruned since (then `events_gone`).
+                    if skips(&out, from)
+                        && let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await?
+                    {
+                        check_kept(&run, from)?;
                     }
                     if !out.is_empty() {
                         return Ok(Some((out, f)));
@@ -566,6 +590,84 @@ mod tests {
             sandbox_url: None,
             events_from,
         }
+    }
+
+    /// Stores `seqs` as one batch of the relay, then publishes it.
+    async fn relay_batch(state: &AppState, live: &Live, seqs: std::ops::RangeInclusive<u64>) {
+        let lines: Vec<Tapped> = seqs
+            .map(|seq| Tapped {
+                seq,
+                kind: EventKind::Delta,
+                raw: Bytes::from(format!(r#"{{"seq":{seq},"type":"delta","text":"w"}}"#)),
+                line: None,
+            })
+            .collect();
+        append(state, "run-1", &lines).await.unwrap();
+        live.tx
+            .send(lines.into_iter().map(Kept::from).collect())
+            .unwrap();
+    }
+
+    /// A run faster than its reader: by the time the reader reads the
+    /// table, a prune removed lines it has not had. Those published after
+    /// it subscribed are still in the broadcast, so it gets every line; a
+    /// reader that subscribed after them gets `events_gone`, never a gap.
+    #[tokio::test]
+    async fn a_reader_behind_a_prune_gets_from_the_broadcast_what_it_subscribed_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
+        let ws = crate::Workspace::open(config).await.unwrap();
+        let state = Arc::clone(&ws.state);
+        let new = runs::NewRun {
+            id: "run-1",
+            workspace_id: crate::DEFAULT_WORKSPACE,
+            kind: RunKind::Run,
+            chat_id: None,
+            agent_id: None,
+            prompt: "go",
+            model: "m",
+            env_json: "{}",
+            config_json: "{}",
+            sandbox_url: "http://127.0.0.1/",
+            now_ms: 0,
+        };
+        runs::insert(state.store.pool(), &new).await.unwrap();
+        let live = state.run_hub.open("run-1");
+        let early = follow_batches(Arc::clone(&state), "run-1".into(), Start { after: 0 });
+        relay_batch(&state, &live, 1..=1_000).await;
+        // Crosses 11,000: the newest 10,000 are kept, 1..=1,500 are not.
+        relay_batch(&state, &live, 1_001..=11_500).await;
+        let run = runs::get(state.store.pool(), "run-1")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(run.events_from, 1_501, "the table was pruned");
+        let late = follow_batches(Arc::clone(&state), "run-1".into(), Start { after: 0 });
+        drop(live);
+        state.run_hub.close("run-1");
+
+        let mut early = std::pin::pin!(early);
+        let mut seqs = Vec::new();
+        while seqs.len() < 11_500 {
+            let batch = tokio::time::timeout(Duration::from_secs(10), early.next())
+                .await
+                .expect("the early reader is not stuck")
+                .expect("the early reader goes on")
+                .expect("the early reader lost nothing");
+            seqs.extend(batch.iter().map(|k| k.seq));
+        }
+        assert!(seqs.iter().copied().eq(1..=11_500), "every line, in order");
+
+        let mut late = std::pin::pin!(late);
+        let first = tokio::time::timeout(Duration::from_secs(10), late.next())
+            .await
+            .expect("the late reader is not stuck")
+            .expect("the late reader gets an answer");
+        assert!(
+            matches!(first, Err(WorkspaceError::EventsGone { oldest: 1_501, .. })),
+            "{first:?}"
+        );
     }
 
     /// A page that does not go on from the reader's last line is checked

@@ -27,6 +27,7 @@ mod egress_relay;
 mod emit;
 mod error;
 mod gateway_client;
+mod orphans;
 mod providers;
 mod tools;
 mod writeback;
@@ -107,6 +108,9 @@ pub fn agent_main() -> u8 {
         }
     };
     rt.block_on(async move {
+        if orphans::is_init() {
+            tokio::spawn(orphans::reap_orphans());
+        }
         let bootstrap = read.map_err(|e| e.to_string()).and_then(|_| {
             serde_json::from_slice::<AgentBootstrap>(&input).map_err(|e| e.to_string())
         });

@@ -161,7 +161,8 @@ impl IdleRunner {
 
 /// Host memory: the runners idle, and `n` sandboxes held open idle.
 pub(crate) async fn idle(n: usize) -> anyhow::Result<()> {
-    // Three processes per idle sandbox, and every thread of the host, come
+    // Two processes per idle sandbox (its supervisor and the agent, its
+    // init), and every thread of the host, come
     // out of `kernel.pid_max`: a bench that would run out of pids fails
     // forks all over the host, so it does not start.
     let pid_max: usize = std::fs::read_to_string("/proc/sys/kernel/pid_max")?
@@ -174,7 +175,7 @@ pub(crate) async fn idle(n: usize) -> anyhow::Result<()> {
         .and_then(|t| t.parse().ok())
         .context("tasks in /proc/loadavg")?;
     let runners = n.div_ceil(PER_RUNNER).max(1);
-    let need = tasks + 3 * n + 64 * runners;
+    let need = tasks + 2 * n + 64 * runners;
     if need > pid_max * 9 / 10 {
         bail!(
             "{n} idle sandboxes take about {need} of the host's {pid_max} pids \
@@ -308,6 +309,12 @@ async fn hold(n: usize, runners: &[IdleRunner], callbacks: &str) -> anyhow::Resu
         parts.join(", "),
         held as f64 / counted / 1024.0
     );
+    if let Some(kib) = empty_memory_cgroup_kib() {
+        println!(
+            "idle: of it, an empty memory cgroup (a sandbox has one) costs this kernel {kib:.0} KiB of SUnreclaim now: \
+             its shrinker maps, 1 KiB per 64 shrinkers at the host's peak since boot (each superblock is one; a sandbox has 4)"
+        );
+    }
     // Hang up and let the runners end every sandbox and remove its cgroups
     // before they stop (SIGTERM): killing one while thousands of sandboxes
     // are ending would leave their cgroups to the next runner's sweep.
@@ -328,4 +335,34 @@ async fn hold(n: usize, runners: &[IdleRunner], callbacks: &str) -> anyhow::Resu
         ending.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// SUnreclaim, in KiB, that one more empty memory cgroup costs now (cgroup
+/// v1): the mean over a few made and removed at once. On Linux 6.x each
+/// memory cgroup holds a shrinker map sized by the most memcg-aware
+/// shrinkers the host ever had registered (every superblock is one), so
+/// the figure grows with the host's peak count of mounts, not this bench's.
+fn empty_memory_cgroup_kib() -> Option<f64> {
+    const PROBES: usize = 32;
+    let parent = std::path::Path::new("/sys/fs/cgroup/memory/asbx");
+    if !parent.is_dir() {
+        return None;
+    }
+    let unreclaimable = || {
+        meminfo_parts()
+            .ok()?
+            .into_iter()
+            .find_map(|(k, v)| (k == "SUnreclaim").then_some(v))
+    };
+    let before = unreclaimable()?;
+    let made: Vec<PathBuf> = (0..PROBES)
+        .map(|i| parent.join(format!("bench-probe-{}-{i}", std::process::id())))
+        .filter(|d| std::fs::create_dir(d).is_ok())
+        .collect();
+    let after = unreclaimable();
+    for d in &made {
+        let _ = std::fs::remove_dir(d);
+    }
+    let after = after?;
+    (!made.is_empty()).then(|| (after as f64 - before as f64) / made.len() as f64)
 }

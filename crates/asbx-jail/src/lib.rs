@@ -11,10 +11,13 @@
 //! asbx jail (supervisor, host root)          ── cleanup guard (host, see supervisor;
 //!   │                                             not with `guard: false`)
 //!   └─ init (pid 1 of the sandbox, uid 1000, no exec)
-//!        └─ main process: policy.argv, or the agent forked in process
-//!           (`entry: agent`) (uid 1000, CAP_SETUID+CAP_SETGID+CAP_KILL only)
-//!             ├─ tools (uid 1001, no capabilities, cgroup `tools`)
-//!             └─ stdio MCP servers (uid 1002, no capabilities, cgroup `mcp`)
+//!        └─ main process: policy.argv (uid 1000)
+//!
+//! asbx jail (supervisor) with `entry: agent`:
+//!   └─ the agent: init itself, in process (pid 1, uid 1000,
+//!      CAP_SETUID+CAP_SETGID+CAP_KILL only; reaps its tools' orphans)
+//!        ├─ tools (uid 1001, no capabilities, cgroup `tools`)
+//!        └─ stdio MCP servers (uid 1002, no capabilities, cgroup `mcp`)
 //! ```
 //!
 //! Modules, in the order a run uses them: [`supervisor`] (host side),
@@ -115,8 +118,9 @@ pub fn run_jail(policy: &JailPolicy) -> Result<i32, JailError> {
 /// in place; its return value is the process's exit code.
 pub type AgentEntry = fn() -> u8;
 
-/// [`run_jail`] for a binary that can run the agent in process: a policy
-/// with `entry: agent` forks `agent` from init instead of `exec`ing `argv`
+/// [`run_jail`] for a binary that can run the agent in process: with a
+/// policy of `entry: agent`, init runs `agent` itself instead of forking a
+/// main process that `exec`s `argv`
 /// (see [`asbx_protocol::jail::JailEntry`]). With `agent` `None`, such a
 /// policy is refused.
 pub fn run_jail_with(policy: &JailPolicy, agent: Option<AgentEntry>) -> Result<i32, JailError> {

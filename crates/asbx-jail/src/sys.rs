@@ -422,27 +422,30 @@ pub(crate) fn close_from(first: u32) -> io::Result<()> {
     }
 }
 
-/// [`close_from`], but `keep` (when it is at least `first`) stays open.
-pub(crate) fn close_from_except(first: u32, keep: Option<RawFd>) -> io::Result<()> {
-    match keep
-        .and_then(|k| u32::try_from(k).ok())
+/// [`close_from`], but the descriptors in `keep` stay open.
+pub(crate) fn close_from_except(first: u32, keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter_map(|k| u32::try_from(*k).ok())
         .filter(|k| *k >= first)
-    {
-        None => close_from(first),
-        Some(k) => {
-            if k > first {
-                // SAFETY: as in `close_from`, for the range below `keep`.
-                let ret = unsafe { libc::syscall(libc::SYS_close_range, first, k - 1, 0) };
-                if ret != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            match k.checked_add(1) {
-                Some(next) => close_from(next),
-                None => Ok(()),
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from = first;
+    for k in keep {
+        if k > from {
+            // SAFETY: as in `close_from`, for the range below this `keep`.
+            let ret = unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+            if ret != 0 {
+                return Err(io::Error::last_os_error());
             }
         }
+        match k.checked_add(1) {
+            Some(next) => from = next,
+            None => return Ok(()),
+        }
     }
+    close_from(from)
 }
 
 /// Make `env` (`NAME=value` strings) this process's whole environment.

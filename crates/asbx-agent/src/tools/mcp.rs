@@ -208,13 +208,18 @@ async fn start_stdio(
         .envs(process::base_env(&ctx.workdir))
         .envs(&ctx.variables)
         .envs(env);
-    let (proc, stderr) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            process::join_failure(&e, cgroup.as_ref())
-                .unwrap_or_else(|| format!("cannot start `{command}`: {e}"))
-        })?;
+    let (proc, stderr) = crate::orphans::spawn(
+        || {
+            TokioChildProcess::builder(cmd)
+                .stderr(Stdio::piped())
+                .spawn()
+        },
+        |(proc, _)| proc.id(),
+    )
+    .map_err(|e| {
+        process::join_failure(&e, cgroup.as_ref())
+            .unwrap_or_else(|| format!("cannot start `{command}`: {e}"))
+    })?;
     let uid = Slot::Mcp.user(ctx.tool_user).map(|(uid, _)| uid);
     let group = Reaper::new(proc.id(), cgroup, uid);
     let tail = Arc::new(Mutex::new(Vec::new()));

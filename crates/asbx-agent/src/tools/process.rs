@@ -282,7 +282,13 @@ impl Reaper {
         loop {
             let (mut left, mut error) = self.pass(&mut known);
             if let Some(uid) = self.sweep {
-                match sweep_command(uid).status().await {
+                let helper =
+                    crate::orphans::spawn(|| sweep_command(uid).spawn(), tokio::process::Child::id);
+                let status = match helper {
+                    Ok(mut child) => child.wait().await,
+                    Err(e) => Err(e),
+                };
+                match status {
                     Ok(s) if s.success() => swept = true,
                     // Retried: a fork bomb at its RLIMIT_NPROC makes the
                     // helper's exec fail until the group's kill thinned it.
@@ -372,7 +378,13 @@ impl Drop for Reaper {
             let _ = self.pass(&mut known);
             let _ = self.pass(&mut known);
             if let Some(uid) = self.sweep {
-                let _ = sweep_command(uid).into_std().status();
+                let helper = crate::orphans::spawn(
+                    || sweep_command(uid).into_std().spawn(),
+                    |c| Some(c.id()),
+                );
+                if let Ok(mut child) = helper {
+                    let _ = child.wait();
+                }
             }
         }
     }

@@ -82,17 +82,18 @@ pub(crate) async fn run_process(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|source| {
-        if let Some(why) = process::join_failure(&source, cgroup.as_ref()) {
-            return SpawnError::Cgroup(why);
-        }
-        match ctx.tool_user {
-            Some((uid, gid)) if source.kind() == std::io::ErrorKind::PermissionDenied => {
-                SpawnError::User { uid, gid, source }
+    let mut child =
+        crate::orphans::spawn(|| cmd.spawn(), tokio::process::Child::id).map_err(|source| {
+            if let Some(why) = process::join_failure(&source, cgroup.as_ref()) {
+                return SpawnError::Cgroup(why);
             }
-            Some(_) | None => SpawnError::Spawn(source),
-        }
-    })?;
+            match ctx.tool_user {
+                Some((uid, gid)) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                    SpawnError::User { uid, gid, source }
+                }
+                Some(_) | None => SpawnError::Spawn(source),
+            }
+        })?;
     let mut reaper = Reaper::new(child.id(), cgroup, ctx.tool_user.map(|(uid, _)| uid));
     let out = Arc::new(Mutex::new(Capture::default()));
     let err = Arc::new(Mutex::new(Capture::default()));

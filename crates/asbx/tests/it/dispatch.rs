@@ -279,6 +279,102 @@ async fn wait_for_pids(marker: &str, min: usize, within: Duration) -> Vec<i32> {
     }
 }
 
+/// In a jail the agent is the sandbox's init (pid 1 of its pid namespace,
+/// the supervisor's only child: two host processes per sandbox), so a
+/// tool's orphan becomes the agent's child; once it ends the agent reaps
+/// it (no zombie holds a pid of the sandbox's bound) while the turn goes on.
+#[tokio::test]
+async fn the_agent_is_the_sandbox_init_and_reaps_its_tools_orphans() {
+    if profile() == "unconfined" {
+        asbx_test_support::skip(
+            "the_agent_is_the_sandbox_init_and_reaps_its_tools_orphans",
+            "profile unconfined: no pid namespace",
+        );
+        return;
+    }
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("orphan"));
+    let n = 100 + rand::random::<u16>() % 800;
+    let (orphan, fg) = (format!("1.{n}"), format!("30.{n}"));
+    let body = ws.body(
+        &t,
+        &script(json!([
+            // The subshell exits at once: its background sleep is orphaned.
+            // (Its command line names the time only once: `sleep 1.N`.)
+            {"tool": "shell", "args": {"command": format!("s={orphan}; (sleep $s &); echo ok")}},
+            {"tool": "shell", "args": {"command": format!("sleep {fg}")}},
+            {"say": "never"}
+        ])),
+    );
+    let res = reqwest::Client::new()
+        .post(format!("{}/stream", runner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let stream = read_until(res, |_| true).await;
+    let found = wait_for_pids(&format!("sleep {orphan}"), 1, Duration::from_secs(10)).await;
+    let &[pid] = found.as_slice() else {
+        panic!("the orphan never ran: {found:?}");
+    };
+    let status = |pid: i32, field: &str| -> Option<String> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(field))
+            .map(|v| v.trim().to_owned())
+    };
+    // Its parent is the agent once its own parent, the subshell, is gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let agent = loop {
+        let parent: i32 = status(pid, "PPid:")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        let name = std::fs::read(format!("/proc/{parent}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&name).starts_with("asbx-agent") {
+            break parent;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the orphan's parent is {parent}, not the agent"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let nspid = status(agent, "NSpid:").unwrap_or_default();
+    assert!(
+        nspid.ends_with("\t1"),
+        "the agent is pid 1 of the sandbox: NSpid {nspid:?}"
+    );
+    let supervisor: i32 = status(agent, "PPid:").unwrap().parse().unwrap();
+    let siblings =
+        std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+            .unwrap_or_default();
+    assert_eq!(
+        siblings.split_whitespace().collect::<Vec<_>>(),
+        vec![agent.to_string()],
+        "the supervisor's one child is the agent"
+    );
+    // Ended after about a second: reaped, not left a zombie, while the
+    // second step still runs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the orphan was not reaped: state {:?}",
+            status(pid, "State:")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !wait_for_pids(&format!("sleep {fg}"), 1, Duration::from_secs(10))
+            .await
+            .is_empty(),
+        "the turn goes on"
+    );
+    drop(stream);
+    runner.assert_clean().await;
+}
+
 #[tokio::test]
 async fn a_client_disconnect_kills_the_whole_tree_within_a_second() {
     if profile() == "unconfined" {

@@ -527,14 +527,14 @@ async fn mountinfo_and_cgroup_name_no_host_path() {
     runner.assert_clean().await;
 }
 
-/// The agent is forked from the sandbox's init with no `execve`
-/// (`entry: agent`): seen from the host, a warm sandbox's agent holds
+/// The agent is the sandbox's init, with no `execve` (`entry: agent`):
+/// seen from the host, a warm sandbox's agent holds
 /// exactly the agent's capabilities (sealed: none inheritable or ambient),
 /// `no_new_privs` and a seccomp filter, calls itself `asbx-agent`, and
 /// neither its executable nor any file it maps is a host path outside the
 /// system folders: the binary is the runner's detached copy (`/asbx`). The
-/// sandbox's cgroup holds its init and agent, nothing else, at the lowest
-/// CPU weight (it was booted in the background).
+/// sandbox's cgroup holds the agent, pid 1 of the sandbox, and nothing
+/// else, at the lowest CPU weight (it was booted in the background).
 #[tokio::test]
 async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
     let runner = RunnerProc::start(&[]);
@@ -569,8 +569,8 @@ async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
         let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned()
     };
-    // The agent is in the cgroup once init forked it, and named once it
-    // started; wait for both.
+    // The agent is in the cgroup once init was moved there, and named once
+    // it started; wait for both.
     let mut procs: Vec<i32> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     for _ in 0..200 {
@@ -591,7 +591,7 @@ async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
             n.sort();
             n
         },
-        ["asbx-agent", "asbx-init"],
+        ["asbx-agent"],
         "the sandbox's processes: {procs:?}"
     );
     let agent = procs[names.iter().position(|n| n == "asbx-agent").unwrap()];
@@ -611,6 +611,10 @@ async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
     assert_eq!(field("CapAmb:"), "0000000000000000", "{status}");
     assert_eq!(field("NoNewPrivs:"), "1", "{status}");
     assert_eq!(field("Seccomp:"), "2", "{status}");
+    assert!(
+        field("NSpid:").ends_with("\t1"),
+        "pid 1 of the sandbox: {status}"
+    );
     let exe = std::fs::read_link(format!("/proc/{agent}/exe")).unwrap();
     assert_eq!(exe, std::path::Path::new("/asbx"), "the agent's executable");
     let maps = std::fs::read_to_string(format!("/proc/{agent}/maps")).unwrap();

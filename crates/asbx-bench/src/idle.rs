@@ -66,6 +66,23 @@ async fn idle_workspace() -> anyhow::Result<String> {
     Ok(url)
 }
 
+/// `asbx-bench idle-workspace`: [`idle_workspace`] in a process of its
+/// own, which prints its URL and serves until its stdin closes (the bench
+/// that started it ended). Its descriptors (one per sandbox waiting on the
+/// model) then do not count against the bench's open-file limit, which
+/// holds one per sandbox of its own: 10,000 sandboxes need both.
+pub(crate) async fn serve_idle_workspace() -> anyhow::Result<()> {
+    let url = idle_workspace().await?;
+    println!("{url}");
+    tokio::task::spawn_blocking(|| {
+        use std::io::Read as _;
+        let mut rest = Vec::new();
+        std::io::stdin().read_to_end(&mut rest)
+    })
+    .await??;
+    Ok(())
+}
+
 /// One `asbx runner` of the bench, SIGTERMed and reaped by
 /// [`IdleRunner::stop`].
 struct IdleRunner {
@@ -183,7 +200,13 @@ pub(crate) async fn idle(n: usize) -> anyhow::Result<()> {
         );
     }
     // Each agent waits on a model whose answer never ends.
-    let callbacks = idle_workspace().await?;
+    let mut provider = tokio::process::Command::new(std::env::current_exe()?)
+        .arg("idle-workspace")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let callbacks = banner(&mut provider).await?.trim().to_owned();
     let mut started = Vec::new();
     for k in 0..runners {
         match IdleRunner::start(k, &callbacks).await {
@@ -200,6 +223,8 @@ pub(crate) async fn idle(n: usize) -> anyhow::Result<()> {
     for r in started {
         r.stop().await;
     }
+    drop(provider.stdin.take());
+    let _ = provider.wait().await;
     held
 }
 

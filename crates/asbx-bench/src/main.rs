@@ -59,6 +59,7 @@ fn main() -> anyhow::Result<()> {
             "throughput" => throughput().await,
             "first-line" => first_line(n).await,
             "idle" => idle::idle(n.min(10_000)).await,
+            "idle-workspace" => idle::serve_idle_workspace().await,
             "jail-startup" => jail::startup(n),
             "burst" => burst::burst(n.min(1000)).await,
             "turn" => turn::turn(n.min(2000)).await,

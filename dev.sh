@@ -58,6 +58,7 @@ case "${1:-}" in
     fi
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
     cargo test --workspace --locked "$@"
     # Coverage-guided fuzzing: every target a few seconds from its checked-in
     # corpus (fuzz/README.md has the long offline runs).

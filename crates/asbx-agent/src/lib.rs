@@ -6,12 +6,12 @@
 //! steps, then exactly one `result` or `error`. All HTTP goes through the
 //! gateway's Unix socket; the agent holds no provider key.
 //!
-//! A turn is three calls: [`prepare`] (`/callback/env` with the setup
+//! A turn is three calls: `prepare` (`/callback/env` with the setup
 //! token, the egress relay, the setup script, `/callback/config` with the
 //! run token, the limits, the provider and the conversation ending with the
-//! prompt), [`Toolbox::assemble`] (skills written into the sandbox, MCP
+//! prompt), `Toolbox::assemble` (skills written into the sandbox, MCP
 //! servers started, client tools picked), and the loop
-//! ([`agent_loop::run`], bounded by the run's duration limit). Then MCP
+//! (`agent_loop::run`, bounded by the run's duration limit). Then MCP
 //! servers are shut down, `out/` is written back (upload token), `result`.
 //!
 //! The run's `max_duration` counts from the start of [`run`], bootstrap and

@@ -20,11 +20,11 @@
 //!        └─ stdio MCP servers (uid 1002, no capabilities, cgroup `mcp`)
 //! ```
 //!
-//! Modules, in the order a run uses them: [`supervisor`] (host side),
-//! [`cgroup`], [`init`] (sandbox side), [`rootfs`], [`ids`], [`fsrules`]
-//! (Landlock), [`seccomp`], [`sys`] (raw system calls), [`check`]; and
-//! [`spawn`], for the agent: a tool process that joins its child cgroup
-//! between `fork` and `exec`; [`zygote`], for the runner: supervisors
+//! Modules, in the order a run uses them: `supervisor` (host side),
+//! `cgroup`, `init` (sandbox side), `rootfs`, `ids`, `fsrules`
+//! (Landlock), `seccomp`, `sys` (raw system calls), [`check`]; and
+//! `spawn`, for the agent: a tool process that joins its child cgroup
+//! between `fork` and `exec`; `zygote`, for the runner: supervisors
 //! forked, not `exec`ed.
 //!
 //! What the runner must do: see the README section of [`run_jail`].

@@ -103,7 +103,7 @@ impl Zygote {
         self.child.id()
     }
 
-    /// Starts `exe jail --zygote` with an environment of only [`ETC_ENV`],
+    /// Starts `exe jail --zygote` with an environment of only `ETC_ENV`,
     /// its stdout on `/dev/null` and its stderr inherited.
     pub fn start(exe: &Path) -> Result<Zygote, JailError> {
         let (ours, theirs) = socketpair(

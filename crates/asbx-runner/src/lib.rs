@@ -147,8 +147,8 @@ impl Runner {
     }
 
     /// Boots the warm pool in the background, and from now on and every
-    /// [`SWEEP_EVERY`] removes what sandboxes of killed runners left
-    /// ([`Sandbox::sweep`]). Call once the runner serves.
+    /// `SWEEP_EVERY` removes what sandboxes of killed runners left
+    /// (`Sandbox::sweep`). Call once the runner serves.
     pub fn warm_up(&self) {
         pool::Pool::refill(&self.inner);
         let inner = Arc::downgrade(&self.inner);

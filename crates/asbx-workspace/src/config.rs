@@ -41,7 +41,7 @@ use url::Url;
 ///   whose node died is free again within seconds.
 /// - `replay_safety_poll`: on PostgreSQL, how often a node following a run
 ///   another node relays reads the table without having been notified
-///   ([`crate::notify`]); notifications can be lost while a connection is
+///   (`crate::notify`); notifications can be lost while a connection is
 ///   down. (On SQLite a follower without a local broadcast polls every
 ///   500 ms.)
 /// - `require_auth`: refuse requests without an API key or session cookie

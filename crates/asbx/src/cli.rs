@@ -203,7 +203,7 @@ pub(crate) struct WorkspaceArgs {
     /// The seed's name for `SANDBOX_URL`, used when that is not set.
     #[arg(long, env = "ASSISTANT_SANDBOX_URL", hide = true)]
     pub(crate) assistant_sandbox_url: Option<url::Url>,
-    /// The URL sandboxes call back (defaults to http://<listen>).
+    /// The URL sandboxes call back (defaults to `http://<listen>`).
     #[arg(long, env = "ASBX_PUBLIC_URL")]
     pub(crate) public_url: Option<url::Url>,
     #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]

@@ -674,3 +674,51 @@ fn errno() -> i32 {
         .raw_os_error()
         .unwrap_or(libc::EIO)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a forked child (closing descriptors in the test process would
+    /// close the harness's): the kept descriptors stay open, in any order
+    /// and with duplicates and ones below `first`, and every other one from
+    /// `first` on is closed. The child's exit code says which check failed.
+    #[test]
+    fn close_from_except_keeps_exactly_the_kept() {
+        let fds: Vec<RawFd> = (0..6)
+            .map(|_| {
+                std::fs::File::open("/dev/null")
+                    .map(std::os::fd::IntoRawFd::into_raw_fd)
+                    .unwrap()
+            })
+            .collect();
+        let first = u32::try_from(fds[0]).unwrap();
+        let keep = [fds[4], fds[1], fds[4], 0];
+        // SAFETY: the child only makes system calls, allocates (which
+        // glibc's `fork` leaves safe in the child of a threaded process)
+        // and `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // SAFETY: F_GETFD reads a descriptor's flags, open or not.
+            let open = |fd: RawFd| unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
+            let code = match close_from_except(first, &keep) {
+                Err(_) => 2,
+                Ok(()) if !open(fds[1]) || !open(fds[4]) || !open(0) => 3,
+                Ok(()) if [fds[0], fds[2], fds[3], fds[5]].into_iter().any(open) => 4,
+                Ok(()) => 0,
+            };
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        for fd in fds {
+            // SAFETY: opened above, owned by this test.
+            unsafe { libc::close(fd) };
+        }
+        assert!(libc::WIFEXITED(status), "the child ended by a signal");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "check that failed");
+    }
+}

@@ -296,12 +296,12 @@ async fn the_agent_is_the_sandbox_init_and_reaps_its_tools_orphans() {
     let ws = FakeWorkspace::start(scripted("scripted:test")).await;
     let t = ws.mint(&session_id("orphan"));
     let n = 100 + rand::random::<u16>() % 800;
-    let (orphan, fg) = (format!("1.{n}"), format!("30.{n}"));
+    let (orphan, fg) = (format!("2.{n}"), format!("30.{n}"));
     let body = ws.body(
         &t,
         &script(json!([
             // The subshell exits at once: its background sleep is orphaned.
-            // (Its command line names the time only once: `sleep 1.N`.)
+            // (Its command line names the time only once: `sleep 2.N`.)
             {"tool": "shell", "args": {"command": format!("s={orphan}; (sleep $s &); echo ok")}},
             {"tool": "shell", "args": {"command": format!("sleep {fg}")}},
             {"say": "never"}
@@ -354,7 +354,7 @@ async fn the_agent_is_the_sandbox_init_and_reaps_its_tools_orphans() {
         vec![agent.to_string()],
         "the supervisor's one child is the agent"
     );
-    // Ended after about a second: reaped, not left a zombie, while the
+    // Ended after about two seconds: reaped, not left a zombie, while the
     // second step still runs.
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {

@@ -307,12 +307,7 @@ async fn the_agent_is_the_sandbox_init_and_reaps_its_tools_orphans() {
             {"say": "never"}
         ])),
     );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let stream = read_until(res, |_| true).await;
     let found = wait_for_pids(&format!("sleep {orphan}"), 1, Duration::from_secs(10)).await;
     let &[pid] = found.as_slice() else {
@@ -395,12 +390,7 @@ async fn a_client_disconnect_kills_the_whole_tree_within_a_second() {
         &t,
         &script(json!([{"tool": "shell", "args": {"command": cmd}}, {"say": "never"}])),
     );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let stream = read_until(
         res,
         |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),

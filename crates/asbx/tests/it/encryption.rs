@@ -133,12 +133,7 @@ async fn an_encrypted_run_opens_in_node_webcrypto_alone_and_an_altered_line_does
         ws.body(&t, &prompt),
         json!({"encryption": {"client_public_key": k.trim()}}),
     );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     assert_eq!(res.status(), 200);
     let streamed = tokio::time::timeout(Duration::from_secs(60), res.bytes())
         .await
@@ -292,12 +287,7 @@ async fn a_key_that_is_not_a_point_is_refused_before_any_sandbox() {
         ws.body(&t, &script(json!([{"say": "fine"}]))),
         json!({"encryption": {"client_public_key": client.public_key()}}),
     );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     assert_eq!(res.status(), 200);
     let _ = res.bytes().await.unwrap();
     runner.assert_clean().await;
@@ -322,12 +312,7 @@ async fn an_encrypted_client_tool_result_is_opened_with_the_session_key() {
         ws.body(&t, &prompt),
         json!({"client_tools": tools, "encryption": {"client_public_key": client.public_key()}}),
     );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let mut stream = Box::pin(res.bytes_stream());
     let mut buf = Vec::new();
     let mut plain: Vec<Map<String, Value>> = Vec::new();
@@ -463,12 +448,7 @@ async fn an_encrypted_sessions_listing_keeps_how_it_ended_but_not_its_words() {
         ws.body(&t, &script(json!([{"crash": 3}]))),
         json!({"encryption": {"client_public_key": client.public_key()}}),
     );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let bytes = res.bytes().await.unwrap();
     assert!(!String::from_utf8_lossy(&bytes).contains("scripted crash"));
     let lines = raw_lines(&bytes);

@@ -246,6 +246,17 @@ pub fn session_id(test: &str) -> String {
     format!("{test}-{}", hex::encode(rand::random::<[u8; 12]>()))
 }
 
+/// `POST /stream` of `body` to the runner at `url`: the response, its body
+/// still to be read.
+pub async fn post_stream(url: &str, body: &serde_json::Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{url}/stream"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// POSTs `/stream` and reads the whole NDJSON answer.
 pub async fn dispatch(url: &str, body: &serde_json::Value) -> (u16, Vec<Line>, String) {
     let res = reqwest::Client::new()

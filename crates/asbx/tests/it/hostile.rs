@@ -28,12 +28,7 @@ async fn sleeping_turn(
         &t,
         &script(json!([{"tool": "shell", "args": {"command": command}}])),
     );
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let stream = crate::dispatch::read_until(
         res,
         |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),

@@ -161,12 +161,7 @@ async fn another_sandbox_and_the_host_loopback_are_out_of_reach() {
     let t1 = ws.mint(&session_id("neighbour"));
     let neighbour_body =
         ws.body(&t1, &script(json!([{"tool": "shell", "args": {"command": "echo neighbour-secret > mine.txt; sleep 110"}}])));
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&neighbour_body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &neighbour_body).await;
     let neighbour = crate::dispatch::read_until(
         res,
         |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),

@@ -110,12 +110,7 @@ async fn a_dropped_client_resumes_from_events_within_the_grace() {
         {"say": "resumed fine"}
     ]));
     let body = v2(ws.body(&t, &prompt), json!({"detach_grace_ms": 10000}));
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let mut stream = Box::pin(res.bytes_stream());
     let mut d = LineDecoder::default();
     let mut seen = Vec::new();
@@ -193,12 +188,7 @@ async fn with_a_zero_grace_a_dropped_client_cancels_the_session() {
     let t = ws.mint(&session_id("grace0"));
     let prompt = script(json!([{"tool": "shell", "args": {"command": "sleep 30"}}]));
     let body = v2(ws.body(&t, &prompt), json!({"detach_grace_ms": 0}));
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let stream = crate::dispatch::read_until(
         res,
         |e| matches!(e, Event::Step(s) if s.status == StepStatus::Running),
@@ -274,12 +264,7 @@ async fn a_client_tool_call_round_trips_through_the_runner() {
         "parameters": {"type": "object", "properties": {"palette": {"type": "string"}}}
     }]);
     let body = v2(ws.body(&t, &prompt), json!({"client_tools": tools}));
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let mut stream = Box::pin(res.bytes_stream());
     let mut d = LineDecoder::default();
     let mut lines: Vec<Line> = Vec::new();
@@ -435,12 +420,7 @@ async fn stats_count_model_calls_tool_calls_and_tokens_apart() {
         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}
     }]);
     let body = v2(ws.body(&t, &prompt), json!({"client_tools": tools}));
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &body).await;
     let mut stream = Box::pin(res.bytes_stream());
     let mut d = LineDecoder::default();
     let mut lines: Vec<Line> = Vec::new();

@@ -239,10 +239,16 @@ fn run_in_process(
         sys::exit_now(127)
     }
     let code = i32::from(catch_unwind(entry).unwrap_or(101));
-    if let Some(fd) = &plan.status {
+    tell_end(plan.status.as_ref(), code);
+    std::process::exit(code)
+}
+
+/// Tells the supervisor the main process's end on `status`, when there is
+/// one: 4 bytes, little-endian (`supervisor`'s `Status::relay` reads them).
+fn tell_end(status: Option<&std::os::fd::OwnedFd>, code: i32) {
+    if let Some(fd) = status {
         let _ = nix::unistd::write(fd, &code.to_le_bytes());
     }
-    std::process::exit(code)
 }
 
 /// In the main process: last per-process settings, then `execve`. Returns only on failure.
@@ -305,9 +311,7 @@ fn path_cstring(p: PathBuf) -> Result<CString, JailError> {
 fn reap(main: libc::pid_t, status: Option<&std::os::fd::OwnedFd>) -> ! {
     let main = nix::unistd::Pid::from_raw(main);
     let end = |code: i32| -> ! {
-        if let Some(fd) = status {
-            let _ = nix::unistd::write(fd, &code.to_le_bytes());
-        }
+        tell_end(status, code);
         sys::exit_now(code)
     };
     loop {

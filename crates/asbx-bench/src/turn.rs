@@ -64,6 +64,45 @@ fn run_cli(label: &str, url: &str, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// CPU time the host spent busy so far, all cores (`/proc/stat`: every
+/// state but idle and iowait).
+fn host_busy() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").context("/proc/stat")?;
+    let cpu = stat.lines().next().context("/proc/stat is empty")?;
+    let ticks: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let busy: u64 = ticks
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, t)| t)
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|h| u64::try_from(h).ok())
+        .filter(|h| *h > 0)
+        .unwrap_or(100);
+    Ok(Duration::from_micros(busy * 1_000_000 / hz))
+}
+
+/// `ASBX_BENCH_THINK_MS` (default 0): a pause before each timed chat turn,
+/// a user's reading and typing, in which the last turn's sandbox ends and
+/// the warm pool refills.
+fn think_time() -> Duration {
+    Duration::from_millis(
+        std::env::var("ASBX_BENCH_THINK_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
 async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> {
     let (_procs, url, _) = system(&format!("turn-{label}"), db)?;
     let client = reqwest::Client::new();
@@ -72,8 +111,11 @@ async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> 
     for _ in 0..4 {
         one_turn(&client, &url, Some(&chat)).await?;
     }
+    let gap = think_time();
     let mut times = Vec::with_capacity(n);
+    let busy_before = host_busy()?;
     for _ in 0..n {
+        tokio::time::sleep(gap).await;
         // The lease is released just after `done`: wait for it, untimed.
         let (t, _) = loop {
             match one_turn(&client, &url, Some(&chat)).await {
@@ -86,7 +128,12 @@ async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> 
         };
         times.push(t);
     }
+    let busy = host_busy()?.saturating_sub(busy_before);
     report(&format!("{label}: chat POST to SSE done"), times);
+    println!(
+        "  {label}: host CPU per turn (every process and the kernel, /proc/stat): {:.2} ms",
+        busy.as_secs_f64() * 1e3 / n as f64
+    );
     let started = Instant::now();
     let thread = client
         .get(format!("{}/api/assistant/chats/{chat}", url))

@@ -174,22 +174,6 @@ pub async fn run(
         Err(e) => Event::error(e.code().as_str(), e.to_string()),
     };
     if counters.model_calls > 0 {
-        // Token counts for the runner's session_ended stats; best effort.
-        let usage = asbx_protocol::gateway::Usage {
-            input_tokens: counters.usage.input_tokens,
-            output_tokens: counters.usage.output_tokens,
-            model_calls: counters.model_calls,
-        };
-        if let Ok(body) = serde_json::to_vec(&usage) {
-            let _ = GatewayClient::new(&bootstrap.gateway_socket)
-                .send_collect(
-                    hyper::Method::POST,
-                    asbx_protocol::gateway::USAGE,
-                    &[("content-type", "application/json")],
-                    bytes::Bytes::from(body),
-                )
-                .await;
-        }
         emitter
             .log(
                 LogLevel::Info,
@@ -267,14 +251,13 @@ async fn turn(
             u64::try_from(p.limits.max_duration.as_millis()).unwrap_or(u64::MAX),
         ))
     });
-    // Files written before a failure are written back all the same.
-    let written = writeback::writeback(
-        &p.gw,
-        b.otp_upload.as_deref(),
-        &PathBuf::from(&b.workdir),
-        emitter,
-    )
-    .await;
+    // Files written before a failure are written back all the same; the
+    // token counts go to the runner at the same time.
+    let workdir = PathBuf::from(&b.workdir);
+    let (written, ()) = tokio::join!(
+        writeback::writeback(&p.gw, b.otp_upload.as_deref(), &workdir, emitter),
+        report_usage(&p.gw, counters),
+    );
     match (outcome, written) {
         (Err(AgentError::Output(e)), _) | (_, Err(WritebackError::Output(e))) => {
             Err(AgentError::Output(e))
@@ -289,6 +272,29 @@ async fn turn(
     }
 }
 
+/// Token counts for the runner's `session_ended` stats; best effort, and
+/// only once a model was called.
+async fn report_usage(gw: &GatewayClient, counters: &Counters) {
+    if counters.model_calls == 0 {
+        return;
+    }
+    let usage = asbx_protocol::gateway::Usage {
+        input_tokens: counters.usage.input_tokens,
+        output_tokens: counters.usage.output_tokens,
+        model_calls: counters.model_calls,
+    };
+    if let Ok(body) = serde_json::to_vec(&usage) {
+        let _ = gw
+            .send_collect(
+                hyper::Method::POST,
+                asbx_protocol::gateway::USAGE,
+                &[("content-type", "application/json")],
+                bytes::Bytes::from(body),
+            )
+            .await;
+    }
+}
+
 /// Redeems the tokens, starts the egress relay, runs the setup script, and
 /// builds the provider and the first model request.
 async fn prepare(
@@ -297,11 +303,16 @@ async fn prepare(
     emitter: &Emitter,
 ) -> Result<Prepared, AgentError> {
     let gw = GatewayClient::new(&b.gateway_socket);
-    let env = bootstrap::redeem_env(&gw, &b.otp_setup).await?;
-    // `/config` right after `/env`, before anything slow: the runner learns
-    // the run's effective limits from it for `session_init` (docs/protocol.md
-    // §4), and a long setup script can't outlive the run token.
-    let config = bootstrap::redeem_config(&gw, &b.otp_run).await?;
+    // `/config` at the same time as `/env`, before anything slow: the
+    // runner learns the run's effective limits from it for `session_init`
+    // (docs/protocol.md §4), a long setup script can't outlive the run
+    // token, and the turn waits for one round trip, not two. A refused
+    // setup token is the error even when `/config` answered.
+    let (env, config) = tokio::join!(
+        bootstrap::redeem_env(&gw, &b.otp_setup),
+        bootstrap::redeem_config(&gw, &b.otp_run),
+    );
+    let (env, config) = (env?, config?);
     let mut variables = env.variables.clone();
     let relay = match &b.proxy_socket {
         Some(sock) => match EgressRelay::start(sock).await {

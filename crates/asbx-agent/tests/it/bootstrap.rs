@@ -11,10 +11,14 @@ async fn rejected_setup_token_is_otp_rejected_before_any_model_call() {
     h.otp_setup = "wrong".into();
     let o = h.run().await;
     o.first_is_sandbox_started();
-    assert_eq!(o.error().0, "otp_rejected");
+    let (code, msg) = o.error();
+    assert_eq!(code, "otp_rejected");
+    // The setup token's refusal is the error, although `/config` (asked
+    // at the same time, one round trip for both) answered.
+    assert!(msg.contains("setup token"), "{msg}");
+    assert_eq!(o.gateway.config_redemptions(), 1);
     assert_eq!(o.gateway.model_calls(), 0);
     assert!(o.mock.as_ref().unwrap().requests().is_empty());
-    assert_eq!(o.gateway.config_redemptions(), 0);
 }
 
 #[tokio::test]
@@ -22,7 +26,9 @@ async fn rejected_run_token_is_otp_rejected() {
     let mut h = Harness::with_mock(ProviderKind::Openai).await;
     h.otp_run = "wrong".into();
     let o = h.run().await;
-    assert_eq!(o.error().0, "otp_rejected");
+    let (code, msg) = o.error();
+    assert_eq!(code, "otp_rejected");
+    assert!(msg.contains("run token"), "{msg}");
     assert_eq!(o.gateway.model_calls(), 0);
 }
 
@@ -35,7 +41,7 @@ async fn setup_script_failure_is_setup_failed_with_tail() {
     assert_eq!(code, "setup_failed");
     assert!(msg.contains("exit code 3"), "{msg}");
     assert!(msg.contains("pip exploded"), "{msg}");
-    // `/config` is redeemed right after `/env`, before the setup script
+    // `/config` is redeemed with `/env`, before the setup script
     // (so `session_init` carries the session's limits, docs/protocol.md §4);
     // the model never ran.
     assert_eq!(o.gateway.config_redemptions(), 1);

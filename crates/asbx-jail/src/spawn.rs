@@ -78,7 +78,9 @@ pub fn take_cgroup_requests() -> bool {
 }
 
 /// Asks the supervisor to make the memory cgroup of child cgroup `child`
-/// (`tools` or `mcp`, see [`CGROUP_REQUEST_FD_ENV`]) and waits for it.
+/// (`tools` or `mcp`, see [`CGROUP_REQUEST_FD_ENV`]) and waits for it; once
+/// it said yes, returns at once without asking again. Callers on other
+/// threads wait while one asks.
 /// `Ok(false)`: this process has no such socket (not in a jail, or its
 /// child cgroups are made with it); `Ok(true)`: the child's `memory`
 /// folder holds its cgroup.
@@ -87,19 +89,31 @@ pub fn request_memory_cgroup(child: &str) -> Result<bool, JailError> {
     let Some(sock) = cgroup_requests() else {
         return Ok(false);
     };
-    let byte = match child {
-        "tools" => b't',
-        "mcp" => b'm',
+    // Made once, asked once: the supervisor's answer holds for the
+    // sandbox's life.
+    static MADE: [std::sync::atomic::AtomicBool; 2] = [
+        std::sync::atomic::AtomicBool::new(false),
+        std::sync::atomic::AtomicBool::new(false),
+    ];
+    let (byte, made) = match child {
+        "tools" => (b't', &MADE[0]),
+        "mcp" => (b'm', &MADE[1]),
         other => return Err(JailError::Policy(format!("no child cgroup {other:?}"))),
     };
     let io =
         |e: std::io::Error| JailError::Cgroup(format!("asking for the {child} memory cgroup: {e}"));
     let mut sock = sock.lock().unwrap_or_else(|p| p.into_inner());
+    if made.load(std::sync::atomic::Ordering::Acquire) {
+        return Ok(true);
+    }
     sock.write_all(&[byte]).map_err(io)?;
     let mut answer = [0u8; 1];
     sock.read_exact(&mut answer).map_err(io)?;
     match answer[0] {
-        b'+' => Ok(true),
+        b'+' => {
+            made.store(true, std::sync::atomic::Ordering::Release);
+            Ok(true)
+        }
         _ => Err(JailError::Cgroup(format!(
             "the supervisor could not make the {child} memory cgroup"
         ))),

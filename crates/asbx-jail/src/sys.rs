@@ -721,4 +721,61 @@ mod tests {
         assert!(libc::WIFEXITED(status), "the child ended by a signal");
         assert_eq!(libc::WEXITSTATUS(status), 0, "check that failed");
     }
+
+    /// `request_memory_cgroup` (`spawn.rs`), in a forked child (the request
+    /// socket is taken once per process):
+    /// `tools` asked for twice and `mcp` once reach the supervisor's end as
+    /// one request each, every answer `+`; the parent plays the supervisor.
+    #[test]
+    fn a_child_cgroup_is_asked_for_once() {
+        let (supervisor, sandbox) = std::os::unix::net::UnixStream::pair().unwrap();
+        // SAFETY: the child only sets a variable (it is single-threaded
+        // after `fork`), makes system calls, allocates (which glibc's
+        // `fork` leaves safe in the child of a threaded process) and
+        // `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            drop(supervisor);
+            // SAFETY: the child has one thread; nothing reads the
+            // environment at the same time.
+            unsafe {
+                std::env::set_var(
+                    asbx_protocol::jail::CGROUP_REQUEST_FD_ENV,
+                    sandbox.as_raw_fd().to_string(),
+                )
+            };
+            std::mem::forget(sandbox);
+            let code = if !crate::take_cgroup_requests() {
+                2
+            } else {
+                let asked = [
+                    crate::request_memory_cgroup("tools"),
+                    crate::request_memory_cgroup("tools"),
+                    crate::request_memory_cgroup("mcp"),
+                ];
+                if asked.iter().all(|a| matches!(a, Ok(true))) {
+                    0
+                } else {
+                    3
+                }
+            };
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(code) };
+        }
+        drop(sandbox);
+        let mut supervisor = supervisor;
+        let mut heard = Vec::new();
+        let mut byte = [0u8; 1];
+        while let Ok(1) = std::io::Read::read(&mut supervisor, &mut byte) {
+            heard.push(byte[0]);
+            std::io::Write::write_all(&mut supervisor, b"+").unwrap();
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child ended by a signal");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "check that failed");
+        assert_eq!(heard, b"tm", "{:?}", String::from_utf8_lossy(&heard));
+    }
 }

@@ -18,7 +18,7 @@ use crate::environments;
 use crate::error::WorkspaceError;
 use crate::files::ascii_file_name;
 use crate::files::store::{self as files, FileRow};
-use crate::runs::dispatch::{self, RunSpec, Started};
+use crate::runs::dispatch::{self, RunOptions, RunSpec, Started};
 use crate::tokens;
 use crate::validate;
 use crate::wire::{
@@ -89,23 +89,26 @@ pub(crate) async fn start_turn(
     let turn_id = tokens::random_id();
     let now = state.now_ms();
     let lease_until = now.saturating_add(turns::ms(state.config.lease_ttl));
+    if let Some(chat_id) = &request.chat_id {
+        // A lost turn's lease is taken over below; mark that turn
+        // interrupted first, so the thread says what became of it.
+        if let Some(chat) = chats::get(state.store.pool(), chat_id, workspace_id).await? {
+            turns::recover_lost_turn(state, &chat).await?;
+        }
+    }
+    let route = dispatch::route(state, &sandbox_url).await;
+    // The lease, the user message and the run with its tokens: one
+    // transaction, one commit (one fsync on PostgreSQL), before the
+    // dispatch. An error on the way rolls all of it back: no lease is
+    // taken and nothing is left to release.
+    let mut tx = state.store.pool().begin().await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
-            // A lost turn's lease is taken over below; mark that turn
-            // interrupted first, so the thread says what became of it.
-            if let Some(chat) = chats::get(state.store.pool(), chat_id, workspace_id).await? {
-                turns::recover_lost_turn(state, &chat).await?;
-            }
-            let taken = chats::try_lease(
-                state.store.pool(),
-                chat_id,
-                workspace_id,
-                &turn_id,
-                lease_until,
-                now,
-            )
-            .await?;
+            let taken =
+                chats::try_lease(&mut *tx, chat_id, workspace_id, &turn_id, lease_until, now)
+                    .await?;
             if !taken {
+                tx.rollback().await?;
                 let chat = chats::get(state.store.pool(), chat_id, workspace_id)
                     .await?
                     .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
@@ -119,7 +122,7 @@ pub(crate) async fn start_turn(
         None => {
             let chat_id = tokens::random_id();
             chats::create_leased(
-                state.store.pool(),
+                &mut *tx,
                 &chat_id,
                 workspace_id,
                 &title_of(&request.message),
@@ -129,18 +132,22 @@ pub(crate) async fn start_turn(
             )
             .await?;
             if let Some(settings) = &new_settings {
-                environments::store_chat_settings(state, workspace_id, &chat_id, settings).await?;
+                environments::store_chat_settings_on(
+                    &mut tx,
+                    workspace_id,
+                    &chat_id,
+                    settings,
+                    now,
+                )
+                .await?;
             }
             chat_id
         }
     };
-    let lease = LeaseGuard::new(Arc::clone(state), chat_id.clone(), turn_id.clone());
-
     for file in &attachments {
-        files::claim_for_chat(state.store.pool(), &file.id, workspace_id, &chat_id).await?;
+        files::claim_for_chat(&mut *tx, &file.id, workspace_id, &chat_id).await?;
     }
-    let history =
-        chats::recent_messages(state.store.pool(), &chat_id, REPLAY_TURN_LIMIT as i64).await?;
+    let history = chats::recent_messages(&mut *tx, &chat_id, REPLAY_TURN_LIMIT as i64).await?;
     let user_message = PersistedMessage {
         id: tokens::random_id(),
         role: Role::User,
@@ -159,11 +166,8 @@ pub(crate) async fn start_turn(
         created_at: now,
         turn_id: Some(turn_id.clone()),
     };
-    // One commit for both (one fsync on PostgreSQL).
-    let mut tx = state.store.pool().begin().await?;
     chats::append_message(&mut *tx, &chat_id, &user_message).await?;
     chats::set_conversation_id(&mut *tx, &chat_id, &user_message.id).await?;
-    tx.commit().await?;
 
     let placed = attachment_refs(&attachments);
     let spec = RunSpec {
@@ -187,6 +191,10 @@ pub(crate) async fn start_turn(
         },
         sandbox_url,
     };
+    let recorded = dispatch::record(&mut tx, &spec, &route, now).await?;
+    tx.commit().await?;
+    let lease = LeaseGuard::new(Arc::clone(state), chat_id.clone(), turn_id.clone());
+
     let live = LiveTurn::new(
         turn_id.clone(),
         chat_id.clone(),
@@ -195,7 +203,7 @@ pub(crate) async fn start_turn(
         now,
         state.config.detach_grace,
     );
-    match dispatch::start(state, &spec).await {
+    match dispatch::post(state, &spec, &RunOptions::default(), route, recorded).await {
         Ok(Started::Streaming { response }) => {
             turns::spawn(
                 TurnContext {
@@ -428,6 +436,68 @@ mod tests {
         assert!(prompt.starts_with("read them\n\nAttached files"));
         assert!(prompt.contains("- attachments/2-notes.txt (text/plain, 3 bytes)"));
         assert_eq!(prompt_with_attachments("x", &[]), "x");
+    }
+
+    /// A turn start is one transaction: when any of it fails (here the
+    /// run's row, refused by a trigger), the chat keeps no lease, no user
+    /// message and no token, and the next turn may start at once.
+    #[tokio::test]
+    async fn a_turn_that_cannot_be_recorded_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
+        // Nothing listens there: no test reaches the dispatch.
+        config.sandbox_url = Some(url::Url::parse("http://127.0.0.1:9/").unwrap());
+        let ws = crate::Workspace::open(config).await.unwrap();
+        let state = Arc::clone(&ws.state);
+        let pool = state.store.pool();
+        let workspace = crate::DEFAULT_WORKSPACE;
+        chats::create_leased(pool, "chat-1", workspace, "t", "turn-0", 1, 0)
+            .await
+            .unwrap();
+        chats::release_lease(pool, "chat-1", "turn-0", 0).await.unwrap();
+        sqlx::query(
+            "CREATE TRIGGER no_runs BEFORE INSERT ON runs \
+             BEGIN SELECT RAISE(ABORT, 'no runs here'); END",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        let request = |chat_id: Option<&str>| TurnRequest {
+            chat_id: chat_id.map(str::to_owned),
+            message: "hello".into(),
+            ..Default::default()
+        };
+        let failed = start_turn(&state, workspace, request(Some("chat-1"))).await;
+        assert!(failed.is_err(), "the run's row was refused");
+        let chat = chats::get(pool, "chat-1", workspace).await.unwrap().unwrap();
+        assert_eq!(chat.lease_turn_id, None, "no lease left taken");
+        assert!(
+            chats::recent_messages(pool, "chat-1", 20)
+                .await
+                .unwrap()
+                .is_empty(),
+            "no user message kept"
+        );
+        let count = |table: &'static str| async move {
+            let row = sqlx::query(&format!("SELECT COUNT(*) AS n FROM {table}"))
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            sqlx::Row::get::<i64, _>(&row, "n")
+        };
+        assert_eq!(count("tokens").await, 0, "no token minted");
+        // A first turn (its chat made in the same transaction) leaves no
+        // chat either.
+        assert!(start_turn(&state, workspace, request(None)).await.is_err());
+        assert_eq!(count("chats").await, 1, "no chat left behind");
+        // With the trigger gone, the chat takes a turn: its lease is free.
+        sqlx::query("DROP TRIGGER no_runs").execute(pool).await.unwrap();
+        let next = start_turn(&state, workspace, request(Some("chat-1"))).await;
+        assert!(
+            !matches!(next, Err(WorkspaceError::TurnInFlight { .. })),
+            "the lease was free"
+        );
     }
 
     #[test]

@@ -388,16 +388,20 @@ pub(crate) async fn store_chat_settings(
     chat_id: &str,
     settings: &ChatSettings,
 ) -> Result<(), WorkspaceError> {
+    let mut conn = state.store.pool().acquire().await?;
+    store_chat_settings_on(&mut conn, workspace_id, chat_id, settings, state.now_ms()).await
+}
+
+/// [`store_chat_settings`] on `conn` (in the caller's transaction, say).
+pub(crate) async fn store_chat_settings_on(
+    conn: &mut sqlx::AnyConnection,
+    workspace_id: &str,
+    chat_id: &str,
+    settings: &ChatSettings,
+    now_ms: i64,
+) -> Result<(), WorkspaceError> {
     let text = json(settings)?;
-    if env_store::set_chat_settings(
-        state.store.pool(),
-        workspace_id,
-        chat_id,
-        &text,
-        state.now_ms(),
-    )
-    .await?
-    {
+    if env_store::set_chat_settings(conn, workspace_id, chat_id, &text, now_ms).await? {
         Ok(())
     } else {
         Err(WorkspaceError::NotFound(format!("chat {chat_id}")))

@@ -92,18 +92,6 @@ impl Dispatcher {
     }
 }
 
-/// The runners to try for `spec`, in order: the fleet's when it goes to the
-/// operator's runner and there are several, else its own runner alone.
-async fn candidates(state: &AppState, spec: &RunSpec) -> (Vec<Url>, Option<Arc<Fleet>>) {
-    if state.config.sandbox_url.as_ref() == Some(&spec.sandbox_url) {
-        let fleet = state.dispatcher.fleet(&state.config);
-        if fleet.len() > 1 {
-            return (fleet.order().await, Some(Arc::clone(fleet)));
-        }
-    }
-    (vec![spec.sandbox_url.clone()], None)
-}
-
 /// Everything one dispatch needs.
 #[derive(Debug, Clone)]
 pub(crate) struct RunSpec {
@@ -142,19 +130,60 @@ pub(crate) enum Started {
     },
 }
 
-/// Records the run, mints its tokens and posts the dispatch with the
-/// default [`RunOptions`].
-pub(crate) async fn start(state: &AppState, spec: &RunSpec) -> Result<Started, WorkspaceError> {
-    start_with(state, spec, &RunOptions::default()).await
-}
-
 /// Records the run, mints its tokens and posts the dispatch.
 pub(crate) async fn start_with(
     state: &AppState,
     spec: &RunSpec,
     options: &RunOptions,
 ) -> Result<Started, WorkspaceError> {
-    let now = state.now_ms();
+    let route = route(state, &spec.sandbox_url).await;
+    let mut tx = state.store.pool().begin().await?;
+    let recorded = record(&mut tx, spec, &route, state.now_ms()).await?;
+    tx.commit().await?;
+    post(state, spec, options, route, recorded).await
+}
+
+/// The runners a run may go to, in the order to try them; worked out
+/// before the run is recorded (it may ask the fleet, over the network).
+pub(crate) struct Route {
+    candidates: Vec<Url>,
+    fleet: Option<Arc<Fleet>>,
+}
+
+/// The runners to try for a run of `sandbox_url`, in order: the fleet's
+/// when it goes to the operator's runner and there are several, else that
+/// runner alone.
+pub(crate) async fn route(state: &AppState, sandbox_url: &Url) -> Route {
+    if state.config.sandbox_url.as_ref() == Some(sandbox_url) {
+        let fleet = state.dispatcher.fleet(&state.config);
+        if fleet.len() > 1 {
+            return Route {
+                candidates: fleet.order().await,
+                fleet: Some(Arc::clone(fleet)),
+            };
+        }
+    }
+    Route {
+        candidates: vec![sandbox_url.clone()],
+        fleet: None,
+    }
+}
+
+/// A run recorded in the caller's transaction: the plaintexts of its
+/// tokens, which only its dispatch carries.
+pub(crate) struct Recorded {
+    minted: [(TokenKind, tokens::Minted); 3],
+}
+
+/// Stores the run's row and the hashes of its freshly minted tokens on
+/// `conn`, inside the caller's transaction (a chat turn's also holds its
+/// lease and its user message: one commit); [`post`] once it committed.
+pub(crate) async fn record(
+    conn: &mut sqlx::AnyConnection,
+    spec: &RunSpec,
+    route: &Route,
+    now: i64,
+) -> Result<Recorded, WorkspaceError> {
     // Every run gets the in-sandbox workspace API (docs/protocol.md §3). Its
     // bearer is minted when `/env` is redeemed (`callbacks`), so the stored
     // payload never holds one: only its hash is ever stored.
@@ -167,11 +196,9 @@ pub(crate) async fn start_with(
     let config_json = serde_json::to_string(&spec.config)
         .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
     let minted = TokenKind::ONE_TIME.map(|kind| (kind, tokens::mint(OTP_PREFIX)));
-    let (candidates, fleet) = candidates(state, spec).await;
-    let first = candidates.first().unwrap_or(&spec.sandbox_url);
-    let mut tx = state.store.pool().begin().await?;
+    let first = route.candidates.first().unwrap_or(&spec.sandbox_url);
     runs::insert(
-        &mut *tx,
+        &mut *conn,
         &NewRun {
             id: &spec.id,
             workspace_id: &spec.workspace_id,
@@ -187,12 +214,21 @@ pub(crate) async fn start_with(
         },
     )
     .await?;
-    for (kind, m) in &minted {
-        token_store::insert(&mut *tx, m, *kind, &spec.id, cap_ms, now).await?;
-    }
-    tx.commit().await?;
+    token_store::insert_all(&mut *conn, &minted, &spec.id, cap_ms, now).await?;
+    Ok(Recorded { minted })
+}
 
-    let [(_, setup), (_, run), (_, upload)] = minted;
+/// Posts the dispatch of a run [`record`]ed and committed, to the first of
+/// its runners that takes it.
+pub(crate) async fn post(
+    state: &AppState,
+    spec: &RunSpec,
+    options: &RunOptions,
+    route: Route,
+    recorded: Recorded,
+) -> Result<Started, WorkspaceError> {
+    let Route { candidates, fleet } = route;
+    let [(_, setup), (_, run), (_, upload)] = recorded.minted;
     let request = DispatchRequest {
         agent_url: agent_url(&state.config.public_url, &spec.id),
         otp_setup: setup.plaintext,

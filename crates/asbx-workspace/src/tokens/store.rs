@@ -33,6 +33,51 @@ where
     Ok(())
 }
 
+/// [`insert`] for each of `minted` (bound to `session_id`), in one
+/// statement.
+pub(crate) async fn insert_all<'c, E>(
+    db: E,
+    minted: &[(TokenKind, Minted)],
+    session_id: &str,
+    cap_ms: u64,
+    now_ms: i64,
+) -> Result<(), WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    use std::fmt::Write as _;
+    if minted.is_empty() {
+        return Ok(());
+    }
+    let mut sql = String::from(
+        "INSERT INTO tokens (hash, kind, session_id, expires_at, used_at, created_at) VALUES ",
+    );
+    for i in 0..minted.len() {
+        let p = i * 5;
+        let _ = write!(
+            sql,
+            "{}(${}, ${}, ${}, ${}, NULL, ${})",
+            if i == 0 { "" } else { ", " },
+            p + 1,
+            p + 2,
+            p + 3,
+            p + 4,
+            p + 5
+        );
+    }
+    let mut query = sqlx::query(&sql);
+    for (kind, m) in minted {
+        query = query
+            .bind(&m.hash)
+            .bind(kind.as_str())
+            .bind(session_id)
+            .bind(now_ms.saturating_add(kind.ttl_ms(cap_ms)))
+            .bind(now_ms);
+    }
+    query.execute(db).await?;
+    Ok(())
+}
+
 /// Whether the token could be redeemed now, without redeeming it.
 ///
 /// Used to refuse a bad token before parsing a large body; the redemption

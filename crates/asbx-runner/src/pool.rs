@@ -23,10 +23,14 @@
 //! target falls back; warm sandboxes above it are used up, not killed.
 //! Refilling runs on a blocking thread and waits while dispatches are
 //! starting (taken or booted, first line not yet out), so in a burst it
-//! never competes with them for the CPU: first lines go first. The pool's
-//! sandboxes boot at the lowest CPU weight of their cgroup (`background`)
-//! and get the default weight when taken, so a boot never slows a running
-//! turn down either.
+//! never competes with them for the CPU: first lines go first. While at
+//! least half the target is warm it also waits for a quiet moment, no take
+//! in the last [`REFILL_QUIET`], so a chat turn's replacement boots after
+//! the turn rather than on the same cores during it (much of a boot is the
+//! kernel's work for the runner, the zygote and the supervisor, outside
+//! the sandbox's cgroup). The pool's sandboxes boot at the lowest CPU
+//! weight of their cgroup (`background`) and get the default weight when
+//! taken, so what runs inside a booting sandbox never slows a turn down.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -138,6 +142,24 @@ pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, Ru
     })
 }
 
+/// How long after the last take a refill waits, while at least half the
+/// target is warm: the turn that took it runs then, and a boot on the same
+/// cores would slow it (about a millisecond of a chat turn on two cores,
+/// ARCHITECTURE.md). A chat's turns come seconds apart, so its refill
+/// happens between them.
+const REFILL_QUIET: Duration = Duration::from_millis(50);
+
+/// [`Pool`]'s `last_take_ms` before any take.
+const NEVER_TAKEN: u64 = u64::MAX;
+
+/// How much longer a refill waits with `warm` of `target` sandboxes warm,
+/// `since` the last take: nothing when fewer than half are left (the next
+/// dispatch may otherwise find none) or the last take is
+/// [`REFILL_QUIET`] old.
+fn quiet_wait(warm: usize, target: usize, since: Duration) -> Option<Duration> {
+    (warm * 2 >= target && since < REFILL_QUIET).then(|| REFILL_QUIET - since)
+}
+
 /// Seconds of demand the pool remembers.
 const WINDOW_SECS: usize = 60;
 
@@ -218,6 +240,11 @@ pub(crate) struct Pool {
     draining: AtomicBool,
     /// Woken when a refill loop ends.
     refilled: tokio::sync::Notify,
+    /// When the last warm sandbox was taken ([`Pool::now`], in ms), or
+    /// [`NEVER_TAKEN`].
+    last_take_ms: AtomicU64,
+    /// Woken by every take: a refill waiting for quiet looks again.
+    taken: tokio::sync::Notify,
 }
 
 /// Marks a dispatch as starting until its first line; see [`Pool::starting`].
@@ -268,6 +295,8 @@ impl Pool {
             started: tokio::sync::Notify::new(),
             draining: AtomicBool::new(false),
             refilled: tokio::sync::Notify::new(),
+            last_take_ms: AtomicU64::new(NEVER_TAKEN),
+            taken: tokio::sync::Notify::new(),
         }
     }
 
@@ -303,10 +332,16 @@ impl Pool {
 
     /// A warm sandbox that is still alive, if any. Counts as demand either way.
     pub(crate) fn take(&self, inner: &Arc<Inner>) -> Option<Booted> {
+        let now = self.now();
         self.demand
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .record(self.now());
+            .record(now);
+        self.last_take_ms.store(
+            u64::try_from(now.as_millis()).unwrap_or(u64::MAX - 1),
+            Ordering::Release,
+        );
+        self.taken.notify_waiters();
         loop {
             let mut b = self.lock().pop_front()?;
             match b.child.try_wait() {
@@ -354,15 +389,8 @@ impl Pool {
     fn fill(inner: &Arc<Inner>, handle: &tokio::runtime::Handle) -> bool {
         let pool = &inner.pool;
         while pool.lock().len() < pool.target() && !pool.draining.load(Ordering::SeqCst) {
-            // Starting dispatches go first.
-            while pool.starting.load(Ordering::Acquire) > 0 {
-                let done = pool.started.notified();
-                tokio::pin!(done);
-                done.as_mut().enable();
-                if pool.starting.load(Ordering::Acquire) == 0 {
-                    break;
-                }
-                handle.block_on(done);
+            if !pool.wait_for_a_quiet_moment(handle) {
+                return false; // draining
             }
             // One counter per process: two runners in one process (tests,
             // benches) must not name two sandboxes alike.
@@ -383,6 +411,45 @@ impl Pool {
             }
         }
         false
+    }
+
+    /// Waits until a boot would not compete with a dispatch: none is
+    /// starting, and unless fewer than half the target are warm, none was
+    /// taken in the last [`REFILL_QUIET`] (its turn runs now). False when
+    /// the pool is draining.
+    fn wait_for_a_quiet_moment(&self, handle: &tokio::runtime::Handle) -> bool {
+        loop {
+            // Starting dispatches go first.
+            while self.starting.load(Ordering::Acquire) > 0 {
+                let done = self.started.notified();
+                tokio::pin!(done);
+                done.as_mut().enable();
+                if self.starting.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                handle.block_on(done);
+            }
+            if self.draining.load(Ordering::SeqCst) {
+                return false;
+            }
+            // Registered before the look: a take after it wakes the wait.
+            let taken = self.taken.notified();
+            tokio::pin!(taken);
+            taken.as_mut().enable();
+            let since = match self.last_take_ms.load(Ordering::Acquire) {
+                NEVER_TAKEN => REFILL_QUIET,
+                ms => self.now().saturating_sub(Duration::from_millis(ms)),
+            };
+            // Bound first: a guard in the `match` would be held through
+            // the wait, and a take would wait for the refill.
+            let warm = self.lock().len();
+            match quiet_wait(warm, self.target(), since) {
+                None => return true,
+                Some(wait) => {
+                    let _ = handle.block_on(tokio::time::timeout(wait, taken));
+                }
+            }
+        }
     }
 
     /// Ends every warm sandbox and removes its traces; no refill boots one
@@ -431,6 +498,18 @@ mod tests {
         d.record(at(75_000));
         assert_eq!(d.peak(at(75_000)), 1, "the burst is forgotten");
         assert_eq!(d.peak(at(200_000)), 0);
+    }
+
+    #[test]
+    fn a_refill_waits_for_quiet_while_half_the_target_is_warm() {
+        // The minimum pool of two, one just taken: the turn runs first.
+        assert_eq!(quiet_wait(1, 2, at(0)), Some(at(50)));
+        assert_eq!(quiet_wait(1, 2, at(20)), Some(at(30)));
+        assert_eq!(quiet_wait(1, 2, at(50)), None, "quiet long enough");
+        assert_eq!(quiet_wait(0, 2, at(0)), None, "none left: at once");
+        // A pool grown to a burst refills at once below half its target.
+        assert_eq!(quiet_wait(100, 200, at(1)), Some(at(49)));
+        assert_eq!(quiet_wait(99, 200, at(1)), None);
     }
 
     #[test]

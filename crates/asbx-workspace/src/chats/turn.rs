@@ -455,7 +455,9 @@ mod tests {
         chats::create_leased(pool, "chat-1", workspace, "t", "turn-0", 1, 0)
             .await
             .unwrap();
-        chats::release_lease(pool, "chat-1", "turn-0", 0).await.unwrap();
+        chats::release_lease(pool, "chat-1", "turn-0", 0)
+            .await
+            .unwrap();
         sqlx::query(
             "CREATE TRIGGER no_runs BEFORE INSERT ON runs \
              BEGIN SELECT RAISE(ABORT, 'no runs here'); END",
@@ -470,7 +472,10 @@ mod tests {
         };
         let failed = start_turn(&state, workspace, request(Some("chat-1"))).await;
         assert!(failed.is_err(), "the run's row was refused");
-        let chat = chats::get(pool, "chat-1", workspace).await.unwrap().unwrap();
+        let chat = chats::get(pool, "chat-1", workspace)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(chat.lease_turn_id, None, "no lease left taken");
         assert!(
             chats::recent_messages(pool, "chat-1", 20)
@@ -492,7 +497,10 @@ mod tests {
         assert!(start_turn(&state, workspace, request(None)).await.is_err());
         assert_eq!(count("chats").await, 1, "no chat left behind");
         // With the trigger gone, the chat takes a turn: its lease is free.
-        sqlx::query("DROP TRIGGER no_runs").execute(pool).await.unwrap();
+        sqlx::query("DROP TRIGGER no_runs")
+            .execute(pool)
+            .await
+            .unwrap();
         let next = start_turn(&state, workspace, request(Some("chat-1"))).await;
         assert!(
             !matches!(next, Err(WorkspaceError::TurnInFlight { .. })),

@@ -214,7 +214,8 @@ pub(crate) async fn record(
         },
     )
     .await?;
-    token_store::insert_all(&mut *conn, &minted, &spec.id, cap_ms, now).await?;
+    let rows = minted.each_ref().map(|(kind, m)| (*kind, m));
+    token_store::insert_all(&mut *conn, &rows, &spec.id, cap_ms, now).await?;
     Ok(Recorded { minted })
 }
 

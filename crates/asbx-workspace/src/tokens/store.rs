@@ -19,25 +19,14 @@ pub(crate) async fn insert<'c, E>(
 where
     E: Executor<'c, Database = Any>,
 {
-    sqlx::query(
-        "INSERT INTO tokens (hash, kind, session_id, expires_at, used_at, created_at) \
-         VALUES ($1, $2, $3, $4, NULL, $5)",
-    )
-    .bind(&minted.hash)
-    .bind(kind.as_str())
-    .bind(session_id)
-    .bind(now_ms.saturating_add(kind.ttl_ms(cap_ms)))
-    .bind(now_ms)
-    .execute(db)
-    .await?;
-    Ok(())
+    insert_all(db, &[(kind, minted)], session_id, cap_ms, now_ms).await
 }
 
 /// [`insert`] for each of `minted` (bound to `session_id`), in one
 /// statement.
 pub(crate) async fn insert_all<'c, E>(
     db: E,
-    minted: &[(TokenKind, Minted)],
+    minted: &[(TokenKind, &Minted)],
     session_id: &str,
     cap_ms: u64,
     now_ms: i64,

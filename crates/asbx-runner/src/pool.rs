@@ -243,7 +243,8 @@ pub(crate) struct Pool {
     /// When the last warm sandbox was taken ([`Pool::now`], in ms), or
     /// [`NEVER_TAKEN`].
     last_take_ms: AtomicU64,
-    /// Woken by every take: a refill waiting for quiet looks again.
+    /// Woken by every take (and the drain): a refill waiting for quiet
+    /// looks again.
     taken: tokio::sync::Notify,
 }
 
@@ -429,13 +430,14 @@ impl Pool {
                 }
                 handle.block_on(done);
             }
-            if self.draining.load(Ordering::SeqCst) {
-                return false;
-            }
-            // Registered before the look: a take after it wakes the wait.
+            // Registered before the look: a take (or the drain) after it
+            // wakes the wait.
             let taken = self.taken.notified();
             tokio::pin!(taken);
             taken.as_mut().enable();
+            if self.draining.load(Ordering::SeqCst) {
+                return false;
+            }
             let since = match self.last_take_ms.load(Ordering::Acquire) {
                 NEVER_TAKEN => REFILL_QUIET,
                 ms => self.now().saturating_sub(Duration::from_millis(ms)),
@@ -457,6 +459,8 @@ impl Pool {
     pub(crate) async fn drain(inner: &Arc<Inner>) {
         let pool = &inner.pool;
         pool.draining.store(true, Ordering::SeqCst);
+        // A refill waiting for a quiet moment sees the drain at once.
+        pool.taken.notify_waiters();
         let done = pool.refilled.notified();
         tokio::pin!(done);
         done.as_mut().enable();

@@ -12,7 +12,8 @@
 //! - `jail-startup`: `asbx-sandbox jail` running `true`, beside bubblewrap,
 //!   and one idle sandbox's memory (the jail alone, no runner).
 //! - `turn`: an Assistant turn end to end through `asbx up`, on SQLite and
-//!   (with `ASBX_BENCH_PG_URL`) PostgreSQL.
+//!   (with `ASBX_BENCH_PG_URL`) PostgreSQL, and the host's CPU per turn;
+//!   `ASBX_BENCH_THINK_MS` pauses before each turn (a user's think time).
 //! - `nodes`: chat turns per second through two workspace nodes and two
 //!   runners on one PostgreSQL, beside one of each.
 //! - `chat-append`: a turn on a chat of 100,000 messages beside one of 10.

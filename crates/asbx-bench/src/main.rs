@@ -13,7 +13,9 @@
 //!   and one idle sandbox's memory (the jail alone, no runner).
 //! - `turn`: an Assistant turn end to end through `asbx up`, on SQLite and
 //!   (with `ASBX_BENCH_PG_URL`) PostgreSQL, and the host's CPU per turn;
-//!   `ASBX_BENCH_THINK_MS` pauses before each turn (a user's think time).
+//!   `ASBX_BENCH_THINK_MS` pauses before each turn (a user's think time);
+//!   `ASBX_BENCH_LINK_DELAY_MS` also runs them with the runner that far
+//!   from the workspace.
 //! - `nodes`: chat turns per second through two workspace nodes and two
 //!   runners on one PostgreSQL, beside one of each.
 //! - `chat-append`: a turn on a chat of 100,000 messages beside one of 10.
@@ -36,6 +38,7 @@ use futures::StreamExt;
 mod burst;
 mod idle;
 mod jail;
+mod link;
 mod nodes;
 mod relay;
 mod system;

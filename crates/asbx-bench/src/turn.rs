@@ -7,14 +7,17 @@
 //! the chat's history read back as the page reads it, and `asbx run` end to
 //! end: the same turn as an API run, from starting the `asbx run` process to
 //! its exit after the stream's end, beside `asbx --version` (the process
-//! start alone).
+//! start alone). With `ASBX_BENCH_LINK_DELAY_MS`, the chat turns once more
+//! with the workspace and the runner apart: that much latency each way on
+//! the dispatch and on the sandbox's callbacks ([`Link`]).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::system::{Db, SCRIPT, one_turn, pg_server, system};
+use crate::link::Link;
+use crate::system::{Db, Proc, SCRIPT, one_turn, pg_server, system};
 use crate::{report, sibling};
 
 /// `asbx run --json SCRIPT` against the workspace at `url`, timed from the
@@ -103,13 +106,15 @@ fn think_time() -> Duration {
     )
 }
 
-async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> {
-    let (_procs, url, _) = system(&format!("turn-{label}"), db)?;
+/// N timed chat turns in one chat through the workspace at `url` (after
+/// five untimed ones), with their report and the host's CPU per turn; the
+/// chat's id.
+async fn chat_turns(label: &str, url: &str, n: usize) -> anyhow::Result<String> {
     let client = reqwest::Client::new();
     // Warm up: the runner's warm pool, connections, caches.
-    let (_, chat) = one_turn(&client, &url, None).await?;
+    let (_, chat) = one_turn(&client, url, None).await?;
     for _ in 0..4 {
-        one_turn(&client, &url, Some(&chat)).await?;
+        one_turn(&client, url, Some(&chat)).await?;
     }
     let gap = think_time();
     let mut times = Vec::with_capacity(n);
@@ -118,7 +123,7 @@ async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> 
         tokio::time::sleep(gap).await;
         // The lease is released just after `done`: wait for it, untimed.
         let (t, _) = loop {
-            match one_turn(&client, &url, Some(&chat)).await {
+            match one_turn(&client, url, Some(&chat)).await {
                 Ok(r) => break r,
                 Err(e) if e.to_string().contains("409") => {
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -134,6 +139,13 @@ async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> 
         "  {label}: host CPU per turn (every process and the kernel, /proc/stat): {:.2} ms",
         busy.as_secs_f64() * 1e3 / n as f64
     );
+    Ok(chat)
+}
+
+async fn bench_on(label: &str, db: Option<&Db>, n: usize) -> anyhow::Result<()> {
+    let (_procs, url, _) = system(&format!("turn-{label}"), db)?;
+    let chat = chat_turns(label, &url, n).await?;
+    let client = reqwest::Client::new();
     let started = Instant::now();
     let thread = client
         .get(format!("{}/api/assistant/chats/{chat}", url))
@@ -160,11 +172,52 @@ pub(crate) async fn turn(n: usize) -> anyhow::Result<()> {
         Some(server) => {
             println!("  postgres: through asbx workspace + asbx runner (asbx up keeps to SQLite)");
             let db = Db::create(&server, "turn")?;
-            bench_on("postgres", Some(&db), n).await
+            bench_on("postgres", Some(&db), n).await?;
         }
         None => {
             println!("  postgres: skipped (set ASBX_BENCH_PG_URL to a PostgreSQL server URL)");
-            Ok(())
         }
     }
+    match link_delay() {
+        Some(delay) => apart(delay, n).await,
+        None => Ok(()),
+    }
+}
+
+/// `ASBX_BENCH_LINK_DELAY_MS`: when set, the chat turns also run with the
+/// workspace and the runner apart, this much latency each way between
+/// them.
+fn link_delay() -> Option<Duration> {
+    std::env::var("ASBX_BENCH_LINK_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+}
+
+/// Chat turns through `asbx workspace` (SQLite) and `asbx runner` joined
+/// by two [`Link`]s with `delay` each way: the dispatch and its stream,
+/// and the sandbox's callbacks (`ASBX_PUBLIC_URL`).
+async fn apart(delay: Duration, n: usize) -> anyhow::Result<()> {
+    let ms = delay.as_millis();
+    println!(
+        "  sqlite, the runner {ms} ms each way from the workspace (asbx workspace + asbx runner)"
+    );
+    let to_runner = Link::start(delay).await?;
+    let to_workspace = Link::start(delay).await?;
+    let runner = Proc::start("runner", "turn-apart-runner", &[])?;
+    to_runner.forward_to(&runner.url)?;
+    let (sandbox_url, public_url) = (to_runner.url(), to_workspace.url());
+    let ws = Proc::start(
+        "workspace",
+        "turn-apart-ws",
+        &[
+            ("SANDBOX_URL", &sandbox_url),
+            ("ASBX_PUBLIC_URL", &public_url),
+        ],
+    )?;
+    to_workspace.forward_to(&ws.url)?;
+    chat_turns(&format!("sqlite, {ms} ms apart"), &ws.url, n).await?;
+    drop(ws);
+    drop(runner);
+    Ok(())
 }

@@ -149,9 +149,6 @@ pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, Ru
 /// happens between them.
 const REFILL_QUIET: Duration = Duration::from_millis(50);
 
-/// [`Pool`]'s `last_take_ms` before any take.
-const NEVER_TAKEN: u64 = u64::MAX;
-
 /// How much longer a refill waits with `warm` of `target` sandboxes warm,
 /// `since` the last take: nothing when fewer than half are left (the next
 /// dispatch may otherwise find none) or the last take is
@@ -208,6 +205,11 @@ impl Demand {
         b.1 = b.1.max(rate);
     }
 
+    /// When the last dispatch was taken (`None` before any).
+    fn last_take(&self) -> Option<Duration> {
+        self.last_second.back().copied()
+    }
+
     /// The most dispatches within one second in the window ending at `now`.
     fn peak(&self, now: Duration) -> usize {
         let now = now.as_secs();
@@ -240,9 +242,6 @@ pub(crate) struct Pool {
     draining: AtomicBool,
     /// Woken when a refill loop ends.
     refilled: tokio::sync::Notify,
-    /// When the last warm sandbox was taken ([`Pool::now`], in ms), or
-    /// [`NEVER_TAKEN`].
-    last_take_ms: AtomicU64,
     /// Woken by every take (and the drain): a refill waiting for quiet
     /// looks again.
     taken: tokio::sync::Notify,
@@ -296,7 +295,6 @@ impl Pool {
             started: tokio::sync::Notify::new(),
             draining: AtomicBool::new(false),
             refilled: tokio::sync::Notify::new(),
-            last_take_ms: AtomicU64::new(NEVER_TAKEN),
             taken: tokio::sync::Notify::new(),
         }
     }
@@ -333,15 +331,10 @@ impl Pool {
 
     /// A warm sandbox that is still alive, if any. Counts as demand either way.
     pub(crate) fn take(&self, inner: &Arc<Inner>) -> Option<Booted> {
-        let now = self.now();
         self.demand
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .record(now);
-        self.last_take_ms.store(
-            u64::try_from(now.as_millis()).unwrap_or(u64::MAX - 1),
-            Ordering::Release,
-        );
+            .record(self.now());
         self.taken.notify_waiters();
         loop {
             let mut b = self.lock().pop_front()?;
@@ -438,10 +431,13 @@ impl Pool {
             if self.draining.load(Ordering::SeqCst) {
                 return false;
             }
-            let since = match self.last_take_ms.load(Ordering::Acquire) {
-                NEVER_TAKEN => REFILL_QUIET,
-                ms => self.now().saturating_sub(Duration::from_millis(ms)),
-            };
+            let now = self.now();
+            let since = self
+                .demand
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .last_take()
+                .map_or(REFILL_QUIET, |t| now.saturating_sub(t));
             // Bound first: a guard in the `match` would be held through
             // the wait, and a take would wait for the refill.
             let warm = self.lock().len();
@@ -502,6 +498,8 @@ mod tests {
         d.record(at(75_000));
         assert_eq!(d.peak(at(75_000)), 1, "the burst is forgotten");
         assert_eq!(d.peak(at(200_000)), 0);
+        assert_eq!(d.last_take(), Some(at(75_000)));
+        assert_eq!(Demand::new(4).last_take(), None);
     }
 
     #[test]

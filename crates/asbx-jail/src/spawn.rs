@@ -49,7 +49,15 @@ pub fn join_failure(err: &std::io::Error, procs: &[PathBuf]) -> Option<String> {
     Some(format!("{}: {why}", file.display()))
 }
 
-type Requests = std::sync::Mutex<std::os::unix::net::UnixStream>;
+/// The request socket, and which child cgroups the supervisor said it made
+/// (`tools`, `mcp`): its yes holds for the sandbox's life, so each is asked
+/// for once.
+struct Asker {
+    sock: std::os::unix::net::UnixStream,
+    made: [bool; 2],
+}
+
+type Requests = std::sync::Mutex<Asker>;
 
 /// The socket on which this process asks its supervisor for its child
 /// memory cgroups ([`CGROUP_REQUEST_FD_ENV`]), taken the first time this
@@ -65,7 +73,10 @@ fn cgroup_requests() -> Option<&'static Requests> {
                 .ok()
                 .filter(|fd| *fd > 2)?;
             let sock = sys::take_socket(fd)?;
-            Some(std::sync::Mutex::new(sock.into()))
+            Some(std::sync::Mutex::new(Asker {
+                sock: sock.into(),
+                made: [false; 2],
+            }))
         })
         .as_ref()
 }
@@ -89,29 +100,23 @@ pub fn request_memory_cgroup(child: &str) -> Result<bool, JailError> {
     let Some(sock) = cgroup_requests() else {
         return Ok(false);
     };
-    // Made once, asked once: the supervisor's answer holds for the
-    // sandbox's life.
-    static MADE: [std::sync::atomic::AtomicBool; 2] = [
-        std::sync::atomic::AtomicBool::new(false),
-        std::sync::atomic::AtomicBool::new(false),
-    ];
-    let (byte, made) = match child {
-        "tools" => (b't', &MADE[0]),
-        "mcp" => (b'm', &MADE[1]),
+    let (byte, slot) = match child {
+        "tools" => (b't', 0),
+        "mcp" => (b'm', 1),
         other => return Err(JailError::Policy(format!("no child cgroup {other:?}"))),
     };
     let io =
         |e: std::io::Error| JailError::Cgroup(format!("asking for the {child} memory cgroup: {e}"));
-    let mut sock = sock.lock().unwrap_or_else(|p| p.into_inner());
-    if made.load(std::sync::atomic::Ordering::Acquire) {
+    let mut asker = sock.lock().unwrap_or_else(|p| p.into_inner());
+    if asker.made[slot] {
         return Ok(true);
     }
-    sock.write_all(&[byte]).map_err(io)?;
+    asker.sock.write_all(&[byte]).map_err(io)?;
     let mut answer = [0u8; 1];
-    sock.read_exact(&mut answer).map_err(io)?;
+    asker.sock.read_exact(&mut answer).map_err(io)?;
     match answer[0] {
         b'+' => {
-            made.store(true, std::sync::atomic::Ordering::Release);
+            asker.made[slot] = true;
             Ok(true)
         }
         _ => Err(JailError::Cgroup(format!(

@@ -182,20 +182,9 @@ async fn a_taken_session_id_gets_409() {
     let ws = FakeWorkspace::start(scripted("scripted:test")).await;
     let t = ws.mint(&session_id("taken"));
     let body = ws.body(&t, &script(json!([{"sleep_ms": 3000}, {"say": "late"}])));
-    let client = reqwest::Client::new();
-    let first = client
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let first = post_stream(&runner.url, &body).await;
     assert_eq!(first.status(), 200);
-    let second = client
-        .post(format!("{}/stream", runner.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let second = post_stream(&runner.url, &body).await;
     assert_eq!(second.status(), 409);
     let p: serde_json::Value = second.json().await.unwrap();
     assert_eq!(p["code"], "session_exists");

@@ -259,12 +259,7 @@ pub async fn post_stream(url: &str, body: &serde_json::Value) -> reqwest::Respon
 
 /// POSTs `/stream` and reads the whole NDJSON answer.
 pub async fn dispatch(url: &str, body: &serde_json::Value) -> (u16, Vec<Line>, String) {
-    let res = reqwest::Client::new()
-        .post(format!("{url}/stream"))
-        .json(body)
-        .send()
-        .await
-        .expect("POST /stream");
+    let res = post_stream(url, body).await;
     let status = res.status().as_u16();
     let ct = res
         .headers()

@@ -30,12 +30,7 @@ async fn key_never_enters_the_sandbox(kind: &str) {
     mock.push(Tape::text("the model is done"));
     let ws = FakeWorkspace::start(scripted(model)).await;
     let t = ws.mint(&session_id(kind));
-    let res = reqwest::Client::new()
-        .post(format!("{}/stream", runner.url))
-        .json(&ws.body(&t, "run env please"))
-        .send()
-        .await
-        .unwrap();
+    let res = post_stream(&runner.url, &ws.body(&t, "run env please")).await;
     let mut stream = Box::pin(res.bytes_stream());
     let mut decoder = LineDecoder::default();
     let mut lines = Vec::new();

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 /// A forwarder listening on loopback; ends with the bench's runtime.
 pub(crate) struct Link {
     /// Where clients connect.
-    pub(crate) addr: SocketAddr,
+    addr: SocketAddr,
     /// Where it forwards; connections made before it is set are dropped.
     upstream: Arc<OnceLock<SocketAddr>>,
 }

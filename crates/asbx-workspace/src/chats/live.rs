@@ -486,21 +486,19 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
     // The database may be away right now (this node cut off from it): the
     // turn's end waits for it, its clients kept waiting, rather than be
     // lost (a turn whose message is never stored would later be marked
-    // lost although its clients saw it end). First: is the turn still ours?
-    // The turn's end is one transaction (one commit, one fsync on
-    // PostgreSQL): the lease still ours, the last lines, the message, the
-    // run's outcome, its tokens revoked, the lease released. Every line is
+    // lost although its clients saw it end). The turn's end is one
+    // transaction (one commit, one fsync on PostgreSQL): the lease released
+    // if still ours (else nothing is stored), the last lines, the message,
+    // the run's outcome, its tokens revoked. Every line is
     // stored with the message and the run's end, so a node replaying the
     // turn has them all once it sees the run settled.
     let patience = tokio::time::Instant::now() + FINISH_PATIENCE;
-    let until = state.now_ms().saturating_add(ms(state.config.lease_ttl));
     let termination = tap
         .termination()
         .and_then(|t| serde_json::to_string(t).ok());
     let end = TurnEnd {
         turn: &turn,
         holder: &holder,
-        lease_until: until,
         message: &message,
         outcome: &outcome,
         termination: termination.as_deref(),
@@ -733,7 +731,6 @@ async fn session_is_gone(state: &AppState, turn_id: &str, now_ms: i64) -> bool {
 struct TurnEnd<'a> {
     turn: &'a LiveTurn,
     holder: &'a str,
-    lease_until: i64,
     message: &'a PersistedMessage,
     outcome: &'a Outcome,
     termination: Option<&'a str>,
@@ -750,14 +747,11 @@ impl TurnEnd<'_> {
     ) -> Result<bool, crate::error::WorkspaceError> {
         let turn = self.turn;
         let mut tx = state.store.pool().begin().await?;
-        let ours = chats::renew_lease(
-            &mut *tx,
-            &turn.chat_id,
-            &turn.id,
-            self.holder,
-            self.lease_until,
-        )
-        .await?;
+        // The lease is checked and released in one statement; all the rest
+        // commits with it or not at all.
+        let now = state.now_ms();
+        let ours =
+            chats::release_held_lease(&mut *tx, &turn.chat_id, &turn.id, self.holder, now).await?;
         if !ours {
             tx.rollback().await?;
             return Ok(false);
@@ -765,10 +759,8 @@ impl TurnEnd<'_> {
         let rows: Vec<(u64, &[u8])> = rows.iter().map(|(s, l)| (*s, l.as_bytes())).collect();
         crate::runs::events::append_rows_on(&mut tx, &turn.id, &rows).await?;
         chats::append_message(&mut *tx, &turn.chat_id, self.message).await?;
-        let now = state.now_ms();
         runs::finish(&mut *tx, &turn.id, self.outcome, self.termination, now).await?;
         crate::tokens::store::revoke_session(&mut *tx, &turn.id, now).await?;
-        chats::release_lease(&mut *tx, &turn.chat_id, &turn.id, now).await?;
         tx.commit().await?;
         Ok(true)
     }

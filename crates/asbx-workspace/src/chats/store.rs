@@ -36,15 +36,23 @@ impl ChatRow {
 const COLUMNS: &str =
     "id, workspace_id, title, lease_turn_id, lease_expires_at, created_at, updated_at";
 
-/// Creates a chat whose lease is already held by `turn_id`.
+/// A turn taking a chat's lease: the turn, until when, now, and its user
+/// message, whose id becomes the chat's conversation id if it has none
+/// yet (the first turn's).
+pub(crate) struct Lease<'a> {
+    pub turn_id: &'a str,
+    pub until: i64,
+    pub now_ms: i64,
+    pub first_message_id: &'a str,
+}
+
+/// Creates a chat whose lease is already held by `lease.turn_id`.
 pub(crate) async fn create_leased<'c, E>(
     db: E,
     id: &str,
     workspace_id: &str,
     title: &str,
-    turn_id: &str,
-    lease_until: i64,
-    now_ms: i64,
+    lease: &Lease<'_>,
 ) -> Result<(), WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
@@ -52,40 +60,41 @@ where
     sqlx::query(
         "INSERT INTO chats (id, workspace_id, title, conversation_id, lease_turn_id, \
          lease_expires_at, created_at, updated_at, deleted_at) \
-         VALUES ($1, $2, $3, NULL, $4, $5, $6, $6, NULL)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, NULL)",
     )
     .bind(id)
     .bind(workspace_id)
     .bind(title)
-    .bind(turn_id)
-    .bind(lease_until)
-    .bind(now_ms)
+    .bind(lease.first_message_id)
+    .bind(lease.turn_id)
+    .bind(lease.until)
+    .bind(lease.now_ms)
     .execute(db)
     .await?;
     Ok(())
 }
 
-/// Takes the lease of a live chat of `workspace_id` if it is free or expired.
+/// Takes the lease of a live chat of `workspace_id` if it is free or
+/// expired (and sets its conversation id if it has none).
 pub(crate) async fn try_lease<'c, E>(
     db: E,
     chat_id: &str,
     workspace_id: &str,
-    turn_id: &str,
-    lease_until: i64,
-    now_ms: i64,
+    lease: &Lease<'_>,
 ) -> Result<bool, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
     let done = sqlx::query(
         "UPDATE chats SET lease_turn_id = $1, lease_expires_at = $2, updated_at = $3, \
-         lease_holder = NULL \
-         WHERE id = $4 AND workspace_id = $5 AND deleted_at IS NULL \
+         lease_holder = NULL, conversation_id = COALESCE(conversation_id, $4) \
+         WHERE id = $5 AND workspace_id = $6 AND deleted_at IS NULL \
          AND (lease_turn_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $3)",
     )
-    .bind(turn_id)
-    .bind(lease_until)
-    .bind(now_ms)
+    .bind(lease.turn_id)
+    .bind(lease.until)
+    .bind(lease.now_ms)
+    .bind(lease.first_message_id)
     .bind(chat_id)
     .bind(workspace_id)
     .execute(db)
@@ -190,6 +199,32 @@ where
     Ok(())
 }
 
+/// Releases the lease while `turn_id` still holds it and `holder` drives
+/// it (as [`renew_lease`] checks); false, nothing changed, if it lost it.
+/// A turn's end checks and releases in this one statement.
+pub(crate) async fn release_held_lease<'c, E>(
+    db: E,
+    chat_id: &str,
+    turn_id: &str,
+    holder: &str,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE chats SET lease_turn_id = NULL, lease_expires_at = NULL, updated_at = $1 \
+         WHERE id = $2 AND lease_turn_id = $3 AND COALESCE(lease_holder, '') = $4",
+    )
+    .bind(now_ms)
+    .bind(chat_id)
+    .bind(turn_id)
+    .bind(holder)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// Clears a lease `turn_id` still holds that expires by `until` (its turn
 /// was lost; `i64::MAX`: whenever it expires); true if this call cleared it.
 pub(crate) async fn clear_expired_lease<'c, E>(
@@ -286,6 +321,28 @@ where
     row.map(|r| from_row(&r)).transpose()
 }
 
+/// [`get`] and the chat's stored settings (their JSON text, `None` when it
+/// has none), in one read: what a turn's start needs of its chat.
+pub(crate) async fn get_with_settings<'c, E>(
+    db: E,
+    id: &str,
+    workspace_id: &str,
+) -> Result<Option<(ChatRow, Option<String>)>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS}, settings FROM chats \
+         WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL"
+    ))
+    .bind(id)
+    .bind(workspace_id)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| Ok((from_row(&r)?, r.try_get::<Option<String>, _>("settings")?)))
+        .transpose()
+}
+
 /// Live chats of a workspace, most recently updated first.
 pub(crate) async fn list<'c, E>(db: E, workspace_id: &str) -> Result<Vec<ChatRow>, WorkspaceError>
 where
@@ -376,23 +433,6 @@ where
     .bind(message.created_at)
     .execute(db)
     .await?;
-    Ok(())
-}
-
-/// Sets the chat's conversation id (the first user message id) if unset.
-pub(crate) async fn set_conversation_id<'c, E>(
-    db: E,
-    chat_id: &str,
-    message_id: &str,
-) -> Result<(), WorkspaceError>
-where
-    E: Executor<'c, Database = Any>,
-{
-    sqlx::query("UPDATE chats SET conversation_id = $1 WHERE id = $2 AND conversation_id IS NULL")
-        .bind(message_id)
-        .bind(chat_id)
-        .execute(db)
-        .await?;
     Ok(())
 }
 
@@ -490,4 +530,96 @@ fn from_row(r: &AnyRow) -> Result<ChatRow, WorkspaceError> {
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A turn's end releases the lease only while its turn holds it and the
+    /// node that drives the turn is the one asking: a turn taken over by
+    /// another node, or a lease already given to the next turn, is left as
+    /// it is. The first turn's message id becomes the conversation id, and
+    /// a later lease keeps it.
+    #[tokio::test]
+    async fn a_lease_is_released_only_by_its_turn_and_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
+        let ws = crate::Workspace::open(config).await.unwrap();
+        let pool = ws.state.store.pool();
+        let workspace = crate::DEFAULT_WORKSPACE;
+        // Times ahead of the clock: the workspace's own sweep leaves
+        // unexpired leases alone.
+        let hour = 3_600_000;
+        let t = ws.state.now_ms() + hour;
+        let lease = |turn_id: &'static str, first_message_id: &'static str| Lease {
+            turn_id,
+            until: t,
+            now_ms: t - hour,
+            first_message_id,
+        };
+        let conversation = || async {
+            let row = sqlx::query("SELECT conversation_id FROM chats WHERE id = 'c'")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            row.try_get::<Option<String>, _>("conversation_id").unwrap()
+        };
+        // Whether `turn`'s `holder` released the lease at `at`.
+        let release = |turn: &'static str, holder: &'static str, at: i64| async move {
+            release_held_lease(pool, "c", turn, holder, at)
+                .await
+                .unwrap()
+        };
+        create_leased(pool, "c", workspace, "t", &lease("turn-1", "m-1"))
+            .await
+            .unwrap();
+        assert_eq!(conversation().await.as_deref(), Some("m-1"));
+
+        // Node b took the expired lease over: node a (holder "") may not
+        // release it, node b may.
+        assert!(
+            take_over_lease(pool, "c", "turn-1", "b", t + 2 * hour, t)
+                .await
+                .unwrap()
+        );
+        assert!(!release("turn-1", "", t + 1).await);
+        let chat = get(pool, "c", workspace).await.unwrap().unwrap();
+        assert_eq!(chat.lease_turn_id.as_deref(), Some("turn-1"));
+        assert_eq!(
+            chat.lease_expires_at,
+            Some(t + 2 * hour),
+            "the lease is untouched"
+        );
+        assert!(release("turn-1", "b", t + 1).await);
+        let chat = get(pool, "c", workspace).await.unwrap().unwrap();
+        assert_eq!((chat.lease_turn_id, chat.lease_expires_at), (None, None));
+        assert_eq!(chat.updated_at, t + 1);
+
+        // The next turn's lease: the old turn can no longer release it, and
+        // the conversation id stays the first turn's.
+        assert!(
+            try_lease(pool, "c", workspace, &lease("turn-2", "m-2"))
+                .await
+                .unwrap()
+        );
+        assert!(!release("turn-1", "b", t + 2).await);
+        assert!(!release("turn-1", "", t + 2).await);
+        let chat = get(pool, "c", workspace).await.unwrap().unwrap();
+        assert_eq!(chat.lease_turn_id.as_deref(), Some("turn-2"));
+        assert_eq!(conversation().await.as_deref(), Some("m-1"));
+        assert!(release("turn-2", "", t + 3).await);
+        let (chat, settings) = get_with_settings(pool, "c", workspace)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((chat.lease_turn_id, settings), (None, None));
+        assert!(
+            get_with_settings(pool, "gone", workspace)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
 }

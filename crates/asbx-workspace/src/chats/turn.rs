@@ -83,18 +83,31 @@ pub(crate) async fn start_turn(
         &request.attachment_ids,
     )
     .await?;
+    // An existing chat's row and settings, in one read.
+    let existing = match &request.chat_id {
+        Some(chat_id) => Some(
+            chats::get_with_settings(state.store.pool(), chat_id, workspace_id)
+                .await?
+                .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?,
+        ),
+        None => None,
+    };
+    let stored_settings = existing.as_ref().and_then(|(_, text)| text.as_deref());
     let (new_settings, (settings_env, settings_config)) =
-        chat_settings(state, workspace_id, &mut request).await?;
+        chat_settings(state, workspace_id, &mut request, stored_settings).await?;
 
     let turn_id = tokens::random_id();
     let now = state.now_ms();
-    let lease_until = now.saturating_add(turns::ms(state.config.lease_ttl));
-    if let Some(chat_id) = &request.chat_id {
+    let lease = chats::Lease {
+        turn_id: &turn_id,
+        until: now.saturating_add(turns::ms(state.config.lease_ttl)),
+        now_ms: now,
+        first_message_id: &tokens::random_id(),
+    };
+    if let Some((chat, _)) = &existing {
         // A lost turn's lease is taken over below; mark that turn
         // interrupted first, so the thread says what became of it.
-        if let Some(chat) = chats::get(state.store.pool(), chat_id, workspace_id).await? {
-            turns::recover_lost_turn(state, &chat).await?;
-        }
+        turns::recover_lost_turn(state, chat).await?;
     }
     let route = dispatch::route(state, &sandbox_url).await;
     // The lease, the user message and the run with its tokens: one
@@ -104,9 +117,7 @@ pub(crate) async fn start_turn(
     let mut tx = state.store.pool().begin().await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
-            let taken =
-                chats::try_lease(&mut *tx, chat_id, workspace_id, &turn_id, lease_until, now)
-                    .await?;
+            let taken = chats::try_lease(&mut *tx, chat_id, workspace_id, &lease).await?;
             if !taken {
                 tx.rollback().await?;
                 let chat = chats::get(state.store.pool(), chat_id, workspace_id)
@@ -126,9 +137,7 @@ pub(crate) async fn start_turn(
                 &chat_id,
                 workspace_id,
                 &title_of(&request.message),
-                &turn_id,
-                lease_until,
-                now,
+                &lease,
             )
             .await?;
             if let Some(settings) = &new_settings {
@@ -149,7 +158,7 @@ pub(crate) async fn start_turn(
     }
     let history = chats::recent_messages(&mut *tx, &chat_id, REPLAY_TURN_LIMIT as i64).await?;
     let user_message = PersistedMessage {
-        id: tokens::random_id(),
+        id: lease.first_message_id.to_owned(),
         role: Role::User,
         content: vec![ContentBlock::Text {
             text: request.message.clone(),
@@ -167,7 +176,6 @@ pub(crate) async fn start_turn(
         turn_id: Some(turn_id.clone()),
     };
     chats::append_message(&mut *tx, &chat_id, &user_message).await?;
-    chats::set_conversation_id(&mut *tx, &chat_id, &user_message.id).await?;
 
     let placed = attachment_refs(&attachments);
     let spec = RunSpec {
@@ -255,12 +263,14 @@ pub(crate) async fn start_turn(
 }
 
 /// The turn's settings: a new chat's checked `settings` (returned to be
-/// stored with the chat), or the chat's stored ones; and the `/env` and
-/// `/config` they make (a deleted environment is `409 conflict`).
+/// stored with the chat), or an existing chat's `stored` ones (their JSON
+/// text, read with the chat); and the `/env` and `/config` they make (a
+/// deleted environment is `409 conflict`).
 async fn chat_settings(
     state: &AppState,
     workspace_id: &str,
     request: &mut TurnRequest,
+    stored: Option<&str>,
 ) -> Result<(Option<ChatSettings>, (EnvResponse, ConfigResponse)), WorkspaceError> {
     let (new, settings) = match (&request.chat_id, request.settings.take()) {
         (None, Some(s)) => {
@@ -268,10 +278,7 @@ async fn chat_settings(
             (Some(s.clone()), s)
         }
         (None, None) => (None, ChatSettings::default()),
-        (Some(chat_id), _) => (
-            None,
-            environments::chat_settings(state, workspace_id, chat_id).await?,
-        ),
+        (Some(chat_id), _) => (None, environments::parse_chat_settings(chat_id, stored)?),
     };
     let run = environments::chat_run(state, workspace_id, &settings).await?;
     Ok((new, run))
@@ -452,7 +459,13 @@ mod tests {
         let state = Arc::clone(&ws.state);
         let pool = state.store.pool();
         let workspace = crate::DEFAULT_WORKSPACE;
-        chats::create_leased(pool, "chat-1", workspace, "t", "turn-0", 1, 0)
+        let lease = chats::Lease {
+            turn_id: "turn-0",
+            until: 1,
+            now_ms: 0,
+            first_message_id: "message-0",
+        };
+        chats::create_leased(pool, "chat-1", workspace, "t", &lease)
             .await
             .unwrap();
         chats::release_lease(pool, "chat-1", "turn-0", 0)

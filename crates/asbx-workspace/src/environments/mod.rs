@@ -375,8 +375,18 @@ pub(crate) async fn chat_settings(
 ) -> Result<ChatSettings, WorkspaceError> {
     match env_store::chat_settings(state.store.pool(), workspace_id, chat_id).await? {
         None => Err(WorkspaceError::NotFound(format!("chat {chat_id}"))),
-        Some(None) => Ok(ChatSettings::default()),
-        Some(Some(text)) => serde_json::from_str(&text)
+        Some(text) => parse_chat_settings(chat_id, text.as_deref()),
+    }
+}
+
+/// A chat's settings from their stored JSON text (`None`: the defaults).
+pub(crate) fn parse_chat_settings(
+    chat_id: &str,
+    text: Option<&str>,
+) -> Result<ChatSettings, WorkspaceError> {
+    match text {
+        None => Ok(ChatSettings::default()),
+        Some(text) => serde_json::from_str(text)
             .map_err(|e| WorkspaceError::Corrupt(format!("settings of chat {chat_id}: {e}"))),
     }
 }

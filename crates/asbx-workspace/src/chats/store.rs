@@ -102,9 +102,13 @@ where
     Ok(done.rows_affected() == 1)
 }
 
+/// The lease is the turn's (`$3`) and the node asking drives it (`$4`:
+/// `""` for the node that started the turn, else the node that took it
+/// over): what [`renew_lease`] and [`release_held_lease`] check.
+const HELD_BY: &str = "id = $2 AND lease_turn_id = $3 AND COALESCE(lease_holder, '') = $4";
+
 /// Extends the lease while `turn_id` still holds it and `holder` drives it
-/// (`""`: the node that started the turn; else the node that took it over);
-/// false if it lost it.
+/// ([`HELD_BY`]); false if it lost it.
 pub(crate) async fn renew_lease<'c, E>(
     db: E,
     chat_id: &str,
@@ -115,10 +119,9 @@ pub(crate) async fn renew_lease<'c, E>(
 where
     E: Executor<'c, Database = Any>,
 {
-    let done = sqlx::query(
-        "UPDATE chats SET lease_expires_at = $1 WHERE id = $2 AND lease_turn_id = $3 \
-         AND COALESCE(lease_holder, '') = $4",
-    )
+    let done = sqlx::query(&format!(
+        "UPDATE chats SET lease_expires_at = $1 WHERE {HELD_BY}"
+    ))
     .bind(lease_until)
     .bind(chat_id)
     .bind(turn_id)
@@ -200,8 +203,8 @@ where
 }
 
 /// Releases the lease while `turn_id` still holds it and `holder` drives
-/// it (as [`renew_lease`] checks); false, nothing changed, if it lost it.
-/// A turn's end checks and releases in this one statement.
+/// it ([`HELD_BY`]); false, nothing changed, if it lost it. A turn's end
+/// checks and releases in this one statement.
 pub(crate) async fn release_held_lease<'c, E>(
     db: E,
     chat_id: &str,
@@ -212,10 +215,10 @@ pub(crate) async fn release_held_lease<'c, E>(
 where
     E: Executor<'c, Database = Any>,
 {
-    let done = sqlx::query(
+    let done = sqlx::query(&format!(
         "UPDATE chats SET lease_turn_id = NULL, lease_expires_at = NULL, updated_at = $1 \
-         WHERE id = $2 AND lease_turn_id = $3 AND COALESCE(lease_holder, '') = $4",
-    )
+         WHERE {HELD_BY}"
+    ))
     .bind(now_ms)
     .bind(chat_id)
     .bind(turn_id)

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use url::Url;
 
+use crate::runner_url;
+
 /// Everything [`crate::Workspace::open`] needs.
 ///
 /// Build it with [`WorkspaceConfig::new`] and set the optional fields; new
@@ -29,10 +31,16 @@ use url::Url;
 ///   fleet is `sandbox_url` alone.
 /// - `public_url`: the base the sandbox calls back at; a dispatch's
 ///   `agent_url` is `{public_url}/api/assistant/sandbox/{sessionId}`.
+/// - `allowed_sandbox_urls`: runners besides `sandbox_url(s)` that a stored
+///   agent's environment (`SANDBOX_URL`) may name
+///   (`ASBX_ALLOWED_SANDBOX_URLS`). A runner URL that is none of these is
+///   refused (`400 sandbox_url_not_allowed`) and never requested.
 /// - `default_model`: `provider:model` used when a request names none.
 /// - `models`: the models a chat may choose (`GET /api/models`,
 ///   `ASBX_MODELS`), `provider:model` each; `default_model` is always
 ///   among them (first, when not listed).
+/// - `restrict_models`: runs and agents, too, may name only those models
+///   (`400 model_not_allowed`): the operator listed them (`ASBX_MODELS`).
 /// - `clock`: the time source for token and lease expiry.
 /// - `detach_grace`: how long a chat turn outlives its dropped SSE client
 ///   before it is cancelled (zero: cancel on close).
@@ -66,9 +74,11 @@ pub struct WorkspaceConfig {
     pub database_url: Option<String>,
     pub sandbox_url: Option<Url>,
     pub sandbox_urls: Vec<Url>,
+    pub allowed_sandbox_urls: Vec<Url>,
     pub public_url: Url,
     pub default_model: String,
     pub models: Vec<String>,
+    pub restrict_models: bool,
     pub clock: Arc<dyn Clock>,
     pub detach_grace: Duration,
     pub lease_ttl: Duration,
@@ -88,9 +98,11 @@ impl WorkspaceConfig {
             database_url: None,
             sandbox_url: None,
             sandbox_urls: Vec::new(),
+            allowed_sandbox_urls: Vec::new(),
             public_url,
             default_model: "scripted:demo".to_owned(),
             models: Vec::new(),
+            restrict_models: false,
             clock: Arc::new(SystemClock),
             detach_grace: Duration::from_secs(30),
             lease_ttl: Duration::from_secs(15),
@@ -129,10 +141,23 @@ impl WorkspaceConfig {
         out
     }
 
+    /// The models a run or an agent may name: [`Self::model_list`] when
+    /// `restrict_models`, else any.
+    pub(crate) fn allowed_models(&self) -> Option<Vec<String>> {
+        self.restrict_models.then(|| self.model_list())
+    }
+
     /// Whether `url` is a runner the operator configured (it gets the runner
-    /// token), not one a stored agent names itself.
+    /// token), not one a stored agent names itself; compared as
+    /// [`runner_url::key`]s.
     pub(crate) fn is_operator_runner(&self, url: &Url) -> bool {
-        self.sandbox_url.as_ref() == Some(url) || self.sandbox_urls.contains(url)
+        runner_url::is_one_of(url, self.sandbox_url.iter().chain(&self.sandbox_urls))
+    }
+
+    /// Whether the workspace may send a request to `url`: an operator's
+    /// runner or one of `allowed_sandbox_urls`.
+    pub(crate) fn is_allowed_runner(&self, url: &Url) -> bool {
+        self.is_operator_runner(url) || runner_url::is_one_of(url, &self.allowed_sandbox_urls)
     }
 }
 
@@ -155,9 +180,18 @@ impl fmt::Debug for WorkspaceConfig {
                     .map(Url::as_str)
                     .collect::<Vec<_>>(),
             )
+            .field(
+                "allowed_sandbox_urls",
+                &self
+                    .allowed_sandbox_urls
+                    .iter()
+                    .map(Url::as_str)
+                    .collect::<Vec<_>>(),
+            )
             .field("public_url", &self.public_url.as_str())
             .field("default_model", &self.default_model)
             .field("models", &self.models)
+            .field("restrict_models", &self.restrict_models)
             .field("detach_grace", &self.detach_grace)
             .field("lease_ttl", &self.lease_ttl)
             .field("replay_safety_poll", &self.replay_safety_poll)

@@ -26,6 +26,8 @@ pub(crate) enum ProblemCode {
     TurnInFlight,
     Conflict,
     SandboxUrlMissing,
+    SandboxUrlNotAllowed,
+    ModelNotAllowed,
     UpstreamFailed,
     EventsGone,
     DatabaseUnavailable,
@@ -49,6 +51,8 @@ impl ProblemCode {
             ProblemCode::TurnInFlight => "turn_in_flight",
             ProblemCode::Conflict => "conflict",
             ProblemCode::SandboxUrlMissing => "sandbox_url_missing",
+            ProblemCode::SandboxUrlNotAllowed => "sandbox_url_not_allowed",
+            ProblemCode::ModelNotAllowed => "model_not_allowed",
             ProblemCode::UpstreamFailed => "upstream_failed",
             ProblemCode::EventsGone => "events_gone",
             ProblemCode::DatabaseUnavailable => "database_unavailable",
@@ -95,6 +99,20 @@ pub enum WorkspaceError {
          variables, or start the workspace with SANDBOX_URL"
     )]
     AgentSandboxUrlMissing { agent_id: String },
+    /// A runner URL that is not one the operator configured (`SANDBOX_URL`,
+    /// `ASBX_ALLOWED_SANDBOX_URLS`): no request goes to it.
+    #[error(
+        "{field}: not one of the runners this workspace is configured with \
+         (SANDBOX_URL, ASBX_ALLOWED_SANDBOX_URLS)"
+    )]
+    SandboxUrlNotAllowed { field: String },
+    /// A model not among `ASBX_MODELS` (`GET /api/models`).
+    #[error("{field}: model {model:?} is not allowed here; allowed: {}", allowed.join(", "))]
+    ModelNotAllowed {
+        field: String,
+        model: String,
+        allowed: Vec<String>,
+    },
     #[error("runner request failed: {0}")]
     Upstream(String),
     #[error("lines of run {run_id} before seq {oldest} are no longer kept")]
@@ -246,6 +264,27 @@ impl WorkspaceError {
                 self.to_string(),
             )
             .with("agentId", agent_id.clone()),
+            WorkspaceError::SandboxUrlNotAllowed { field } => Problem::new(
+                400,
+                ProblemCode::SandboxUrlNotAllowed.as_str(),
+                "Runner not allowed",
+                self.to_string(),
+            )
+            .with_errors(vec![FieldError::new(
+                field,
+                "not one of the runners this workspace is configured with",
+            )]),
+            WorkspaceError::ModelNotAllowed { field, allowed, .. } => Problem::new(
+                400,
+                ProblemCode::ModelNotAllowed.as_str(),
+                "Model not allowed",
+                self.to_string(),
+            )
+            .with_errors(vec![FieldError::new(
+                field,
+                "not one of the allowed models",
+            )])
+            .with("allowed", allowed.clone()),
             WorkspaceError::Upstream(_) => Problem::new(
                 502,
                 ProblemCode::UpstreamFailed.as_str(),

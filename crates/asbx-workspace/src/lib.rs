@@ -22,6 +22,7 @@ mod notify;
 mod openapi;
 mod otel;
 mod pages;
+mod runner_url;
 mod store;
 mod tokens;
 mod validate;
@@ -84,6 +85,15 @@ impl Workspace {
                 "public_url must be an http(s) URL".to_owned(),
             ));
         }
+        for url in config
+            .sandbox_url
+            .iter()
+            .chain(&config.sandbox_urls)
+            .chain(&config.allowed_sandbox_urls)
+        {
+            runner_url::check(url)
+                .map_err(|e| WorkspaceError::Config(format!("runner URL {url}: {e}")))?;
+        }
         for m in &config.models {
             asbx_protocol::rules::names::check_model(m)
                 .map_err(|e| WorkspaceError::Config(format!("model {m:?}: {e}")))?;
@@ -97,11 +107,6 @@ impl Workspace {
             Some(url) => notify::Notifier::listen(url).await?,
             None => notify::Notifier::off(),
         };
-        if config.sandbox_url.is_none() {
-            tracing::warn!(
-                "no SANDBOX_URL configured: runs and chat turns will fail unless a stored agent names its runner"
-            );
-        }
         let state = AppState {
             dispatcher: Dispatcher::new(config.runner_token.as_deref())?,
             authority: Authority::from_config(&config),

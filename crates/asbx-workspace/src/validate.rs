@@ -18,6 +18,9 @@ use asbx_protocol::dispatch::MAX_PROMPT_BYTES;
 use asbx_protocol::rules::{mcp, names, skills};
 use url::Url;
 
+use crate::config::WorkspaceConfig;
+use crate::error::WorkspaceError;
+use crate::runner_url;
 use crate::wire::{
     AgentDefinition, AgentEnvironment, AgentRunRequest, ChatSettings, CreateRunRequest,
     EnvironmentBody,
@@ -129,20 +132,13 @@ pub(crate) fn named_environment(
     errors
 }
 
-/// A chat's settings (fields `settings.*`): the model must be one of
-/// `models` (`GET /api/models`). The environment's existence is checked by
-/// the caller, against the store.
-pub(crate) fn chat_settings(s: &ChatSettings, models: &[String]) -> Vec<FieldError> {
+/// A chat's settings (fields `settings.*`). Whether the model is one of
+/// this workspace's ([`allowed_model`]) and the environment's existence
+/// are checked by the caller.
+pub(crate) fn chat_settings(s: &ChatSettings) -> Vec<FieldError> {
     let mut errors = Vec::new();
-    if let Some(m) = &s.model {
-        match names::check_model(m) {
-            Err(msg) => errors.push(FieldError::new("settings.model", msg)),
-            Ok(()) if !models.iter().any(|known| known == m) => errors.push(FieldError::new(
-                "settings.model",
-                "not one of this workspace's models (GET /api/models)",
-            )),
-            Ok(()) => {}
-        }
+    if let Some(Err(msg)) = s.model.as_deref().map(names::check_model) {
+        errors.push(FieldError::new("settings.model", msg));
     }
     script(
         s.system_prompt.as_deref(),
@@ -301,13 +297,72 @@ fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
 }
 
-/// A runner base URL: http(s) with a host.
+/// A runner base URL: http(s) with a host. Whether the workspace may call
+/// it is [`allowed_runner`]'s question.
 pub(crate) fn sandbox_url(raw: &str) -> Result<Url, String> {
     let url = Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err("must be an http(s) URL".to_owned());
     }
     Ok(url)
+}
+
+/// The runner URL named at `field`, when it is one the operator configured
+/// (`SANDBOX_URL`, `ASBX_ALLOWED_SANDBOX_URLS`; compared as
+/// [`runner_url::key`]s); anything else is `sandbox_url_not_allowed`.
+pub(crate) fn allowed_runner(
+    config: &WorkspaceConfig,
+    field: &str,
+    raw: &str,
+) -> Result<Url, WorkspaceError> {
+    let not_allowed = || WorkspaceError::SandboxUrlNotAllowed {
+        field: field.to_owned(),
+    };
+    let url = runner_url::parse(raw).map_err(|_| not_allowed())?;
+    if config.is_allowed_runner(&url) {
+        Ok(url)
+    } else {
+        Err(not_allowed())
+    }
+}
+
+/// The `SANDBOX_URL` of `variables` (field `{prefix}variables.SANDBOX_URL`),
+/// if set: [`allowed_runner`].
+pub(crate) fn allowed_runner_variable(
+    config: &WorkspaceConfig,
+    variables: &BTreeMap<String, String>,
+    prefix: &str,
+) -> Result<Option<Url>, WorkspaceError> {
+    variables
+        .get(SANDBOX_URL_VARIABLE)
+        .map(|raw| {
+            allowed_runner(
+                config,
+                &format!("{prefix}variables.{SANDBOX_URL_VARIABLE}"),
+                raw,
+            )
+        })
+        .transpose()
+}
+
+/// `model` (named at `field`) is one of the models the operator allows, when
+/// it restricts them (`allowed`: [`WorkspaceConfig::allowed_models`], or
+/// the chat list); anything else is `model_not_allowed`.
+pub(crate) fn allowed_model(
+    allowed: Option<Vec<String>>,
+    field: &str,
+    model: Option<&str>,
+) -> Result<(), WorkspaceError> {
+    match (allowed, model) {
+        (Some(allowed), Some(m)) if !allowed.iter().any(|a| a == m) => {
+            Err(WorkspaceError::ModelNotAllowed {
+                field: field.to_owned(),
+                model: m.to_owned(),
+                allowed,
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -341,6 +396,68 @@ mod tests {
         for bad in ["ftp://x", "not a url", "file:///tmp"] {
             assert!(sandbox_url(bad).is_err(), "{bad}");
         }
+    }
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).unwrap()
+    }
+
+    #[test]
+    fn only_the_operators_runners_are_allowed() {
+        let mut config = WorkspaceConfig::new("/nonexistent", url("http://127.0.0.1:1/"));
+        config.sandbox_url = Some(url("http://runner:7879"));
+        config.sandbox_urls = vec![url("http://runner:7879"), url("http://runner-2:7879/")];
+        config.allowed_sandbox_urls = vec![url("https://agents.internal/base/")];
+        for ok in [
+            "http://runner:7879/",
+            "http://RUNNER:7879",
+            "http://runner-2:7879",
+            "https://agents.internal:443/base",
+        ] {
+            assert!(allowed_runner(&config, "f", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://runner:7879/?q=",
+            "http://runner:7879/stream",
+            "http://runner:7880",
+            "http://x@runner:7879",
+            "http://127.0.0.1:18081/admin/x?q=",
+            "https://agents.internal/base/x",
+            "not a url",
+        ] {
+            match allowed_runner(&config, "environment.variables.SANDBOX_URL", bad) {
+                Err(WorkspaceError::SandboxUrlNotAllowed { field }) => {
+                    assert_eq!(field, "environment.variables.SANDBOX_URL");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        // Allowed, but not the operator's: it never gets the runner token.
+        assert!(config.is_operator_runner(&url("http://runner-2:7879")));
+        assert!(!config.is_operator_runner(&url("https://agents.internal/base")));
+    }
+
+    #[test]
+    fn a_model_is_held_to_the_list_when_there_is_one() {
+        let list = || Some(vec!["openai:cheap".to_owned()]);
+        assert!(allowed_model(list(), "model", Some("openai:cheap")).is_ok());
+        assert!(allowed_model(list(), "model", None).is_ok());
+        assert!(allowed_model(None, "model", Some("openai:any")).is_ok());
+        match allowed_model(list(), "model", Some("openai:dear")) {
+            Err(WorkspaceError::ModelNotAllowed { field, allowed, .. }) => {
+                assert_eq!(
+                    (field.as_str(), allowed),
+                    ("model", vec!["openai:cheap".to_owned()])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut config = WorkspaceConfig::new("/nonexistent", url("http://127.0.0.1:1/"));
+        config.models = vec!["openai:cheap".to_owned()];
+        config.default_model = "openai:cheap".to_owned();
+        assert_eq!(config.allowed_models(), None);
+        config.restrict_models = true;
+        assert_eq!(config.allowed_models(), list());
     }
 
     #[test]

@@ -15,7 +15,8 @@ use serde_json::Value;
 /// `POST /api/runs`.
 ///
 /// - `prompt`: the user's message, non-empty.
-/// - `model`: `provider:model`; default: the server's default model.
+/// - `model`: `provider:model`; default: the server's default model. With
+///   `ASBX_MODELS` set, one of those (`400 model_not_allowed`).
 /// - `systemPrompt`: sent to the sandbox in `/config`.
 /// - `setupScript`, `variables`, `allowedHosts`: sent in `/env`.
 /// - `limits`: `{max_steps, max_tool_calls, tool_timeout_ms, tool_output_bytes,
@@ -205,8 +206,10 @@ pub(crate) struct AgentDefinition {
 /// - `name`: the environment's name (for example `staging`); optional.
 /// - `variables`: set in the sandbox; names match `^[A-Za-z_][A-Za-z0-9_]{0,127}$`.
 ///   A `SANDBOX_URL` variable also picks the runner of the agent's runs
-///   (docs/protocol.md §7), before the server's. The workspace's runner token
-///   goes only to runners the operator configured, not to this URL.
+///   (docs/protocol.md §7), before the server's; it must be one of the
+///   runners the operator configured (`SANDBOX_URL`,
+///   `ASBX_ALLOWED_SANDBOX_URLS`), else `400 sandbox_url_not_allowed`. The
+///   workspace's runner token goes only to the `SANDBOX_URL` runners.
 /// - `setupScript`: bash, run before the first model call.
 /// - `allowedHosts`: what the sandbox's tools may reach (default none).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

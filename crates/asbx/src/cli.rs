@@ -145,6 +145,11 @@ pub(crate) struct WorkspaceOpts {
     /// lists the providers it configures the runner with.
     #[arg(long, env = "ASBX_MODELS", value_delimiter = ',')]
     pub(crate) models: Vec<String>,
+    /// Runners besides SANDBOX_URL that a stored agent's environment may
+    /// name (its SANDBOX_URL variable), comma-separated; any other runner
+    /// URL is refused.
+    #[arg(long, env = "ASBX_ALLOWED_SANDBOX_URLS", value_delimiter = ',')]
+    pub(crate) allowed_sandbox_urls: Vec<url::Url>,
 }
 
 #[derive(Debug, Args)]

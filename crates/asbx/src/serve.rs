@@ -86,6 +86,12 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Workspace(args) => {
+            if args.sandbox_url.is_empty() && args.assistant_sandbox_url.is_none() {
+                bail!(
+                    "SANDBOX_URL is not set: `asbx workspace` needs its runner's URL \
+                     (SANDBOX_URL, or --sandbox-url; `asbx up` starts one itself)"
+                );
+            }
             let data = absolute_data_dir(&args.data)?;
             let listener = bind(args.listen).await?;
             let addr = listener.local_addr()?;
@@ -160,6 +166,9 @@ fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::cli::Workspa
         .map(|m| m.trim().to_owned())
         .filter(|m| !m.is_empty())
         .collect();
+    // Listed by the operator: runs and agents are held to the list too.
+    config.restrict_models = !config.models.is_empty();
+    config.allowed_sandbox_urls = opts.allowed_sandbox_urls.clone();
 }
 
 /// `up`'s default model and the models a chat may choose: `ASBX_MODELS`

@@ -14,6 +14,9 @@
 //! `SANDBOX_URL` variable (the workflow environment), then the server's;
 //! with none the run fails before anything is recorded. A run request
 //! cannot name a runner (issue 13, item 2: see `wire::CreateRunRequest`).
+//! The agent's runner and model must be ones the operator allows
+//! (`SANDBOX_URL`, `ASBX_ALLOWED_SANDBOX_URLS`; `ASBX_MODELS`): checked
+//! when the agent is stored and again at each run.
 
 pub(crate) mod api;
 pub(crate) mod store;
@@ -28,7 +31,7 @@ use crate::environments;
 use crate::error::WorkspaceError;
 use crate::runs::dispatch::RunSpec;
 use crate::tokens;
-use crate::validate::{self, SANDBOX_URL_VARIABLE};
+use crate::validate;
 use crate::wire::{AgentDefinition, AgentRecord, AgentRunRequest, RunKind};
 
 /// Checks a definition, its `environmentId` against the workspace's
@@ -52,7 +55,16 @@ async fn validated(
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
     }
+    allowed(state, d)?;
     serde_json::to_string(d).map_err(|e| WorkspaceError::Corrupt(format!("agent: {e}")))
+}
+
+/// The definition's model and runner (its environment's `SANDBOX_URL`) are
+/// ones the operator allows; the runner, when it names one. Checked when
+/// the agent is stored and again at each run: the lists may have changed.
+fn allowed(state: &AppState, d: &AgentDefinition) -> Result<Option<Url>, WorkspaceError> {
+    validate::allowed_model(state.config.allowed_models(), "model", d.model.as_deref())?;
+    validate::allowed_runner_variable(&state.config, &d.environment.variables, "environment.")
 }
 
 fn record(row: AgentRow) -> Result<AgentRecord, WorkspaceError> {
@@ -169,12 +181,7 @@ pub(crate) async fn run_spec(
         return Err(WorkspaceError::invalid_fields(errors));
     }
     let d = agent.definition;
-    // Checked when stored; a value that no longer parses counts as unset.
-    let from_environment = d
-        .environment
-        .variables
-        .get(SANDBOX_URL_VARIABLE)
-        .and_then(|raw| validate::sandbox_url(raw).ok());
+    let from_environment = allowed(state, &d)?;
     let sandbox_url = resolve_sandbox_url(from_environment, state.config.sandbox_url.as_ref())
         .ok_or_else(|| WorkspaceError::AgentSandboxUrlMissing {
             agent_id: agent.id.clone(),

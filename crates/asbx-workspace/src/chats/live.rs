@@ -614,7 +614,7 @@ async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
     let Some(url) = url.or_else(|| state.config.sandbox_url.as_ref().map(|u| u.to_string())) else {
         return false;
     };
-    let path = format!("/v1/sessions/{run_id}");
+    let path = ["v1", "sessions", run_id];
     let request = match dispatch::runner_request(state, reqwest::Method::DELETE, &url, &path) {
         Ok(r) => r.timeout(Duration::from_secs(5)),
         Err(e) => {
@@ -704,7 +704,7 @@ async fn session_is_gone(state: &AppState, turn_id: &str, now_ms: i64) -> bool {
     let Some(url) = run.sandbox_url.as_deref() else {
         return false;
     };
-    let path = format!("/v1/sessions/{turn_id}");
+    let path = ["v1", "sessions", turn_id];
     let request = match dispatch::runner_request(state, reqwest::Method::GET, url, &path) {
         Ok(r) => r.timeout(Duration::from_secs(5)),
         Err(_) => return false,
@@ -714,14 +714,16 @@ async fn session_is_gone(state: &AppState, turn_id: &str, now_ms: i64) -> bool {
         // (docs/protocol.md §5).
         Err(e) => e.is_connect(),
         Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => true,
-        Ok(r) if r.status().is_success() => match r.json::<SessionInfo>().await {
-            Ok(info) => {
+        Ok(r) if r.status().is_success() => match crate::runner_url::read_json::<SessionInfo>(r)
+            .await
+        {
+            Some(info) => {
                 info.status == SessionStatus::Ended
                     && info.ended_at.is_some_and(|t| {
                         u64::try_from(now_ms).unwrap_or(0).saturating_sub(t) > LOST_TURN_ENDED_MS
                     })
             }
-            Err(_) => false,
+            None => false,
         },
         Ok(_) => false,
     }

@@ -141,8 +141,10 @@ async fn reattach(
 ) -> Option<reqwest::Response> {
     let configured = state.config.sandbox_url.as_ref().map(url::Url::as_str);
     let url = sandbox_url.or(configured)?;
-    let path = format!("/v1/sessions/{turn_id}/events?after={after}");
-    let request = dispatch::runner_request(state, reqwest::Method::GET, url, &path).ok()?;
+    let path = ["v1", "sessions", turn_id, "events"];
+    let request = dispatch::runner_request(state, reqwest::Method::GET, url, &path)
+        .ok()?
+        .query(&[("after", after)]);
     let sent = tokio::time::timeout(REATTACH_TIMEOUT, request.send()).await;
     match sent {
         Ok(Ok(r)) if r.status().is_success() => Some(r),

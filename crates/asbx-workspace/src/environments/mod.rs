@@ -22,6 +22,7 @@ use asbx_protocol::FieldError;
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
 
 use crate::AppState;
+use crate::config::WorkspaceConfig;
 use crate::environments::store::{self as env_store, EnvironmentRow};
 use crate::error::WorkspaceError;
 use crate::tokens;
@@ -113,8 +114,10 @@ fn not_found(id: &str) -> WorkspaceError {
     WorkspaceError::NotFound(format!("environment {id}"))
 }
 
-/// A row from a checked body and its final secrets.
+/// A row from a checked body and its final secrets. A `SANDBOX_URL`
+/// variable must name a runner the operator configured.
 fn checked_row(
+    config: &WorkspaceConfig,
     body: EnvironmentBody,
     secrets: &BTreeMap<String, String>,
     creating: bool,
@@ -127,6 +130,7 @@ fn checked_row(
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
     }
+    validate::allowed_runner_variable(config, &body.variables, "")?;
     Ok(EnvironmentRow {
         id,
         workspace_id: workspace_id.to_owned(),
@@ -154,6 +158,7 @@ pub(crate) async fn create(
         .collect();
     let now = state.now_ms();
     let row = checked_row(
+        &state.config,
         body,
         &secrets,
         true,
@@ -213,6 +218,7 @@ pub(crate) async fn update(
         }
     }
     let row = checked_row(
+        &state.config,
         body,
         &secrets,
         false,
@@ -346,7 +352,7 @@ pub(crate) async fn check_chat_settings(
     workspace_id: &str,
     settings: &ChatSettings,
 ) -> Result<(), WorkspaceError> {
-    let mut errors = validate::chat_settings(settings, &state.config.model_list());
+    let mut errors = validate::chat_settings(settings);
     if let Some(id) = settings
         .environment_id
         .as_deref()
@@ -360,11 +366,15 @@ pub(crate) async fn check_chat_settings(
             "no such environment in this workspace",
         ));
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(WorkspaceError::invalid_fields(errors))
+    if !errors.is_empty() {
+        return Err(WorkspaceError::invalid_fields(errors));
     }
+    // A chat offers `GET /api/models`, whether or not runs are held to it.
+    validate::allowed_model(
+        Some(state.config.model_list()),
+        "settings.model",
+        settings.model.as_deref(),
+    )
 }
 
 /// A live chat's settings (the defaults when it has none stored).
@@ -476,6 +486,12 @@ pub(crate) async fn chat_run(
         Some(id) => Some(referenced(state, workspace_id, id, "this chat").await?),
         None => None,
     };
+    // Checked when stored; the operator's list may have changed since.
+    validate::allowed_model(
+        state.config.allowed_models(),
+        "settings.model",
+        settings.model.as_deref(),
+    )?;
     let env = merged_env(named, BTreeMap::new(), None, Vec::new());
     let config = ConfigResponse {
         system_prompt: Some(

@@ -34,7 +34,7 @@ use crate::wire::{
     request_body(content = CreateRunRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The run's lines as the runner streams them", body = doc::Line, content_type = "application/x-ndjson", headers(("x-asbx-run-id" = String, description = "The run id"))),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (`allowed` lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
@@ -290,7 +290,7 @@ pub(crate) async fn tool_result(
         &state,
         reqwest::Method::POST,
         sandbox_url,
-        &format!("/v1/sessions/{id}/tool-result"),
+        &["v1", "sessions", &id, "tool-result"],
     )?
     .json(&body)
     .send()
@@ -302,6 +302,12 @@ pub(crate) async fn tool_result(
             "the runner answered {status}"
         )));
     }
+    if status.is_redirection() {
+        // Never followed, never passed on.
+        return Err(WorkspaceError::Upstream(format!(
+            "the runner answered {status} (a redirect)"
+        )));
+    }
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
         // The workspace's own credentials, not the caller's.
         return Err(WorkspaceError::Upstream(format!(
@@ -309,10 +315,7 @@ pub(crate) async fn tool_result(
         )));
     }
     let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
-    let bytes = answer
-        .bytes()
-        .await
-        .map_err(|e| WorkspaceError::Upstream(crate::error::error_chain(&e)))?;
+    let bytes = crate::runner_url::read_bounded(answer, crate::runner_url::MAX_ANSWER_BYTES).await;
     let mut r = (status, Body::from(bytes)).into_response();
     if let Some(ct) = content_type.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
         r.headers_mut().insert(header::CONTENT_TYPE, ct);
@@ -353,7 +356,7 @@ pub(crate) async fn cancel(
                 &state,
                 reqwest::Method::DELETE,
                 url,
-                &format!("/v1/sessions/{id}"),
+                &["v1", "sessions", &id],
             )?
             .send()
             .await

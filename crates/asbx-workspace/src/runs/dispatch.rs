@@ -31,11 +31,12 @@ use asbx_protocol::dispatch::{ClientTool, EncryptionRequest};
 use asbx_protocol::session::Termination;
 use asbx_protocol::{DispatchRequest, Filter, Problem, Protocol};
 use axum::http::{HeaderValue, StatusCode};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use url::Url;
 
 use crate::AppState;
 use crate::error::WorkspaceError;
+use crate::runner_url;
 use crate::runs::fleet::Fleet;
 use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::tokens::store as token_store;
@@ -46,9 +47,6 @@ use crate::wire::RunKind;
 /// it went away: more than a lease expiry and a sweep, so another node can
 /// take the turn over (`chats::takeover`).
 pub(crate) const CHAT_DETACH_GRACE_MS: u64 = 60_000;
-
-/// Most bytes of a non-200 runner answer kept for pass-through.
-const MAX_REJECTION_BYTES: usize = 64 * 1024;
 
 /// The HTTP client that talks to runners, and the runner token it sends.
 #[derive(Clone)]
@@ -73,9 +71,12 @@ impl Dispatcher {
     pub(crate) fn new(runner_token: Option<&str>) -> Result<Dispatcher, WorkspaceError> {
         // No overall timeout: a turn may legitimately stream for hours (the
         // runner enforces the cap). Proxies from the environment are ignored:
-        // runners are addressed directly.
+        // runners are addressed directly. A redirect is never followed: a
+        // runner answers itself, and a 3xx would send the request (and its
+        // tokens) somewhere no one configured.
         let client = reqwest::Client::builder()
             .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| WorkspaceError::Config(format!("http client: {e}")))?;
@@ -251,13 +252,22 @@ pub(crate) async fn post(
     let mut response = None;
     for (i, runner) in candidates.iter().enumerate() {
         let last = i + 1 == candidates.len();
+        if !state.config.is_allowed_runner(runner) {
+            // Checked where the URL was given; checked again here, since
+            // the operator's list may have changed since.
+            let refused = WorkspaceError::SandboxUrlNotAllowed {
+                field: "sandboxUrl".to_owned(),
+            };
+            settle(state, &spec.id, &failed(&refused)).await;
+            return Err(refused);
+        }
         if i > 0 {
             runs::set_sandbox_url(state.store.pool(), &spec.id, runner.as_str()).await?;
         }
         let mut post = state
             .dispatcher
             .client
-            .post(stream_endpoint(runner))
+            .post(stream_endpoint(runner)?)
             .headers(crate::otel::headers())
             .header(http::header::ACCEPT, "application/x-ndjson")
             .json(&request);
@@ -283,19 +293,17 @@ pub(crate) async fn post(
                 {
                     f.mark_down(runner);
                 }
-                let message = format!("runner unreachable: {e}");
-                settle(
-                    state,
-                    &spec.id,
-                    &Outcome::Failed {
-                        code: crate::error::ProblemCode::UpstreamFailed
-                            .as_str()
-                            .to_owned(),
-                        message,
-                    },
-                )
-                .await;
-                return Err(WorkspaceError::Upstream(crate::error::error_chain(&e)));
+                let failure = WorkspaceError::Upstream(crate::error::error_chain(&e));
+                settle(state, &spec.id, &failed(&failure)).await;
+                return Err(failure);
+            }
+            Ok(r) if r.status().is_redirection() => {
+                let failure = WorkspaceError::Upstream(format!(
+                    "the runner answered {} (a redirect, not followed)",
+                    r.status()
+                ));
+                settle(state, &spec.id, &failed(&failure)).await;
+                return Err(failure);
             }
             Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                 if let Some(f) = &fleet {
@@ -335,7 +343,7 @@ pub(crate) async fn post(
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
-    let body = read_bounded(response, MAX_REJECTION_BYTES).await;
+    let body = runner_url::read_bounded(response, runner_url::MAX_ANSWER_BYTES).await;
     let (code, message) = match serde_json::from_slice::<Problem>(&body) {
         Ok(p) => (p.code, p.detail),
         Err(_) => (
@@ -351,6 +359,14 @@ pub(crate) async fn post(
         content_type,
         body,
     })
+}
+
+/// A run that failed with `error`: its problem's code, the error's text.
+fn failed(error: &WorkspaceError) -> Outcome {
+    Outcome::Failed {
+        code: error.problem().code,
+        message: error.to_string(),
+    }
 }
 
 /// Records the outcome of a run and revokes its unused tokens: once the
@@ -385,17 +401,25 @@ pub(crate) async fn settle_ended(
     }
 }
 
-/// A request to the runner at `sandbox_url` (`path` starts with `/`), with
-/// the runner token when that runner is the operator's.
+/// A request to the runner at `sandbox_url`, its route `segments` joined
+/// to the URL's path ([`runner_url::join`]), with the runner token when
+/// that runner is the operator's. A runner the operator does not allow
+/// (any more) gets no request: `sandbox_url_not_allowed`.
 pub(crate) fn runner_request(
     state: &AppState,
     method: reqwest::Method,
     sandbox_url: &str,
-    path: &str,
+    segments: &[&str],
 ) -> Result<reqwest::RequestBuilder, WorkspaceError> {
     let base = Url::parse(sandbox_url)
         .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
-    let url = format!("{}{path}", base.as_str().trim_end_matches('/'));
+    if !state.config.is_allowed_runner(&base) {
+        return Err(WorkspaceError::SandboxUrlNotAllowed {
+            field: "sandboxUrl".to_owned(),
+        });
+    }
+    let url = runner_url::join(&base, segments)
+        .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
     let mut req = state
         .dispatcher
         .client
@@ -418,20 +442,10 @@ pub(crate) fn agent_url(public_url: &Url, session_id: &str) -> String {
     )
 }
 
-fn stream_endpoint(sandbox_url: &Url) -> String {
-    format!("{}/stream", sandbox_url.as_str().trim_end_matches('/'))
-}
-
-async fn read_bounded(mut response: reqwest::Response, max: usize) -> Bytes {
-    let mut out = BytesMut::new();
-    while let Ok(Some(chunk)) = response.chunk().await {
-        let room = max.saturating_sub(out.len());
-        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if out.len() >= max {
-            break;
-        }
-    }
-    out.freeze()
+/// `{sandbox_url}/stream`.
+fn stream_endpoint(sandbox_url: &Url) -> Result<Url, WorkspaceError> {
+    runner_url::join(sandbox_url, &["stream"])
+        .map_err(|e| WorkspaceError::Config(format!("runner URL {sandbox_url}: {e}")))
 }
 
 #[cfg(test)]
@@ -450,6 +464,9 @@ mod tests {
             agent_url(&base, "s"),
             "http://h/prefix/api/assistant/sandbox/s"
         );
-        assert_eq!(stream_endpoint(&base), "http://h/prefix/stream");
+        assert_eq!(
+            stream_endpoint(&base).unwrap().as_str(),
+            "http://h/prefix/stream"
+        );
     }
 }

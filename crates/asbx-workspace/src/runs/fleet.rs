@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex as AsyncMutex;
 use url::Url;
 
+use crate::runner_url;
+
 /// How often the background task refreshes the view.
 const REFRESH_EVERY: Duration = Duration::from_secs(2);
 /// The longest a probe of one runner may take.
@@ -181,7 +183,9 @@ fn rank(free: i64) -> i64 {
 
 /// One runner's free sandboxes from its `GET /healthz`.
 async fn probe(client: &reqwest::Client, url: &Url) -> i64 {
-    let endpoint = format!("{}/healthz", url.as_str().trim_end_matches('/'));
+    let Ok(endpoint) = runner_url::join(url, &["healthz"]) else {
+        return DOWN;
+    };
     let answer = client.get(endpoint).timeout(PROBE_TIMEOUT).send().await;
     let Ok(response) = answer else {
         return DOWN;
@@ -192,9 +196,9 @@ async fn probe(client: &reqwest::Client, url: &Url) -> i64 {
     if !response.status().is_success() {
         return UNKNOWN;
     }
-    match response.json::<serde_json::Value>().await {
-        Ok(health) => free_of(&health),
-        Err(_) => UNKNOWN,
+    match runner_url::read_json::<serde_json::Value>(response).await {
+        Some(health) => free_of(&health),
+        None => UNKNOWN,
     }
 }
 

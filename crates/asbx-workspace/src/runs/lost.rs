@@ -37,7 +37,7 @@ pub(crate) async fn settle_if_lost(state: &AppState, run: &RunRow) -> bool {
         state,
         reqwest::Method::GET,
         sandbox_url,
-        &format!("/v1/sessions/{}", run.id),
+        &["v1", "sessions", &run.id],
     ) {
         Err(_) => return false,
         Ok(req) => match req.send().await {
@@ -45,17 +45,19 @@ pub(crate) async fn settle_if_lost(state: &AppState, run: &RunRow) -> bool {
             Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
                 Some("the runner no longer knows the session")
             }
-            Ok(r) if r.status().is_success() => match r.json::<SessionInfo>().await {
-                Ok(info)
-                    if info.status == SessionStatus::Ended
-                        && info.ended_at.is_some_and(|t| {
-                            asbx_protocol::now_ms().saturating_sub(t) > SETTLE_GRACE_MS
-                        }) =>
-                {
-                    Some("the session ended while no workspace node relayed it")
+            Ok(r) if r.status().is_success() => {
+                match crate::runner_url::read_json::<SessionInfo>(r).await {
+                    Some(info)
+                        if info.status == SessionStatus::Ended
+                            && info.ended_at.is_some_and(|t| {
+                                asbx_protocol::now_ms().saturating_sub(t) > SETTLE_GRACE_MS
+                            }) =>
+                    {
+                        Some("the session ended while no workspace node relayed it")
+                    }
+                    _ => None,
                 }
-                _ => None,
-            },
+            }
             Ok(_) => None,
         },
     };

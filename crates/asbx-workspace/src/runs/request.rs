@@ -53,6 +53,14 @@ pub(crate) async fn to_spec(
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
     }
+    validate::allowed_model(
+        state.config.allowed_models(),
+        "model",
+        request.model.as_deref(),
+    )?;
+    // The variable does not pick the runner here, but no request names one
+    // the operator did not configure (docs/api-runs.md).
+    validate::allowed_runner_variable(&state.config, &request.variables, "")?;
     let sandbox_url = state
         .config
         .sandbox_url

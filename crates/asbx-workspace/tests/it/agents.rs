@@ -221,7 +221,10 @@ async fn sandbox_url_is_resolved_environment_then_server_never_request(db: Db) {
     let from_request = FakeRunner::start(Mode::Full { files: vec![] }).await;
     let from_env = FakeRunner::start(Mode::Full { files: vec![] }).await;
     let from_server = FakeRunner::start(Mode::Full { files: vec![] }).await;
-    let ws = TestWorkspace::start_on(db, Some(from_server.url.clone()), |_| {}).await;
+    let ws = TestWorkspace::start_on(db, Some(from_server.url.clone()), |c| {
+        c.allowed_sandbox_urls = vec![from_env.url.clone()];
+    })
+    .await;
     let mut with_env = definition();
     with_env["environment"]["variables"]["SANDBOX_URL"] = from_env.url.as_str().into();
     let with_env = create(&ws, &with_env).await["id"]

@@ -715,6 +715,7 @@ async fn a_chat_turn_uses_the_chats_settings(db: Db) {
         400,
     )
     .await;
+    assert_eq!(p["code"], "model_not_allowed");
     assert_eq!(fields(&p), ["settings.model"]);
 
     // The chat's environment deleted: its next turn is a 409 conflict and

@@ -278,6 +278,8 @@ async fn the_runner_token_goes_to_the_operators_runner_only() {
     let agents_own = FakeRunner::start(Mode::Full { files: vec![] }).await;
     let ws = TestWorkspace::start_with(Some(runner.url.clone()), |c| {
         c.runner_token = Some("asbx_runner_secret".to_owned());
+        // Allowed, yet not the operator's: no token goes there.
+        c.allowed_sandbox_urls = vec![agents_own.url.clone()];
     })
     .await;
     let c = client();

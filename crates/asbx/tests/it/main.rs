@@ -19,6 +19,7 @@ mod metrics;
 mod models;
 mod protocol2;
 mod runner_auth;
+mod runner_urls;
 mod runs_api;
 mod sandbox_api;
 mod startup;

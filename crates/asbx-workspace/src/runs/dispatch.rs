@@ -35,6 +35,7 @@ use bytes::{Bytes, BytesMut};
 use url::Url;
 
 use crate::AppState;
+use crate::environments::SecretRefs;
 use crate::error::WorkspaceError;
 use crate::runs::fleet::Fleet;
 use crate::runs::store::{self as runs, NewRun, Outcome};
@@ -103,7 +104,11 @@ pub(crate) struct RunSpec {
     /// The stored agent of a `RunKind::Agent` run.
     pub agent_id: Option<String>,
     pub prompt: String,
+    /// `/env` without secret values.
     pub env: EnvResponse,
+    /// The named environment's secrets `/env` adds, by name.
+    pub secrets: Option<SecretRefs>,
+    /// `/config`, stdio MCP `env` values sealed (`secrets`).
     pub config: ConfigResponse,
     pub sandbox_url: Url,
 }
@@ -192,6 +197,12 @@ pub(crate) async fn record(
     let env_json =
         serde_json::to_string(&env).map_err(|e| WorkspaceError::Corrupt(format!("env: {e}")))?;
     drop(env);
+    let env_secrets = spec
+        .secrets
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| WorkspaceError::Corrupt(format!("env secrets: {e}")))?;
     let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref());
     let config_json = serde_json::to_string(&spec.config)
         .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
@@ -208,6 +219,7 @@ pub(crate) async fn record(
             prompt: &spec.prompt,
             model: &spec.config.model,
             env_json: &env_json,
+            env_secrets: env_secrets.as_deref(),
             config_json: &config_json,
             sandbox_url: first.as_str(),
             now_ms: now,

@@ -21,6 +21,7 @@ mod protocol2;
 mod runner_auth;
 mod runs_api;
 mod sandbox_api;
+mod secrets;
 mod startup;
 mod system;
 mod takeover;

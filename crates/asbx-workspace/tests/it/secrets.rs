@@ -137,7 +137,8 @@ async fn mcp_env_values_are_write_only_and_reach_config(db: Db) {
     let token = unique("mcp-token");
     let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
     let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
-    let server = |v: &str| json!({"name": "local", "command": "mcp", "env": {"TOKEN": v}});
+    let server =
+        |v: &str| json!({"name": "local", "command": "mcp", "args": [], "env": {"TOKEN": v}});
     let agent = send(
         &ws,
         reqwest::Method::POST,

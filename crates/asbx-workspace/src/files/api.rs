@@ -62,8 +62,7 @@ pub(crate) async fn download(
     Ok(response)
 }
 
-/// Deletes a file: it is never found again, and its bytes are freed unless
-/// another file has the same bytes (`files::blobs`).
+/// Deletes a file and frees its bytes, unless another file has the same.
 #[utoipa::path(
     delete,
     path = "/api/files/{id}",

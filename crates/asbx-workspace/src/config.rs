@@ -65,6 +65,11 @@ use crate::runner_url;
 ///   never to a runner a stored agent names itself.
 /// - `metrics_token`: `ASBX_METRICS_TOKEN`, the bearer `GET /metrics`
 ///   takes; unset, `/metrics` answers only while `require_auth` is off.
+/// - `secret_key`, `secret_key_old`: the key sealing secrets at rest
+///   (`ASBX_SECRET_KEY`, base64 of 32 bytes) and the one before it, read
+///   while values are resealed (`ASBX_SECRET_KEY_OLD`); without a key, a
+///   key file under `data_dir` on SQLite, a refusal to start on PostgreSQL
+///   (docs/secrets.md).
 /// - `blob_store`: where the file bag's bytes live (`ASBX_BLOB_STORE`);
 ///   `None`: [`BlobBackend::Dir`] on SQLite, [`BlobBackend::Db`] on
 ///   PostgreSQL, so nodes sharing a database share the files too.
@@ -88,6 +93,8 @@ pub struct WorkspaceConfig {
     pub runner_token: Option<String>,
     pub metrics_token: Option<String>,
     pub blob_store: Option<BlobBackend>,
+    pub secret_key: Option<String>,
+    pub secret_key_old: Option<String>,
 }
 
 impl WorkspaceConfig {
@@ -112,6 +119,8 @@ impl WorkspaceConfig {
             runner_token: None,
             metrics_token: None,
             blob_store: None,
+            secret_key: None,
+            secret_key_old: None,
         }
     }
 }
@@ -204,6 +213,11 @@ impl fmt::Debug for WorkspaceConfig {
                 &self.metrics_token.as_ref().map(|_| "<set>"),
             )
             .field("blob_store", &self.blob_store)
+            .field("secret_key", &self.secret_key.as_ref().map(|_| "<set>"))
+            .field(
+                "secret_key_old",
+                &self.secret_key_old.as_ref().map(|_| "<set>"),
+            )
             .finish_non_exhaustive()
     }
 }

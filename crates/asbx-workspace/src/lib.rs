@@ -9,7 +9,8 @@
 //! redeemed at most once, atomically (see `tokens::store::redeem`).
 
 // Shared, below every feature: errors, configuration, the store's pool,
-// tokens, validation, the wire bodies, the HTTP plumbing.
+// tokens, validation, the wire bodies, the HTTP plumbing, the sealing of
+// secrets at rest.
 mod apidoc;
 mod auth;
 mod chat_events;
@@ -23,6 +24,7 @@ mod openapi;
 mod otel;
 mod pages;
 mod runner_url;
+mod secrets;
 mod store;
 mod tokens;
 mod validate;
@@ -30,7 +32,7 @@ mod wire;
 
 // Features, each with its store, logic and handlers. Dependencies point one
 // way: agents, chats and callbacks use runs and files; runs uses files;
-// agents, chats and runs use environments; sandbox_api uses chats and
+// agents, chats, runs and callbacks use environments; sandbox_api uses chats and
 // files; files and environments use none of them.
 mod agents;
 mod callbacks;
@@ -98,9 +100,17 @@ impl Workspace {
             asbx_protocol::rules::names::check_model(m)
                 .map_err(|e| WorkspaceError::Config(format!("model {m:?}: {e}")))?;
         }
-        tokio::fs::create_dir_all(&config.data_dir)
-            .await
-            .map_err(|e| WorkspaceError::io(&config.data_dir, e))?;
+        private_dir(&config.data_dir).await?;
+        // Before connecting: PostgreSQL without a key is refused at once.
+        let sealer = secrets::Sealer::load(
+            config.secret_key.as_deref(),
+            config.secret_key_old.as_deref(),
+            &config.data_dir,
+            config
+                .database_url
+                .as_deref()
+                .is_some_and(store::is_postgres_url),
+        )?;
         let store = Store::open(config.database_url.as_deref(), &config.data_dir).await?;
         let blobs = BlobStore::open(&config, &store).await?;
         let notifier = match store.listen_url() {
@@ -119,7 +129,10 @@ impl Workspace {
             node_id: tokens::random_id(),
             chat_events: Default::default(),
             me: std::sync::OnceLock::new(),
+            sealer,
         };
+        reseal_stored_secrets(&state).await?;
+        state.blobs.start_sweeper();
         let state = Arc::new(state);
         let _ = state.me.set(Arc::downgrade(&state));
         chats::takeover::start_sweeper(&state);
@@ -134,6 +147,12 @@ impl Workspace {
             return router.layer(middleware::from_fn(otel::incoming));
         }
         router
+    }
+
+    /// Frees the file bytes no file refers to any more (`asbx gc`; a node
+    /// also does it at start and hourly); how many blobs were freed.
+    pub async fn collect_garbage(&self) -> Result<u64, WorkspaceError> {
+        self.state.blobs.sweep().await
     }
 
     pub fn config(&self) -> &WorkspaceConfig {
@@ -193,6 +212,8 @@ pub(crate) struct AppState {
     me: std::sync::OnceLock<std::sync::Weak<AppState>>,
     /// The `Host`s and origins this server answers to.
     pub(crate) authority: Authority,
+    /// Seals and opens secrets at rest (`secrets`).
+    pub(crate) sealer: secrets::Sealer,
 }
 
 impl AppState {
@@ -204,6 +225,42 @@ impl AppState {
     pub(crate) fn arc(&self) -> Option<Arc<AppState>> {
         self.me.get().and_then(std::sync::Weak::upgrade)
     }
+}
+
+/// Creates `dir` if missing and makes it `0700`: it holds the database,
+/// the secret key file and the file bag.
+async fn private_dir(dir: &std::path::Path) -> Result<(), WorkspaceError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(|e| WorkspaceError::io(dir, e))?;
+    tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .await
+        .map_err(|e| WorkspaceError::io(dir, e))
+}
+
+/// Seals what earlier versions stored in clear and reseals what an older
+/// key sealed (docs/secrets.md), and clears the `/env` payloads of runs
+/// that can no longer redeem one: earlier versions copied secret values
+/// there. Each row is replaced only if it did not change meanwhile, so
+/// nodes starting together and concurrent edits lose nothing.
+async fn reseal_stored_secrets(state: &AppState) -> Result<(), WorkspaceError> {
+    let environments = environments::reseal_all(state).await?;
+    let agents = agents::reseal_all(state).await?;
+    let chats = environments::reseal_chat_settings(state).await?;
+    let runs = runs::store::clear_spent_env(state.store.pool(), state.now_ms()).await?;
+    if environments + agents + chats + runs > 0 {
+        // No page from before in the WAL either.
+        state.store.checkpoint().await?;
+        tracing::info!(
+            environments,
+            agents,
+            chats,
+            runs,
+            "sealed or resealed stored secrets"
+        );
+    }
+    Ok(())
 }
 
 /// The router over every feature's handlers (here, above the features, so

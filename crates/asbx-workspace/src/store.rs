@@ -16,7 +16,7 @@
 //! redemption, lease acquisition) is a single conditional `UPDATE`/`INSERT`
 //! whose `rows_affected` decides, never a read followed by a write.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
@@ -32,6 +32,11 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 pub(crate) enum Backend {
     Sqlite,
     Postgres,
+}
+
+/// Whether `url` names a PostgreSQL database.
+pub(crate) fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres:") || url.starts_with("postgresql:")
 }
 
 /// A connection pool with the schema migrated.
@@ -58,13 +63,16 @@ impl Store {
         };
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
-        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        } else if is_postgres_url(&url) {
             Backend::Postgres
         } else {
             return Err(WorkspaceError::Config(
                 "database URL must start with sqlite: or postgres:".to_owned(),
             ));
         };
+        if backend == Backend::Sqlite {
+            private_sqlite_files(&url)?;
+        }
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
                 let sep = if url.contains('?') { '&' } else { '?' };
@@ -90,9 +98,17 @@ impl Store {
             // commits before a checkpoint. FULL cost one fsync per
             // transaction, about 14 on a chat turn's path (see
             // ARCHITECTURE.md, "Where an Assistant turn's time goes").
+            //
+            // `secure_delete = FAST`: a row's old bytes are zeroed in its
+            // page when it is rewritten or deleted (clear-text secrets
+            // stored by earlier versions are sealed at start), at no cost
+            // in I/O.
             pool_options = pool_options.after_connect(|conn, _meta| {
                 Box::pin(async move {
                     sqlx::query("PRAGMA synchronous = NORMAL")
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query("PRAGMA secure_delete = FAST")
                         .execute(&mut *conn)
                         .await?;
                     Ok(())
@@ -129,4 +145,49 @@ impl Store {
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }
+
+    /// On SQLite, moves the WAL's pages into the database and empties it,
+    /// so no older version of a page lingers there (after secrets were
+    /// sealed in place); nothing on PostgreSQL.
+    pub(crate) async fn checkpoint(&self) -> Result<(), WorkspaceError> {
+        if self.backend == Backend::Sqlite {
+            sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// The SQLite database file of `url` and its `-wal` and `-shm` files, made
+/// `0600`: the database is created here, private, before SQLite opens it
+/// (SQLite gives a new `-wal` and `-shm` the database's mode), and the
+/// files of an earlier version are made private too.
+fn private_sqlite_files(url: &str) -> Result<(), WorkspaceError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let rest = url.trim_start_matches("sqlite:").trim_start_matches("//");
+    let path = rest.split('?').next().unwrap_or("");
+    if path.is_empty() || path.starts_with(':') || url.contains("mode=memory") {
+        return Ok(());
+    }
+    let db = Path::new(path);
+    let io = |p: &Path, e| WorkspaceError::io(p, e);
+    if let Err(e) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(db)
+        && e.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        return Err(io(db, e));
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let file = PathBuf::from(format!("{path}{suffix}"));
+        match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&file, e)),
+        }
+    }
+    Ok(())
 }

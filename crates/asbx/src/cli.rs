@@ -28,6 +28,9 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Mint a workspace API key (shown once; only its hash is stored).
     Key(KeyArgs),
+    /// Free the file bytes no file refers to any more (a running workspace
+    /// also does it hourly).
+    Gc(GcArgs),
     /// The agent loop; runs inside a sandbox (internal).
     #[command(hide = true)]
     Agent,
@@ -63,7 +66,7 @@ pub(crate) struct RunnerOpts {
     #[arg(long, env = "ASBX_PROFILE", default_value = "strict")]
     pub(crate) profile: String,
     /// Bearer token required on every runner route.
-    #[arg(long, env = "ASBX_RUNNER_TOKEN")]
+    #[arg(long, env = "ASBX_RUNNER_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,
     /// Hard runtime cap of one sandbox, in seconds.
     #[arg(long, env = "ASBX_MAX_RUNTIME_SEC", default_value_t = 28_800)]
@@ -152,6 +155,20 @@ pub(crate) struct WorkspaceOpts {
     pub(crate) allowed_sandbox_urls: Vec<url::Url>,
 }
 
+/// The key sealing secrets at rest (docs/secrets.md).
+#[derive(Debug, Args)]
+pub(crate) struct SecretKeyOpts {
+    /// Base64 of 32 random bytes sealing environment secrets and MCP `env`
+    /// values in the database. Unset: a key file under the data folder
+    /// (SQLite); required on PostgreSQL.
+    #[arg(long, env = "ASBX_SECRET_KEY", hide_env_values = true)]
+    pub(crate) secret_key: Option<String>,
+    /// The previous key while rotating: read, and what it sealed is
+    /// resealed under ASBX_SECRET_KEY at start.
+    #[arg(long, env = "ASBX_SECRET_KEY_OLD", hide_env_values = true)]
+    pub(crate) secret_key_old: Option<String>,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct KeyArgs {
     /// The workspace the key opens (its id).
@@ -165,8 +182,22 @@ pub(crate) struct KeyArgs {
     pub(crate) name: String,
     #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
     pub(crate) data: PathBuf,
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: Option<String>,
+    #[command(flatten)]
+    pub(crate) secrets: SecretKeyOpts,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GcArgs {
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    #[arg(long, env = "ASBX_BLOB_STORE", value_parser = ["dir", "db"])]
+    pub(crate) blob_store: Option<String>,
+    #[command(flatten)]
+    pub(crate) secrets: SecretKeyOpts,
 }
 
 #[derive(Debug, Args)]
@@ -182,6 +213,8 @@ pub(crate) struct UpArgs {
     pub(crate) model: Option<String>,
     #[command(flatten)]
     pub(crate) workspace: WorkspaceOpts,
+    #[command(flatten)]
+    pub(crate) secrets: SecretKeyOpts,
     #[command(flatten)]
     pub(crate) runner: RunnerOpts,
 }
@@ -214,7 +247,7 @@ pub(crate) struct WorkspaceArgs {
     #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
     pub(crate) data: PathBuf,
     /// Database URL (sqlite:... or postgres://...); SQLite under the data folder by default.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// Where file bytes live: `dir` (a folder under the data folder, this
     /// node only) or `db` (the database, so every node serves every file).
@@ -229,6 +262,8 @@ pub(crate) struct WorkspaceArgs {
     pub(crate) runner_token: Option<String>,
     #[command(flatten)]
     pub(crate) opts: WorkspaceOpts,
+    #[command(flatten)]
+    pub(crate) secrets: SecretKeyOpts,
 }
 
 #[derive(Debug, Args)]

@@ -38,6 +38,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let mut config =
                 WorkspaceConfig::new(data.join("workspace"), format!("http://{addr}").parse()?);
             apply_workspace_opts(&mut config, &args.workspace);
+            apply_secret_key(&mut config, &args.secrets);
             let (model, models) = up_models(args.model.as_deref(), &config.models, &args.runner);
             config.models = models;
             config.sandbox_url = Some(runner_url.parse()?);
@@ -101,6 +102,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             let mut config = WorkspaceConfig::new(data.join("workspace"), public_url);
             apply_workspace_opts(&mut config, &args.opts);
+            apply_secret_key(&mut config, &args.secrets);
             let model = args
                 .model
                 .or_else(|| config.models.first().cloned())
@@ -134,6 +136,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let mut config =
                 WorkspaceConfig::new(data.join("workspace"), "http://127.0.0.1/".parse()?);
             config.database_url = args.database_url;
+            apply_secret_key(&mut config, &args.secrets);
             let workspace = Workspace::open(config)
                 .await
                 .context("opening the workspace")?;
@@ -148,6 +151,25 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             print_line(&format!(
                 "workspace {id}\nkey       {key}\n(shown once: only its hash is stored)"
             ));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Gc(args) => {
+            let data = absolute_data_dir(&args.data)?;
+            let mut config =
+                WorkspaceConfig::new(data.join("workspace"), "http://127.0.0.1/".parse()?);
+            config.database_url = args.database_url;
+            config.blob_store = args
+                .blob_store
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            apply_secret_key(&mut config, &args.secrets);
+            let workspace = Workspace::open(config)
+                .await
+                .context("opening the workspace")?;
+            let freed = workspace.collect_garbage().await?;
+            print_line(&format!("freed {freed} blobs no file refers to"));
             Ok(ExitCode::SUCCESS)
         }
         Command::Agent | Command::Jail(_) | Command::EnvVars => {
@@ -169,6 +191,11 @@ fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::cli::Workspa
     // Listed by the operator: runs and agents are held to the list too.
     config.restrict_models = !config.models.is_empty();
     config.allowed_sandbox_urls = opts.allowed_sandbox_urls.clone();
+}
+
+fn apply_secret_key(config: &mut WorkspaceConfig, opts: &crate::cli::SecretKeyOpts) {
+    config.secret_key = opts.secret_key.clone().filter(|k| !k.is_empty());
+    config.secret_key_old = opts.secret_key_old.clone().filter(|k| !k.is_empty());
 }
 
 /// `up`'s default model and the models a chat may choose: `ASBX_MODELS`

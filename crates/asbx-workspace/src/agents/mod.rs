@@ -22,7 +22,7 @@ pub(crate) mod api;
 pub(crate) mod store;
 
 use asbx_protocol::FieldError;
-use asbx_protocol::callback::ConfigResponse;
+use asbx_protocol::callback::{ConfigResponse, McpServer};
 use url::Url;
 
 use crate::AppState;
@@ -30,16 +30,19 @@ use crate::agents::store::{self as agent_store, AgentRow};
 use crate::environments;
 use crate::error::WorkspaceError;
 use crate::runs::dispatch::RunSpec;
+use crate::secrets;
 use crate::tokens;
 use crate::validate;
 use crate::wire::{AgentDefinition, AgentRecord, AgentRunRequest, RunKind};
 
 /// Checks a definition, its `environmentId` against the workspace's
-/// environments; the definition as stored.
+/// environments; the definition as stored, its stdio MCP servers' `env`
+/// values sealed (a masked one keeps the value of `stored`'s server).
 async fn validated(
     state: &AppState,
     workspace_id: &str,
-    d: &AgentDefinition,
+    d: &mut AgentDefinition,
+    stored: &[McpServer],
 ) -> Result<String, WorkspaceError> {
     let mut errors = validate::agent_definition(d);
     if let Some(id) = &d.environment_id
@@ -51,6 +54,11 @@ async fn validated(
             "environmentId",
             "no such environment in this workspace",
         ));
+    }
+    if errors.is_empty() {
+        errors = state
+            .sealer
+            .seal_servers(&mut d.mcp_servers, stored, "mcpServers");
     }
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
@@ -65,6 +73,10 @@ async fn validated(
 fn allowed(state: &AppState, d: &AgentDefinition) -> Result<Option<Url>, WorkspaceError> {
     validate::allowed_model(state.config.allowed_models(), "model", d.model.as_deref())?;
     validate::allowed_runner_variable(&state.config, &d.environment.variables, "environment.")
+/// A record as answered: stdio MCP `env` values masked.
+fn masked(mut record: AgentRecord) -> AgentRecord {
+    secrets::mask_servers(&mut record.definition.mcp_servers);
+    record
 }
 
 fn record(row: AgentRow) -> Result<AgentRecord, WorkspaceError> {
@@ -86,9 +98,9 @@ fn not_found(id: &str) -> WorkspaceError {
 pub(crate) async fn create(
     state: &AppState,
     workspace_id: &str,
-    definition: AgentDefinition,
+    mut definition: AgentDefinition,
 ) -> Result<AgentRecord, WorkspaceError> {
-    let json = validated(state, workspace_id, &definition).await?;
+    let json = validated(state, workspace_id, &mut definition, &[]).await?;
     let now = state.now_ms();
     let row = AgentRow {
         id: tokens::random_id(),
@@ -99,7 +111,7 @@ pub(crate) async fn create(
         updated_at: now,
     };
     agent_store::insert(state.store.pool(), &row).await?;
-    record(row)
+    record(row).map(masked)
 }
 
 /// Every agent of `workspace_id`, oldest first.
@@ -110,12 +122,22 @@ pub(crate) async fn list(
     agent_store::list(state.store.pool(), workspace_id)
         .await?
         .into_iter()
-        .map(record)
+        .map(|row| record(row).map(masked))
         .collect()
 }
 
-/// One agent of `workspace_id`; another workspace's is not found.
+/// One agent of `workspace_id` as answered; another workspace's is not
+/// found.
 pub(crate) async fn get(
+    state: &AppState,
+    workspace_id: &str,
+    id: &str,
+) -> Result<AgentRecord, WorkspaceError> {
+    stored(state, workspace_id, id).await.map(masked)
+}
+
+/// One agent of `workspace_id` as stored (secrets sealed).
+async fn stored(
     state: &AppState,
     workspace_id: &str,
     id: &str,
@@ -131,9 +153,16 @@ pub(crate) async fn update(
     state: &AppState,
     workspace_id: &str,
     id: &str,
-    definition: AgentDefinition,
+    mut definition: AgentDefinition,
 ) -> Result<AgentRecord, WorkspaceError> {
-    let json = validated(state, workspace_id, &definition).await?;
+    let old = stored(state, workspace_id, id).await?;
+    let json = validated(
+        state,
+        workspace_id,
+        &mut definition,
+        &old.definition.mcp_servers,
+    )
+    .await?;
     let updated = agent_store::update(
         state.store.pool(),
         workspace_id,
@@ -162,6 +191,25 @@ pub(crate) async fn delete(
     }
 }
 
+/// Seals what is clear and reseals what an older key sealed in every
+/// agent's stdio MCP servers' `env` (deleted agents too); how many changed.
+pub(crate) async fn reseal_all(state: &AppState) -> Result<u64, WorkspaceError> {
+    let mut changed = 0;
+    for (id, text) in agent_store::definitions_with_env(state.store.pool()).await? {
+        let mut d: AgentDefinition = serde_json::from_str(&text)
+            .map_err(|e| WorkspaceError::Corrupt(format!("stored agent {id}: {e}")))?;
+        if !state.sealer.reseal_servers(&mut d.mcp_servers)? {
+            continue;
+        }
+        let new = serde_json::to_string(&d)
+            .map_err(|e| WorkspaceError::Corrupt(format!("agent: {e}")))?;
+        if agent_store::replace_definition(state.store.pool(), &id, &text, &new).await? {
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
 /// The runner of a run, first set wins: the agent environment's
 /// `SANDBOX_URL` variable, the server's.
 fn resolve_sandbox_url(environment: Option<Url>, server: Option<&Url>) -> Option<Url> {
@@ -175,7 +223,7 @@ pub(crate) async fn run_spec(
     id: &str,
     request: AgentRunRequest,
 ) -> Result<RunSpec, WorkspaceError> {
-    let agent = get(state, workspace_id, id).await?;
+    let agent = stored(state, workspace_id, id).await?;
     let errors = validate::agent_run_request(&request);
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
@@ -199,6 +247,12 @@ pub(crate) async fn run_spec(
         }
         None => None,
     };
+    let (env, secrets) = environments::merged_env(
+        named,
+        d.environment.variables,
+        d.environment.setup_script,
+        d.environment.allowed_hosts,
+    );
     Ok(RunSpec {
         id: tokens::random_id(),
         workspace_id: workspace_id.to_owned(),
@@ -206,12 +260,8 @@ pub(crate) async fn run_spec(
         chat_id: None,
         agent_id: Some(agent.id),
         prompt: request.prompt,
-        env: environments::merged_env(
-            named,
-            d.environment.variables,
-            d.environment.setup_script,
-            d.environment.allowed_hosts,
-        ),
+        env,
+        secrets,
         config: ConfigResponse {
             system_prompt: d.system_prompt,
             model: d

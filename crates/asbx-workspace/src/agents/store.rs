@@ -132,3 +132,39 @@ fn from_row(r: &AnyRow) -> Result<AgentRow, WorkspaceError> {
         updated_at: r.try_get("updated_at")?,
     })
 }
+
+/// Agents (deleted ones too) whose definition may hold an MCP server's
+/// `env`: id and definition text.
+pub(crate) async fn definitions_with_env<'c, E>(
+    db: E,
+) -> Result<Vec<(String, String)>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query("SELECT id, definition FROM agents WHERE definition LIKE '%\"env\"%'")
+        .fetch_all(db)
+        .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("id")?, r.try_get("definition")?)))
+        .collect()
+}
+
+/// Replaces an agent's definition if it is still `old` (not touching
+/// `updated_at`); whether it was.
+pub(crate) async fn replace_definition<'c, E>(
+    db: E,
+    id: &str,
+    old: &str,
+    new: &str,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query("UPDATE agents SET definition = $1 WHERE id = $2 AND definition = $3")
+        .bind(new)
+        .bind(id)
+        .bind(old)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -3,7 +3,8 @@
 //! also mints the session's workspace API bearer); `/results` (the
 //! `writeback` module) stores the files a run sends back.
 //!
-//! Uses `runs` (the run row) and `files` (where written-back files go).
+//! Uses `runs` (the run row), `files` (where written-back files go) and
+//! `environments` (the secrets `/env` adds, read when it is redeemed).
 
 pub(crate) mod api;
 pub(crate) mod writeback;
@@ -12,8 +13,10 @@ use asbx_protocol::callback::{ConfigResponse, EnvResponse};
 use serde::de::DeserializeOwned;
 
 use crate::AppState;
+use crate::environments::{self, SecretRefs};
 use crate::error::WorkspaceError;
 use crate::runs::store as runs;
+use crate::secrets::Sealer;
 use crate::tokens::store as token_store;
 use crate::tokens::{self, TokenKind, WORKSPACE_PREFIX};
 
@@ -21,12 +24,17 @@ use crate::tokens::{self, TokenKind, WORKSPACE_PREFIX};
 pub(crate) trait Payload: DeserializeOwned {
     const KIND: TokenKind;
     fn stored(run: &runs::RunRow) -> &str;
+    /// Opens what is stored sealed.
+    fn open(&mut self, sealer: &Sealer) -> Result<(), WorkspaceError>;
 }
 
 impl Payload for ConfigResponse {
     const KIND: TokenKind = TokenKind::Run;
     fn stored(run: &runs::RunRow) -> &str {
         &run.config_json
+    }
+    fn open(&mut self, sealer: &Sealer) -> Result<(), WorkspaceError> {
+        sealer.open_servers(&mut self.mcp_servers)
     }
 }
 
@@ -52,8 +60,10 @@ pub(crate) async fn redeem_payload<P: Payload>(
     let run = runs::get(state.store.pool(), session_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
-    serde_json::from_str(P::stored(&run))
-        .map_err(|e| WorkspaceError::Corrupt(format!("stored payload of run {session_id}: {e}")))
+    let mut payload: P = serde_json::from_str(P::stored(&run))
+        .map_err(|e| WorkspaceError::Corrupt(format!("stored payload of run {session_id}: {e}")))?;
+    payload.open(&state.sealer)?;
+    Ok(payload)
 }
 
 /// Redeems the setup token of `session_id` for its `/env`, with a freshly
@@ -86,6 +96,11 @@ pub(crate) async fn redeem_env(
         WorkspaceError::Corrupt(format!("stored payload of run {session_id}: {e}"))
     };
     let mut env: EnvResponse = serde_json::from_str(&run.env_json).map_err(corrupt)?;
+    if let Some(refs) = run.env_secrets.as_deref() {
+        let refs: SecretRefs = serde_json::from_str(refs).map_err(corrupt)?;
+        environments::with_secrets(&mut tx, &state.sealer, &run.workspace_id, &refs, &mut env)
+            .await?;
+    }
     if let Some(access) = env.workspace.as_mut() {
         let config: ConfigResponse = serde_json::from_str(&run.config_json).map_err(corrupt)?;
         let cap_ms = tokens::runtime_cap_ms(config.limits.as_ref());

@@ -82,9 +82,9 @@ pub(crate) async fn store_results(
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
     let mut stored = Vec::with_capacity(decoded.len());
     for file in decoded {
-        let sha = state.blobs.put(&file.bytes).await?;
+        let blob = state.blobs.put(&file.bytes).await?;
         let id = tokens::random_id();
-        files::insert(
+        let inserted = files::insert(
             state.store.pool(),
             &FileRow {
                 id: id.clone(),
@@ -95,11 +95,13 @@ pub(crate) async fn store_results(
                 path: file.path.clone(),
                 mime_type: file.mime_type,
                 size: i64::try_from(file.bytes.len()).unwrap_or(i64::MAX),
-                sha256: sha,
+                sha256: blob.sha256.clone(),
                 created_at: state.now_ms(),
             },
         )
-        .await?;
+        .await;
+        state.blobs.release(blob).await;
+        inserted?;
         stored.push(StoredFile {
             path: file.path,
             id,

@@ -246,6 +246,12 @@ pub(crate) async fn delete(
     state
         .chat_events
         .emit(&caller.workspace_id, &chat_id, None, "deleted");
+    // Its files' rows are deleted with it; now their bytes (a crash here
+    // leaks them until a sweep).
+    let blobs =
+        crate::files::store::blobs_of_chat(state.store.pool(), &chat_id, &caller.workspace_id)
+            .await?;
+    state.blobs.free_all(blobs).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -93,7 +93,7 @@ pub(crate) async fn start_turn(
         None => None,
     };
     let stored_settings = existing.as_ref().and_then(|(_, text)| text.as_deref());
-    let (new_settings, (settings_env, settings_config)) =
+    let (new_settings, settings_run) =
         chat_settings(state, workspace_id, &mut request, stored_settings).await?;
 
     let turn_id = tokens::random_id();
@@ -191,11 +191,12 @@ pub(crate) async fn start_turn(
                 token: String::new(),
                 attachments: placed,
             }),
-            ..settings_env
+            ..settings_run.env
         },
+        secrets: settings_run.secrets,
         config: ConfigResponse {
             conversation: history.iter().map(PersistedMessage::to_chat_turn).collect(),
-            ..settings_config
+            ..settings_run.config
         },
         sandbox_url,
     };
@@ -271,10 +272,11 @@ async fn chat_settings(
     workspace_id: &str,
     request: &mut TurnRequest,
     stored: Option<&str>,
-) -> Result<(Option<ChatSettings>, (EnvResponse, ConfigResponse)), WorkspaceError> {
+) -> Result<(Option<ChatSettings>, environments::ChatRun), WorkspaceError> {
     let (new, settings) = match (&request.chat_id, request.settings.take()) {
         (None, Some(s)) => {
             environments::check_chat_settings(state, workspace_id, &s).await?;
+            let s = environments::seal_chat_settings(state, s, &ChatSettings::default())?;
             (Some(s.clone()), s)
         }
         (None, None) => (None, ChatSettings::default()),

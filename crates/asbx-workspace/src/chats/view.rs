@@ -130,7 +130,7 @@ pub(crate) async fn upload(
             .await?
             .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
     }
-    let sha = state.blobs.put(bytes).await?;
+    let stored = state.blobs.put(bytes).await?;
     let row = FileRow {
         id: tokens::random_id(),
         workspace_id: workspace_id.to_owned(),
@@ -140,9 +140,11 @@ pub(crate) async fn upload(
         path: name.to_owned(),
         mime_type: mime,
         size: i64::try_from(bytes.len()).unwrap_or(i64::MAX),
-        sha256: sha,
+        sha256: stored.sha256.clone(),
         created_at: state.now_ms(),
     };
-    files::insert(state.store.pool(), &row).await?;
+    let inserted = files::insert(state.store.pool(), &row).await;
+    state.blobs.release(stored).await;
+    inserted?;
     Ok(file_info(&row))
 }

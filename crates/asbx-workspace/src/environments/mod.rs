@@ -16,7 +16,7 @@
 pub(crate) mod api;
 pub(crate) mod store;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use asbx_protocol::FieldError;
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
@@ -25,6 +25,7 @@ use crate::AppState;
 use crate::config::WorkspaceConfig;
 use crate::environments::store::{self as env_store, EnvironmentRow};
 use crate::error::WorkspaceError;
+use crate::secrets::{self, Sealer};
 use crate::tokens;
 use crate::validate;
 use crate::wire::{
@@ -82,14 +83,19 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String, WorkspaceError> {
     serde_json::to_string(v).map_err(|e| WorkspaceError::Corrupt(format!("environment: {e}")))
 }
 
+/// The stored secrets of a row: names to sealed values.
 fn secrets_of(row: &EnvironmentRow) -> Result<BTreeMap<String, String>, WorkspaceError> {
     serde_json::from_str(&row.secrets).map_err(|e| corrupt(&row.id, e))
 }
 
-fn environment(row: EnvironmentRow) -> Result<Environment, WorkspaceError> {
+fn environment(sealer: &Sealer, row: EnvironmentRow) -> Result<Environment, WorkspaceError> {
+    let mut secrets = secrets_of(&row)?;
+    for value in secrets.values_mut() {
+        *value = sealer.open(value)?;
+    }
     Ok(Environment {
         variables: serde_json::from_str(&row.variables).map_err(|e| corrupt(&row.id, e))?,
-        secrets: secrets_of(&row)?,
+        secrets,
         allowed_hosts: serde_json::from_str(&row.allowed_hosts).map_err(|e| corrupt(&row.id, e))?,
         setup_script: row.setup_script,
         id: row.id,
@@ -114,28 +120,38 @@ fn not_found(id: &str) -> WorkspaceError {
     WorkspaceError::NotFound(format!("environment {id}"))
 }
 
-/// A row from a checked body and its final secrets. A `SANDBOX_URL`
-/// variable must name a runner the operator configured.
+/// A row from a checked body and its final secrets: those named in
+/// `fresh` are the body's, in clear, and are sealed once checked; the
+/// others are stored ones, sealed already. A `SANDBOX_URL` variable must
+/// name a runner the operator configured.
+#[allow(clippy::too_many_arguments)]
 fn checked_row(
     config: &WorkspaceConfig,
+    sealer: &Sealer,
     body: EnvironmentBody,
-    secrets: &BTreeMap<String, String>,
+    mut secrets: BTreeMap<String, String>,
+    fresh: &BTreeSet<String>,
     creating: bool,
     id: String,
     workspace_id: &str,
     created_at: i64,
     now: i64,
 ) -> Result<EnvironmentRow, WorkspaceError> {
-    let errors = validate::named_environment(&body, secrets, creating);
+    let errors = validate::named_environment(&body, &secrets, creating);
     if !errors.is_empty() {
         return Err(WorkspaceError::invalid_fields(errors));
     }
     validate::allowed_runner_variable(config, &body.variables, "")?;
+    for (name, value) in secrets.iter_mut() {
+        if fresh.contains(name) {
+            *value = sealer.seal(value);
+        }
+    }
     Ok(EnvironmentRow {
         id,
         workspace_id: workspace_id.to_owned(),
         variables: json(&body.variables)?,
-        secrets: json(secrets)?,
+        secrets: json(&secrets)?,
         allowed_hosts: json(&body.allowed_hosts)?,
         name: body.name,
         setup_script: body.setup_script,
@@ -157,10 +173,13 @@ pub(crate) async fn create(
         .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
         .collect();
     let now = state.now_ms();
+    let fresh = secrets.keys().cloned().collect();
     let row = checked_row(
         &state.config,
+        &state.sealer,
         body,
-        &secrets,
+        secrets,
+        &fresh,
         true,
         tokens::random_id(),
         workspace_id,
@@ -207,9 +226,11 @@ pub(crate) async fn update(
         .await?
         .ok_or_else(|| not_found(id))?;
     let mut secrets = secrets_of(&old)?;
+    let mut fresh = BTreeSet::new();
     for (name, value) in body.secrets.take().into_iter().flatten() {
         match value {
             Some(v) => {
+                fresh.insert(name.clone());
                 secrets.insert(name, v);
             }
             None => {
@@ -219,8 +240,10 @@ pub(crate) async fn update(
     }
     let row = checked_row(
         &state.config,
+        &state.sealer,
         body,
-        &secrets,
+        secrets,
+        &fresh,
         false,
         old.id,
         workspace_id,
@@ -255,7 +278,7 @@ pub(crate) async fn find(
 ) -> Result<Option<Environment>, WorkspaceError> {
     env_store::find(state.store.pool(), workspace_id, id_or_name)
         .await?
-        .map(environment)
+        .map(|row| environment(&state.sealer, row))
         .transpose()
 }
 
@@ -268,7 +291,7 @@ pub(crate) async fn referenced(
     owner: &str,
 ) -> Result<Environment, WorkspaceError> {
     match env_store::get(state.store.pool(), workspace_id, id).await? {
-        Some(row) => environment(row),
+        Some(row) => environment(&state.sealer, row),
         None => Err(WorkspaceError::Conflict(format!(
             "{owner} uses environment {id}, which no longer exists: choose another environment"
         ))),
@@ -296,25 +319,44 @@ pub(crate) fn check_merged(
     Ok(())
 }
 
+/// The secrets a run's `/env` carries, by name: a run stores these, never
+/// the values, which [`secret_values`] reads from the environment as it is
+/// when `/env` is redeemed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SecretRefs {
+    pub(crate) environment_id: String,
+    pub(crate) names: Vec<String>,
+}
+
 /// `/env` from a named environment under inline values: the inline
 /// variables and setup script win on a clash; secrets are variables in the
-/// sandbox; allowed hosts are the union.
+/// sandbox; allowed hosts are the union. The secrets are not in the
+/// payload: it names them ([`SecretRefs`]), for [`with_secrets`] to add.
 pub(crate) fn merged_env(
     named: Option<Environment>,
     variables: BTreeMap<String, String>,
     setup_script: Option<String>,
     allowed_hosts: Vec<String>,
-) -> EnvResponse {
+) -> (EnvResponse, Option<SecretRefs>) {
     // Field by field: `EnvResponse` gains fields this module doesn't set.
     let mut env = EnvResponse::default();
     let Some(named) = named else {
         env.variables = variables;
         env.setup_script = setup_script;
         env.allowed_hosts = allowed_hosts;
-        return env;
+        return (env, None);
     };
+    let names: Vec<String> = named
+        .secrets
+        .into_keys()
+        .filter(|k| !variables.contains_key(k))
+        .collect();
+    let refs = (!names.is_empty()).then(|| SecretRefs {
+        environment_id: named.id,
+        names,
+    });
     let mut all = named.variables;
-    all.extend(named.secrets);
     all.extend(variables);
     let mut hosts = named.allowed_hosts;
     for h in allowed_hosts {
@@ -325,7 +367,96 @@ pub(crate) fn merged_env(
     env.variables = all;
     env.setup_script = setup_script.or(named.setup_script);
     env.allowed_hosts = hosts;
-    env
+    (env, refs)
+}
+
+/// `env` with the secrets `refs` names, read now from the live environment
+/// of `workspace_id` on `conn`: a secret deleted (or an environment
+/// deleted) since the run was dispatched is left out; a value rotated
+/// since is the new one.
+pub(crate) async fn with_secrets(
+    conn: &mut sqlx::AnyConnection,
+    sealer: &Sealer,
+    workspace_id: &str,
+    refs: &SecretRefs,
+    env: &mut EnvResponse,
+) -> Result<(), WorkspaceError> {
+    let Some(row) = env_store::get(&mut *conn, workspace_id, &refs.environment_id).await? else {
+        tracing::warn!(
+            environment = %refs.environment_id,
+            "a run's environment was deleted before its /env: sent without its secrets"
+        );
+        return Ok(());
+    };
+    let stored = secrets_of(&row)?;
+    for name in &refs.names {
+        match stored.get(name) {
+            Some(sealed) => {
+                let value = sealer.open(sealed)?;
+                env.variables.entry(name.clone()).or_insert(value);
+            }
+            None => tracing::warn!(
+                environment = %refs.environment_id,
+                secret = %name,
+                "a run's secret was deleted before its /env: sent without it"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Seals what is clear and reseals what an older key sealed in every
+/// environment's secrets; a deleted environment's secrets are dropped.
+/// Returns how many rows changed.
+pub(crate) async fn reseal_all(state: &AppState) -> Result<u64, WorkspaceError> {
+    let mut changed = 0;
+    for row in env_store::all_secrets(state.store.pool()).await? {
+        let mut secrets: BTreeMap<String, String> =
+            serde_json::from_str(&row.secrets).map_err(|e| corrupt(&row.id, e))?;
+        let before = secrets.len();
+        if row.deleted {
+            secrets.clear();
+        }
+        let mut touched = secrets.len() != before;
+        for value in secrets.values_mut() {
+            if let Some(v) = state.sealer.reseal(value)? {
+                *value = v;
+                touched = true;
+            }
+        }
+        if touched
+            && env_store::replace_secrets(
+                state.store.pool(),
+                &row.id,
+                &row.secrets,
+                &json(&secrets)?,
+            )
+            .await?
+        {
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
+/// [`reseal_all`] for the stdio MCP servers' `env` in chats' settings.
+pub(crate) async fn reseal_chat_settings(state: &AppState) -> Result<u64, WorkspaceError> {
+    let mut changed = 0;
+    for (chat_id, text) in env_store::settings_with_env(state.store.pool()).await? {
+        let mut settings = parse_chat_settings(&chat_id, Some(&text))?;
+        if state.sealer.reseal_servers(&mut settings.mcp_servers)?
+            && env_store::replace_chat_settings(
+                state.store.pool(),
+                &chat_id,
+                &text,
+                &json(&settings)?,
+            )
+            .await?
+        {
+            changed += 1;
+        }
+    }
+    Ok(changed)
 }
 
 /// `GET /api/models`.
@@ -436,14 +567,36 @@ pub(crate) async fn put_chat_settings(
     settings: ChatSettings,
 ) -> Result<ChatSettingsView, WorkspaceError> {
     // A missing chat is 404 before its body's problems.
-    chat_settings(state, workspace_id, chat_id).await?;
+    let stored = chat_settings(state, workspace_id, chat_id).await?;
     check_chat_settings(state, workspace_id, &settings).await?;
+    let settings = seal_chat_settings(state, settings, &stored)?;
     store_chat_settings(state, workspace_id, chat_id, &settings).await?;
     Ok(settings_view(state, settings))
 }
 
-/// Settings as answered: stored plus the effective model and system prompt.
-pub(crate) fn settings_view(state: &AppState, s: ChatSettings) -> ChatSettingsView {
+/// Checked settings as stored: the stdio MCP servers' `env` values sealed,
+/// a masked value keeping the one `stored` has.
+pub(crate) fn seal_chat_settings(
+    state: &AppState,
+    mut settings: ChatSettings,
+    stored: &ChatSettings,
+) -> Result<ChatSettings, WorkspaceError> {
+    let errors = state.sealer.seal_servers(
+        &mut settings.mcp_servers,
+        &stored.mcp_servers,
+        "settings.mcpServers",
+    );
+    if errors.is_empty() {
+        Ok(settings)
+    } else {
+        Err(WorkspaceError::invalid_fields(errors))
+    }
+}
+
+/// Settings as answered: stored plus the effective model and system
+/// prompt; stdio MCP `env` values masked.
+pub(crate) fn settings_view(state: &AppState, mut s: ChatSettings) -> ChatSettingsView {
+    secrets::mask_servers(&mut s.mcp_servers);
     let effective = EffectiveSettings {
         model: s
             .model
@@ -474,6 +627,14 @@ pub(crate) async fn chat_settings_view(
     Ok(settings_view(state, s))
 }
 
+/// What a chat turn's `/env` and `/config` start from.
+#[derive(Debug)]
+pub(crate) struct ChatRun {
+    pub(crate) env: EnvResponse,
+    pub(crate) secrets: Option<SecretRefs>,
+    pub(crate) config: ConfigResponse,
+}
+
 /// What a chat turn's `/env` and `/config` start from, by its settings
 /// (the turn adds attachments and the replayed conversation). A deleted
 /// environment is `409 conflict`.
@@ -481,7 +642,7 @@ pub(crate) async fn chat_run(
     state: &AppState,
     workspace_id: &str,
     settings: &ChatSettings,
-) -> Result<(EnvResponse, ConfigResponse), WorkspaceError> {
+) -> Result<ChatRun, WorkspaceError> {
     let named = match settings.environment_id.as_deref() {
         Some(id) => Some(referenced(state, workspace_id, id, "this chat").await?),
         None => None,
@@ -492,7 +653,7 @@ pub(crate) async fn chat_run(
         "settings.model",
         settings.model.as_deref(),
     )?;
-    let env = merged_env(named, BTreeMap::new(), None, Vec::new());
+    let (env, secrets) = merged_env(named, BTreeMap::new(), None, Vec::new());
     let config = ConfigResponse {
         system_prompt: Some(
             settings
@@ -508,7 +669,11 @@ pub(crate) async fn chat_run(
         mcp_servers: settings.mcp_servers.clone(),
         ..Default::default()
     };
-    Ok((env, config))
+    Ok(ChatRun {
+        env,
+        secrets,
+        config,
+    })
 }
 
 #[cfg(test)]
@@ -527,18 +692,32 @@ mod tests {
 
     #[test]
     fn inline_values_win_and_hosts_are_the_union() {
-        let env = merged_env(
+        let (env, secrets) = merged_env(
             Some(named()),
             [("A".to_owned(), "inline".to_owned())].into(),
             Some("echo inline".into()),
             vec!["b.example".into(), "a.example".into()],
         );
         assert_eq!(env.variables["A"], "inline");
-        assert_eq!(env.variables["TOKEN"], "s3cret");
         assert_eq!(env.setup_script.as_deref(), Some("echo inline"));
         assert_eq!(env.allowed_hosts, ["a.example", "b.example"]);
-        let env = merged_env(Some(named()), BTreeMap::new(), None, Vec::new());
+        // The secret by name only: its value is read when `/env` is.
+        assert!(!env.variables.contains_key("TOKEN"));
+        let refs = secrets.unwrap();
+        assert_eq!(
+            (refs.environment_id.as_str(), &refs.names[..]),
+            ("e", &["TOKEN".to_owned()][..])
+        );
+        let (env, _) = merged_env(Some(named()), BTreeMap::new(), None, Vec::new());
         assert_eq!(env.setup_script.as_deref(), Some("echo env"));
+        // An inline variable of the secret's name wins: no secret to add.
+        let (env, secrets) = merged_env(
+            Some(named()),
+            [("TOKEN".to_owned(), "inline".to_owned())].into(),
+            None,
+            Vec::new(),
+        );
+        assert_eq!((env.variables["TOKEN"].as_str(), secrets), ("inline", None));
     }
 
     #[test]

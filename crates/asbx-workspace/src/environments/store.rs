@@ -245,3 +245,89 @@ fn from_row(r: &AnyRow) -> Result<EnvironmentRow, WorkspaceError> {
         updated_at: r.try_get("updated_at")?,
     })
 }
+
+/// One environment's stored secrets, deleted or not (for resealing).
+#[derive(Clone)]
+pub(crate) struct StoredSecrets {
+    pub id: String,
+    /// JSON object, names to sealed (or, from before sealing, clear) values.
+    pub secrets: String,
+    pub deleted: bool,
+}
+
+/// Every environment's secrets that are not `{}`, deleted ones included.
+pub(crate) async fn all_secrets<'c, E>(db: E) -> Result<Vec<StoredSecrets>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(
+        "SELECT id, secrets, deleted_at FROM environments WHERE secrets <> '{}' ORDER BY id",
+    )
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(StoredSecrets {
+                id: r.try_get("id")?,
+                secrets: r.try_get("secrets")?,
+                deleted: r.try_get::<Option<i64>, _>("deleted_at")?.is_some(),
+            })
+        })
+        .collect()
+}
+
+/// Replaces an environment's secrets if they are still `old`; whether
+/// they were.
+pub(crate) async fn replace_secrets<'c, E>(
+    db: E,
+    id: &str,
+    old: &str,
+    new: &str,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query("UPDATE environments SET secrets = $1 WHERE id = $2 AND secrets = $3")
+        .bind(new)
+        .bind(id)
+        .bind(old)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Chats (deleted ones too) whose settings may hold an MCP server's `env`:
+/// id and settings text.
+pub(crate) async fn settings_with_env<'c, E>(db: E) -> Result<Vec<(String, String)>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows = sqlx::query(
+        "SELECT id, settings FROM chats WHERE settings IS NOT NULL AND settings LIKE '%\"env\"%'",
+    )
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("id")?, r.try_get("settings")?)))
+        .collect()
+}
+
+/// Replaces a chat's settings if they are still `old` (not touching
+/// `updated_at`: nothing a user sees changed); whether they were.
+pub(crate) async fn replace_chat_settings<'c, E>(
+    db: E,
+    chat_id: &str,
+    old: &str,
+    new: &str,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query("UPDATE chats SET settings = $1 WHERE id = $2 AND settings = $3")
+        .bind(new)
+        .bind(chat_id)
+        .bind(old)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -62,7 +62,7 @@ pub(crate) async fn download(
     Ok(response)
 }
 
-/// Soft delete: the file is never found again (its blob may be shared).
+/// Deletes a file and frees its bytes, unless another file has the same.
 #[utoipa::path(
     delete,
     path = "/api/files/{id}",
@@ -80,16 +80,15 @@ pub(crate) async fn delete(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, WorkspaceError> {
-    if files::soft_delete(
+    let gone = files::soft_delete(
         state.store.pool(),
         &id,
         &caller.workspace_id,
         state.now_ms(),
     )
     .await?
-    {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(WorkspaceError::NotFound(format!("file {id}")))
-    }
+    .ok_or_else(|| WorkspaceError::NotFound(format!("file {id}")))?;
+    // The row first: a crash here leaks the bytes until a sweep.
+    state.blobs.free_all([gone]).await;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -167,23 +167,47 @@ where
     Ok(done.rows_affected() == 1)
 }
 
-/// Soft-deletes one file of a workspace.
+/// Soft-deletes one file of a workspace; its blob's SHA-256, `None` when
+/// there was no such live file.
 pub(crate) async fn soft_delete<'c, E>(
     db: E,
     id: &str,
     workspace_id: &str,
     now_ms: i64,
-) -> Result<bool, WorkspaceError>
+) -> Result<Option<String>, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
 {
-    let done = sqlx::query(
-        "UPDATE files SET deleted_at = $1 WHERE id = $2 AND workspace_id = $3 AND deleted_at IS NULL",
+    let row = sqlx::query(
+        "UPDATE files SET deleted_at = $1 WHERE id = $2 AND workspace_id = $3 \
+         AND deleted_at IS NULL RETURNING sha256",
     )
     .bind(now_ms)
     .bind(id)
     .bind(workspace_id)
-    .execute(db)
+    .fetch_optional(db)
     .await?;
-    Ok(done.rows_affected() == 1)
+    row.map(|r| r.try_get("sha256").map_err(Into::into))
+        .transpose()
+}
+
+/// The blobs of a chat's files, deleted ones included (to free them once
+/// the chat is deleted).
+pub(crate) async fn blobs_of_chat<'c, E>(
+    db: E,
+    chat_id: &str,
+    workspace_id: &str,
+) -> Result<Vec<String>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let rows =
+        sqlx::query("SELECT DISTINCT sha256 FROM files WHERE chat_id = $1 AND workspace_id = $2")
+            .bind(chat_id)
+            .bind(workspace_id)
+            .fetch_all(db)
+            .await?;
+    rows.iter()
+        .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
+        .collect()
 }

@@ -35,6 +35,7 @@ use bytes::Bytes;
 use url::Url;
 
 use crate::AppState;
+use crate::environments::SecretRefs;
 use crate::error::WorkspaceError;
 use crate::runner_url;
 use crate::runs::fleet::Fleet;
@@ -104,7 +105,11 @@ pub(crate) struct RunSpec {
     /// The stored agent of a `RunKind::Agent` run.
     pub agent_id: Option<String>,
     pub prompt: String,
+    /// `/env` without secret values.
     pub env: EnvResponse,
+    /// The named environment's secrets `/env` adds, by name.
+    pub secrets: Option<SecretRefs>,
+    /// `/config`, stdio MCP `env` values sealed (`secrets`).
     pub config: ConfigResponse,
     pub sandbox_url: Url,
 }
@@ -193,6 +198,12 @@ pub(crate) async fn record(
     let env_json =
         serde_json::to_string(&env).map_err(|e| WorkspaceError::Corrupt(format!("env: {e}")))?;
     drop(env);
+    let env_secrets = spec
+        .secrets
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| WorkspaceError::Corrupt(format!("env secrets: {e}")))?;
     let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref());
     let config_json = serde_json::to_string(&spec.config)
         .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
@@ -209,6 +220,7 @@ pub(crate) async fn record(
             prompt: &spec.prompt,
             model: &spec.config.model,
             env_json: &env_json,
+            env_secrets: env_secrets.as_deref(),
             config_json: &config_json,
             sandbox_url: first.as_str(),
             now_ms: now,

@@ -21,10 +21,16 @@ use crate::wire::{CreateRunRequest, RunKind};
 /// own values ([`environments::merged_env`]).
 pub(crate) async fn to_spec(
     state: &AppState,
-    request: CreateRunRequest,
+    mut request: CreateRunRequest,
     workspace_id: &str,
 ) -> Result<(RunSpec, Stream), WorkspaceError> {
     let mut errors = validate::run_request(&request);
+    if errors.is_empty() {
+        // A run stores its `/config` with MCP `env` values sealed.
+        errors = state
+            .sealer
+            .seal_servers(&mut request.mcp_servers, &[], "mcpServers");
+    }
     let named = match request.environment.as_deref() {
         Some(name) => {
             let found = environments::find(state, workspace_id, name).await?;
@@ -66,18 +72,20 @@ pub(crate) async fn to_spec(
         .sandbox_url
         .clone()
         .ok_or(WorkspaceError::SandboxUrlMissing)?;
+    let (env, secrets) = environments::merged_env(
+        named,
+        request.variables,
+        request.setup_script,
+        request.allowed_hosts,
+    );
     let spec = RunSpec {
         id: tokens::random_id(),
         workspace_id: workspace_id.to_owned(),
         kind: RunKind::Run,
         chat_id: None,
         agent_id: None,
-        env: environments::merged_env(
-            named,
-            request.variables,
-            request.setup_script,
-            request.allowed_hosts,
-        ),
+        env,
+        secrets,
         config: ConfigResponse {
             system_prompt: request.system_prompt,
             model: request

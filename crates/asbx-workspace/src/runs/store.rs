@@ -25,6 +25,8 @@ pub(crate) struct NewRun<'a> {
     pub(crate) prompt: &'a str,
     pub(crate) model: &'a str,
     pub(crate) env_json: &'a str,
+    /// The secrets `/env` adds, by name (`environments::SecretRefs` as JSON).
+    pub(crate) env_secrets: Option<&'a str>,
     pub(crate) config_json: &'a str,
     /// The runner it is dispatched to.
     pub(crate) sandbox_url: &'a str,
@@ -43,6 +45,8 @@ pub(crate) struct RunRow {
     pub(crate) prompt: String,
     pub(crate) model: String,
     pub(crate) env_json: String,
+    /// The secrets `/env` adds, by name (`environments::SecretRefs` as JSON).
+    pub(crate) env_secrets: Option<String>,
     pub(crate) config_json: String,
     pub(crate) result: Option<String>,
     pub(crate) error_code: Option<String>,
@@ -66,7 +70,7 @@ pub(crate) enum Outcome {
 
 const COLUMNS: &str = "id, workspace_id, kind, chat_id, agent_id, status, prompt, model, env_json, \
     config_json, result, error_code, error_message, created_at, ended_at, termination, sandbox_url, \
-    events_from";
+    events_from, env_secrets";
 
 pub(crate) async fn insert<'c, E>(db: E, run: &NewRun<'_>) -> Result<(), WorkspaceError>
 where
@@ -74,8 +78,8 @@ where
 {
     sqlx::query(
         "INSERT INTO runs (id, workspace_id, kind, chat_id, agent_id, status, prompt, model, \
-         env_json, config_json, created_at, sandbox_url) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+         env_json, config_json, created_at, sandbox_url, env_secrets) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(run.id)
     .bind(run.workspace_id)
@@ -89,6 +93,7 @@ where
     .bind(run.config_json)
     .bind(run.now_ms)
     .bind(run.sandbox_url)
+    .bind(run.env_secrets)
     .execute(db)
     .await?;
     Ok(())
@@ -180,6 +185,24 @@ where
     Ok(done.rows_affected() == 1)
 }
 
+/// Clears the `/env` payload of every run that can no longer redeem its
+/// setup token (used, or expired before `now_ms`): earlier versions copied
+/// a named environment's secret values into it. How many were cleared.
+pub(crate) async fn clear_spent_env<'c, E>(db: E, now_ms: i64) -> Result<u64, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE runs SET env_json = '{}' WHERE env_json <> '{}' AND env_secrets IS NULL \
+         AND NOT EXISTS (SELECT 1 FROM tokens WHERE tokens.session_id = runs.id \
+         AND tokens.kind = 'setup' AND tokens.used_at IS NULL AND tokens.expires_at > $1)",
+    )
+    .bind(now_ms)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 fn from_row(r: &AnyRow) -> Result<RunRow, WorkspaceError> {
     Ok(RunRow {
         id: r.try_get("id")?,
@@ -191,6 +214,7 @@ fn from_row(r: &AnyRow) -> Result<RunRow, WorkspaceError> {
         prompt: r.try_get("prompt")?,
         model: r.try_get("model")?,
         env_json: r.try_get("env_json")?,
+        env_secrets: r.try_get("env_secrets")?,
         config_json: r.try_get("config_json")?,
         result: r.try_get("result")?,
         error_code: r.try_get("error_code")?,

@@ -185,7 +185,8 @@ where
     S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let (sha256, size) = state.blobs.put_stream(body, MAX_FILE_BYTES).await?;
+    let blob = state.blobs.put_stream(body, MAX_FILE_BYTES).await?;
+    let (sha256, size) = (blob.sha256.clone(), blob.size);
     let row = FileRow {
         id: tokens::random_id(),
         workspace_id: s.workspace_id.clone(),
@@ -198,7 +199,9 @@ where
         sha256,
         created_at: state.now_ms(),
     };
-    files::insert(state.store.pool(), &row).await?;
+    let inserted = files::insert(state.store.pool(), &row).await;
+    state.blobs.release(blob).await;
+    inserted?;
     Ok(row)
 }
 

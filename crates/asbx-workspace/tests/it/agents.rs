@@ -125,7 +125,10 @@ async fn agents_are_created_listed_updated_and_deleted(db: Db) {
     let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
     let a = create(&ws, &definition()).await;
     let id = a["id"].as_str().unwrap().to_owned();
-    for (k, v) in definition().as_object().unwrap() {
+    // As stored, but a stdio MCP server's `env` values masked (write-only).
+    let mut shown = definition();
+    shown["mcpServers"][1]["env"]["MODE"] = "********".into();
+    for (k, v) in shown.as_object().unwrap() {
         assert_eq!(&a[k], v, "{k}");
     }
     assert!(a["createdAt"].is_i64() && a["updatedAt"] == a["createdAt"]);

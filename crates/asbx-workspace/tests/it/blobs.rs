@@ -258,3 +258,112 @@ async fn with_a_folder_per_node_another_node_can_not_serve_the_file() {
         .unwrap();
     assert_eq!(r.status(), 500);
 }
+
+/// Uploads `bytes` to the bag (of `chat`, if given); the file's id.
+async fn upload_bag(ws: &TestWorkspace, name: &str, chat: Option<&str>, bytes: &[u8]) -> String {
+    let query = match chat {
+        Some(c) => format!("name={name}&chatId={c}"),
+        None => format!("name={name}"),
+    };
+    let r = client()
+        .post(ws.url(&format!("/api/assistant/files?{query}")))
+        .header("content-type", "application/octet-stream")
+        .body(bytes.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let made: Value = r.json().await.unwrap();
+    made["id"].as_str().unwrap().to_owned()
+}
+
+async fn delete(ws: &TestWorkspace, path: &str) {
+    let r = client().delete(ws.url(path)).send().await.unwrap();
+    assert_eq!(r.status(), 204, "DELETE {path}");
+}
+
+/// Whether the bytes `sha` are stored anywhere: a file in the blob folder,
+/// or rows in the blob tables.
+async fn kept(ws: &TestWorkspace, sha: &str) -> bool {
+    let file = ws
+        .data_dir
+        .path()
+        .join("blobs")
+        .join(&sha[..2])
+        .join(&sha[2..])
+        .exists();
+    let db = ws.db().await;
+    let rows = count(
+        &db,
+        &format!(
+            "SELECT (SELECT COUNT(*) FROM blob_chunks WHERE sha256 = '{sha}') \
+             + (SELECT COUNT(*) FROM blobs WHERE sha256 = '{sha}')"
+        ),
+    )
+    .await;
+    db.close().await;
+    file || rows > 0
+}
+
+/// Deleting a file, or a chat, frees the bytes no other file has; a row
+/// deleted without its bytes (a crash between) is freed by a sweep.
+async fn deleting_frees_bytes(db: Db, backend: BlobBackend) {
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |c| {
+        c.blob_store = Some(backend);
+    })
+    .await;
+    // More than a chunk, so the database holds several rows of it.
+    let same = varied(MIB + 5);
+    let sha = sha256_bytes_hex(&same);
+    let a = upload_bag(&ws, "a.bin", None, &same).await;
+    let b = upload_bag(&ws, "b.bin", None, &same).await;
+    assert!(kept(&ws, &sha).await, "positive control");
+    delete(&ws, &format!("/api/files/{a}")).await;
+    assert!(kept(&ws, &sha).await, "b still has these bytes");
+    assert!(download(&ws, &b).await == same);
+    delete(&ws, &format!("/api/files/{b}")).await;
+    assert!(!kept(&ws, &sha).await, "the last file's bytes are freed");
+
+    // A chat's attachment goes with the chat.
+    let turn = post_turn(&ws, json!({"message": "hi"})).await;
+    let chat = turn.headers()["x-asbx-chat-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    turn.bytes().await.unwrap();
+    let attached = varied(300);
+    let attached_sha = sha256_bytes_hex(&attached);
+    upload_bag(&ws, "c.bin", Some(&chat), &attached).await;
+    assert!(kept(&ws, &attached_sha).await);
+    delete(&ws, &format!("/api/assistant/chats/{chat}")).await;
+    assert!(
+        !kept(&ws, &attached_sha).await,
+        "the chat's bytes are freed"
+    );
+
+    // A leak: the row deleted, the bytes not (the node died between).
+    let leaked = varied(77);
+    let leaked_sha = sha256_bytes_hex(&leaked);
+    let d = upload_bag(&ws, "d.bin", None, &leaked).await;
+    let pool = ws.db().await;
+    sqlx::query("UPDATE files SET deleted_at = 1 WHERE id = $1")
+        .bind(&d)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert!(kept(&ws, &leaked_sha).await);
+    assert!(ws.workspace.collect_garbage().await.unwrap() >= 1);
+    assert!(!kept(&ws, &leaked_sha).await, "the sweep freed the leak");
+}
+
+on_both!(deleting_frees_bytes_in_the_folder);
+async fn deleting_frees_bytes_in_the_folder(db: Db) {
+    deleting_frees_bytes(db, BlobBackend::Dir).await;
+}
+
+on_both!(deleting_frees_bytes_in_the_database);
+async fn deleting_frees_bytes_in_the_database(db: Db) {
+    deleting_frees_bytes(db, BlobBackend::Db).await;
+}

@@ -16,6 +16,7 @@ mod readiness;
 mod runs;
 mod runs_api;
 mod sandbox_api;
+mod secrets;
 mod security;
 mod support;
 mod tokens;

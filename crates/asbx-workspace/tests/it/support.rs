@@ -151,6 +151,9 @@ impl Drop for PgDatabase {
     }
 }
 
+/// The secret key of test workspaces on PostgreSQL (base64 of 32 bytes).
+pub(crate) const TEST_SECRET_KEY: &str = "dGVzdCBzZWNyZXQga2V5IG9mIDMyIGJ5dGVzIGxvbmc=";
+
 /// A running workspace. The temp dir (and a PostgreSQL test database) is
 /// removed on drop.
 pub(crate) struct TestWorkspace {
@@ -197,6 +200,16 @@ impl TestWorkspace {
         config.clock = clock.clone();
         config.database_url = pg_url;
         tweak(&mut config);
+        // PostgreSQL needs a secret key, the same on every node.
+        if config
+            .database_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("postgres"))
+        {
+            config
+                .secret_key
+                .get_or_insert_with(|| TEST_SECRET_KEY.to_owned());
+        }
         let database_url = config
             .database_url
             .clone()

@@ -663,6 +663,10 @@ pub fn cgroups_named(needles: &[String]) -> Vec<String> {
     out
 }
 
+/// The secret key of test workspace nodes on PostgreSQL (base64 of 32
+/// bytes; every node of a test shares it).
+pub(crate) const TEST_SECRET_KEY: &str = "dGVzdCBzZWNyZXQga2V5IG9mIDMyIGJ5dGVzIGxvbmc=";
+
 /// A database of its own on the test PostgreSQL (`ASBX_TEST_PG_URL`),
 /// dropped (`WITH (FORCE)`) on drop.
 pub struct PgDatabase {

@@ -22,6 +22,7 @@ mod runner_auth;
 mod runner_urls;
 mod runs_api;
 mod sandbox_api;
+mod secrets;
 mod startup;
 mod system;
 mod takeover;

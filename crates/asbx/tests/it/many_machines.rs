@@ -637,6 +637,7 @@ fn api_key(database_url: &str) -> String {
         .env_clear()
         .env("ASBX_DATA", data.path())
         .env("DATABASE_URL", database_url)
+        .env("ASBX_SECRET_KEY", crate::harness::TEST_SECRET_KEY)
         .output()
         .unwrap();
     assert!(
@@ -729,6 +730,10 @@ async fn two_nodes_two_runners_lose_nothing_when_nodes_and_runners_die() {
     let node_env = |db: &str| -> Vec<(String, String)> {
         vec![
             ("DATABASE_URL".into(), db.to_owned()),
+            (
+                "ASBX_SECRET_KEY".into(),
+                crate::harness::TEST_SECRET_KEY.to_owned(),
+            ),
             ("SANDBOX_URL".into(), fleet.clone()),
             ("ASBX_RUNNER_TOKEN".into(), runner_token.clone()),
             ("ASBX_PUBLIC_URL".into(), public.clone()),

@@ -98,6 +98,7 @@ async fn a_node_killed_mid_turn_leaves_the_turn_to_another_node() {
     let env = [
         ("SANDBOX_URL", runner.url.as_str()),
         ("DATABASE_URL", db.url.as_str()),
+        ("ASBX_SECRET_KEY", crate::harness::TEST_SECRET_KEY),
         ("ASBX_PUBLIC_URL", public.as_str()),
     ];
     let b = WorkspaceProc::start(&b_listen, &env);

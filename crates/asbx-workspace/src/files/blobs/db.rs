@@ -18,6 +18,14 @@
 //! the next sweep of uploads left incomplete for a day.
 //!
 //! Reading streams too: [`DbReader`] fetches one chunk at a time.
+//!
+//! Freeing ([`DbBlobs::free`]) and publishing meet on the blob's row:
+//! each begins by updating it (a lock on PostgreSQL; SQLite has one writer
+//! at a time). Publishing pins the blob (`super::pins`) in the transaction
+//! that finds or inserts it; freeing checks, after it holds the row, in a
+//! statement of its own (so it sees what committed before), that no live
+//! file and no fresh pin refers to it. So a blob is freed either before an
+//! upload finds it (which then stores its own bytes) or not at all.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -62,11 +70,6 @@ impl DbBlobs {
         }
     }
 
-    /// Whether a complete blob `sha` is stored.
-    pub(super) async fn has(&self, sha: &str) -> Result<bool, WorkspaceError> {
-        Ok(self.size_of(sha).await?.is_some())
-    }
-
     async fn size_of(&self, sha: &str) -> Result<Option<u64>, WorkspaceError> {
         let row = sqlx::query("SELECT size FROM blobs WHERE sha256 = $1 AND complete = 1")
             .bind(sha)
@@ -90,6 +93,7 @@ impl DbBlobs {
         &self,
         body: S,
         limit: usize,
+        pin: &str,
     ) -> Result<(String, u64), WorkspaceError>
     where
         S: futures::Stream<Item = Result<Bytes, E>> + Unpin,
@@ -104,7 +108,7 @@ impl DbBlobs {
             .await?;
         let published = match self.write_chunks(body, &upload, limit).await {
             Ok((sha, size)) => self
-                .publish(&upload, &sha, size)
+                .publish(&upload, &sha, size, pin)
                 .await
                 .map(|()| (sha, size)),
             Err(e) => Err(e),
@@ -171,23 +175,59 @@ impl DbBlobs {
         Ok(())
     }
 
+    /// Pins the stored blob `sha` as `pin`, in the transaction that finds
+    /// it (see the module doc); false when it is not stored.
+    pub(super) async fn pin_stored(&self, sha: &str, pin: &str) -> Result<bool, WorkspaceError> {
+        let mut tx = self.pool.begin().await?;
+        if !hold(&mut tx, sha).await? {
+            return Ok(false);
+        }
+        super::pins::insert(&mut *tx, pin, sha).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
     /// Makes the chunks of `upload` the blob `sha`, or drops them when it
-    /// is already stored; one transaction.
-    async fn publish(&self, upload: &str, sha: &str, size: u64) -> Result<(), WorkspaceError> {
+    /// is already stored, and pins it as `pin`; one transaction.
+    async fn publish(
+        &self,
+        upload: &str,
+        sha: &str,
+        size: u64,
+        pin: &str,
+    ) -> Result<(), WorkspaceError> {
         let size = i64::try_from(size)
             .map_err(|_| WorkspaceError::invalid(format!("a body of {size} bytes")))?;
         let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO blobs (sha256, size, complete, created_at) VALUES ($1, $2, 1, $3) \
-             ON CONFLICT (sha256) DO NOTHING",
-        )
-        .bind(sha)
-        .bind(size)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+        // The stored row, held (if it is being freed, this waits and finds
+        // it gone), else a new one; one another node inserted meanwhile is
+        // held next.
+        let mut attempts = 0;
+        let inserted = loop {
+            if hold(&mut tx, sha).await? {
+                break false;
+            }
+            let new = sqlx::query(
+                "INSERT INTO blobs (sha256, size, complete, created_at) VALUES ($1, $2, 1, $3) \
+                 ON CONFLICT (sha256) DO NOTHING",
+            )
+            .bind(sha)
+            .bind(size)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if new == 1 {
+                break true;
+            }
+            attempts += 1;
+            if attempts == 3 {
+                return Err(WorkspaceError::Conflict(format!(
+                    "blob {sha} is being stored and freed at once: try again"
+                )));
+            }
+        };
+        super::pins::insert(&mut *tx, pin, sha).await?;
         if inserted {
             sqlx::query("UPDATE blob_chunks SET sha256 = $1 WHERE sha256 = $2")
                 .bind(sha)
@@ -206,6 +246,40 @@ impl DbBlobs {
             .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Frees the blob `sha` unless a live file or a pin made at or after
+    /// `pinned_since` (epoch ms) refers to it; whether it was freed.
+    pub(super) async fn free(&self, sha: &str, pinned_since: i64) -> Result<bool, WorkspaceError> {
+        let mut tx = self.pool.begin().await?;
+        if !hold(&mut tx, sha).await?
+            || super::pins::referenced(&mut *tx, sha, pinned_since).await?
+        {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM blob_chunks WHERE sha256 = $1")
+            .bind(sha)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM blobs WHERE sha256 = $1")
+            .bind(sha)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The stored blobs no live file refers to (candidates to free).
+    pub(super) async fn unreferenced(&self) -> Result<Vec<String>, WorkspaceError> {
+        let rows = sqlx::query(
+            "SELECT sha256 FROM blobs WHERE complete = 1 AND NOT EXISTS \
+             (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256 AND files.deleted_at IS NULL)",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
+            .collect()
     }
 
     /// Removes an upload that will not be published.
@@ -282,6 +356,20 @@ impl DbBlobs {
             hasher: Sha256::new(),
         }))
     }
+}
+
+/// Holds the stored blob `sha`'s row for the rest of `tx` (a no-op update:
+/// a row lock on PostgreSQL, the write lock on SQLite); false when it is
+/// not stored.
+async fn hold(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    sha: &str,
+) -> Result<bool, WorkspaceError> {
+    let held = sqlx::query("UPDATE blobs SET complete = 1 WHERE sha256 = $1 AND complete = 1")
+        .bind(sha)
+        .execute(&mut **tx)
+        .await?;
+    Ok(held.rows_affected() == 1)
 }
 
 /// A stored blob read one chunk at a time ([`AsyncRead`], so a handler

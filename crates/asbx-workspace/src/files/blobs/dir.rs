@@ -2,7 +2,11 @@
 //! SHA-256 on this node's disk.
 //!
 //! A blob is written to a temporary file in the same folder and renamed
-//! into place, so a reader never sees half a blob.
+//! into place, so a reader never sees half a blob. It is renamed into place
+//! even when the same bytes are there already (a fresh copy, the same
+//! content), after the caller pinned it, so freeing ([`DirBlobs::take`],
+//! then a check, then removal or [`DirBlobs::restore`]) never removes a
+//! copy an upload placed after its pin.
 
 use std::path::PathBuf;
 
@@ -24,40 +28,106 @@ impl DirBlobs {
         Ok(DirBlobs { root })
     }
 
-    /// Stores `bytes` and returns their SHA-256 (hex).
-    pub(super) async fn put(&self, bytes: &[u8]) -> Result<String, WorkspaceError> {
-        let sha = hex::encode(Sha256::digest(bytes));
-        let path = self.path_of(&sha);
-        if tokio::fs::try_exists(&path).await.unwrap_or(false) {
-            return Ok(sha);
-        }
-        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
-        tokio::fs::create_dir_all(&dir)
-            .await
-            .map_err(|e| WorkspaceError::io(&dir, e))?;
+    /// Writes `bytes` to a temporary file; its path ([`DirBlobs::place`]
+    /// puts it where it belongs).
+    pub(super) async fn write_tmp(&self, bytes: &[u8]) -> Result<PathBuf, WorkspaceError> {
         let tmp = self
             .root
             .join("tmp")
-            .join(format!("{sha}.{}", crate::tokens::random_id()));
-        tokio::fs::write(&tmp, bytes)
-            .await
-            .map_err(|e| WorkspaceError::io(&tmp, e))?;
-        if let Err(e) = tokio::fs::rename(&tmp, &path).await {
+            .join(format!("put.{}", crate::tokens::random_id()));
+        if let Err(e) = tokio::fs::write(&tmp, bytes).await {
             let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(WorkspaceError::io(&path, e));
+            return Err(WorkspaceError::io(&tmp, e));
         }
-        Ok(sha)
+        Ok(tmp)
     }
 
-    /// Stores a body as it arrives, hashing while it is written, without
-    /// holding it in memory: at most `limit` bytes, else
+    /// Renames the temporary file `tmp` to the blob `sha`, over a copy
+    /// already there; `tmp` is gone either way.
+    pub(super) async fn place(
+        &self,
+        tmp: &std::path::Path,
+        sha: &str,
+    ) -> Result<(), WorkspaceError> {
+        let path = self.path_of(sha);
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
+        let placed = match tokio::fs::create_dir_all(&dir).await {
+            Ok(()) => tokio::fs::rename(tmp, &path)
+                .await
+                .map_err(|e| WorkspaceError::io(&path, e)),
+            Err(e) => Err(WorkspaceError::io(&dir, e)),
+        };
+        if placed.is_err() {
+            let _ = tokio::fs::remove_file(tmp).await;
+        }
+        placed
+    }
+
+    /// Moves the blob `sha` aside, to be removed or restored; `None` when
+    /// it is not stored.
+    pub(super) async fn take(&self, sha: &str) -> Result<Option<PathBuf>, WorkspaceError> {
+        let aside = self
+            .root
+            .join("tmp")
+            .join(format!("free.{sha}.{}", crate::tokens::random_id()));
+        match tokio::fs::rename(self.path_of(sha), &aside).await {
+            Ok(()) => Ok(Some(aside)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(WorkspaceError::io(&aside, e)),
+        }
+    }
+
+    /// Puts a blob moved aside by [`DirBlobs::take`] back (over a copy an
+    /// upload placed meanwhile: the same bytes).
+    pub(super) async fn restore(
+        &self,
+        aside: &std::path::Path,
+        sha: &str,
+    ) -> Result<(), WorkspaceError> {
+        self.place(aside, sha).await
+    }
+
+    /// Every blob stored (their SHA-256), and removes the temporary files
+    /// older than `stale` (left by a crash).
+    pub(super) async fn list(
+        &self,
+        stale: std::time::Duration,
+    ) -> Result<Vec<String>, WorkspaceError> {
+        let mut out = Vec::new();
+        let io = |p: &std::path::Path, e| WorkspaceError::io(p, e);
+        let mut top = tokio::fs::read_dir(&self.root)
+            .await
+            .map_err(|e| io(&self.root, e))?;
+        while let Some(entry) = top.next_entry().await.map_err(|e| io(&self.root, e))? {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let dir = entry.path();
+            if name == "tmp" {
+                remove_stale(&dir, stale).await;
+                continue;
+            }
+            if name.len() != 2 || !entry.file_type().await.is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let mut inner = tokio::fs::read_dir(&dir).await.map_err(|e| io(&dir, e))?;
+            while let Some(blob) = inner.next_entry().await.map_err(|e| io(&dir, e))? {
+                let sha = format!("{name}{}", blob.file_name().to_string_lossy());
+                if sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    out.push(sha);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a body to a temporary file as it arrives, hashing while it is
+    /// written, without holding it in memory: at most `limit` bytes, else
     /// [`WorkspaceError::PayloadTooLarge`] and nothing is kept. Returns the
-    /// SHA-256 (hex) and the size.
+    /// SHA-256 (hex), the size and the file, for [`DirBlobs::place`].
     pub(super) async fn put_stream<S, E>(
         &self,
         mut body: S,
         limit: usize,
-    ) -> Result<(String, u64), WorkspaceError>
+    ) -> Result<(String, u64, PathBuf), WorkspaceError>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
         E: std::fmt::Display,
@@ -94,30 +164,13 @@ impl DirBlobs {
             Ok((hex::encode(hasher.finalize()), size as u64))
         }
         .await;
-        let (sha, size) = match written {
-            Ok(v) => v,
+        match written {
+            Ok((sha, size)) => Ok((sha, size, tmp)),
             Err(e) => {
                 let _ = tokio::fs::remove_file(&tmp).await;
-                return Err(e);
+                Err(e)
             }
-        };
-        let path = self.path_of(&sha);
-        if tokio::fs::try_exists(&path).await.unwrap_or(false) {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Ok((sha, size));
         }
-        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
-        let placed = match tokio::fs::create_dir_all(&dir).await {
-            Ok(()) => tokio::fs::rename(&tmp, &path)
-                .await
-                .map_err(|e| WorkspaceError::io(&path, e)),
-            Err(e) => Err(WorkspaceError::io(&dir, e)),
-        };
-        if let Err(e) = placed {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(e);
-        }
-        Ok((sha, size))
     }
 
     /// Opens a blob for reading (`sha` checked by the caller).
@@ -134,11 +187,31 @@ impl DirBlobs {
     }
 }
 
+/// Removes the files of `dir` not modified for `stale`.
+async fn remove_stale(dir: &std::path::Path, stale: std::time::Duration) {
+    let Ok(mut entries) = tokio::fs::read_dir(dir).await else {
+        return;
+    };
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        let old = entry
+            .metadata()
+            .await
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > stale);
+        if old {
+            let _ = tokio::fs::remove_file(entry.path()).await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::files::blobs::BlobStore;
-    use crate::files::blobs::tests::chunks;
+    use crate::files::blobs::tests::{chunks, put_stream};
+    use crate::store::Store;
 
     async fn tmp_entries(root: &std::path::Path) -> usize {
         let mut n = 0;
@@ -151,34 +224,31 @@ mod tests {
 
     #[tokio::test]
     async fn a_streamed_body_is_hashed_stored_and_capped() {
-        let root = tempfile::tempdir().unwrap();
-        let blobs = BlobStore::open_dir(root.path().to_path_buf())
-            .await
-            .unwrap();
-        let (sha, size) = blobs
-            .put_stream(chunks(&[b"hello ", b"world"]), 11)
+        let data = tempfile::tempdir().unwrap();
+        let store = Store::open(None, data.path()).await.unwrap();
+        let root = data.path().join("blobs");
+        let blobs = BlobStore::open_dir(root.clone(), &store).await.unwrap();
+        let (sha, size) = put_stream(&blobs, chunks(&[b"hello ", b"world"]), 11)
             .await
             .unwrap();
         assert_eq!(size, 11);
         assert_eq!(sha, hex::encode(Sha256::digest(b"hello world")));
         assert_eq!(blobs.read(&sha).await.unwrap(), b"hello world");
         // The same bytes again: one blob, no temporary file left.
-        let again = blobs
-            .put_stream(chunks(&[b"hello world"]), 11)
+        let again = put_stream(&blobs, chunks(&[b"hello world"]), 11)
             .await
             .unwrap();
         assert_eq!(again.0, sha);
-        assert_eq!(tmp_entries(root.path()).await, 0);
+        assert_eq!(tmp_entries(&root).await, 0);
         // One byte over the cap: refused, nothing kept.
-        let err = blobs
-            .put_stream(chunks(&[b"hello ", b"world!"]), 11)
+        let err = put_stream(&blobs, chunks(&[b"hello ", b"world!"]), 11)
             .await
             .unwrap_err();
         assert!(
             matches!(err, WorkspaceError::PayloadTooLarge { limit: 11 }),
             "{err:?}"
         );
-        assert_eq!(tmp_entries(root.path()).await, 0);
+        assert_eq!(tmp_entries(&root).await, 0);
         let missing = hex::encode(Sha256::digest(b"hello world!"));
         assert!(blobs.open_blob(&missing).await.is_err());
         // A body that breaks off: refused, nothing kept.
@@ -186,7 +256,7 @@ mod tests {
             Ok(bytes::Bytes::from_static(b"part")),
             Err("connection reset".to_owned()),
         ]);
-        assert!(blobs.put_stream(broken, 100).await.is_err());
-        assert_eq!(tmp_entries(root.path()).await, 0);
+        assert!(put_stream(&blobs, broken, 100).await.is_err());
+        assert_eq!(tmp_entries(&root).await, 0);
     }
 }

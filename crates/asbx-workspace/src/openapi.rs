@@ -318,6 +318,12 @@ mod tests {
             },
             E::Conflict("x".into()),
             E::SandboxUrlMissing,
+            E::SandboxUrlNotAllowed { field: "f".into() },
+            E::ModelNotAllowed {
+                field: "f".into(),
+                model: "m".into(),
+                allowed: Vec::new(),
+            },
             E::Upstream("x".into()),
             E::EventsGone {
                 run_id: "r".into(),

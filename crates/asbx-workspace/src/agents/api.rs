@@ -24,7 +24,7 @@ use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, Agen
     request_body(content = AgentDefinition, content_type = "application/json"),
     responses(
         (status = 201, description = "The stored agent", body = AgentRecord),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (`allowed` lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
@@ -87,7 +87,7 @@ pub(crate) async fn get(
     request_body(content = AgentDefinition, content_type = "application/json"),
     responses(
         (status = 200, description = "The agent as stored now", body = AgentRecord),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (`allowed` lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
@@ -135,7 +135,7 @@ pub(crate) async fn delete(
     request_body(content = AgentRunRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The run's lines as the runner streams them", body = doc::Line, content_type = "application/x-ndjson", headers(("x-asbx-run-id" = String, description = "The run id"))),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (`allowed` lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the agent's environment was deleted", body = doc::Problem, content_type = "application/problem+json"),

@@ -36,7 +36,7 @@ use crate::wire::{
     request_body(content = TurnRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = crate::wire::TurnEvent, content_type = "text/event-stream"),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (`allowed` lists them)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them)", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`turn_in_flight`: the chat has a turn running (`activeTurnId`); `conflict`: its environment was deleted", body = doc::Problem, content_type = "application/problem+json"),

@@ -155,7 +155,7 @@ pub(crate) async fn models(State(state): State<Arc<AppState>>, _caller: Caller) 
     request_body(content = ChatSettings, content_type = "application/json"),
     responses(
         (status = 200, description = "The chat's settings as stored now, with the effective model and prompt", body = ChatSettingsView),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (`allowed` lists them)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them)", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the environment does not exist", body = doc::Problem, content_type = "application/problem+json"),

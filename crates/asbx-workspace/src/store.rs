@@ -89,7 +89,7 @@ impl Store {
             // process; only an OS crash or power loss can take back the last
             // commits before a checkpoint. FULL cost one fsync per
             // transaction, about 14 on a chat turn's path (see
-            // ARCHITECTURE.md, "Where an Assistant turn's time goes").
+            // docs/performance.md).
             pool_options = pool_options.after_connect(|conn, _meta| {
                 Box::pin(async move {
                     sqlx::query("PRAGMA synchronous = NORMAL")

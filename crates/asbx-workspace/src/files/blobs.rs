@@ -112,7 +112,7 @@ impl BlobStore {
 
     /// Stores a body as it arrives, hashing while it is written, without
     /// holding it in memory: at most `limit` bytes, else
-    /// [`WorkspaceError::PayloadTooLarge`] and nothing is kept. Returns the
+    /// [`WorkspaceError::BodyTooLarge`] and nothing is kept. Returns the
     /// SHA-256 (hex) and the size.
     pub(crate) async fn put_stream<S, E>(
         &self,
@@ -325,7 +325,7 @@ pub(crate) mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, WorkspaceError::PayloadTooLarge { .. }),
+            matches!(err, WorkspaceError::BodyTooLarge { .. }),
             "{err:?}"
         );
         let broken = futures::stream::iter(vec![

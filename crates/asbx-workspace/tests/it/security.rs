@@ -219,8 +219,8 @@ async fn every_error_is_problem_json() {
         .body(Body::from(huge))
         .unwrap();
     let p = problem_of(oneshot(&ws, req).await, 413).await;
-    assert_eq!(p["code"], "payload_too_large");
-    problem_snapshot!("payload_too_large", p);
+    assert_eq!(p["code"], "body_too_large");
+    problem_snapshot!("body_too_large", p);
 
     // A query the extractor can't decode.
     let req = Request::get("/api/assistant/chats/x/stream?after=%ZZ")

@@ -51,7 +51,7 @@ impl DirBlobs {
 
     /// Stores a body as it arrives, hashing while it is written, without
     /// holding it in memory: at most `limit` bytes, else
-    /// [`WorkspaceError::PayloadTooLarge`] and nothing is kept. Returns the
+    /// [`WorkspaceError::BodyTooLarge`] and nothing is kept. Returns the
     /// SHA-256 (hex) and the size.
     pub(super) async fn put_stream<S, E>(
         &self,
@@ -81,7 +81,7 @@ impl DirBlobs {
                 })?;
                 size = size.saturating_add(chunk.len());
                 if size > limit {
-                    return Err(WorkspaceError::PayloadTooLarge { limit });
+                    return Err(WorkspaceError::BodyTooLarge { limit });
                 }
                 hasher.update(&chunk);
                 file.write_all(&chunk)
@@ -175,7 +175,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, WorkspaceError::PayloadTooLarge { limit: 11 }),
+            matches!(err, WorkspaceError::BodyTooLarge { limit: 11 }),
             "{err:?}"
         );
         assert_eq!(tmp_entries(root.path()).await, 0);

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use asbx_test_support::asbx_snapshot;
 use serde_json::{Value, json};
 
 use crate::support::{
@@ -116,23 +115,6 @@ async fn turn_flow_streams_sse_and_persists_the_thread(db: Db) {
             .len(),
         4
     );
-}
-
-/// A chat turn's SSE as a browser reads it, every frame pinned (the chat
-/// and turn ids and the times filtered): a change to a frame's name, id or
-/// data shows in review.
-#[tokio::test]
-async fn a_chat_turn_streams_these_sse_frames() {
-    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
-    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
-    let resp = post_turn(&ws, json!({"message": "hello"})).await;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["content-type"], "text/event-stream");
-    let body = tokio::time::timeout(Duration::from_secs(20), resp.text())
-        .await
-        .expect("the turn's stream ended in time")
-        .unwrap();
-    asbx_snapshot!(text: "chat_turn_sse", body);
 }
 
 on_both!(a_concurrent_turn_gets_409_and_a_stale_lease_is_recovered);

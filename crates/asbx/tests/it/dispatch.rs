@@ -54,28 +54,6 @@ async fn full_turn_runs_a_shell_step_and_writes_files_back() {
     runner.assert_clean().await;
 }
 
-/// A protocol 1 stream of the scripted model as a client reads it, every
-/// line pinned (times, durations and the session id filtered): a change to
-/// a line's fields or order shows in review.
-#[tokio::test]
-async fn a_scripted_turn_streams_these_ndjson_lines() {
-    let runner = RunnerProc::start(&[]);
-    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
-    let t = ws.mint(&session_id("snapshot"));
-    let prompt = script(json!([
-        {"tool": "shell", "args": {"command": "echo hello"}},
-        {"say": "all done"}
-    ]));
-    let res = post_stream(&runner.url, &ws.body(&t, &prompt)).await;
-    assert_eq!(res.status(), 200);
-    let body = tokio::time::timeout(Duration::from_secs(180), res.text())
-        .await
-        .expect("stream finished in time")
-        .unwrap();
-    asbx_test_support::asbx_snapshot!(text: "scripted_turn_ndjson", body);
-    runner.assert_clean().await;
-}
-
 #[tokio::test]
 async fn environment_variables_and_setup_script_run_before_the_model() {
     let runner = RunnerProc::start(&[]);

@@ -24,8 +24,9 @@ use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-/// Most connections relayed at once.
-pub(crate) const MAX_CONNECTIONS: usize = 32;
+/// Most connections relayed at once: as many as the runner's proxy takes
+/// from one sandbox.
+pub(crate) const MAX_CONNECTIONS: usize = asbx_protocol::rules::limits::MAX_SANDBOX_CONNECTIONS;
 /// First pause after a failed `accept`.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest pause after failed `accept`s in a row.

@@ -19,6 +19,7 @@ use std::time::Duration;
 use asbx_protocol::LogLevel;
 use asbx_protocol::callback::{ResultFile, ResultsRequest, ResultsResponse};
 use asbx_protocol::gateway::CALLBACK_RESULTS;
+use asbx_protocol::rules::limits;
 use base64::Engine;
 use nix::dir::{Dir, Type};
 use nix::fcntl::{OFlag, openat};
@@ -27,8 +28,8 @@ use nix::sys::stat::{Mode, fstat};
 use crate::emit::Emitter;
 use crate::gateway_client::GatewayClient;
 
-pub(crate) const MAX_FILES: usize = 1000;
-pub(crate) const MAX_TOTAL_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_FILES: usize = limits::MAX_WRITEBACK_FILES;
+pub(crate) const MAX_TOTAL_BYTES: u64 = limits::MAX_WRITEBACK_BYTES as u64;
 pub(crate) const MAX_DEPTH: usize = 32;
 pub(crate) const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 

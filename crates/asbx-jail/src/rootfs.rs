@@ -322,7 +322,7 @@ pub(crate) fn build_base(plan: &RootPlan) -> Result<(), JailError> {
     // read-only), so `disk_bytes` bounds the three together. One superblock,
     // not two: each one registers a memcg-aware shrinker, and every memory
     // cgroup on the host then keeps state for every shrinker registered at
-    // once (ARCHITECTURE.md, "what an idle sandbox costs").
+    // once (docs/performance.md, "Where the cost is").
     let base = Path::new(BASE);
     let size = match plan.disk_bytes {
         Some(n) => format!("size={n}"),

@@ -3,6 +3,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The `code` of a `413`, from the runner and the workspace alike: a request
+/// body over the limit (CONTRACT.md §1, "413 body too large").
+pub const BODY_TOO_LARGE: &str = "body_too_large";
+
 /// An `application/problem+json` body.
 ///
 /// - `type`: a URI naming the problem kind (`urn:asbx:problem:<code>`).

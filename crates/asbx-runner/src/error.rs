@@ -104,7 +104,7 @@ impl RunnerError {
             ),
             RunnerError::TooLarge(_) => Problem::new(
                 413,
-                "body_too_large",
+                asbx_protocol::problem::BODY_TOO_LARGE,
                 "Request body too large",
                 self.to_string(),
             ),

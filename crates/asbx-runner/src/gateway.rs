@@ -52,8 +52,8 @@ const MAX_ENV_BODY: usize = 4 << 20;
 const MAX_CONFIG_BODY: usize = 32 << 20;
 /// Largest model request (the conversation so far).
 const MAX_MODEL_BODY: usize = 32 << 20;
-/// Largest request body to the workspace API: a 16 MiB file and some room.
-const MAX_WORKSPACE_BODY: usize = (16 << 20) + (64 << 10);
+/// Largest request body to the workspace API: a bag file and some room.
+const MAX_WORKSPACE_BODY: usize = asbx_protocol::rules::limits::MAX_WORKSPACE_REQUEST_BYTES;
 /// Headers of the workspace API's answer passed back to the agent.
 const WORKSPACE_ANSWER_HEADERS: [&str; 5] = [
     "content-type",
@@ -123,7 +123,11 @@ impl GatewayError {
             }
             GatewayError::Unreachable(_) => (502, "upstream_unreachable", "Upstream unreachable"),
             GatewayError::BadWorkspacePath(_) => (400, "invalid_request", "Invalid request"),
-            GatewayError::TooLarge(_) => (413, "body_too_large", "Request body too large"),
+            GatewayError::TooLarge(_) => (
+                413,
+                asbx_protocol::problem::BODY_TOO_LARGE,
+                "Request body too large",
+            ),
         };
         Problem::new(status, code, title, self.to_string())
     }

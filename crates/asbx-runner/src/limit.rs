@@ -15,7 +15,7 @@ use tokio::net::{UnixListener, UnixStream, unix::SocketAddr};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Most connections one sandbox may hold open to one of its sockets.
-pub(crate) const MAX_CONNECTIONS: usize = 32;
+pub(crate) const MAX_CONNECTIONS: usize = asbx_protocol::rules::limits::MAX_SANDBOX_CONNECTIONS;
 
 pub(crate) struct LimitedListener {
     inner: UnixListener,

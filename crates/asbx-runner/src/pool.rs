@@ -145,7 +145,7 @@ pub(crate) fn boot(inner: &Inner, parent: &str, name: &str) -> Result<Booted, Ru
 /// How long after the last take a refill waits, while at least half the
 /// target is warm: the turn that took it runs then, and a boot on the same
 /// cores would slow it (about a millisecond of a chat turn on two cores,
-/// ARCHITECTURE.md). A chat's turns come seconds apart, so its refill
+/// docs/performance.md). A chat's turns come seconds apart, so its refill
 /// happens between them.
 const REFILL_QUIET: Duration = Duration::from_millis(50);
 

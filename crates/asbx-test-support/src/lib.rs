@@ -15,6 +15,8 @@
 //!   with real one-time tokens, for the runner's tests.
 //! - [`procs`]: host processes seen from outside a sandbox.
 //! - [`skip()`]: skip a check out loud (never silently).
+//! - [`snapshot`]: [`asbx_snapshot!`], the one snapshot macro, with
+//!   filters that hide ids, times and paths.
 //! - [`mcp_server`]: test MCP servers: a stdio one in Python
 //!   ([`echo_server_path`]) and a streamable-HTTP one ([`McpHttpServer`]).
 //! - [`openapi`]: checks of an OpenAPI document (the problem codes it
@@ -31,6 +33,7 @@ pub mod openapi;
 pub mod otlp;
 pub mod procs;
 pub mod skip;
+pub mod snapshot;
 
 pub use fake_gateway::{
     ClientToolAnswer, FakeFile, FakeGateway, FakeWorkspaceApi, GatewayConfig, GatewayProvider,

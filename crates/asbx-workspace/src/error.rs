@@ -21,7 +21,7 @@ pub(crate) enum ProblemCode {
     HostNotAllowed,
     NotFound,
     MethodNotAllowed,
-    PayloadTooLarge,
+    BodyTooLarge,
     UnsupportedMediaType,
     TurnInFlight,
     Conflict,
@@ -46,7 +46,7 @@ impl ProblemCode {
             ProblemCode::HostNotAllowed => "host_not_allowed",
             ProblemCode::NotFound => "not_found",
             ProblemCode::MethodNotAllowed => "method_not_allowed",
-            ProblemCode::PayloadTooLarge => "payload_too_large",
+            ProblemCode::BodyTooLarge => asbx_protocol::problem::BODY_TOO_LARGE,
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
             ProblemCode::TurnInFlight => "turn_in_flight",
             ProblemCode::Conflict => "conflict",
@@ -83,7 +83,7 @@ pub enum WorkspaceError {
     #[error("method {method} not allowed here")]
     MethodNotAllowed { method: String },
     #[error("request body larger than {limit} bytes")]
-    PayloadTooLarge { limit: usize },
+    BodyTooLarge { limit: usize },
     #[error("unsupported content type: {found}")]
     UnsupportedMediaType { found: String },
     #[error("chat {chat_id} has a turn in flight: {turn_id}")]
@@ -231,10 +231,10 @@ impl WorkspaceError {
                 "Not found",
                 format!("{what} not found"),
             ),
-            WorkspaceError::PayloadTooLarge { limit } => Problem::new(
+            WorkspaceError::BodyTooLarge { limit } => Problem::new(
                 413,
-                ProblemCode::PayloadTooLarge.as_str(),
-                "Payload too large",
+                ProblemCode::BodyTooLarge.as_str(),
+                "Request body too large",
                 format!("the request body is larger than {limit} bytes"),
             ),
             WorkspaceError::TurnInFlight { chat_id, turn_id } => Problem::new(

@@ -213,7 +213,7 @@ fn code_of(status: StatusCode) -> (ProblemCode, &'static str) {
         StatusCode::FORBIDDEN => (ProblemCode::Forbidden, "Forbidden"),
         StatusCode::NOT_FOUND => (ProblemCode::NotFound, "Not found"),
         StatusCode::METHOD_NOT_ALLOWED => (ProblemCode::MethodNotAllowed, "Method not allowed"),
-        StatusCode::PAYLOAD_TOO_LARGE => (ProblemCode::PayloadTooLarge, "Payload too large"),
+        StatusCode::PAYLOAD_TOO_LARGE => (ProblemCode::BodyTooLarge, "Request body too large"),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => {
             (ProblemCode::UnsupportedMediaType, "Unsupported media type")
         }

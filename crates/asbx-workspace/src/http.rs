@@ -29,7 +29,7 @@ pub(crate) fn body_bytes(
 ) -> Result<Bytes, WorkspaceError> {
     body.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            WorkspaceError::PayloadTooLarge { limit }
+            WorkspaceError::BodyTooLarge { limit }
         } else {
             WorkspaceError::invalid(format!("could not read the body: {rejection}"))
         }
@@ -59,7 +59,7 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIMIT: usize> FromRequest<S>
             .map(http_body_util::Collected::to_bytes)
             .map_err(|e| {
                 if e.is::<http_body_util::LengthLimitError>() {
-                    WorkspaceError::PayloadTooLarge { limit: LIMIT }
+                    WorkspaceError::BodyTooLarge { limit: LIMIT }
                 } else {
                     WorkspaceError::invalid(format!("could not read the body: {e}"))
                 }

@@ -310,7 +310,7 @@ mod tests {
             E::CrossOrigin { origin: "o".into() },
             E::HostNotAllowed { host: "h".into() },
             E::NotFound("x".into()),
-            E::PayloadTooLarge { limit: 1 },
+            E::BodyTooLarge { limit: 1 },
             E::UnsupportedMediaType { found: "x".into() },
             E::TurnInFlight {
                 chat_id: "c".into(),

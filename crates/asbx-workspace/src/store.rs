@@ -97,7 +97,7 @@ impl Store {
             // process; only an OS crash or power loss can take back the last
             // commits before a checkpoint. FULL cost one fsync per
             // transaction, about 14 on a chat turn's path (see
-            // ARCHITECTURE.md, "Where an Assistant turn's time goes").
+            // docs/performance.md).
             //
             // `secure_delete = FAST`: a row's old bytes are zeroed in its
             // page when it is rewritten or deleted (clear-text secrets

@@ -1,5 +1,9 @@
-//! The workspace's one validation module: everything a request body is
-//! checked against before it is stored or dispatched.
+//! The checks request bodies share, before they are stored or dispatched:
+//! stored agents, environments, chat settings, run bodies, prompts,
+//! scripts, paths, MIME types, runner URLs. A feature's own parsing
+//! (`runs::request`, `chats::turn`, `callbacks::writeback`, `sandbox_api`)
+//! names the errors of the fields it reads itself, with the same
+//! [`FieldError`].
 //!
 //! Rules the agent must agree with (skills, MCP servers, environment variable
 //! names, egress hosts, relative paths, model names) are not written here:

@@ -43,6 +43,7 @@ export type ErrorCode =
   | "writeback_failed"
   | "runner_lost"
   | "internal"
+  | "attachment_failed"
   | (string & {});
 
 export interface LogEvent extends LineStamp {

@@ -596,7 +596,10 @@ mod tests {
     #[tokio::test]
     async fn without_a_cgroup_every_process_of_the_tool_uid_is_killed() {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED the tool-uid check: it needs root to run a tool as another uid");
+            asbx_test_support::skip(
+                "without_a_cgroup_every_process_of_the_tool_uid_is_killed",
+                "it needs root to run a tool as another uid",
+            );
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -657,7 +660,9 @@ mod tests {
     }
 
     impl TestCgroups {
-        fn new() -> Option<TestCgroups> {
+        /// The test's cgroups, or `None` (the check skipped out loud, as
+        /// `test`) where they can't be made.
+        fn new(test: &str) -> Option<TestCgroups> {
             let name = format!("asbx-agent-test-{:08x}", rand::random::<u32>());
             let root = tempfile::tempdir().unwrap();
             std::fs::create_dir(root.path().join("tools")).unwrap();
@@ -665,9 +670,9 @@ mod tests {
             for ctl in ["memory", "pids", "freezer"] {
                 let d = Path::new("/sys/fs/cgroup").join(ctl).join(&name);
                 if let Err(e) = std::fs::create_dir(&d) {
-                    eprintln!(
-                        "SKIPPED the cgroup check: cannot create {}: {e}",
-                        d.display()
+                    asbx_test_support::skip(
+                        test,
+                        &format!("the cgroup check: cannot create {}: {e}", d.display()),
                     );
                     for d in &dirs {
                         let _ = std::fs::remove_dir(d);
@@ -708,7 +713,10 @@ mod tests {
 
     #[tokio::test]
     async fn with_a_cgroup_the_tool_joins_it_and_a_timeout_empties_it() {
-        let Some(cg) = TestCgroups::new() else { return };
+        let Some(cg) = TestCgroups::new("with_a_cgroup_the_tool_joins_it_and_a_timeout_empties_it")
+        else {
+            return;
+        };
         let dir = tempfile::tempdir().unwrap();
         let ctx = ctx(dir.path(), cg.root.path(), 300);
         // Positive control: a quick tool runs inside the cgroup.

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use asbx_protocol::callback::{AttachmentRef, Skill, WorkspaceAccess};
 use asbx_protocol::gateway::WORKSPACE_PREFIX;
+use asbx_protocol::rules::limits;
 use asbx_protocol::rules::names::check_relative_path;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -40,7 +41,7 @@ use crate::gateway_client::{GatewayClient, GatewayError};
 use crate::providers::ToolSpec;
 
 /// Largest file the tools move in either direction (the bag's limit).
-pub(crate) const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_FILE_BYTES: u64 = limits::MAX_BAG_FILE_BYTES as u64;
 /// How long fetching one attachment may take.
 pub(crate) const ATTACHMENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The name of the default skill.
@@ -512,7 +513,7 @@ impl WorkspaceTools {
                 description: "The chat's latest messages, oldest first.".into(),
                 parameters: json!({
                     "type": "object",
-                    "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 100}},
+                    "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": limits::MAX_HISTORY_MESSAGES}},
                     "additionalProperties": false
                 }),
             },
@@ -573,7 +574,9 @@ impl WorkspaceTools {
                 let limit = args
                     .get("limit")
                     .and_then(Value::as_u64)
-                    .map_or(20, |n| n.clamp(1, 100)) as u32;
+                    .map_or(limits::DEFAULT_HISTORY_MESSAGES as u64, |n| {
+                        n.clamp(1, limits::MAX_HISTORY_MESSAGES as u64)
+                    }) as u32;
                 match self.api.history(limit).await {
                     Ok(v) => text_output(&history_text(&v), ctx.output_bytes),
                     Err(e) => fail(e),

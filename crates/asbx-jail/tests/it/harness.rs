@@ -73,6 +73,14 @@ pub fn run_all(cases: Vec<Case>, filters: &[&str]) -> i32 {
                 passed += 1;
                 println!("test {name} ... ok ({ms} ms)");
             }
+            // As `asbx_test_support::skip` does: with `ASBX_TEST_NO_SKIP=1`
+            // a skip fails (this harness prints uncaptured already).
+            Ok(Outcome::Skip(why)) if no_skip() => {
+                failed += 1;
+                println!(
+                    "test {name} ... FAILED: would skip ({why}), and ASBX_TEST_NO_SKIP=1 forbids skipping"
+                );
+            }
             Ok(Outcome::Skip(why)) => {
                 ignored += 1;
                 println!("test {name} ... skipped: {why}");
@@ -101,6 +109,12 @@ pub fn run_all(cases: Vec<Case>, filters: &[&str]) -> i32 {
         "\ntest result: {status}. {passed} passed; {failed} failed; {ignored} ignored; 0 measured; {filtered} filtered out"
     );
     i32::from(failed != 0)
+}
+
+/// Whether skipping is forbidden (`ASBX_TEST_NO_SKIP=1`, where CI has every
+/// prerequisite installed).
+fn no_skip() -> bool {
+    std::env::var("ASBX_TEST_NO_SKIP").is_ok_and(|v| v == "1")
 }
 
 fn tmp_entries() -> Vec<String> {

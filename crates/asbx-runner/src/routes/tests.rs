@@ -1,6 +1,7 @@
 //! The service routes through `oneshot`: the problem+json answers that need
 //! no sandbox.
 
+use asbx_test_support::asbx_snapshot;
 use axum::body::Body;
 use axum::http::{Request, header};
 use tower::ServiceExt;
@@ -57,13 +58,6 @@ fn assert_problem(got: &(u16, String, serde_json::Value), status: u16, code: &st
     assert_eq!(got.2["code"], code, "{:?}", got.2);
 }
 
-/// The whole problem body, pinned: a change to any field shows in review.
-macro_rules! problem_snapshot {
-    ($name:expr, $got:expr) => {
-        insta::assert_json_snapshot!($name, $got.2)
-    };
-}
-
 #[tokio::test]
 async fn stream_needs_the_token_before_reading_anything() {
     let (r, _d) = runner(Some("t0ken"));
@@ -71,7 +65,7 @@ async fn stream_needs_the_token_before_reading_anything() {
     for token in [None, Some("wrong"), Some("t0ke"), Some("t0kenn")] {
         let got = send(&r, stream(body.clone(), token)).await;
         assert_problem(&got, 401, "unauthorized");
-        problem_snapshot!("stream_401", got);
+        asbx_snapshot!("stream_401", got.2);
     }
     for path in ["/v1/sessions", "/v1/sessions/x", "/v1/sessions/x/events"] {
         let req = Request::get(path).body(Body::empty()).unwrap();
@@ -124,11 +118,11 @@ async fn stream_refuses_bad_bodies_with_problems() {
         .filter_map(|e| e["field"].as_str())
         .collect();
     assert!(fields.contains(&"agent_url"), "{fields:?}");
-    problem_snapshot!("stream_400_fields", got);
+    asbx_snapshot!("stream_400_fields", got.2);
     let huge = vec![b'x'; (2 << 20) + 1];
     let got = send(&r, stream(huge, None)).await;
     assert_problem(&got, 413, "body_too_large");
-    problem_snapshot!("stream_413", got);
+    asbx_snapshot!("stream_413", got.2);
     let got = send(
         &r,
         stream(dispatch_body("s1", "http://169.254.169.254/x"), None),
@@ -136,7 +130,7 @@ async fn stream_refuses_bad_bodies_with_problems() {
     .await;
     assert_problem(&got, 400, "invalid_request");
     assert_eq!(got.2["errors"][0]["field"], "agent_url");
-    problem_snapshot!("stream_400_agent_url", got);
+    asbx_snapshot!("stream_400_agent_url", got.2);
 }
 
 #[tokio::test]
@@ -157,7 +151,7 @@ async fn a_taken_session_id_is_409_and_unknown_sessions_404() {
     .await;
     assert_problem(&got, 409, "session_exists");
     assert_eq!(got.2["sessionId"], "taken");
-    problem_snapshot!("stream_409", got);
+    asbx_snapshot!("stream_409", got.2);
     for (method, path) in [
         ("GET", "/v1/sessions/nope"),
         ("DELETE", "/v1/sessions/nope"),
@@ -170,7 +164,7 @@ async fn a_taken_session_id_is_409_and_unknown_sessions_404() {
             .unwrap();
         let got = send(&r, req).await;
         assert_problem(&got, 404, "not_found");
-        problem_snapshot!("sessions_404", got);
+        asbx_snapshot!("sessions_404", got.2);
     }
     let req = Request::get("/v1/sessions/taken")
         .body(Body::empty())

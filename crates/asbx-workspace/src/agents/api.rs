@@ -27,7 +27,7 @@ use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, Agen
         (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -91,7 +91,7 @@ pub(crate) async fn get(
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -139,7 +139,7 @@ pub(crate) async fn delete(
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the agent's environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
         (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
         (status = 503, description = "`sandbox_url_missing`: no runner is configured; `at_capacity`: the runner's refusal passed through (a runner's other refusals pass through with their status and code too)", body = doc::Problem, content_type = "application/problem+json"),

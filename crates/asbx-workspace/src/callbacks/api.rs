@@ -73,7 +73,7 @@ pub(crate) async fn config(
         (status = 200, description = "The stored result files", body = doc::ResultsResponse),
         (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the results are over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the results are over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -91,7 +91,7 @@ pub(crate) async fn results(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_RESULTS_BODY as u64) {
-        return Err(WorkspaceError::PayloadTooLarge {
+        return Err(WorkspaceError::BodyTooLarge {
             limit: MAX_RESULTS_BODY,
         });
     }
@@ -101,7 +101,7 @@ pub(crate) async fn results(
             if std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
             {
-                WorkspaceError::PayloadTooLarge {
+                WorkspaceError::BodyTooLarge {
                     limit: MAX_RESULTS_BODY,
                 }
             } else {

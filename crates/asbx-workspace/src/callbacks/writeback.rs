@@ -20,9 +20,9 @@ use crate::tokens::{self, TokenKind};
 use crate::validate;
 
 /// Largest `/results` body.
-pub(crate) const MAX_RESULTS_BODY: usize = 64 * 1024 * 1024;
+pub(crate) const MAX_RESULTS_BODY: usize = asbx_protocol::rules::limits::MAX_WRITEBACK_BYTES;
 /// Most files in one `/results` call.
-pub(crate) const MAX_RESULT_FILES: usize = 1000;
+pub(crate) const MAX_RESULT_FILES: usize = asbx_protocol::rules::limits::MAX_WRITEBACK_FILES;
 
 /// Standard base64, padding optional.
 const BASE64: GeneralPurpose = GeneralPurpose::new(

@@ -40,7 +40,7 @@ use crate::wire::{
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`turn_in_flight`: the chat has a turn running (`activeTurnId`); `conflict`: its environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
         (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
         (status = 503, description = "`sandbox_url_missing`: no runner is configured", body = doc::Problem, content_type = "application/problem+json"),
@@ -269,7 +269,7 @@ pub(crate) async fn delete(
         (status = 400, description = "`invalid_request`: a bad name or chat", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the file is over the upload limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the file is over the upload limit", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn upload(

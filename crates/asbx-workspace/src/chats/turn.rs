@@ -27,8 +27,10 @@ use crate::wire::{
 
 /// Most attachments on one message.
 pub(crate) const MAX_ATTACHMENTS: usize = 20;
-/// Most attachment bytes placed in one sandbox.
-pub(crate) const MAX_ATTACHMENT_BYTES: i64 = 16 * 1024 * 1024;
+/// Most attachment bytes placed in one sandbox: what the agent fetches
+/// there is bounded by the bag's file limit.
+pub(crate) const MAX_ATTACHMENT_BYTES: i64 =
+    asbx_protocol::rules::limits::MAX_BAG_FILE_BYTES as i64;
 /// Folder (in the sandbox's working directory) attachments are written to.
 pub(crate) const ATTACHMENT_DIR: &str = "attachments";
 

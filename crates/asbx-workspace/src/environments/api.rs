@@ -28,7 +28,7 @@ use crate::wire::{
         (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the name is taken", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -94,7 +94,7 @@ pub(crate) async fn get(
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such environment in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the name is taken", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -159,7 +159,7 @@ pub(crate) async fn models(State(state): State<Arc<AppState>>, _caller: Caller) 
         (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`conflict`: the environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]

@@ -292,7 +292,7 @@ impl BlobStore {
 
     /// Stores a body as it arrives, hashing while it is written, without
     /// holding it in memory: at most `limit` bytes, else
-    /// [`WorkspaceError::PayloadTooLarge`] and nothing is kept. Pinned.
+    /// [`WorkspaceError::BodyTooLarge`] and nothing is kept. Pinned.
     pub(crate) async fn put_stream<S, E>(
         &self,
         body: S,
@@ -532,7 +532,7 @@ pub(crate) mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, WorkspaceError::PayloadTooLarge { .. }),
+            matches!(err, WorkspaceError::BodyTooLarge { .. }),
             "{err:?}"
         );
         let broken = futures::stream::iter(vec![

@@ -98,7 +98,7 @@ pub(crate) async fn read_file(
         (status = 201, description = "The stored file", body = Object),
         (status = 400, description = "`invalid_request`: a bad path or content type", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the file is over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`: the file is over the limit", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn create_file(
@@ -123,7 +123,7 @@ pub(crate) async fn create_file(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_FILE_BYTES as u64) {
-        return Err(WorkspaceError::PayloadTooLarge {
+        return Err(WorkspaceError::BodyTooLarge {
             limit: MAX_FILE_BYTES,
         });
     }

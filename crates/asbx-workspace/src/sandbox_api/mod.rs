@@ -15,6 +15,7 @@
 pub(crate) mod api;
 
 use asbx_protocol::callback::Role;
+use asbx_protocol::rules::limits;
 use axum::http::HeaderMap;
 use serde::Serialize;
 
@@ -27,11 +28,11 @@ use crate::tokens::{self, WORKSPACE_PREFIX};
 use crate::validate;
 
 /// Largest file a sandbox creates: a chat's attachment budget, which the
-/// runner's gateway also enforces (16 MiB + 64 KiB of slack, docs/protocol.md §3).
-pub(crate) const MAX_FILE_BYTES: usize = 16 * 1024 * 1024;
+/// runner's gateway also enforces (with some slack, docs/protocol.md §3).
+pub(crate) const MAX_FILE_BYTES: usize = limits::MAX_BAG_FILE_BYTES;
 /// Most messages of one `history` answer, and the default.
-pub(crate) const MAX_HISTORY: usize = 100;
-pub(crate) const DEFAULT_HISTORY: usize = 20;
+pub(crate) const MAX_HISTORY: usize = limits::MAX_HISTORY_MESSAGES;
+pub(crate) const DEFAULT_HISTORY: usize = limits::DEFAULT_HISTORY_MESSAGES;
 
 /// The session a bearer opened.
 #[derive(Debug, Clone)]

@@ -142,7 +142,7 @@ async fn the_db_bag_round_trips_byte_exact(db: Db) {
 
     // One byte over the cap, streamed: refused, no row left.
     let r = upload(&ws, &s, "over.bin", &varied(MAX_FILE + 1)).await;
-    assert_eq!(problem(r, 413).await["code"], "payload_too_large");
+    assert_eq!(problem(r, 413).await["code"], "body_too_large");
     assert_eq!(rows(&ws).await, (4, 0, chunks));
     // At the cap: stored.
     let r = upload(&ws, &s, "cap.bin", &varied(MAX_FILE)).await;

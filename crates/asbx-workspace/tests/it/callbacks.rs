@@ -194,7 +194,7 @@ async fn bad_results_bodies_are_400_and_leave_the_token_usable(db: Db) {
         "A".repeat(65 * 1024 * 1024)
     );
     let p = problem(post(huge).await.unwrap(), 413).await;
-    assert_eq!(p["code"], "payload_too_large");
+    assert_eq!(p["code"], "body_too_large");
 
     // None of that redeemed the token.
     let ok = json!({"files": [{"path": "ok.txt", "content_base64": "b2s="}]}).to_string();

@@ -465,7 +465,7 @@ async fn uploads_are_capped_streamed_and_byte_exact() {
         over.clone(),
     )
     .await;
-    assert_eq!(problem(r, 413).await["code"], "payload_too_large");
+    assert_eq!(problem(r, 413).await["code"], "body_too_large");
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         over.chunks(MIB).map(|c| Ok(c.to_vec())).collect();
     let r = client()
@@ -475,7 +475,7 @@ async fn uploads_are_capped_streamed_and_byte_exact() {
         .send()
         .await
         .unwrap();
-    assert_eq!(problem(r, 413).await["code"], "payload_too_large");
+    assert_eq!(problem(r, 413).await["code"], "body_too_large");
     assert_eq!(ids(&ws, &h).await.len(), 1);
     let tmp = ws.data_dir.path().join("blobs/tmp");
     if tmp.exists() {

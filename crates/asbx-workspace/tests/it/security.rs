@@ -16,17 +16,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tower::ServiceExt as _;
 
-use crate::support::{FakeRunner, Mode, TestWorkspace, client, problem};
+use asbx_test_support::asbx_snapshot;
 
-/// Snapshots a problem+json body (one place for the settings every such
-/// snapshot shares).
-macro_rules! problem_snapshot {
-    ($name:expr, $value:expr) => {
-        insta::with_settings!({ prepend_module_to_snapshot => false }, {
-            insta::assert_json_snapshot!($name, $value);
-        })
-    };
-}
+use crate::support::{FakeRunner, Mode, TestWorkspace, client, problem};
 
 /// The `Host` the test workspace answers to (`127.0.0.1:port`).
 fn own_host(ws: &TestWorkspace) -> String {
@@ -87,7 +79,7 @@ async fn cross_origin_and_non_json_posts_are_refused_and_create_nothing() {
             .unwrap();
         let p = problem_of(oneshot(&ws, req).await, 403).await;
         assert_eq!(p["code"], "cross_origin", "{p}");
-        problem_snapshot!("cross_origin", p);
+        asbx_snapshot!("cross_origin", p);
 
         // Even as JSON, another origin may not change state.
         let req = post(&ws, path)
@@ -113,7 +105,7 @@ async fn cross_origin_and_non_json_posts_are_refused_and_create_nothing() {
             let p = problem_of(oneshot(&ws, req).await, 415).await;
             assert_eq!(p["code"], "unsupported_media_type", "{content_type:?}: {p}");
             if content_type == Some("text/plain") {
-                problem_snapshot!("unsupported_media_type", p);
+                asbx_snapshot!("unsupported_media_type", p);
             }
         }
     }
@@ -159,7 +151,7 @@ async fn a_foreign_host_is_refused() {
         let p = problem_of(oneshot(&ws, req).await, 403).await;
         assert_eq!(p["code"], "host_not_allowed", "{host}: {p}");
         if host == "evil.example" {
-            problem_snapshot!("host_not_allowed", p);
+            asbx_snapshot!("host_not_allowed", p);
         }
     }
     // The page itself is refused too: a rebound name can't load it.
@@ -203,7 +195,7 @@ async fn every_error_is_problem_json() {
     assert!(allow.contains("POST"), "{allow}");
     let p = problem_of(resp, 405).await;
     assert_eq!(p["code"], "method_not_allowed");
-    problem_snapshot!("method_not_allowed", p);
+    asbx_snapshot!("method_not_allowed", p);
 
     let req = Request::get("/api/nothing-here")
         .header("host", own_host(&ws))
@@ -211,7 +203,7 @@ async fn every_error_is_problem_json() {
         .unwrap();
     let p = problem_of(oneshot(&ws, req).await, 404).await;
     assert_eq!(p["code"], "not_found");
-    problem_snapshot!("not_found", p);
+    asbx_snapshot!("not_found", p);
 
     let huge = format!("{{\"message\": \"{}\"}}", "x".repeat(9 << 20));
     let req = post(&ws, "/api/assistant/chat/stream")
@@ -219,8 +211,8 @@ async fn every_error_is_problem_json() {
         .body(Body::from(huge))
         .unwrap();
     let p = problem_of(oneshot(&ws, req).await, 413).await;
-    assert_eq!(p["code"], "payload_too_large");
-    problem_snapshot!("payload_too_large", p);
+    assert_eq!(p["code"], "body_too_large");
+    asbx_snapshot!("body_too_large", p);
 
     // A query the extractor can't decode.
     let req = Request::get("/api/assistant/chats/x/stream?after=%ZZ")
@@ -240,7 +232,7 @@ async fn every_error_is_problem_json() {
         ))
         .unwrap();
     let p = problem_of(oneshot(&ws, req).await, 400).await;
-    problem_snapshot!("unknown_field_sandbox_url", p);
+    asbx_snapshot!("unknown_field_sandbox_url", p);
 }
 
 /// Item 3: listening on a non-loopback address needs `require_auth`.

@@ -534,7 +534,10 @@ async fn mountinfo_and_cgroup_name_no_host_path() {
 async fn the_warm_agent_is_forked_sealed_and_maps_no_host_path() {
     let runner = RunnerProc::start(&[]);
     if profile() != "strict" {
-        eprintln!("SKIP: needs the strict profile's cgroups to find the sandbox");
+        asbx_test_support::skip(
+            "the_warm_agent_is_forked_sealed_and_maps_no_host_path",
+            "needs the strict profile's cgroups to find the sandbox",
+        );
         return;
     }
     let mut cgroups = Vec::new();

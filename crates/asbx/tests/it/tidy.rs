@@ -287,3 +287,327 @@ fn the_crate_map_matches_the_manifests() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The module path of a source file (`chats::turn` for `src/chats/turn.rs`,
+/// `chats` for `src/chats/mod.rs`, `""` for the crate root); `None` for a
+/// binary's files.
+fn file_module(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?.with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.first().is_some_and(|p| p == "bin") {
+        return None;
+    }
+    if parts.last().is_some_and(|p| p == "mod")
+        || matches!(parts.as_slice(), [p] if p == "lib" || p == "main")
+    {
+        parts.pop();
+    }
+    Some(parts.join("::"))
+}
+
+/// The code of a file without comment lines and without its inline unit
+/// tests (`#[cfg(test)] mod tests { ... }`, whose `super` is the file).
+fn code_of(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(l) = lines.next() {
+        let t = l.trim_start();
+        if t.starts_with("#[cfg(test)]")
+            && lines
+                .peek()
+                .is_some_and(|n| n.trim_start().starts_with("mod tests {"))
+        {
+            break;
+        }
+        if !t.starts_with("//") {
+            out.push(l);
+        }
+    }
+    out.join("\n")
+}
+
+/// Every path a use tree or path expression starting at `rest` names, as
+/// segments (`a::{b, c::d}` → `[a, b]`, `[a, c, d]`), and the bytes read.
+fn paths_from(rest: &str) -> (Vec<Vec<String>>, usize) {
+    fn ident(s: &str) -> (&str, &str) {
+        let end = s
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len());
+        s.split_at(end)
+    }
+    fn tree(s: &str, prefix: &[String], out: &mut Vec<Vec<String>>) -> usize {
+        let mut path = prefix.to_vec();
+        let mut i = 0;
+        loop {
+            let rest = &s[i..];
+            let trimmed = rest.trim_start();
+            i += rest.len() - trimmed.len();
+            if let Some(group) = trimmed.strip_prefix('{') {
+                i += 1;
+                let mut j = 0;
+                loop {
+                    j += tree(&group[j..], &path, out);
+                    let mut after = group[j..].trim_start();
+                    j += group[j..].len() - after.len();
+                    // `x as y`: the new name is no path.
+                    if let Some(renamed) = after.strip_prefix("as ") {
+                        let (name, _) = ident(renamed.trim_start());
+                        let skipped = after.len() - renamed.trim_start().len() + name.len();
+                        j += skipped;
+                        after = group[j..].trim_start();
+                        j += group[j..].len() - after.len();
+                    }
+                    if let Some(more) = after.strip_prefix(',') {
+                        j += 1;
+                        if more.trim_start().starts_with('}') {
+                            j += more.len() - more.trim_start().len() + 1;
+                            break;
+                        }
+                    } else {
+                        j += usize::from(after.starts_with('}'));
+                        break;
+                    }
+                }
+                return i + j;
+            }
+            let (name, after) = ident(trimmed);
+            if name.is_empty() {
+                break;
+            }
+            path.push(name.to_owned());
+            i += name.len();
+            if after.starts_with("::") {
+                i += 2;
+            } else {
+                break;
+            }
+        }
+        out.push(path);
+        i
+    }
+    let mut out = Vec::new();
+    let read = tree(rest, &[], &mut out);
+    (out, read)
+}
+
+/// The file modules `code` (of module `from`) names: through `crate::`,
+/// `super::` and `self::` paths, and a child module's bare name.
+fn file_edges(
+    from: &str,
+    is_mod_rs: bool,
+    code: &str,
+    modules: &std::collections::BTreeSet<String>,
+) -> std::collections::BTreeSet<String> {
+    let join = |base: &str, tail: &[String]| -> Vec<String> {
+        let mut v: Vec<String> = base
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        v.extend(tail.iter().cloned());
+        v
+    };
+    let parent = |m: &str| {
+        m.rsplit_once("::")
+            .map_or(String::new(), |(p, _)| p.to_owned())
+    };
+    // `self` of a file's code is its module; `super` the module above it.
+    let this = from.to_owned();
+    let mut found = std::collections::BTreeSet::new();
+    let mut resolve = |segments: Vec<String>| {
+        // The longest prefix that is a file module.
+        for n in (1..=segments.len()).rev() {
+            let m = segments[..n].join("::");
+            if modules.contains(&m) {
+                if m != from {
+                    found.insert(m);
+                }
+                return;
+            }
+        }
+    };
+    let bytes = code.as_bytes();
+    // The end of the last path read: `::`s inside it are not paths' starts.
+    let mut read_to = 0;
+    for (i, _) in code.match_indices("::") {
+        if i < read_to {
+            continue;
+        }
+        // The first segment of a path: the identifier before this `::`,
+        // not itself after a `::`.
+        let start = code[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |p| p + 1);
+        let first = &code[start..i];
+        if first.is_empty() || (start >= 2 && &bytes[start - 2..start] == b"::") {
+            continue;
+        }
+        if !(matches!(first, "crate" | "self" | "super") || is_mod_rs || this.is_empty()) {
+            continue;
+        }
+        let (tails, read) = paths_from(&code[i + 2..]);
+        read_to = i + 2 + read;
+        for tail in tails {
+            let full = match first {
+                "crate" => join("", &tail),
+                "self" => join(&this, &tail),
+                "super" => {
+                    let mut base = parent(&this);
+                    let mut tail = tail.as_slice();
+                    while tail.first().is_some_and(|s| s == "super") {
+                        base = parent(&base);
+                        tail = &tail[1..];
+                    }
+                    join(&base, tail)
+                }
+                child if is_mod_rs || this.is_empty() => {
+                    let mut segs = vec![child.to_owned()];
+                    segs.extend(tail);
+                    join(&this, &segs)
+                }
+                _ => continue,
+            };
+            resolve(full);
+        }
+    }
+    found
+}
+
+/// Strongly connected components of more than one node (Tarjan).
+fn cycles_of(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    struct T<'a> {
+        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        index: std::collections::BTreeMap<&'a str, (usize, usize)>,
+        stack: Vec<&'a str>,
+        on: std::collections::BTreeSet<&'a str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        t.index.insert(v, (t.next, t.next));
+        t.next += 1;
+        t.stack.push(v);
+        t.on.insert(v);
+        for w in t.graph.get(v).into_iter().flatten() {
+            let w = w.as_str();
+            if !t.index.contains_key(w) {
+                visit(t, w);
+                let low = t.index[v].1.min(t.index[w].1);
+                t.index.get_mut(v).unwrap().1 = low;
+            } else if t.on.contains(w) {
+                let low = t.index[v].1.min(t.index[w].0);
+                t.index.get_mut(v).unwrap().1 = low;
+            }
+        }
+        if t.index[v].0 == t.index[v].1 {
+            let mut scc = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(w);
+                scc.push(w.to_owned());
+                if w == v {
+                    break;
+                }
+            }
+            if scc.len() > 1 {
+                scc.sort();
+                t.out.push(scc);
+            }
+        }
+    }
+    let mut t = T {
+        graph,
+        index: Default::default(),
+        stack: Vec::new(),
+        on: Default::default(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out.sort();
+    t.out
+}
+
+/// The file-level import graph of every crate: `crate::module::file` edges.
+fn file_cycles() -> Vec<String> {
+    let mut cycles = Vec::new();
+    for (krate, src, files) in sources_by_crate() {
+        let mods: Vec<(String, &PathBuf)> = files
+            .iter()
+            .filter_map(|f| Some((file_module(&src, f)?, f)))
+            .collect();
+        let modules: std::collections::BTreeSet<String> =
+            mods.iter().map(|(m, _)| m.clone()).collect();
+        let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            Default::default();
+        for (m, f) in &mods {
+            if m.is_empty() {
+                continue; // the crate root declares every module
+            }
+            let is_mod_rs = f.file_name().is_some_and(|n| n == "mod.rs");
+            let code = code_of(&std::fs::read_to_string(f).unwrap_or_default());
+            let edges = file_edges(m, is_mod_rs, &code, &modules);
+            graph.entry(m.clone()).or_default().extend(edges);
+        }
+        for scc in cycles_of(&graph) {
+            cycles.push(format!("{krate}: {}", scc.join(", ")));
+        }
+    }
+    cycles
+}
+
+/// Files that import each other today, in a cycle (each line one strongly
+/// connected set of files), to be broken so that this list empties. A new
+/// cycle fails the test below, and so does a line here that no longer is
+/// one.
+const KNOWN_FILE_CYCLES: &[&str] = &[
+    "asbx-workspace: chats::live, chats::takeover",
+    "asbx-workspace: runs::events, runs::relay",
+    "asbx-agent: providers, providers::anthropic, providers::openai, providers::retry, providers::scripted, providers::sse",
+];
+
+#[test]
+fn no_import_cycle_between_the_files_of_a_crate() {
+    let found = file_cycles();
+    let new: Vec<&String> = found
+        .iter()
+        .filter(|c| !KNOWN_FILE_CYCLES.contains(&c.as_str()))
+        .collect();
+    let gone: Vec<&&str> = KNOWN_FILE_CYCLES
+        .iter()
+        .filter(|k| !found.iter().any(|c| c == *k))
+        .collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "import cycles between files: {new:#?}\nno longer cycles (remove them from KNOWN_FILE_CYCLES): {gone:#?}"
+    );
+}
+
+#[test]
+fn the_file_graph_sees_crate_super_and_child_paths() {
+    let modules: std::collections::BTreeSet<String> =
+        ["a", "a::b", "a::c", "d"].map(str::to_owned).into();
+    let code = "use crate::{d, a::c::Thing};\nuse super::Other;\nfn f() { b::g(); }";
+    let edges = file_edges("a::x", false, code, &modules);
+    assert_eq!(edges, ["a", "a::c", "d"].map(str::to_owned).into());
+    let edges = file_edges("a", true, code, &modules);
+    assert_eq!(edges, ["a::b", "a::c", "d"].map(str::to_owned).into());
+    let graph = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]
+        .into_iter()
+        .fold(
+            std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new(),
+            |mut g, (x, y)| {
+                g.entry(x.into()).or_default().insert(y.into());
+                g
+            },
+        );
+    assert_eq!(cycles_of(&graph), vec![vec!["a", "b", "c"]]);
+}

@@ -106,7 +106,7 @@ class GoneError(AsbxError):
 
 
 class PayloadTooLargeError(AsbxError):
-    """413: the body is over the limit (files: 16 MiB)."""
+    """413 `body_too_large`: the body is over the limit (files: 16 MiB)."""
 
 
 class UnsupportedMediaTypeError(AsbxError):

@@ -1577,7 +1577,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -1753,7 +1753,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -1929,7 +1929,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2048,7 +2048,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2455,7 +2455,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2706,7 +2706,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the file is over the upload limit */
+            /** @description `body_too_large`: the file is over the upload limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2905,7 +2905,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the results are over the limit */
+            /** @description `body_too_large`: the results are over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3057,7 +3057,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the file is over the limit */
+            /** @description `body_too_large`: the file is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3341,7 +3341,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3517,7 +3517,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3880,7 +3880,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -4245,7 +4245,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the body is over the limit */
+            /** @description `body_too_large`: the body is over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;

@@ -87,7 +87,7 @@ impl DbBlobs {
     }
 
     /// Stores a body as it arrives (see the module doc): at most `limit`
-    /// bytes, else [`WorkspaceError::PayloadTooLarge`] and nothing is kept.
+    /// bytes, else [`WorkspaceError::BodyTooLarge`] and nothing is kept.
     /// Returns the SHA-256 (hex) and the size.
     pub(super) async fn put_stream<S, E>(
         &self,
@@ -144,7 +144,7 @@ impl DbBlobs {
                 part.map_err(|e| WorkspaceError::invalid(format!("could not read the body: {e}")))?;
             size = size.saturating_add(part.len());
             if size > limit {
-                return Err(WorkspaceError::PayloadTooLarge { limit });
+                return Err(WorkspaceError::BodyTooLarge { limit });
             }
             hasher.update(&part);
             pending.extend_from_slice(&part);

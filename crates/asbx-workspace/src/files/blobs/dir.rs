@@ -121,7 +121,7 @@ impl DirBlobs {
 
     /// Writes a body to a temporary file as it arrives, hashing while it is
     /// written, without holding it in memory: at most `limit` bytes, else
-    /// [`WorkspaceError::PayloadTooLarge`] and nothing is kept. Returns the
+    /// [`WorkspaceError::BodyTooLarge`] and nothing is kept. Returns the
     /// SHA-256 (hex), the size and the file, for [`DirBlobs::place`].
     pub(super) async fn put_stream<S, E>(
         &self,
@@ -151,7 +151,7 @@ impl DirBlobs {
                 })?;
                 size = size.saturating_add(chunk.len());
                 if size > limit {
-                    return Err(WorkspaceError::PayloadTooLarge { limit });
+                    return Err(WorkspaceError::BodyTooLarge { limit });
                 }
                 hasher.update(&chunk);
                 file.write_all(&chunk)
@@ -245,7 +245,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, WorkspaceError::PayloadTooLarge { limit: 11 }),
+            matches!(err, WorkspaceError::BodyTooLarge { limit: 11 }),
             "{err:?}"
         );
         assert_eq!(tmp_entries(&root).await, 0);

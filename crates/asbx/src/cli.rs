@@ -179,6 +179,8 @@ pub(crate) struct UpArgs {
     pub(crate) workspace: WorkspaceOpts,
     #[command(flatten)]
     pub(crate) runner: RunnerOpts,
+    #[command(flatten)]
+    pub(crate) conns: crate::listen::ConnOpts,
 }
 
 #[derive(Debug, Args)]
@@ -190,6 +192,8 @@ pub(crate) struct RunnerArgs {
     pub(crate) data: PathBuf,
     #[command(flatten)]
     pub(crate) runner: RunnerOpts,
+    #[command(flatten)]
+    pub(crate) conns: crate::listen::ConnOpts,
 }
 
 #[derive(Debug, Args)]
@@ -224,6 +228,8 @@ pub(crate) struct WorkspaceArgs {
     pub(crate) runner_token: Option<String>,
     #[command(flatten)]
     pub(crate) opts: WorkspaceOpts,
+    #[command(flatten)]
+    pub(crate) conns: crate::listen::ConnOpts,
 }
 
 #[derive(Debug, Args)]

@@ -217,6 +217,8 @@ pub(crate) struct UpArgs {
     pub(crate) secrets: SecretKeyOpts,
     #[command(flatten)]
     pub(crate) runner: RunnerOpts,
+    #[command(flatten)]
+    pub(crate) conns: crate::listen::ConnOpts,
 }
 
 #[derive(Debug, Args)]
@@ -228,6 +230,8 @@ pub(crate) struct RunnerArgs {
     pub(crate) data: PathBuf,
     #[command(flatten)]
     pub(crate) runner: RunnerOpts,
+    #[command(flatten)]
+    pub(crate) conns: crate::listen::ConnOpts,
 }
 
 #[derive(Debug, Args)]
@@ -264,6 +268,8 @@ pub(crate) struct WorkspaceArgs {
     pub(crate) opts: WorkspaceOpts,
     #[command(flatten)]
     pub(crate) secrets: SecretKeyOpts,
+    #[command(flatten)]
+    pub(crate) conns: crate::listen::ConnOpts,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 //! single-threaded process when it creates namespaces.
 
 mod cli;
+mod listen;
 mod otel;
 mod providers;
 mod render;

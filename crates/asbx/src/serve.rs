@@ -13,6 +13,7 @@ use asbx_workspace::{Workspace, WorkspaceConfig};
 use tokio::net::TcpListener;
 
 use crate::cli::{Command, RunnerOpts};
+use crate::listen::{Limits, serve};
 
 pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
@@ -25,11 +26,10 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             if !operator_token {
                 args.runner.token = Some(hex::encode(rand::random::<[u8; 32]>()));
             }
-            let runner_listener = TcpListener::bind("127.0.0.1:0")
-                .await
+            let runner_listener = crate::listen::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
                 .context("binding the runner to a loopback port")?;
             let runner_url = format!("http://{}", runner_listener.local_addr()?);
-            let listener = TcpListener::bind(args.listen).await.with_context(|| {
+            let listener = crate::listen::bind(args.listen).with_context(|| {
                 format!("binding {} (set --listen or ASBX_LISTEN)", args.listen)
             })?;
             let addr = listener.local_addr()?;
@@ -63,8 +63,15 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             print_line(&banner);
             runner.warm_up();
             let stop = shutdown_signal();
-            let runner_srv = serve(runner_listener, runner.router(), stop.clone());
-            let ws_srv = serve(listener, workspace.router(), stop);
+            // One connection budget for the process, its two listeners together.
+            let limits = Limits::new(&args.conns, sandbox_fds(&args.runner));
+            let runner_srv = serve(
+                runner_listener,
+                runner.router(),
+                stop.clone(),
+                limits.clone(),
+            );
+            let ws_srv = serve(listener, workspace.router(), stop, limits);
             let served = tokio::try_join!(runner_srv, ws_srv);
             runner.shutdown().await;
             served?;
@@ -81,7 +88,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 runner.profile()
             ));
             runner.warm_up();
-            let served = serve(listener, runner.router(), shutdown_signal()).await;
+            let limits = Limits::new(&args.conns, sandbox_fds(&args.runner));
+            let served = serve(listener, runner.router(), shutdown_signal(), limits).await;
             runner.shutdown().await;
             served?;
             Ok(ExitCode::SUCCESS)
@@ -127,7 +135,9 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 .await
                 .context("opening the workspace")?;
             print_line(&format!("asbx workspace listening on http://{addr}"));
-            serve(listener, workspace.router(), shutdown_signal()).await?;
+            raise_nofile(0);
+            let limits = Limits::new(&args.conns, 0);
+            serve(listener, workspace.router(), shutdown_signal(), limits).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => crate::render::run(args).await,
@@ -236,9 +246,7 @@ fn print_line(s: &str) {
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))
+    crate::listen::bind(addr).with_context(|| format!("binding {addr}"))
 }
 
 /// Cancelled on SIGTERM or Ctrl-C.
@@ -261,32 +269,6 @@ fn shutdown_signal() -> tokio_util::sync::CancellationToken {
         t.cancel();
     });
     token
-}
-
-/// How long open streams get to finish after a shutdown signal.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
-
-async fn serve(
-    listener: TcpListener,
-    app: axum::Router,
-    stop: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    use axum::serve::ListenerExt;
-    // Lines are small and latency matters: no Nagle delay behind the headers.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let graceful = stop.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { graceful.cancelled().await });
-    tokio::select! {
-        served = server => served.context("serving HTTP"),
-        // Streams may last hours: past the grace, stop waiting for them.
-        _ = async {
-            stop.cancelled().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => Ok(()),
-    }
 }
 
 fn absolute_data_dir(data: &Path) -> anyhow::Result<PathBuf> {
@@ -316,6 +298,12 @@ fn sandbox_exe() -> anyhow::Result<PathBuf> {
 /// Descriptors the runner holds per live sandbox (pipes, sockets, the
 /// client's connection: about eight), with room.
 const FDS_PER_SANDBOX: u64 = 10;
+
+/// Descriptors the runner's sandboxes may hold: kept out of the
+/// connection budget.
+fn sandbox_fds(opts: &RunnerOpts) -> usize {
+    opts.max_sandboxes.saturating_mul(FDS_PER_SANDBOX as usize)
+}
 
 /// Raises the open-file limit to fit `max_sandboxes` live sandboxes: the
 /// soft limit to the hard one, and the hard one too when it is lower than

@@ -7,6 +7,7 @@ mod harness;
 
 mod agent_features;
 mod chat_live;
+mod conns;
 mod dispatch;
 mod docs;
 mod egress;

@@ -12,7 +12,10 @@
 // in-sandbox workspace API, cuts the network under the live turn (a TCP
 // proxy between the browser and asbx) and sees the page resume it with
 // Last-Event-ID and no reload, sees another tab follow the chat live, and
-// pages back through a long thread.
+// pages back through a long thread. A third (issue 28) loads the page
+// through a plain TCP forwarder on another port, as an SSH tunnel does
+// (`Host: localhost:<its port>`), runs a turn there, and sees a command
+// that exits 3 shown failed with its exit code and its output.
 //
 // Run: `node --test e2e/browser/` after `cargo build -p asbx` (as root: the
 // jail needs it). Environment: ASBX_BIN (default target/debug/asbx),
@@ -20,7 +23,8 @@
 //
 // Network: loopback only. Chromium is started with background networking,
 // component updates, sync and QUIC off, no proxy, and a host resolver that
-// resolves nothing; the page is only ever loaded from 127.0.0.1.
+// resolves nothing but localhost; the page is only ever loaded from
+// 127.0.0.1 or localhost.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -556,4 +560,108 @@ test("assistant: an environment and a model chosen on the page, a file made thro
   assert.equal(all, 104, "every message once");
   assert.equal(await page.$("#earlier"), null, "nothing older");
   assert.deepEqual(pageErrors, []);
+});
+
+// A plain TCP forwarder on another loopback port, the shape of `ssh -L
+// 9000:localhost:7878` or a forwarded port: bytes both ways, nothing
+// rewritten, so the browser's Host and Origin name the forwarder's port.
+async function forwarder(target) {
+  const net = await import("node:net");
+  const upPort = Number(new URL(target).port);
+  const sockets = new Set();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(upPort, "127.0.0.1");
+    sockets.add(client);
+    sockets.add(upstream);
+    client.pipe(upstream);
+    upstream.pipe(client);
+    const end = () => { client.destroy(); upstream.destroy(); sockets.delete(client); sockets.delete(upstream); };
+    for (const s of [client, upstream]) { s.on("error", end); s.on("close", end); }
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    port: server.address().port,
+    close: () => new Promise((r) => { for (const s of sockets) s.destroy(); server.close(r); }),
+  };
+}
+
+test("through a forwarded port (an SSH tunnel): the page loads under the tunnel's Host, a chat turn runs, a command that exits 3 shows failed with its exit code and its output", { timeout: 600_000 }, async (t) => {
+  assert.ok(existsSync(ASBX_BIN), `${ASBX_BIN} is missing: run cargo build -p asbx first`);
+  const cleanups = [];
+  t.after(async () => {
+    for (const undo of cleanups.reverse()) {
+      try { await undo(); } catch (e) { t.diagnostic(`cleanup: ${e.message}`); }
+    }
+  });
+  const tmp = await mkdtemp(path.join(tmpdir(), "asbx-e2e-tunnel-"));
+  cleanups.push(() => rm(tmp, { recursive: true, force: true }));
+  const asbx = startAsbx(path.join(tmp, "data"));
+  cleanups.push(() => stopProcess(asbx.child));
+  const base = await asbx.ready;
+  const fwd = await forwarder(base);
+  cleanups.push(() => fwd.close());
+  assert.notEqual(fwd.port, 2024, "a port this test must not touch");
+  assert.notEqual(String(fwd.port), new URL(base).port);
+  const tunnel = `localhost:${fwd.port}`;
+
+  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
+    executablePath: CHROMIUM,
+    headless: true,
+    chromiumSandbox: false,
+    env: cleanEnv({}),
+    args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+      "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost"],
+  });
+  cleanups.push(() => context.close());
+  context.setDefaultTimeout(WAIT_LIMIT_MS);
+  const page = context.pages()[0] ?? (await context.newPage());
+  const pageErrors = [];
+  const hosts = new Set();
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+  page.on("request", (r) => hosts.add(new URL(r.url()).host));
+  page.on("response", (r) => {
+    if (r.status() >= 400 && new URL(r.url()).pathname !== "/favicon.ico") {
+      pageErrors.push(`${r.status()} ${r.request().method()} ${r.url()}`);
+    }
+  });
+
+  try {
+    const res = await page.goto(`http://${tunnel}/`);
+    assert.equal(res.status(), 200, `the page through the tunnel: ${await res.text()}`);
+    await page.waitForSelector("#app:not([hidden])");
+    await send(page, JSON.stringify({
+      script: [
+        { tool: "shell", args: { command: "echo partial-output; exit 3" } },
+        { say: "Through the tunnel." },
+      ],
+    }));
+    const step = "[data-role=assistant] [data-step-name=shell][data-status=failed]";
+    await page.waitForSelector(step);
+    await page.waitForFunction(() => [...document.querySelectorAll("[data-role=assistant] > [data-part=text]")]
+      .some((e) => e.textContent.trim() === "Through the tunnel."));
+    await settled(page);
+    const shown = async () => page.$eval(step, (row) => ({
+      badge: row.querySelector(".head .badge").textContent,
+      why: row.querySelector("[data-part=step-error]")?.textContent ?? "",
+      output: row.querySelector("[data-part=output] pre")?.textContent ?? "",
+      result: row.querySelector("[data-part=io] pre.result")?.textContent ?? "",
+    }));
+    const live = await shown();
+    assert.equal(live.badge, "failed");
+    assert.match(live.why, /exited with code 3/);
+    assert.equal(live.output, "partial-output\n");
+    assert.match(live.result, /"exitCode": 3/);
+    // The thread from history shows it the same way.
+    await page.reload();
+    await page.waitForSelector(step);
+    await settled(page);
+    assert.deepEqual(await shown(), live);
+    assert.deepEqual([...hosts], [tunnel], "every request went through the tunnel");
+    assert.deepEqual(pageErrors, [], "no errors in the page");
+  } catch (e) {
+    t.diagnostic(`asbx output (tail):\n${asbx.output.join("").slice(-8_000)}`);
+    t.diagnostic(`page html (tail):\n${(await page.content().catch(() => "")).slice(-4_000)}`);
+    throw e;
+  }
 });

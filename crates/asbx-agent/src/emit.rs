@@ -78,16 +78,19 @@ impl Emitter {
         .await
     }
 
+    /// A step's end: `failed` with `error` when there is one (with the
+    /// `result` too when the tool has one to show), else `succeeded`.
     pub(crate) async fn step_finished(
         &self,
         id: &str,
         name: &str,
-        outcome: Result<Value, String>,
+        result: Option<Value>,
+        error: Option<String>,
         duration_ms: u64,
     ) -> std::io::Result<()> {
-        let (status, result, error) = match outcome {
-            Ok(v) => (StepStatus::Succeeded, Some(v), None),
-            Err(e) => (StepStatus::Failed, None, Some(e)),
+        let status = match error {
+            None => StepStatus::Succeeded,
+            Some(_) => StepStatus::Failed,
         };
         self.emit(&Event::Step(Step {
             id: id.to_owned(),

@@ -70,9 +70,9 @@ function renderMarkdown(target, text) {
   target.replaceChildren(DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }), PURIFY));
 }
 
-// One step row: a head line (status, name, duration), the live output (open,
-// monospace, capped, following its end), then arguments, result and error
-// behind a disclosure.
+// One step row: a head line (status, name, duration, and why it failed),
+// the live output (open, monospace, capped, following its end), then
+// arguments and result behind a disclosure.
 function renderStep(row, step) {
   row.className = "step " + step.status;
   row.dataset.stepId = step.id;
@@ -82,6 +82,11 @@ function renderStep(row, step) {
   const head = el("div", "head");
   head.append(el("span", "badge", step.status), el("strong", "", step.name));
   if (step.durationMs !== undefined) head.append(el("span", "muted", step.durationMs + " ms"));
+  if (step.status === "failed" && step.error) {
+    const why = el("span", "err", step.error);
+    why.dataset.part = "step-error";
+    head.append(why);
+  }
   row.append(head);
   const out = el("details", "output");
   out.dataset.part = "output";
@@ -95,7 +100,6 @@ function renderStep(row, step) {
   io.append(el("summary", "", "Arguments and result"));
   if (step.args !== undefined) io.append(el("pre", "args", "args: " + pretty(step.args)));
   if (step.result !== undefined) io.append(el("pre", "result", "result: " + pretty(step.result)));
-  if (step.error) io.append(el("pre", "err", "error: " + step.error));
   row.append(io);
 }
 

@@ -3,14 +3,18 @@
 //!
 //! - **Host** (DNS rebinding): a request whose `Host` is not one this server
 //!   answers to is refused with `403` `host_not_allowed`. On loopback it
-//!   answers to `localhost`, `127.0.0.1` and `[::1]` with its port; it
-//!   always answers to the configured public URL's host. `/healthz` and `/readyz` are
+//!   answers to `localhost`, `127.0.0.1` and `[::1]` on any port (an SSH
+//!   tunnel or a forwarded port sends its own; a rebound name is none of
+//!   these); it always answers to the configured public URL's host.
+//!   `/healthz` and `/readyz` are
 //!   exempt (they say nothing; probes address pods by IP), and so is
 //!   `/metrics` when `ASBX_METRICS_TOKEN` is set (Prometheus scrapes pods
 //!   by IP; a bearer is no ambient credential a rebound page could use).
 //! - **Origin** (CSRF): a state-changing request (`POST`, `PUT`, `PATCH`,
-//!   `DELETE`) whose `Origin` is present and is not one of this server's own
-//!   origins is refused with `403` `cross_origin`, before any handler runs.
+//!   `DELETE`) whose `Origin` is present and is neither the request's own
+//!   origin (`http://` + its `Host`, so a tunnelled page can post) nor the
+//!   public URL's origin is refused with `403` `cross_origin`, before any
+//!   handler runs.
 //! - **Content type**: JSON routes take only `Content-Type:
 //!   application/json` (`415`); that check is the [`crate::http::JsonBody`]
 //!   extractor, so a refused request never reaches its handler.
@@ -38,38 +42,39 @@ const MAX_DETAIL_BYTES: usize = 1024;
 /// The `Host` values and origins this server answers to (all lowercase).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Authority {
-    hosts: Vec<String>,
-    origins: Vec<String>,
+    /// The public URL's `Host` values (with its port; without it too when
+    /// the port is the scheme's default).
+    public_hosts: Vec<String>,
+    /// The public URL's origins, likewise.
+    public_origins: Vec<String>,
+    /// Listening on loopback: the loopback names are answered on any port
+    /// (an SSH tunnel or a forwarded port sends its own).
+    loopback: bool,
 }
+
+/// The names a loopback listener answers to, on any port.
+const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 
 impl Authority {
     /// From the public URL and, when known, the listen address.
     pub(crate) fn from_config(config: &WorkspaceConfig) -> Authority {
-        let mut a = Authority {
-            hosts: Vec::new(),
-            origins: Vec::new(),
-        };
         let public = &config.public_url;
-        let scheme = public.scheme();
-        let public_port = public.port_or_known_default();
-        if let Some(host) = public.host_str() {
-            a.add(scheme, host, public_port);
-        }
-        let loopback_port = match config.listen {
-            Some(addr) if addr.ip().is_loopback() => Some(addr.port()),
-            Some(_) => None,
-            None if public.host_str().is_some_and(is_loopback_name) => public_port,
-            None => None,
+        let loopback = match config.listen {
+            Some(addr) => addr.ip().is_loopback(),
+            None => public.host_str().is_some_and(is_loopback_name),
         };
-        if let Some(port) = loopback_port {
-            for name in ["localhost", "127.0.0.1", "[::1]"] {
-                a.add("http", name, Some(port));
-            }
+        let mut a = Authority {
+            public_hosts: Vec::new(),
+            public_origins: Vec::new(),
+            loopback,
+        };
+        if let Some(host) = public.host_str() {
+            a.add_public(public.scheme(), host, public.port_or_known_default());
         }
         a
     }
 
-    fn add(&mut self, scheme: &str, host: &str, port: Option<u16>) {
+    fn add_public(&mut self, scheme: &str, host: &str, port: Option<u16>) {
         let host = host.to_ascii_lowercase();
         let default = match scheme {
             "https" => Some(443),
@@ -78,11 +83,11 @@ impl Authority {
         };
         let mut push = |authority: String| {
             let origin = format!("{scheme}://{authority}");
-            if !self.hosts.contains(&authority) {
-                self.hosts.push(authority);
+            if !self.public_hosts.contains(&authority) {
+                self.public_hosts.push(authority);
             }
-            if !self.origins.contains(&origin) {
-                self.origins.push(origin);
+            if !self.public_origins.contains(&origin) {
+                self.public_origins.push(origin);
             }
         };
         match port {
@@ -97,17 +102,43 @@ impl Authority {
         }
     }
 
-    /// Whether `host` (a `Host` header value) is one this server answers to.
+    /// Whether `host` (a `Host` header value) is one this server answers to:
+    /// the public URL's, or on loopback a loopback name with any port.
     pub(crate) fn allows_host(&self, host: &str) -> bool {
         let host = host.trim().to_ascii_lowercase();
-        self.hosts.contains(&host)
+        self.public_hosts.contains(&host) || (self.loopback && is_loopback_authority(&host))
     }
 
-    /// Whether `origin` (an `Origin` header value) is this server's own.
-    pub(crate) fn allows_origin(&self, origin: &str) -> bool {
+    /// Whether `origin` (an `Origin` header value) may change state in a
+    /// request whose `Host` is `host`: the request's own origin
+    /// (`http://` + its `Host`, a `Host` this server answers to) or the
+    /// public URL's.
+    pub(crate) fn allows_origin(&self, origin: &str, host: &str) -> bool {
         let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
-        self.origins.contains(&origin)
+        let own = format!("http://{}", host.trim().to_ascii_lowercase());
+        (origin == own && self.allows_host(host)) || self.public_origins.contains(&origin)
     }
+}
+
+/// Whether `authority` (lowercase `name[:port]`) is a loopback name with no
+/// port or a valid one.
+fn is_loopback_authority(authority: &str) -> bool {
+    let (name, port) = if authority.starts_with('[') {
+        match authority.find(']') {
+            Some(i) => authority.split_at(i + 1),
+            None => return false,
+        }
+    } else {
+        match authority.find(':') {
+            Some(i) => authority.split_at(i),
+            None => (authority, ""),
+        }
+    };
+    let port_ok = match port.strip_prefix(':') {
+        None => port.is_empty(),
+        Some(digits) => digits.bytes().all(|b| b.is_ascii_digit()) && digits.parse::<u16>().is_ok(),
+    };
+    port_ok && LOOPBACK_NAMES.contains(&name)
 }
 
 fn is_loopback_name(host: &str) -> bool {
@@ -144,20 +175,18 @@ pub(crate) async fn host_and_origin(
         "/metrics" => state.config.metrics_token.is_some(),
         _ => false,
     };
-    if !exempt {
-        let host = request_host(&req).unwrap_or_default();
-        if !state.authority.allows_host(&host) {
-            return WorkspaceError::HostNotAllowed {
-                host: printable(&host),
-            }
-            .into_response();
+    let host = request_host(&req).unwrap_or_default();
+    if !exempt && !state.authority.allows_host(&host) {
+        return WorkspaceError::HostNotAllowed {
+            host: printable(&host),
         }
+        .into_response();
     }
     if is_state_changing(req.method())
         && let Some(origin) = req.headers().get(header::ORIGIN)
     {
         let origin = origin.to_str().unwrap_or("(not text)");
-        if !state.authority.allows_origin(origin) {
+        if !state.authority.allows_origin(origin, &host) {
             return WorkspaceError::CrossOrigin {
                 origin: printable(origin),
             }
@@ -240,29 +269,50 @@ mod tests {
     }
 
     #[test]
-    fn loopback_listener_answers_to_loopback_names_only() {
+    fn loopback_listener_answers_to_loopback_names_on_any_port() {
         let a = Authority::from_config(&config("http://127.0.0.1:8080", Some("127.0.0.1:8080")));
         for ok in [
             "127.0.0.1:8080",
             "localhost:8080",
             "LOCALHOST:8080",
             "[::1]:8080",
+            // A tunnel or a forwarded port: `ssh -L 9000:localhost:8080`.
+            "localhost:9000",
+            "127.0.0.1:1",
+            "[::1]:65535",
+            "localhost",
+            "127.0.0.1",
         ] {
             assert!(a.allows_host(ok), "{ok}");
         }
         for bad in [
             "evil.example:8080",
-            "127.0.0.1:8081",
-            "localhost",
+            "evil.example",
+            "localhost.evil.example:8080",
+            "127.0.0.2:8080",
+            "localhost:65536",
+            "localhost:",
+            "localhost:80a",
+            "[::1",
+            "[::1]x",
             "",
-            "127.0.0.1",
         ] {
             assert!(!a.allows_host(bad), "{bad}");
         }
-        assert!(a.allows_origin("http://localhost:8080"));
-        assert!(a.allows_origin("http://127.0.0.1:8080"));
-        for bad in ["http://evil.example", "null", "https://127.0.0.1:8080", ""] {
-            assert!(!a.allows_origin(bad), "{bad}");
+        // The request's own origin, whatever its port, or the public URL's.
+        assert!(a.allows_origin("http://localhost:9000", "localhost:9000"));
+        assert!(a.allows_origin("http://LOCALHOST:9000/", "localhost:9000"));
+        assert!(a.allows_origin("http://127.0.0.1:8080", "localhost:9000"));
+        for (bad, host) in [
+            ("http://localhost:9000", "localhost:8080"),
+            ("http://evil.example", "localhost:8080"),
+            ("http://evil.example", "evil.example"),
+            ("null", "localhost:8080"),
+            ("https://localhost:9000", "localhost:9000"),
+            ("http://", ""),
+            ("", "localhost:8080"),
+        ] {
+            assert!(!a.allows_origin(bad, host), "{bad} on {host}");
         }
     }
 
@@ -273,8 +323,10 @@ mod tests {
         assert!(a.allows_host("asbx.example.com:443"));
         assert!(!a.allows_host("127.0.0.1:8080"));
         assert!(!a.allows_host("localhost:8080"));
-        assert!(a.allows_origin("https://asbx.example.com"));
-        assert!(!a.allows_origin("http://asbx.example.com"));
+        assert!(!a.allows_host("localhost"));
+        assert!(a.allows_origin("https://asbx.example.com", "asbx.example.com"));
+        assert!(!a.allows_origin("https://evil.example", "asbx.example.com"));
+        assert!(!a.allows_origin("http://localhost:8080", "asbx.example.com"));
     }
 
     #[tokio::test]

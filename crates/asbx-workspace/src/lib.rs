@@ -346,6 +346,10 @@ fn router(state: Arc<AppState>) -> Router {
             post(callbacks::api::results).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
         )
         .route(
+            "/api/assistant/sandbox/{session_id}/assets/writeback",
+            post(callbacks::api::assets_writeback).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
+        )
+        .route(
             "/api/assistant/sandbox/{session_id}/workspace/files",
             get(sandbox_api::api::list_files).post(sandbox_api::api::create_file),
         )

@@ -63,6 +63,7 @@ use utoipa::{Modify, OpenApi};
         crate::callbacks::api::env,
         crate::callbacks::api::config,
         crate::callbacks::api::results,
+        crate::callbacks::api::assets_writeback,
         crate::sandbox_api::api::list_files,
         crate::sandbox_api::api::create_file,
         crate::sandbox_api::api::read_file,

@@ -68,9 +68,12 @@ pub(crate) struct RunnerOpts {
     /// Bearer token required on every runner route.
     #[arg(long, env = "ASBX_RUNNER_TOKEN", hide_env_values = true)]
     pub(crate) token: Option<String>,
-    /// Hard runtime cap of one sandbox, in seconds.
-    #[arg(long, env = "ASBX_MAX_RUNTIME_SEC", default_value_t = 28_800)]
-    pub(crate) max_runtime_sec: u64,
+    /// Hard runtime cap of one sandbox, in seconds [default: 28800].
+    #[arg(long, env = "ASBX_MAX_RUNTIME_SEC")]
+    pub(crate) max_runtime_sec: Option<u64>,
+    /// The seed's name for `ASBX_MAX_RUNTIME_SEC`, used when that is not set.
+    #[arg(long, env = "ASSISTANT_SANDBOX_MAX_RUNTIME_SEC", hide = true)]
+    pub(crate) assistant_sandbox_max_runtime_sec: Option<u64>,
     /// Grace past the runtime cap, in seconds.
     #[arg(long, env = "ASBX_RUNTIME_GRACE_SEC", default_value_t = 60)]
     pub(crate) runtime_grace_sec: u64,
@@ -221,6 +224,19 @@ pub(crate) struct UpArgs {
     pub(crate) conns: crate::listen::ConnOpts,
 }
 
+/// The runtime cap when neither of its names is set: 8 hours.
+const DEFAULT_MAX_RUNTIME_SEC: u64 = 28_800;
+
+impl RunnerOpts {
+    /// The runtime cap: `ASBX_MAX_RUNTIME_SEC`, else the seed's
+    /// `ASSISTANT_SANDBOX_MAX_RUNTIME_SEC`, else 8 hours.
+    pub(crate) fn max_runtime_sec(&self) -> u64 {
+        self.max_runtime_sec
+            .or(self.assistant_sandbox_max_runtime_sec)
+            .unwrap_or(DEFAULT_MAX_RUNTIME_SEC)
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct RunnerArgs {
     #[arg(long, env = "ASBX_RUNNER_LISTEN", default_value = "127.0.0.1:7879")]
@@ -282,6 +298,10 @@ pub(crate) struct RunArgs {
     /// The workspace's URL.
     #[arg(long, env = "ASBX_URL", default_value = "http://127.0.0.1:7878")]
     pub(crate) url: url::Url,
+    /// A workspace API key (`asbx key`), sent as the bearer; needed where
+    /// the workspace requires authentication.
+    #[arg(long, env = "ASBX_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
     /// Print the raw NDJSON lines instead of rendering them.
     #[arg(long)]
     pub(crate) json: bool,
@@ -305,4 +325,36 @@ pub(crate) struct JailArgs {
     /// Room for the forked supervisors' titles (internal: spaces).
     #[arg(hide = true, requires = "zygote")]
     pub(crate) title_room: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runner's runtime cap from `args` (the flags of the same names).
+    fn runtime_cap(args: &[&str]) -> u64 {
+        let argv = ["asbx", "runner"].iter().chain(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Runner(r) => r.runner.max_runtime_sec(),
+            other => panic!("not the runner: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_runtime_cap_is_asbxs_name_else_the_seeds_else_eight_hours() {
+        assert_eq!(runtime_cap(&[]), 28_800);
+        assert_eq!(
+            runtime_cap(&["--assistant-sandbox-max-runtime-sec", "60"]),
+            60
+        );
+        assert_eq!(
+            runtime_cap(&[
+                "--assistant-sandbox-max-runtime-sec",
+                "60",
+                "--max-runtime-sec",
+                "30"
+            ]),
+            30
+        );
+    }
 }

@@ -33,9 +33,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(m) = &args.model {
         body["model"] = m.clone().into();
     }
-    let res = reqwest::Client::new()
-        .post(url.clone())
-        .json(&body)
+    let mut req = reqwest::Client::new().post(url.clone()).json(&body);
+    if let Some(key) = &args.api_key {
+        req = req.bearer_auth(key);
+    }
+    let res = req
         .send()
         .await
         .with_context(|| format!("reaching the workspace at {url}; is `asbx up` running?"))?;

@@ -380,7 +380,7 @@ fn start_runner(
         );
     }
     config.token = opts.token.clone();
-    config.max_runtime = Duration::from_secs(opts.max_runtime_sec);
+    config.max_runtime = Duration::from_secs(opts.max_runtime_sec());
     config.runtime_grace = Duration::from_secs(opts.runtime_grace_sec);
     config.max_sandboxes = opts.max_sandboxes.max(1);
     config.warm_pool = opts.warm_pool;

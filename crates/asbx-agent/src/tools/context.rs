@@ -35,8 +35,26 @@ pub(crate) struct ToolContext {
 pub(crate) struct ToolOutput {
     /// What the model sees.
     pub(crate) model_text: String,
-    /// What the `step` line shows: a result, or the failure message.
-    pub(crate) display: Result<Value, String>,
+    /// What the `step` line shows: a result, or why the step failed.
+    pub(crate) display: Result<Value, Failure>,
+}
+
+/// A failed step as its `step` line shows it: the `error`, and a `result`
+/// when the tool ran and has one to show (a command that exited non-zero:
+/// its exit code and output).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Failure {
+    pub(crate) error: String,
+    pub(crate) result: Option<Value>,
+}
+
+impl From<String> for Failure {
+    fn from(error: String) -> Self {
+        Failure {
+            error,
+            result: None,
+        }
+    }
 }
 
 impl ToolOutput {
@@ -44,7 +62,7 @@ impl ToolOutput {
         let message = message.into();
         ToolOutput {
             model_text: format!("error: {message}"),
-            display: Err(message),
+            display: Err(message.into()),
         }
     }
 

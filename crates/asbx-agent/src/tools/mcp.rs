@@ -544,7 +544,7 @@ fn output_of(r: &CallToolResult, output_bytes: usize) -> ToolOutput {
                 "error: {}",
                 cut(shown.as_bytes(), shown.len(), output_bytes)
             ),
-            display: Err(cut(shown.as_bytes(), shown.len(), DISPLAY_BYTES)),
+            display: Err(cut(shown.as_bytes(), shown.len(), DISPLAY_BYTES).into()),
         };
     }
     let display = match &r.structured_content {

@@ -204,8 +204,12 @@ impl Toolbox {
         let started = Instant::now();
         let out = self.run(&id, &call.name, &call.args).await;
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (result, error) = match &out.display {
+            Ok(v) => (Some(v.clone()), None),
+            Err(f) => (f.result.clone(), Some(f.error.clone())),
+        };
         emitter
-            .step_finished(&id, &step_name, out.display.clone(), ms)
+            .step_finished(&id, &step_name, result, error, ms)
             .await?;
         Ok(out)
     }

@@ -552,7 +552,11 @@ mod tests {
     }
 
     fn error_of(out: &ToolOutput) -> String {
-        out.display.clone().err().unwrap_or_default()
+        out.display
+            .clone()
+            .err()
+            .map(|f| f.error)
+            .unwrap_or_default()
     }
 
     #[tokio::test]

@@ -6,7 +6,10 @@
 //! inherited), its own process group, the tool user and the `tools` cgroup
 //! when the jail provides them. On timeout, or when the call is abandoned
 //! (the run's duration limit), the command and everything it started are
-//! killed ([`Reaper`]) and the step says how. After a normal exit,
+//! killed ([`Reaper`]) and the step says how. A command that exits non-zero
+//! (or is killed by a signal) is a failed step whose `error` names the exit
+//! code and whose `result` keeps its output; the model gets that output
+//! either way. After a normal exit,
 //! background processes are left alone and their pipes are drained for at
 //! most [`DRAIN_TIMEOUT`].
 
@@ -18,7 +21,7 @@ use asbx_protocol::line::OutputStream;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::context::{DISPLAY_BYTES, ToolContext, ToolOutput, cut};
+use super::context::{DISPLAY_BYTES, Failure, ToolContext, ToolOutput, cut};
 use super::process::{self, Killed, Reaper, Slot};
 use crate::emit::Emitter;
 
@@ -269,7 +272,7 @@ pub(crate) async fn run(ctx: &ToolContext, step_id: &str, command: &str) -> Tool
         );
         return ToolOutput {
             model_text,
-            display: Err(msg),
+            display: Err(msg.into()),
         };
     }
     let code_text = match (out.exit_code, out.signal) {
@@ -292,9 +295,25 @@ pub(crate) async fn run(ctx: &ToolContext, step_id: &str, command: &str) -> Tool
         // Killed by a signal (SIGKILL from the OOM killer, say): say which.
         display["signal"] = json!(sig);
     }
+    // A command that did not exit 0 failed: the step says so, naming the
+    // exit code (or signal), and still shows what it printed; the model
+    // gets the same text as on success, flagged as an error.
+    let error = match (out.exit_code, out.signal) {
+        (Some(0), _) => None,
+        (Some(code), _) => Some(format!("the command exited with code {code}")),
+        (None, Some(sig)) => Some(format!("the command was killed by signal {sig}")),
+        (None, None) => Some("the command ended without an exit code".to_owned()),
+    };
+    let display = match error {
+        None => Ok(display),
+        Some(error) => Err(Failure {
+            error,
+            result: Some(display),
+        }),
+    };
     ToolOutput {
         model_text,
-        display: Ok(display),
+        display,
     }
 }
 

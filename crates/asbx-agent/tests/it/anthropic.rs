@@ -90,3 +90,46 @@ async fn utf8_split_is_reassembled() {
     let o = h.run().await;
     assert_eq!(o.result(), "Grüße, 世界! 🦀");
 }
+
+/// Issue 28, defect 12: a shell command that exits 3 is a failed step whose
+/// `error` names the exit code and whose `result` keeps what it printed;
+/// the model gets the output and the exit code, flagged as an error.
+#[tokio::test]
+async fn a_command_exiting_non_zero_fails_its_step_and_the_model_sees_its_output() {
+    let h = Harness::with_mock(ProviderKind::Anthropic).await;
+    h.mock().push(Tape::ToolCalls {
+        text: None,
+        calls: vec![asbx_test_support::MockToolCall {
+            id: "toolu_1".into(),
+            name: "shell".into(),
+            args: json!({"command": "echo partial-output; echo oops >&2; exit 3"}),
+        }],
+    });
+    h.mock().push(Tape::text("It failed."));
+    let o = h.run().await;
+    assert_eq!(o.result(), "It failed.");
+    let steps = o.finished_steps();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(
+        steps[0].status,
+        asbx_protocol::StepStatus::Failed,
+        "{steps:?}"
+    );
+    let error = steps[0].error.as_deref().unwrap_or_default();
+    assert!(error.contains("exited with code 3"), "{error}");
+    let result = steps[0].result.as_ref().expect("the output is kept");
+    assert_eq!(result["exitCode"], 3);
+    assert_eq!(result["stdout"], "partial-output\n");
+    assert_eq!(result["stderr"], "oops\n");
+
+    let reqs = o.mock.as_ref().unwrap().requests();
+    let msgs = reqs[1].body["messages"].as_array().unwrap();
+    let seen = &msgs[2]["content"][0];
+    assert_eq!(seen["type"], "tool_result");
+    assert_eq!(seen["is_error"], true, "{seen}");
+    let text = seen["content"].as_str().unwrap();
+    assert!(
+        text.contains("exit code: 3") && text.contains("partial-output") && text.contains("oops"),
+        "{text}"
+    );
+}

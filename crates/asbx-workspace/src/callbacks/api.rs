@@ -1,5 +1,6 @@
 //! The sandbox callback routes (docs/protocol.md §3): `/env`, `/config`,
-//! `/results`, each redeeming its one-time token.
+//! `/results` (also under the seed's path, `/assets/writeback`), each
+//! redeeming its one-time token.
 
 use std::sync::Arc;
 
@@ -57,6 +58,32 @@ pub(crate) async fn config(
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
     let config = callbacks::redeem_payload(&state, &session_id, token, TokenKind::Run).await?;
     Ok(Json(config))
+}
+
+/// The seed's name of [`results`] (`POST {agentUrl}/assets/writeback`):
+/// the same route, under the path a sandbox built for the seed calls.
+#[utoipa::path(
+    post,
+    path = "/api/assistant/sandbox/{session_id}/assets/writeback",
+    tag = "callbacks",
+    security(("sandbox_token" = [])),
+    params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
+    request_body(content = doc::ResultsRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The stored result files", body = doc::ResultsResponse),
+        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the results are over the limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub(crate) async fn assets_writeback(
+    state: State<Arc<AppState>>,
+    session_id: Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<ResultsResponse>, WorkspaceError> {
+    results(state, session_id, headers, body).await
 }
 
 /// The upload token is checked before a byte of the (up to 64 MiB) body is

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use asbx_protocol::Line;
 use asbx_protocol::callback::Role;
 use asbx_protocol::session::{SessionInfo, SessionStatus};
-use asbx_protocol::{Event, Line};
 use axum::response::sse;
 use futures::{Stream, StreamExt as _};
 use tokio::sync::watch;
@@ -26,7 +26,7 @@ use crate::AppState;
 use crate::chats::messages::{LiveAction, TraceBuilder, truncated_stdout};
 use crate::chats::store as chats;
 use crate::runs::dispatch;
-use crate::runs::relay::OutcomeTap;
+use crate::runs::relay::{OutcomeTap, closing_error};
 use crate::runs::store::{self as runs, Outcome};
 use crate::tokens;
 use crate::wire::{Done, PersistedMessage, RunStatus, TurnInfo, TurnStatus};
@@ -37,8 +37,6 @@ const MAX_BUFFERED_BYTES: usize = 32 * 1024 * 1024;
 /// How long a settled turn stays attachable, so a late reconnect still gets
 /// its last frames and the `done` event.
 const LINGER: Duration = Duration::from_secs(60);
-/// How long a cancelled turn waits for the runner's last lines.
-const CANCEL_WIND_DOWN: Duration = Duration::from_secs(10);
 /// Keep-alive comment interval on SSE streams.
 pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
@@ -386,8 +384,8 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
             biased;
             _ = turn.cancel.cancelled(), if !cancelled => {
                 cancelled = true;
-                if cancel_on_runner(&state, &turn.id).await {
-                    wind_down = Some(Box::pin(tokio::time::sleep(CANCEL_WIND_DOWN)));
+                if dispatch::cancel_on_runner(&state, &turn.id).await {
+                    wind_down = Some(Box::pin(tokio::time::sleep(dispatch::CANCEL_WIND_DOWN)));
                 } else {
                     break;
                 }
@@ -449,7 +447,7 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
             },
             TurnStatus::Cancelled,
         ),
-        (None, false) => (lost(&tap, broken.as_deref()), TurnStatus::Failed),
+        (None, false) => (tap.outcome(broken.as_deref()), TurnStatus::Failed),
     };
     crate::metrics::METRICS.chat_turn(match status {
         TurnStatus::Succeeded => "succeeded",
@@ -459,13 +457,8 @@ async fn drive(ctx: TurnContext, response: reqwest::Response, resumed: Option<Re
     if !trace.has_terminal() {
         // Tell subscribers how it ended with a line of the same shape as the
         // runner's, numbered after the last one seen.
-        if let Outcome::Failed { code, message } = &outcome {
-            let line = Line {
-                seq: last_seq + 1,
-                ts: u64::try_from(state.now_ms()).unwrap_or(0),
-                session_id: session_id.clone(),
-                event: Event::error(code.clone(), message.clone()),
-            };
+        let ts = u64::try_from(state.now_ms()).unwrap_or(0);
+        if let Some(line) = closing_error(&outcome, last_seq + 1, &session_id, ts) {
             handle(vec![line], &mut trace, &mut last_seq, &mut stored);
             if !cancelled {
                 // The stream broke or ended early: the turn was lost, not
@@ -593,44 +586,6 @@ impl StoredLines {
                     self.rows.drain(..over);
                 }
             }
-        }
-    }
-}
-
-/// Asks the runner to end the turn's session (`DELETE /v1/sessions/{id}`,
-/// docs/protocol.md §4); true when it accepted, so its `session_ended` line
-/// (terminated by the daemon) is on its way.
-async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
-    // The runner that serves this turn: with a fleet, not always the first
-    // of `SANDBOX_URL`.
-    let url = match runs::get(state.store.pool(), run_id).await {
-        Ok(Some(run)) => run.sandbox_url,
-        Ok(None) => None,
-        Err(e) => {
-            tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "cannot read the turn's run");
-            None
-        }
-    };
-    let Some(url) = url.or_else(|| state.config.sandbox_url.as_ref().map(|u| u.to_string())) else {
-        return false;
-    };
-    let path = ["v1", "sessions", run_id];
-    let request = match dispatch::runner_request(state, reqwest::Method::DELETE, &url, &path) {
-        Ok(r) => r.timeout(Duration::from_secs(5)),
-        Err(e) => {
-            tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "cannot ask the runner to cancel");
-            return false;
-        }
-    };
-    match request.send().await {
-        Ok(r) if r.status().is_success() => true,
-        Ok(r) => {
-            tracing::info!(turn = run_id, status = %r.status(), "the runner did not take the cancel; dropping the stream");
-            false
-        }
-        Err(e) => {
-            tracing::warn!(turn = run_id, error = %crate::error::error_chain(&e), "asking the runner to cancel failed");
-            false
         }
     }
 }
@@ -799,23 +754,6 @@ where
                 return None;
             }
         }
-    }
-}
-
-/// How a turn ends whose runner stream stopped without a terminal line: if
-/// the runner said why (`session_ended`), that; else the runner is gone (it
-/// died, or the connection to it did) and the turn ends `runner_lost`
-/// (docs/protocol.md §7).
-fn lost(tap: &OutcomeTap, broken: Option<&str>) -> Outcome {
-    if tap.termination().is_some() {
-        return tap.outcome(broken);
-    }
-    Outcome::Failed {
-        code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
-        message: match broken {
-            Some(e) => format!("the runner went away before the turn ended: {e}"),
-            None => "the runner's stream ended before the turn did".to_owned(),
-        },
     }
 }
 

@@ -15,8 +15,9 @@ use crate::wire::{
     CHAT_PAGE_DEFAULT, CHAT_PAGE_MAX, ChatDetail, ChatPageQuery, ChatSummary, FileInfo,
 };
 
-/// Largest upload to a bag.
-pub(crate) const MAX_UPLOAD_BYTES: usize = 32 * 1024 * 1024;
+/// Largest upload to a bag: what one turn can attach (a larger file could
+/// never be attached, issue 28), so `413` above it.
+pub(crate) const MAX_UPLOAD_BYTES: usize = crate::chats::turn::MAX_ATTACHMENT_BYTES as usize;
 
 fn summary(c: &ChatRow, now_ms: i64) -> ChatSummary {
     ChatSummary {

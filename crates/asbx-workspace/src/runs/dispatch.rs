@@ -413,6 +413,48 @@ pub(crate) async fn settle_ended(
     }
 }
 
+/// How long a cancelled run's last lines are awaited after the runner took
+/// the cancel.
+pub(crate) const CANCEL_WIND_DOWN: Duration = Duration::from_secs(10);
+
+/// Asks the runner to end a run's session, a chat turn's included (`DELETE
+/// /v1/sessions/{id}`, docs/protocol.md §4); true when it accepted, so its
+/// `session_ended` line (terminated by the daemon) is on its way.
+pub(crate) async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
+    // The runner that serves this run: with a fleet, not always the first
+    // of `SANDBOX_URL`.
+    let url = match runs::get(state.store.pool(), run_id).await {
+        Ok(Some(run)) => run.sandbox_url,
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(run = run_id, error = %crate::error::error_chain(&e), "cannot read the run");
+            None
+        }
+    };
+    let Some(url) = url.or_else(|| state.config.sandbox_url.as_ref().map(|u| u.to_string())) else {
+        return false;
+    };
+    let path = ["v1", "sessions", run_id];
+    let request = match runner_request(state, reqwest::Method::DELETE, &url, &path) {
+        Ok(r) => r.timeout(Duration::from_secs(5)),
+        Err(e) => {
+            tracing::warn!(run = run_id, error = %crate::error::error_chain(&e), "cannot ask the runner to cancel");
+            return false;
+        }
+    };
+    match request.send().await {
+        Ok(r) if r.status().is_success() => true,
+        Ok(r) => {
+            tracing::info!(run = run_id, status = %r.status(), "the runner did not take the cancel; dropping the stream");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(run = run_id, error = %crate::error::error_chain(&e), "asking the runner to cancel failed");
+            false
+        }
+    }
+}
+
 /// A request to the runner at `sandbox_url`, its route `segments` joined
 /// to the URL's path ([`runner_url::join`]), with the runner token when
 /// that runner is the operator's. A runner the operator does not allow

@@ -8,11 +8,16 @@
 //! tap reads those and never the ciphertext. The outcome is written once the
 //! upstream ends, before the client sees the end of its stream, so a
 //! `GET /api/runs/{id}` after the stream is over sees it. A stream that ends
-//! without a terminal line settles the run as failed, never `running`.
+//! without a terminal line settles the run as failed, never `running`: when
+//! the runner went away without `session_ended` (it died, or the connection
+//! to it did), `runner_lost`, and the relay ends the stream with an `error`
+//! line saying so (docs/protocol.md §9). A cancelled relay (a protocol 1
+//! caller gone) asks the runner to end the session and reads its last
+//! lines, so the run keeps the session's termination.
 
 use std::sync::Arc;
 
-use asbx_protocol::session::{EndReason, Termination};
+use asbx_protocol::session::{EndReason, SessionStats, TerminatedBy, Termination};
 use asbx_protocol::{Event, EventKind, Line};
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
@@ -260,7 +265,6 @@ impl OutcomeTap {
     }
 
     /// Whether `session_ended` was seen.
-    #[cfg(test)]
     pub(crate) fn ended(&self) -> bool {
         self.ended
     }
@@ -271,16 +275,20 @@ impl OutcomeTap {
         self.last_seq
     }
 
-    /// The outcome once the upstream stream has ended (cleanly or not).
+    /// The outcome once the upstream stream has ended (cleanly or not): the
+    /// terminal line's; else what `session_ended` says; else, when the
+    /// session never said it ended, the runner went away (it died, or the
+    /// connection to it did) and the run is `runner_lost` (docs/protocol.md
+    /// §9). Runs and chat turns both end this way.
     pub(crate) fn outcome(&self, upstream_error: Option<&str>) -> Outcome {
         let upstream_failed = || {
             crate::error::ProblemCode::UpstreamFailed
                 .as_str()
                 .to_owned()
         };
-        match (&self.terminal, &self.termination, upstream_error) {
-            (Some(o), _, _) => o.clone(),
-            (None, Some(t), _) => Outcome::Failed {
+        match (&self.terminal, &self.termination) {
+            (Some(o), _) => o.clone(),
+            (None, Some(t)) => Outcome::Failed {
                 code: match t.reason {
                     EndReason::Terminated => asbx_protocol::codes::CANCELLED.to_owned(),
                     EndReason::Completed | EndReason::Error => upstream_failed(),
@@ -289,15 +297,80 @@ impl OutcomeTap {
                     "the session ended without a result or error line".to_owned()
                 }),
             },
-            (None, None, Some(e)) => Outcome::Failed {
+            (None, None) if self.ended => Outcome::Failed {
                 code: upstream_failed(),
-                message: format!("the runner's stream broke: {e}"),
+                message: "the session ended without a result or error line".to_owned(),
             },
-            (None, None, None) => Outcome::Failed {
-                code: upstream_failed(),
-                message: "the runner's stream ended without a result or error line".to_owned(),
+            (None, None) => Outcome::Failed {
+                code: asbx_protocol::codes::RUNNER_LOST.to_owned(),
+                message: match upstream_error {
+                    Some(e) => format!("the runner went away before the run ended: {e}"),
+                    None => "the runner's stream ended before the run did".to_owned(),
+                },
             },
         }
+    }
+
+    /// The `error` line that tells readers how a stream ended that the
+    /// runner left without its end (no terminal line, no `session_ended`):
+    /// of the runner's shape, numbered after the last line seen. `None` when
+    /// the stream has its end or `outcome` is a success.
+    pub(crate) fn closing_line(
+        &self,
+        outcome: &Outcome,
+        session_id: &str,
+        ts: u64,
+    ) -> Option<Line> {
+        if self.terminal.is_some() || self.ended {
+            return None;
+        }
+        closing_error(outcome, self.last_seq + 1, session_id, ts)
+    }
+}
+
+/// An `error` line for a failed `outcome`, as the runner would stamp it.
+pub(crate) fn closing_error(
+    outcome: &Outcome,
+    seq: u64,
+    session_id: &str,
+    ts: u64,
+) -> Option<Line> {
+    match outcome {
+        Outcome::Succeeded { .. } => None,
+        Outcome::Failed { code, message } => Some(Line {
+            seq,
+            ts,
+            session_id: session_id.to_owned(),
+            event: Event::error(code.clone(), message.clone()),
+        }),
+    }
+}
+
+impl Tapped {
+    /// A line the workspace adds to a run's stream.
+    fn own(line: Line) -> Option<Tapped> {
+        let raw = serde_json::to_vec(&line).ok()?;
+        Some(Tapped {
+            seq: line.seq,
+            kind: line.event.kind(),
+            raw: Bytes::from(raw),
+            line: Some(line),
+        })
+    }
+}
+
+/// The termination of a run cancelled here whose runner did not say how
+/// its session ended (it no longer had it, or did not answer in time): the
+/// relay dropped the stream, so the runner ended it (a detach grace of 0).
+fn cancelled_here() -> Termination {
+    Termination {
+        reason: EndReason::Terminated,
+        terminated_by: TerminatedBy::Daemon,
+        message: Some("the run was cancelled".to_owned()),
+        exit_code: None,
+        signal: None,
+        stderr: None,
+        stats: SessionStats::default(),
     }
 }
 
@@ -383,6 +456,10 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     let mut unstored: Vec<Tapped> = Vec::new();
     let mut unstored_bytes = 0usize;
     let mut storing: Option<Storing> = None;
+    // After a cancel the runner is asked to end the session; its last lines
+    // (`error`, `session_ended` with the termination) are still read until
+    // this deadline.
+    let mut wind_down: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         if storing.is_none() && !unstored.is_empty() {
             let lines = std::mem::take(&mut unstored);
@@ -405,8 +482,20 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
         }
         tokio::select! {
             biased;
-            _ = live.cancel.cancelled() => {
+            _ = live.cancel.cancelled(), if !cancelled => {
                 cancelled = true;
+                if dispatch::cancel_on_runner(&state, &run_id).await {
+                    wind_down = Some(Box::pin(tokio::time::sleep(dispatch::CANCEL_WIND_DOWN)));
+                } else {
+                    reading = false;
+                }
+            }
+            () = async {
+                if let Some(d) = wind_down.as_mut() {
+                    d.await;
+                }
+            }, if wind_down.is_some() => {
+                tracing::warn!(run = %run_id, "the runner did not end the cancelled session in time");
                 reading = false;
             }
             () = async {
@@ -431,8 +520,7 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     // With a detach grace of 0 the runner ends the sandbox once its only
     // reader is gone (docs/protocol.md §4).
     drop(upstream);
-    let rest = tap.finish_raw();
-    publish(Arc::clone(&state), run_id.clone(), live.clone(), rest).await;
+    let mut rest = tap.finish_raw();
     let outcome = match (tap.terminal(), cancelled) {
         (None, true) => Outcome::Failed {
             code: asbx_protocol::codes::CANCELLED.to_owned(),
@@ -440,7 +528,20 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
         },
         _ => tap.outcome(broken.as_deref()),
     };
-    dispatch::settle_ended(&state, &run_id, &outcome, tap.termination()).await;
+    let termination = match tap.termination() {
+        Some(t) => Some(t.clone()),
+        None if cancelled && !tap.ended() => Some(cancelled_here()),
+        None => None,
+    };
+    // A stream the runner left without its end (it died, or was cut off)
+    // ends with an `error` line all the same, as a chat turn's does.
+    let ts = u64::try_from(state.now_ms()).unwrap_or(0);
+    rest.extend(
+        tap.closing_line(&outcome, &run_id, ts)
+            .and_then(Tapped::own),
+    );
+    publish(Arc::clone(&state), run_id.clone(), live.clone(), rest).await;
+    dispatch::settle_ended(&state, &run_id, &outcome, termination.as_ref()).await;
     state.run_hub.close(&run_id);
     events::announce_end(&state, &run_id).await;
 }
@@ -705,7 +806,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_without_a_terminal_line_is_a_failure() {
+    fn a_stream_the_runner_left_without_its_end_is_runner_lost_and_says_so() {
         let mut tap = OutcomeTap::default();
         let lines = feed(
             &mut tap,
@@ -713,13 +814,55 @@ mod tests {
         );
         assert_eq!(lines.len(), 1);
         assert_eq!(tap.bad_lines, 1);
-        let Outcome::Failed { code, .. } = tap.outcome(None) else {
+        let outcome = tap.outcome(None);
+        let Outcome::Failed { code, .. } = &outcome else {
             panic!("a stream without a terminal line succeeded");
         };
-        assert_eq!(code, "upstream_failed");
-        let Outcome::Failed { message, .. } = tap.outcome(Some("reset")) else {
+        assert_eq!(code, "runner_lost");
+        let Outcome::Failed { code, message } = tap.outcome(Some("reset")) else {
             panic!("a broken stream succeeded");
         };
+        assert_eq!(code, "runner_lost");
         assert!(message.contains("reset"));
+        // The stream gets its end: an `error` line after the last one.
+        let line = tap.closing_line(&outcome, "s", 7).unwrap();
+        assert_eq!((line.seq, line.ts, line.session_id.as_str()), (2, 7, "s"));
+        let Event::Error(e) = &line.event else {
+            panic!("not an error line: {line:?}");
+        };
+        assert_eq!(e.code, "runner_lost");
+        let tapped = Tapped::own(line).unwrap();
+        assert_eq!(
+            asbx_protocol::decode::decode_line(&tapped.raw)
+                .unwrap()
+                .event
+                .kind(),
+            EventKind::Error
+        );
+    }
+
+    #[test]
+    fn a_stream_with_its_end_gets_no_closing_line() {
+        // `session_ended` without a terminal line (an encrypted run's
+        // shape): the runner ended it, it was not lost.
+        let mut tap = OutcomeTap::default();
+        feed(
+            &mut tap,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"session_ended","encrypted":{"iv":"aa","ciphertext":"bb"}}"#,
+        );
+        let outcome = tap.outcome(None);
+        assert!(
+            matches!(&outcome, Outcome::Failed { code, .. } if code == "upstream_failed"),
+            "{outcome:?}"
+        );
+        assert!(tap.closing_line(&outcome, "s", 1).is_none());
+        // A terminal line: nothing to add either.
+        let mut tap = OutcomeTap::default();
+        feed(
+            &mut tap,
+            r#"{"seq":1,"ts":1,"sessionId":"s","type":"error","code":"model_error","message":"m"}"#,
+        );
+        let outcome = tap.outcome(None);
+        assert!(tap.closing_line(&outcome, "s", 1).is_none());
     }
 }

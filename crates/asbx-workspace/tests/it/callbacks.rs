@@ -203,3 +203,56 @@ async fn bad_results_bodies_are_400_and_leave_the_token_usable(db: Db) {
     let p = problem(post(ok).await.unwrap(), 401).await;
     assert_eq!(p["code"], "otp_rejected");
 }
+
+/// Issue 28, defect 13: `POST {agentUrl}/assets/writeback`, the seed's name
+/// of `/results`, is the same route: it stores the files with the upload
+/// token, which it redeems, and refuses a body as `/results` does.
+#[tokio::test]
+async fn the_seeds_writeback_path_is_the_results_route() {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let resp = client()
+        .post(ws.url("/api/runs"))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let d = runner.next_dispatch(0).await;
+    let url = format!("{}/assets/writeback", d.agent_url);
+    let token = d.otp_upload.clone().unwrap();
+    let post = |body: Value| client().post(&url).bearer_auth(&token).json(&body).send();
+
+    let bad = json!({"files": [{"path": "../x", "content_base64": ""}]});
+    let p = problem(post(bad).await.unwrap(), 400).await;
+    assert_eq!(p["code"], "invalid_request", "{p}");
+    let ok = json!({"files": [{"path": "seed.txt", "content_base64": STANDARD.encode("from the seed")}]});
+    let r = post(ok.clone()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let stored: Value = r.json().await.unwrap();
+    let id = stored["files"][0]["id"].as_str().unwrap().to_owned();
+    let bytes = client()
+        .get(ws.url(&format!("/api/files/{id}")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(bytes.as_ref(), b"from the seed");
+    // One token, one writeback, whichever path redeemed it.
+    let p = problem(
+        client()
+            .post(format!("{}/results", d.agent_url))
+            .bearer_auth(&token)
+            .json(&ok)
+            .send()
+            .await
+            .unwrap(),
+        401,
+    )
+    .await;
+    assert_eq!(p["code"], "otp_rejected");
+    drop(resp);
+    settled_run(&ws, &run_id).await;
+}

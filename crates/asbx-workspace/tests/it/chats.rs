@@ -551,3 +551,52 @@ async fn a_runner_rejection_is_passed_through_and_persisted() {
         json!([{"type": "error", "code": "at_capacity", "message": "too many sandboxes"}])
     );
 }
+
+/// Issue 28, defect 6: an upload to a bag is at most what a turn can
+/// attach, 16 MiB; one byte more is refused `413` `payload_too_large` (the
+/// code of the other 16 MiB limits) and stores nothing, where it was stored
+/// and could never be attached. A file at the limit is stored and attached.
+#[tokio::test]
+async fn an_upload_over_the_attachable_limit_is_refused() {
+    const LIMIT: usize = 16 * 1024 * 1024;
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start(Some(runner.url.clone())).await;
+    let upload = |len: usize| {
+        client()
+            .post(ws.url("/api/assistant/files?name=big.bin"))
+            .header("content-type", "application/octet-stream")
+            .body(vec![7u8; len])
+            .send()
+    };
+    let p = problem(upload(LIMIT + 1).await.unwrap(), 413).await;
+    assert_eq!(p["code"], "payload_too_large", "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains(&LIMIT.to_string()),
+        "{p}"
+    );
+    let pool = ws.db().await;
+    let (files,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM files")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert_eq!(files, 0, "nothing stored");
+
+    // Positive control: at the limit, stored and attachable.
+    let resp = upload(LIMIT).await.unwrap();
+    assert_eq!(resp.status(), 201);
+    let up: Value = resp.json().await.unwrap();
+    assert_eq!(up["size"], LIMIT as u64, "{up}");
+    let resp = post_turn(
+        &ws,
+        json!({"message": "read it", "attachmentIds": [up["id"]]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    SseReader::new(resp).until_done().await;
+    assert!(
+        runner.dispatches()[0]
+            .prompt
+            .contains("attachments/big.bin")
+    );
+}

@@ -202,6 +202,12 @@ async fn client_disconnect_cancels_the_upstream_and_records_it() {
     let run = settled_run(&ws, &run_id).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"]["code"], "cancelled");
+    // Issue 28, defect 5: the run says how its session ended. This runner
+    // does not know the session when asked to end it (`404`), so the
+    // workspace records what it did: the session was ended for the client.
+    assert_eq!(run["termination"]["reason"], "terminated", "{run}");
+    assert_eq!(run["termination"]["terminatedBy"], "daemon", "{run}");
+    assert_eq!(runner.deletes(), [run_id], "the runner was asked to end it");
 }
 
 #[tokio::test]

@@ -570,9 +570,10 @@ async fn another_node_follows_a_run_it_does_not_relay(db: Db) {
     assert_eq!(settled_run(&b, &run_id).await["status"], "succeeded");
 }
 
-/// A runner whose stream ends without `result`, `error` or `session_ended`:
-/// the caller gets the lines it sent and the run is settled failed, never
-/// left `running`.
+/// A runner whose stream ends without `result`, `error` or `session_ended`
+/// (it went away): the caller gets the lines it sent, then an `error` line
+/// `runner_lost` (issue 28, defect 4; docs/protocol.md §9), and the run is
+/// settled failed `runner_lost`, never left `running`.
 #[tokio::test]
 async fn a_stream_ending_without_a_terminal_line_settles_the_run_failed() {
     let (url, _runner) = fake_runner(3, false).await;
@@ -586,16 +587,22 @@ async fn a_stream_ending_without_a_terminal_line_settles_the_run_failed() {
             .unwrap();
         let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
         let body = resp.bytes().await.unwrap();
-        // Protocol 1 carries no delta lines; protocol 2 all three.
-        assert_eq!(lines(&body).len(), if protocol == 2 { 3 } else { 0 });
+        // Protocol 1 carries no delta lines; protocol 2 all three; both end
+        // with the workspace's `error` line.
+        let got = lines(&body);
+        assert_eq!(got.len(), if protocol == 2 { 4 } else { 1 }, "{got:?}");
+        let last = got.last().unwrap();
+        assert_eq!(last["type"], "error", "{last}");
+        assert_eq!(last["code"], "runner_lost", "{last}");
+        assert_eq!(last["seq"], if protocol == 2 { 4 } else { 1 }, "{last}");
         let run = settled_run(&ws, &run_id).await;
         assert_eq!(run["status"], "failed", "{run}");
-        assert_eq!(run["error"]["code"], "upstream_failed", "{run}");
+        assert_eq!(run["error"]["code"], "runner_lost", "{run}");
         assert!(
             run["error"]["message"]
                 .as_str()
                 .unwrap()
-                .contains("without a result or error line"),
+                .contains("the runner's stream ended before the run did"),
             "{run}"
         );
     }

@@ -137,13 +137,17 @@ async fn cross_origin_and_non_json_posts_are_refused_and_create_nothing() {
 }
 
 /// Item 4, DNS rebinding: a request whose `Host` is not one the server
-/// answers to is refused, reads included; loopback names with the right
-/// port are answered.
+/// answers to is refused, reads included; loopback names are answered.
 #[tokio::test]
 async fn a_foreign_host_is_refused() {
     let ws = TestWorkspace::start(None).await;
     let port = own_host(&ws).rsplit(':').next().unwrap().to_owned();
-    for host in ["evil.example", "evil.example:80", "127.0.0.1:1"] {
+    for host in [
+        "evil.example",
+        "evil.example:80",
+        "localhost.evil.example",
+        "127.0.0.2:80",
+    ] {
         let req = Request::get("/api/assistant/chats")
             .header("host", host)
             .body(Body::empty())
@@ -179,6 +183,60 @@ async fn a_foreign_host_is_refused() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+}
+
+/// Issue 28 (docs/protocol.md §8 as amended): an SSH tunnel or a forwarded
+/// port reaches a loopback workspace under its own port (`ssh -L
+/// 9000:localhost:7878` sends `Host: localhost:9000`): the page, reads and
+/// same-origin writes work through it; a foreign host, and an origin that is
+/// neither the request's own nor the public URL's, are still refused.
+#[tokio::test]
+async fn a_tunnelled_port_is_answered_and_other_origins_are_still_refused() {
+    let ws = TestWorkspace::start(None).await;
+    let agent = json!({"name": "tunnelled"}).to_string();
+    let tunnel = "localhost:9000";
+    for path in ["/", "/api/assistant/chats"] {
+        let req = Request::get(path)
+            .header("host", tunnel)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(oneshot(&ws, req).await.status(), 200, "{path}");
+    }
+    let create = |host: &str, origin: &str| {
+        Request::post("/api/agents")
+            .header("host", host)
+            .header("origin", origin)
+            .header("content-type", "application/json")
+            .body(Body::from(agent.clone()))
+            .unwrap()
+    };
+    // The tunnelled page posts with its own origin.
+    let resp = oneshot(&ws, create(tunnel, "http://localhost:9000")).await;
+    assert_eq!(resp.status(), 201);
+    assert_eq!(count(&ws, "agents").await, 1);
+    // The public URL's origin is accepted whatever the Host.
+    let resp = oneshot(&ws, create(tunnel, &ws.base)).await;
+    assert_eq!(resp.status(), 201);
+    assert_eq!(count(&ws, "agents").await, 2);
+
+    // The tunnel's origin on a request to another port is another origin.
+    for (host, origin) in [
+        (own_host(&ws), "http://localhost:9000"),
+        (tunnel.to_owned(), "http://localhost:9001"),
+        (tunnel.to_owned(), "https://localhost:9000"),
+        (tunnel.to_owned(), "http://evil.example"),
+    ] {
+        let p = problem_of(oneshot(&ws, create(&host, origin)).await, 403).await;
+        assert_eq!(p["code"], "cross_origin", "{origin} on {host}: {p}");
+    }
+    // A foreign host is refused even with its "own" origin.
+    let p = problem_of(
+        oneshot(&ws, create("evil.example", "http://evil.example")).await,
+        403,
+    )
+    .await;
+    assert_eq!(p["code"], "host_not_allowed", "{p}");
+    assert_eq!(count(&ws, "agents").await, 2);
 }
 
 /// Item 4: `405`, `404` of unknown routes, `413` and extractor rejections

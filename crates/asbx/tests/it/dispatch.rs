@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use asbx_protocol::callback::EnvResponse;
-use asbx_protocol::{Event, LineDecoder, LogLevel, StepStatus};
+use asbx_protocol::{Event, Line, LineDecoder, LogLevel, StepStatus};
 use base64::Engine;
 use futures::StreamExt;
 use serde_json::json;
@@ -421,10 +421,28 @@ async fn a_client_disconnect_kills_the_whole_tree_within_a_second() {
 
 #[tokio::test]
 async fn the_runtime_cap_kills_the_sandbox() {
-    let runner = RunnerProc::start(&[
-        ("ASBX_MAX_RUNTIME_SEC", "1"),
-        ("ASBX_RUNTIME_GRACE_SEC", "0"),
-    ]);
+    let lines = capped_run("ASBX_MAX_RUNTIME_SEC").await;
+    // The step that was running is closed as failed before the error.
+    assert_eq!(
+        steps(&lines),
+        vec![
+            ("shell", StepStatus::Running),
+            ("shell", StepStatus::Failed)
+        ]
+    );
+}
+
+/// Issue 28, defect 13: the seed's name of the setting is read too.
+#[tokio::test]
+async fn the_seeds_name_of_the_runtime_cap_is_read() {
+    capped_run("ASSISTANT_SANDBOX_MAX_RUNTIME_SEC").await;
+}
+
+/// A run on a runner whose runtime cap, 1 s, is set by `setting`: a step
+/// that sleeps far longer is killed, the run ends `runtime_cap_exceeded`
+/// and nothing is left. Returns its lines.
+async fn capped_run(setting: &str) -> Vec<Line> {
+    let runner = RunnerProc::start(&[(setting, "1"), ("ASBX_RUNTIME_GRACE_SEC", "0")]);
     let ws = FakeWorkspace::start(scripted("scripted:test")).await;
     let t = ws.mint(&session_id("cap"));
     let marker = format!("{}", 1000 + rand::random::<u16>() % 800);
@@ -440,18 +458,11 @@ async fn the_runtime_cap_kills_the_sandbox() {
         matches!(terminal(&lines), Event::Error(e) if e.code == "runtime_cap_exceeded"),
         "{lines:?}"
     );
-    // The step that was running is closed as failed before the error.
-    assert_eq!(
-        steps(&lines),
-        vec![
-            ("shell", StepStatus::Running),
-            ("shell", StepStatus::Failed)
-        ]
-    );
     assert!(
         wait_for_pids(&format!("sleep {marker}.5"), 0, Duration::from_secs(2))
             .await
             .is_empty()
     );
     runner.assert_clean().await;
+    lines
 }

@@ -499,12 +499,13 @@ impl UpProc {
     }
 }
 
-/// The `result` values of the finished `shell` steps, in order.
+/// The `result` values of the finished `shell` steps, in order: a command
+/// that exited non-zero is a failed step that keeps its result.
 pub fn shell_results(lines: &[Line]) -> Vec<serde_json::Value> {
     lines
         .iter()
         .filter_map(|l| match &l.event {
-            Event::Step(s) if s.status == StepStatus::Succeeded => s.result.clone(),
+            Event::Step(s) if s.status != StepStatus::Running => s.result.clone(),
             _ => None,
         })
         .collect()

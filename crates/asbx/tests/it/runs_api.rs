@@ -299,6 +299,88 @@ async fn delete_cancels_a_running_run_and_get_shows_its_termination() {
     assert_eq!(r.status(), 204);
 }
 
+/// Issue 28, defect 4 (docs/protocol.md §9): the runner is killed while a
+/// protocol 2 run streams through the workspace. The caller's stream does
+/// not just stop: it ends with an `error` line `runner_lost`, as a chat turn
+/// does, and the run is settled failed `runner_lost`.
+#[tokio::test]
+async fn a_run_whose_runner_is_killed_ends_with_runner_lost() {
+    let mut runner = RunnerProc::start(&[]);
+    let ws = WorkspaceProc::start("127.0.0.1:0", &[("SANDBOX_URL", &runner.url)]);
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "echo started; sleep 120"}},
+        {"say": "never"}
+    ]));
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/runs", ws.url))
+        .json(&json!({"prompt": prompt, "protocol": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    let mut killed = false;
+    let lines = read_lines(res, async |l: &Line| {
+        if !killed && matches!(&l.event, Event::Stdout(o) if o.chunk.contains("started")) {
+            runner.sigkill();
+            killed = true;
+        }
+        true
+    })
+    .await;
+    assert!(killed, "the step never started: {lines:?}");
+    let Event::Error(e) = &lines.last().unwrap().event else {
+        panic!("the stream did not end with an error line: {lines:?}");
+    };
+    assert_eq!(e.code, "runner_lost", "{lines:?}");
+    // Numbered after the runner's last line, no gap.
+    let n = lines.len();
+    assert_eq!(lines[n - 1].seq, lines[n - 2].seq + 1, "{lines:?}");
+    let run = settled(&ws.url, &run_id).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["code"], "runner_lost", "{run}");
+    // A replay ends the same way.
+    let all = reqwest::get(format!("{}/api/runs/{run_id}/events?after=0", ws.url))
+        .await
+        .unwrap();
+    let all = decode(&all.bytes().await.unwrap());
+    assert_eq!(all.last(), lines.last());
+}
+
+/// Issue 28, defect 5: a protocol 1 run whose caller went away keeps how
+/// its session ended: `GET /api/runs/{id}` carries the termination
+/// (terminated, by the daemon), not `null`.
+#[tokio::test]
+async fn a_protocol_1_run_whose_caller_left_carries_its_termination() {
+    let up = UpProc::start(&[]);
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "echo started; sleep 60"}},
+        {"say": "never"}
+    ]));
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/runs", up.url))
+        .json(&json!({"prompt": prompt}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let run_id = res.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
+    // Read until the step runs, then go away.
+    let first = read_lines(res, async |l: &Line| {
+        !matches!(&l.event, Event::Step(s) if s.status == asbx_protocol::StepStatus::Running)
+    })
+    .await;
+    assert!(
+        matches!(&first.last().unwrap().event, Event::Step(_)),
+        "{first:?}"
+    );
+    let run = settled(&up.url, &run_id).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["code"], "cancelled", "{run}");
+    assert_eq!(run["termination"]["reason"], "terminated", "{run}");
+    assert_eq!(run["termination"]["terminatedBy"], "daemon", "{run}");
+}
+
 /// `asbx up` with its log written to a file, so the test can read it.
 struct LoggedUp {
     child: Child,

@@ -140,6 +140,94 @@ async fn with_auth_required_only_a_minted_key_dispatches() {
             "plaintext key in the database"
         );
     }
+
+    // Issue 28, defect 9: `asbx run` sends a key too (`ASBX_API_KEY` or
+    // `--api-key`); without one, or with a wrong one, it gets `401`.
+    let asbx_run = |key: Option<(&str, &str)>| {
+        let mut cmd = std::process::Command::new(ASBX);
+        cmd.args(["run", "--url", &up.url])
+            .env_remove("ASBX_API_KEY");
+        match key {
+            Some(("env", k)) => {
+                cmd.env("ASBX_API_KEY", k);
+            }
+            Some((_, k)) => {
+                cmd.args(["--api-key", k]);
+            }
+            None => {}
+        }
+        let out = cmd
+            .arg(script(json!([{"say": "authorized by asbx run"}])))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for key in [None, Some(("flag", "asbx_key_wrong"))] {
+        let (ok, _, stderr) = asbx_run(key);
+        assert!(!ok && stderr.contains("401"), "{key:?}: {stderr}");
+    }
+    for how in ["env", "flag"] {
+        let (ok, stdout, stderr) = asbx_run(Some((how, &key)));
+        assert!(ok, "{how}: {stderr}");
+        assert!(stdout.contains("authorized by asbx run"), "{how}: {stdout}");
+        assert!(!stderr.contains(&key), "{how}: the key is never shown");
+    }
+}
+
+/// Issue 28, defect 12: a shell step whose command exits 3 is shown failed
+/// (`✗`, with its exit code), never `✓`, and its output still shows.
+#[tokio::test]
+async fn asbx_run_shows_a_command_that_exits_non_zero_as_failed() {
+    let up = UpProc::start(&[]);
+    let prompt = script(json!([
+        {"tool": "shell", "args": {"command": "echo partial-output; exit 3"}},
+        {"say": "the command failed"}
+    ]));
+    let out = std::process::Command::new(ASBX)
+        .args(["run", "--url", &up.url])
+        .arg(&prompt)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("the command failed"), "{stdout}");
+    assert!(stderr.contains("│ partial-output"), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("✗ shell") && l.contains("exited with code 3")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("✓ shell"), "{stderr}");
+    // The same in the raw lines: `failed`, the error, the output kept.
+    let out = std::process::Command::new(ASBX)
+        .args(["run", "--json", "--url", &up.url])
+        .arg(&prompt)
+        .output()
+        .unwrap();
+    let lines: Vec<_> = LineDecoder::default()
+        .push(&out.stdout)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect();
+    let done = lines
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::Step(s) if s.status != StepStatus::Running => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a finished step");
+    assert_eq!(done.status, StepStatus::Failed, "{done:?}");
+    assert!(done.error.as_deref().unwrap_or_default().contains("code 3"));
+    assert_eq!(done.result.as_ref().unwrap()["exitCode"], 3, "{done:?}");
+    assert_eq!(done.result.as_ref().unwrap()["stdout"], "partial-output\n");
 }
 
 #[tokio::test]

@@ -227,6 +227,38 @@ fn the_readme_configuration_table_matches_the_cli() {
     );
 }
 
+/// Issue 28, defect 14: every Markdown file the README names is in the
+/// repository (from its root, or under `docs/`), never outside it (the
+/// README once sent readers to `../shared/CONTRACT.md`).
+#[test]
+fn the_readme_names_only_documents_in_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let named: Vec<&str> = readme
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| s.ends_with(".md") && !s.contains(char::is_whitespace))
+        .collect();
+    assert!(named.len() >= 5, "found too few: {named:?}");
+    let missing: Vec<_> = named
+        .iter()
+        .filter(|p| {
+            p.split('/').any(|c| c == "..")
+                || p.starts_with('/')
+                || !(root.join(p).is_file() || root.join("docs").join(p).is_file())
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the README names documents not in the repository: {missing:?}"
+    );
+    assert!(
+        named.contains(&"docs/protocol.md"),
+        "the README names the wire contract, docs/protocol.md"
+    );
+}
+
 /// The crates' own `asbx-*` dependencies, per section of a `Cargo.toml`.
 fn internal_deps(manifest: &toml::Table, section: &str) -> std::collections::BTreeSet<String> {
     manifest

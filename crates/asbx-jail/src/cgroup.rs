@@ -21,10 +21,15 @@
 //! freezer hierarchies): under each sandbox directory of those three, one
 //! child per [`CGROUP_CHILDREN`] (`tools`, `mcp`), with memory (+swap) and
 //! pids bounds below the sandbox's ([`child_memory`], [`child_pids`]), so a
-//! tool's memory use can't get the agent OOM-killed. Their `cgroup.procs`
-//! belong to the sandbox's group (host gid `host_uid`, mode 0664), their
-//! `freezer.state` to the agent (host uid `host_uid`, mode 0644); every other
-//! file stays root's. The sandbox sees them at [`TOOL_CGROUP_IN_JAIL`] (see
+//! tool's memory use can't get the agent OOM-killed. Each child's
+//! `cgroup.procs` belongs to the one user that joins it ([`joiner_uid`]:
+//! `tools` to the tool user, host uid `host_uid + 1`; `mcp` to the MCP
+//! user, `host_uid + 2`; mode 0644), since a process joins between `fork`
+//! and `exec`, already under its own uid: a tool can't write itself into
+//! `mcp` (where the tools' reaper would not look), an MCP server not into
+//! `tools`, and the agent into neither. Their `freezer.state` belongs to the
+//! agent (host uid `host_uid`, mode 0644); every other file (`tasks`
+//! included) stays root's, which the sandbox's user namespace does not map. The sandbox sees them at [`TOOL_CGROUP_IN_JAIL`] (see
 //! its doc comment; bound by [`crate::rootfs`]). On cgroup v2 the sandbox's
 //! processes live in the sandbox directory itself, which the "no internal
 //! processes" rule forbids giving children: no child cgroups there yet, so
@@ -44,7 +49,7 @@ use std::os::unix::fs::{PermissionsExt, chown};
 
 #[cfg(doc)]
 use asbx_protocol::jail::TOOL_CGROUP_IN_JAIL;
-use asbx_protocol::jail::{CGROUP_CHILDREN, ResourceLimits};
+use asbx_protocol::jail::{AGENT_UID, CGROUP_CHILDREN, MCP_UID, ResourceLimits, TOOL_UID};
 
 use crate::JailError;
 
@@ -415,8 +420,8 @@ impl Cgroups {
     /// bounds and owners, but those made on request (the memory children,
     /// [`Cgroups::make_on_request`]). Apart from `create` so that the
     /// supervisor can make them while the sandbox's init builds the first
-    /// half of its root. `host_uid` owns their `freezer.state`, and is the
-    /// group of their `cgroup.procs`.
+    /// half of its root. `host_uid` owns their `freezer.state`; their
+    /// `cgroup.procs` go to the user each is for ([`joiner_uid`]).
     pub(crate) fn create_children(
         &self,
         limits: &ResourceLimits,
@@ -530,7 +535,20 @@ fn make_child(m: &ChildMount, limits: &ResourceLimits, host_uid: u32) -> Result<
             set_owner(&dir.join("freezer.state"), Some(host_uid), Some(0), 0o644)?;
         }
     }
-    set_owner(&dir.join("cgroup.procs"), Some(0), Some(host_uid), 0o664)
+    let joiner = joiner_uid(m.child, host_uid);
+    set_owner(&dir.join("cgroup.procs"), Some(joiner), Some(0), 0o644)
+}
+
+/// The host uid of the only user that may write child `child`'s
+/// `cgroup.procs` (see the module docs): the tool user for `tools`, the MCP
+/// user for `mcp` (the only other child, [`CGROUP_CHILDREN`]).
+pub(crate) fn joiner_uid(child: &str, host_uid: u32) -> u32 {
+    let uid = if child == CGROUP_CHILDREN[0] {
+        TOOL_UID
+    } else {
+        MCP_UID
+    };
+    host_uid + (uid - AGENT_UID)
 }
 
 impl Drop for Cgroups {
@@ -916,6 +934,60 @@ mod tests {
         }
         cg.destroy().unwrap();
         assert!(!root.join("memory/asbx/t1").exists());
+    }
+
+    /// Issue 26, item 4: each child's `cgroup.procs` is writable by the one
+    /// user it is for, so a tool can't move itself into `mcp` (out of the
+    /// tools' reaper's reach); `freezer.state` stays the agent's.
+    #[test]
+    fn only_the_user_a_child_is_for_may_join_it() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED the child owners check: chown needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for (c, f) in [
+            ("memory", "memory.limit_in_bytes"),
+            ("pids", "cgroup.procs"),
+            ("cpu", "cpu.cfs_quota_us"),
+            ("freezer", "cgroup.procs"),
+        ] {
+            fs::create_dir_all(root.join(c)).unwrap();
+            fs::write(root.join(c).join(f), "").unwrap();
+        }
+        let layout = Layout::detect(root).unwrap();
+        let cg = Cgroups::plan(layout, "t1").unwrap();
+        let made: Vec<&ChildMount> = cg.child_mounts().iter().filter(|m| !m.on_request).collect();
+        assert_eq!(made.len(), 4, "pids and freezer of tools and mcp");
+        for m in &made {
+            fs::create_dir_all(&m.host).unwrap();
+            for f in ["cgroup.procs", "freezer.state", "tasks"] {
+                fs::write(m.host.join(f), "").unwrap();
+            }
+        }
+        let host_uid = 300_000;
+        cg.create_children(&ResourceLimits::default(), host_uid)
+            .unwrap();
+        let owner = |p: PathBuf| {
+            let m = fs::metadata(p).unwrap();
+            (m.uid(), m.gid(), m.mode() & 0o7777)
+        };
+        for m in made {
+            let joiner = match m.child {
+                "tools" => host_uid + 1,
+                _ => host_uid + 2,
+            };
+            assert_eq!(
+                owner(m.host.join("cgroup.procs")),
+                (joiner, 0, 0o644),
+                "{m:?}"
+            );
+            if m.controller == "freezer" {
+                assert_eq!(owner(m.host.join("freezer.state")), (host_uid, 0, 0o644));
+            }
+        }
     }
 
     #[test]

@@ -38,8 +38,10 @@ pub const HOST_IDS_PER_SANDBOX: u32 = 3;
 /// `cgroup.procs`, and `freezer.state` under `freezer`);
 /// `{TOOL_CGROUP_IN_JAIL}/{child}/unified/` on cgroup v2 (`cgroup.procs`,
 /// `cgroup.kill`, `cgroup.freeze`). A process joins by writing `0` to each
-/// `cgroup.procs` of its child before it execs (the files are writable by
-/// the sandbox's group); absent folders mean the profile has no cgroups.
+/// `cgroup.procs` of its child before it execs, under its own uid (each
+/// child's files are writable by the one user it is for: `tools` by
+/// [`TOOL_UID`], `mcp` by [`MCP_UID`]); absent folders mean the profile has
+/// no cgroups.
 ///
 /// On cgroup v1 a child's `memory` folder is empty until the child's memory
 /// cgroup is made, on request ([`CGROUP_REQUEST_FD_ENV`]): a memory cgroup

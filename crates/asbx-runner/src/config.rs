@@ -96,6 +96,16 @@ impl RunnerConfig {
         }
     }
 
+    /// Lowers the ceiling of a run's duration (`limits.max_duration_ms`) to
+    /// the runtime cap (`max_runtime`, `ASBX_MAX_RUNTIME_SEC`), so that the
+    /// one setting bounds all three: `session_init`'s `maxDurationMs`, the
+    /// agent's own limit (its bootstrap's `max_limits`) and the kill at the
+    /// cap. [`crate::Runner::new`] calls it.
+    pub(crate) fn bound_duration_by_runtime(&mut self) {
+        let cap = u64::try_from(self.max_runtime.as_millis()).unwrap_or(u64::MAX);
+        self.limits.max_duration_ms = self.limits.max_duration_ms.min(cap);
+    }
+
     /// Refuses to serve on a non-loopback address without a token: anyone
     /// who reaches the runner could start sandboxes on the operator's keys.
     pub fn check_listen(&self, addr: std::net::SocketAddr) -> Result<(), RunnerError> {
@@ -167,6 +177,26 @@ mod tests {
         );
         c.token = Some("t".into());
         assert!(c.check_listen("0.0.0.0:80".parse().unwrap()).is_ok());
+    }
+
+    /// Issue 28, defect 2: `ASBX_MAX_RUNTIME_SEC` (here 2 s) bounds the
+    /// duration the runner announces and hands the agent; a longer cap
+    /// leaves a lower ceiling alone.
+    #[test]
+    fn the_runtime_cap_bounds_the_duration_ceiling() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = RunnerConfig::new("/nonexistent/asbx".into(), dir.path().to_owned());
+        c.warm_pool = 0;
+        c.uid_locks = None;
+        c.max_runtime = Duration::from_secs(2);
+        let r = crate::Runner::new(c.clone()).unwrap();
+        assert_eq!(r.inner.config.limits.max_duration_ms, 2000);
+        assert_eq!(r.inner.config.max_runtime, Duration::from_secs(2));
+        drop(r);
+        c.max_runtime = Duration::from_secs(100_000);
+        c.limits.max_duration_ms = 5000;
+        c.bound_duration_by_runtime();
+        assert_eq!(c.limits.max_duration_ms, 5000);
     }
 
     #[test]

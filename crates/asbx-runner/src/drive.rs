@@ -100,6 +100,8 @@ struct State {
     init: Option<SessionInit>,
     /// The message of the agent's `error` line.
     agent_error: Option<String>,
+    /// Its `code` as a metric label ([`metric_code`]).
+    agent_code: &'static str,
     /// For the metrics: when the dispatch started, whether a line went
     /// out yet, and the `seq` counted so far.
     started: Instant,
@@ -147,6 +149,7 @@ impl Drive {
                 encryption: session.crypto().map(|c| c.init().clone()),
             }),
             agent_error: None,
+            agent_code: OTHER_CODE,
             started,
             first_sent: false,
             counted_seq: 0,
@@ -212,7 +215,7 @@ impl Drive {
             st.emit(Event::error(code, msg.clone()));
         }
         st.stats.duration_ms = started.elapsed().as_millis() as u64;
-        let usage = session.usage();
+        let usage = session.stats_usage();
         st.stats.steps = usage.model_calls;
         st.stats.input_tokens = usage.input_tokens;
         st.stats.output_tokens = usage.output_tokens;
@@ -255,7 +258,7 @@ impl Drive {
         }
         let (outcome, code) = match end {
             End::Result => ("completed", "none"),
-            End::AgentError => ("agent_error", "agent"),
+            End::AgentError => ("agent_error", st.agent_code),
             End::Crashed => ("crashed", codes::SANDBOX_CRASHED),
             End::Cancelled(_) => ("cancelled", codes::CANCELLED),
             End::Cap => ("runtime_cap", codes::RUNTIME_CAP_EXCEEDED),
@@ -540,6 +543,7 @@ impl State {
         }
         if kind == AgentKind::Error {
             self.agent_error = ev.message.as_deref().map(str::to_owned);
+            self.agent_code = metric_code(ev.code.as_deref());
         }
         if kind == AgentKind::ToolCall
             && let Some(id) = &ev.call_id
@@ -644,6 +648,17 @@ pub(crate) async fn kill_tree(child: &mut SandboxChild) -> Option<std::process::
     }
     child.wait().await.ok()
 }
+
+/// The `code` label of an agent's error: one of the [`asbx_protocol::ErrorCode`]s,
+/// [`OTHER_CODE`] for any other (an agent may use its own codes; the label
+/// set stays bounded).
+fn metric_code(code: Option<&str>) -> &'static str {
+    code.and_then(asbx_protocol::ErrorCode::parse)
+        .map_or(OTHER_CODE, asbx_protocol::ErrorCode::as_str)
+}
+
+/// [`metric_code`] of a code that is none of ours.
+const OTHER_CODE: &str = "other";
 
 fn decode_status(status: Option<std::process::ExitStatus>) -> (Option<i32>, Option<i32>) {
     match status {
@@ -766,6 +781,7 @@ mod tests {
             max_line: 256,
             init: None,
             agent_error: None,
+            agent_code: OTHER_CODE,
             started: Instant::now(),
             first_sent: false,
             counted_seq: 0,
@@ -1015,6 +1031,31 @@ mod tests {
             !lines.iter().any(|l| matches!(l.event, Event::Heartbeat(_))),
             "session_init stands in for the first heartbeat"
         );
+    }
+
+    /// Issue 28, defect 11: the dispatch metric's `code` of an agent error
+    /// is the error line's code when it is one of ours, `other` beyond.
+    #[test]
+    fn an_agent_errors_code_is_its_metric_label() {
+        for (line, code) in [
+            (
+                &b"{\"type\":\"error\",\"code\":\"model_error\",\"message\":\"m\"}\n"[..],
+                "model_error",
+            ),
+            (
+                b"{\"type\":\"error\",\"code\":\"step_limit_exceeded\",\"message\":\"m\"}\n",
+                "step_limit_exceeded",
+            ),
+            (
+                b"{\"type\":\"error\",\"code\":\"my_own_code\",\"message\":\"m\"}\n",
+                "other",
+            ),
+        ] {
+            let mut st = state(Protocol::V1, None);
+            feed(&mut st, &[line]);
+            assert_eq!(st.terminal, Some(End::AgentError));
+            assert_eq!(st.agent_code, code);
+        }
     }
 
     #[test]

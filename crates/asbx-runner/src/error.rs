@@ -18,6 +18,10 @@ pub enum RunnerError {
     SessionTaken(String),
     #[error("session {0} not found")]
     SessionNotFound(String),
+    #[error("no route {0}")]
+    NoRoute(String),
+    #[error("method {0} not allowed on this route")]
+    MethodNotAllowed(String),
     #[error("request body larger than {0} bytes")]
     TooLarge(usize),
     #[error("at capacity: {0} sandboxes running")]
@@ -75,9 +79,15 @@ impl RunnerError {
                 Problem::new(409, "session_exists", "Session exists", self.to_string())
                     .with("sessionId", id.clone())
             }
-            RunnerError::SessionNotFound(_) => {
+            RunnerError::SessionNotFound(_) | RunnerError::NoRoute(_) => {
                 Problem::new(404, "not_found", "Not found", self.to_string())
             }
+            RunnerError::MethodNotAllowed(_) => Problem::new(
+                405,
+                "method_not_allowed",
+                "Method not allowed",
+                self.to_string(),
+            ),
             RunnerError::NotProtocol2(_) => Problem::new(
                 409,
                 "not_protocol_2",

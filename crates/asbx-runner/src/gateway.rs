@@ -7,6 +7,8 @@
 //!   provider's key, so keys never enter the sandbox: only the kind's one
 //!   path ([`ProviderKind::path`]) and only the model the workspace's
 //!   `/config` answer named, so a sandbox can't spend the key on another;
+//!   each call, and the tokens the provider's answer reports ([`tap`]), is
+//!   counted for the session's stats;
 //! - `/mcp/{name}` (GET, POST, DELETE) to the streamable-HTTP MCP server of
 //!   that name, learned from the `/config` answer as it passes, resolved
 //!   once, checked like egress (no internal address unless the operator
@@ -366,22 +368,15 @@ async fn client_tool(
     }
 }
 
-/// The agent's token counts, kept for the session's stats.
+/// The agent's token counts, kept for the session's stats (beside the
+/// gateway's own, [`Session::stats_usage`]). The token metrics count what
+/// the gateway read in the providers' answers ([`tap`]), not this report.
 async fn usage(
     Extension(s): Extension<Arc<GatewayState>>,
     body: axum::body::Bytes,
 ) -> Result<StatusCode, GatewayError> {
     let u = serde_json::from_slice::<asbx_protocol::gateway::Usage>(&body)
         .map_err(|e| GatewayError::BadUsage(e.to_string()))?;
-    // The agent reports its running totals: the metrics get what is new.
-    let before = s.session.usage();
-    if let Some(pin) = s.model.get() {
-        crate::metrics::METRICS.tokens(
-            &pin.provider,
-            u.input_tokens.saturating_sub(before.input_tokens),
-            u.output_tokens.saturating_sub(before.output_tokens),
-        );
-    }
     s.session.set_usage(u);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -608,6 +603,7 @@ async fn model(
         }
     }
     crate::metrics::METRICS.model_call(&provider);
+    s.session.count_model_call();
     let url = format!("{}/{path}", p.base_url.trim_end_matches('/'));
     let mut headers = HeaderMap::new();
     for h in [header::CONTENT_TYPE, header::ACCEPT] {
@@ -638,7 +634,25 @@ async fn model(
         }
         (_, None) => {}
     }
-    forward(&s.client, Method::POST, url, headers, Body::from(body)).await
+    let res = forward(&s.client, Method::POST, url, headers, Body::from(body)).await?;
+    Ok(count_tokens(res, &s.session, provider))
+}
+
+/// The model's answer, its tokens counted on the way ([`tap`]).
+fn count_tokens(res: Response, session: &Arc<Session>, provider: String) -> Response {
+    let content_type = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let counter = tap::Counter {
+        session: Arc::clone(session),
+        provider,
+    };
+    let reader = tap::UsageReader::new(content_type.as_deref(), counter);
+    let (parts, body) = res.into_parts();
+    let body = Body::from_stream(tap::Tapped::new(body.into_data_stream(), reader));
+    Response::from_parts(parts, body)
 }
 
 async fn forward(
@@ -675,5 +689,6 @@ async fn forward(
     res.body(body).map_err(|_| GatewayError::UpstreamInvalid)
 }
 
+mod tap;
 #[cfg(test)]
 mod tests;

@@ -74,7 +74,8 @@ pub(crate) struct Inner {
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Runner {
-    pub fn new(config: RunnerConfig) -> Result<Self, RunnerError> {
+    pub fn new(mut config: RunnerConfig) -> Result<Self, RunnerError> {
+        config.bound_duration_by_runtime();
         // The state folder is this runner's own: what a previous run left is stale.
         for sub in ["sessions", "pool"] {
             let dir = config.state_dir.join(sub);
@@ -138,7 +139,9 @@ impl Runner {
 
     pub fn router(&self) -> Router {
         let router = routes::router(Arc::clone(&self.inner))
-            .route("/openapi.json", axum::routing::get(openapi::openapi_json));
+            .route("/openapi.json", axum::routing::get(openapi::openapi_json))
+            .method_not_allowed_fallback(routes::method_not_allowed)
+            .fallback(routes::no_route);
         // Traces on: each handler runs in its caller's `traceparent` context.
         if otel::enabled() {
             return router.layer(axum::middleware::from_fn(otel::incoming));

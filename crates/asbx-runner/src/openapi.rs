@@ -149,6 +149,10 @@ mod tests {
         ];
         let answered: std::collections::BTreeSet<String> =
             errors.iter().map(|e| e.code()).collect();
+        // `404 not_found` of a path no route has is `SessionNotFound`'s
+        // code; `405 method_not_allowed` (`E::MethodNotAllowed`) is the
+        // router's answer to a method no operation has, so no operation
+        // lists it.
         assert_eq!(documented_codes(super::document()), answered);
     }
 

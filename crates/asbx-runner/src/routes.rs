@@ -36,6 +36,20 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .with_state(inner)
 }
 
+/// Longest part of a request's path or method an error message repeats.
+const MAX_ECHO: usize = 128;
+
+/// Any path no route has: `404 not_found`, problem+json like every error.
+pub(crate) async fn no_route(uri: axum::http::Uri) -> RunnerError {
+    RunnerError::NoRoute(uri.path().chars().take(MAX_ECHO).collect())
+}
+
+/// A method the route does not serve: `405 method_not_allowed` (the router
+/// adds `Allow`).
+pub(crate) async fn method_not_allowed(method: axum::http::Method) -> RunnerError {
+    RunnerError::MethodNotAllowed(method.as_str().chars().take(MAX_ECHO).collect())
+}
+
 /// `GET /healthz`: up, and how much room is left, which a workspace with a
 /// runner fleet ranks runners by: `sessions` live, `warm` sandboxes booted
 /// ahead, `capacity` (the most sandboxes at once) and `free` (how many more

@@ -139,6 +139,9 @@ struct SessionState {
     cancel_cause: Option<CancelCause>,
     /// Token counts the agent reported.
     usage: asbx_protocol::gateway::Usage,
+    /// What the gateway counted itself: model calls forwarded, tokens read
+    /// from the providers' answers.
+    counted: asbx_protocol::gateway::Usage,
     ended_at: Option<u64>,
     last_seq: u64,
     termination: Option<Termination>,
@@ -208,8 +211,31 @@ impl Session {
         self.lock().usage = usage;
     }
 
-    pub(crate) fn usage(&self) -> asbx_protocol::gateway::Usage {
-        self.lock().usage
+    /// The gateway forwarded a model call.
+    pub(crate) fn count_model_call(&self) {
+        let mut st = self.lock();
+        st.counted.model_calls = st.counted.model_calls.saturating_add(1);
+    }
+
+    /// The gateway read more tokens in a provider's answer.
+    pub(crate) fn count_tokens(&self, input: u64, output: u64) {
+        let mut st = self.lock();
+        st.counted.input_tokens = st.counted.input_tokens.saturating_add(input);
+        st.counted.output_tokens = st.counted.output_tokens.saturating_add(output);
+    }
+
+    /// The usage `session_ended.stats` reports: per count, the larger of the
+    /// gateway's own and the agent's report. The agent reports only at its
+    /// very end (never when it is cancelled, crashes or hits the cap) and
+    /// can't be trusted to; the gateway sees every call through a provider
+    /// (but not the `scripted` test provider's, which runs in the agent).
+    pub(crate) fn stats_usage(&self) -> asbx_protocol::gateway::Usage {
+        let st = self.lock();
+        asbx_protocol::gateway::Usage {
+            input_tokens: st.usage.input_tokens.max(st.counted.input_tokens),
+            output_tokens: st.usage.output_tokens.max(st.counted.output_tokens),
+            model_calls: st.usage.model_calls.max(st.counted.model_calls),
+        }
     }
 
     /// Marks the log complete: readers drain it and stop.

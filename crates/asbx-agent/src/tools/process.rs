@@ -27,6 +27,10 @@
 //! a cgroup: v2 writes `cgroup.kill`; v1 freezes (`freezer.state` =
 //! `FROZEN`), sends SIGKILL to every pid in `cgroup.procs`, thaws, and
 //! repeats until the cgroup is empty (a frozen process can't fork away).
+//! Only the tool user may write the `tools` cgroup's `cgroup.procs`, and
+//! nothing else it can open (issue 26, item 4); should a tool's process
+//! still get out of the cgroup, the sweep below finds it, so a tool that
+//! runs as its own uid gets the sweep with a cgroup too.
 //! Without one (the `namespaces` profile): SIGKILL to the process group, to
 //! every descendant of the tool's process the agent can see, and, when tools
 //! run as their own uid, a sweep of that uid: a short-lived helper
@@ -200,6 +204,16 @@ impl ChildCgroup {
             "the tools cgroup (frozen, then every process killed)"
         }
     }
+
+    /// [`ChildCgroup::how`] and the tool-uid sweep.
+    fn how_with_sweep(&self) -> &'static str {
+        if self.unified.is_some() {
+            "the tools cgroup (cgroup v2) and every process of the tool user (kill -1 as that user)"
+        } else {
+            "the tools cgroup (frozen, then every process killed) and every process of the \
+             tool user (kill -1 as that user)"
+        }
+    }
 }
 
 /// How a tool's processes were killed.
@@ -245,7 +259,7 @@ pub(crate) struct Reaper {
     cgroup: Option<ChildCgroup>,
     /// The uid the tool runs as, when it is not the agent's own.
     uid: Option<u32>,
-    /// Without a cgroup: the tool uid to sweep with `kill(-1)` (not [`MCP_UID`]).
+    /// The tool uid to sweep with `kill(-1)` (not [`MCP_UID`]).
     sweep: Option<u32>,
     armed: bool,
 }
@@ -256,7 +270,7 @@ impl Reaper {
         let uid = uid.filter(|u| *u != own);
         Reaper {
             pid: pid.and_then(|p| i32::try_from(p).ok()),
-            sweep: uid.filter(|u| cgroup.is_none() && *u != MCP_UID),
+            sweep: uid.filter(|u| *u != MCP_UID),
             cgroup,
             uid,
             armed: true,
@@ -317,7 +331,8 @@ impl Reaper {
 
     fn how(&self) -> &'static str {
         match (&self.cgroup, self.uid, self.sweep) {
-            (Some(c), _, _) => c.how(),
+            (Some(c), _, Some(_)) => c.how_with_sweep(),
+            (Some(c), _, None) => c.how(),
             (None, _, Some(_)) => {
                 "its process group and every process of the tool user (kill -1 as that user)"
             }
@@ -749,6 +764,73 @@ mod tests {
         }
         let state = std::fs::read_to_string(cg.dirs[2].join("freezer.state")).unwrap();
         assert_eq!(state.trim(), "THAWED", "the cgroup is left thawed");
+    }
+
+    /// Issue 26, item 4: a tool's process that moved itself out of the
+    /// tools cgroup (here into cgroups it may write, as the `mcp` child's
+    /// were) still dies at the timeout: the reaper sweeps the tool uid too.
+    #[tokio::test]
+    async fn a_tool_process_that_left_the_tools_cgroup_still_dies() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!(
+                "SKIPPED the cgroup escape check: it needs root to run a tool as another uid"
+            );
+            return;
+        }
+        let Some(cg) = TestCgroups::new() else { return };
+        let Some(elsewhere) = TestCgroups::new() else {
+            return;
+        };
+        let uid = 61000 + rand::random::<u32>() % 4000;
+        // As in a jail: the tools cgroup is the tool user's to join.
+        for d in &cg.dirs {
+            std::os::unix::fs::chown(d.join("cgroup.procs"), Some(uid), None).unwrap();
+        }
+        for d in &elsewhere.dirs {
+            std::fs::set_permissions(
+                d.join("cgroup.procs"),
+                std::os::unix::fs::PermissionsExt::from_mode(0o666),
+            )
+            .unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let mut ctx = ctx(dir.path(), cg.root.path(), 500);
+        ctx.tool_user = Some((uid, uid));
+        let m = marker();
+        let moves: Vec<String> = elsewhere
+            .dirs
+            .iter()
+            .map(|d| format!("echo 0 > {}/cgroup.procs", d.display()))
+            .collect();
+        let cmd = format!(
+            "(setsid bash -c '{}; exec sleep {m}' &) ; sleep 1000",
+            moves.join("; ")
+        );
+        // Positive control, while the tool runs: the process did get out
+        // of the tools cgroup.
+        let moved = {
+            let procs = elsewhere.dirs[0].join("cgroup.procs");
+            tokio::spawn(async move {
+                eventually(|| std::fs::read_to_string(&procs).is_ok_and(|p| !p.trim().is_empty()))
+                    .await
+            })
+        };
+        let out = shell::run(&ctx, "step_1", &cmd).await;
+        assert!(moved.await.unwrap(), "the tool's process never moved");
+        let err = error_of(&out);
+        assert!(err.contains("timed out after 500 ms"), "{err}");
+        assert!(err.contains("tools cgroup"), "{err}");
+        assert!(err.contains("every process of the tool user"), "{err}");
+        assert!(!err.contains("survived"), "{err}");
+        assert!(
+            eventually(|| with_cmdline(&m).is_empty()).await,
+            "sleep {m} survived outside the tools cgroup"
+        );
     }
 
     #[tokio::test]

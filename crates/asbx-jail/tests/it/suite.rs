@@ -1118,8 +1118,10 @@ except OSError as e:
 /// memory cgroups are absent until the main process asks for them (twice
 /// for `tools`: answered at once; an unknown child is refused); a tool
 /// (uid 1001) joins `tools` by writing `0`, and an MCP server (uid 1002)
-/// joins `mcp`; neither can change a limit, create a cgroup, reach the
-/// sandbox's own cgroup or freeze; the agent (positive control) can freeze.
+/// joins `mcp`; neither can join the other's child (issue 26, item 4: a
+/// tool in `mcp` would be out of its reaper's reach), change a limit,
+/// create a cgroup, reach the sandbox's own cgroup or freeze; the agent
+/// joins neither, and (positive control) can freeze.
 fn child_cgroups_join_but_nothing_else() -> R {
     if !std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
         return Ok(Outcome::Skip(
@@ -1148,12 +1150,16 @@ try events "echo 1 > $C/tools/memory/cgroup.event_control"
 try parent "echo 0 > $C/tools/memory/../cgroup.procs"
 try sysfs "echo 0 > /sys/fs/cgroup/memory/cgroup.procs"
 try mount_cgroup "mount -t cgroup -o memory none /tmp"
+for c in memory pids freezer; do try tool_joins_mcp_$c "echo 0 > $C/mcp/$c/cgroup.procs"; done
+try tool_tasks "echo 0 > $C/mcp/pids/tasks"
 '
 AS_UID=1002 python3 /work/as_tool.py /bin/bash -c '
 echo mcp_uid=$(id -u) mcp_name=$(id -un)
+(echo 0 > /run/asbx-cgroup/tools/pids/cgroup.procs) 2>/dev/null && echo mcp_joins_tools=ALLOWED || echo mcp_joins_tools=denied
 echo 0 > /run/asbx-cgroup/mcp/memory/cgroup.procs && echo mcp_join=ok
 touch /tmp/mcp-file; echo mcp_owner=$(stat -c %u /tmp/mcp-file)
 '
+try agent_joins_tools "echo 0 > $C/tools/pids/cgroup.procs"
 try agent_freeze "echo FROZEN > $C/tools/freezer/freezer.state && echo THAWED > $C/tools/freezer/freezer.state"
 "#;
     let mut sbx = Sbx::new(SCRIPT);
@@ -1171,8 +1177,10 @@ try agent_freeze "echo FROZEN > $C/tools/freezer/freezer.state && echo THAWED > 
         "capeff=0000000000000000\n",
         "limit=denied\npidsmax=denied\nmkdir=denied\ntool_freeze=denied\nevents=denied\n\
          parent=denied\nsysfs=denied\nmount_cgroup=denied\n",
-        "mcp_uid=1002 mcp_name=mcp\nmcp_join=ok\nmcp_owner=1002\n",
-        "agent_freeze=ALLOWED\n",
+        "tool_joins_mcp_memory=denied\ntool_joins_mcp_pids=denied\n\
+         tool_joins_mcp_freezer=denied\ntool_tasks=denied\n",
+        "mcp_uid=1002 mcp_name=mcp\nmcp_joins_tools=denied\nmcp_join=ok\nmcp_owner=1002\n",
+        "agent_joins_tools=denied\nagent_freeze=ALLOWED\n",
     ] {
         ensure(
             o.contains(want),
@@ -1337,10 +1345,14 @@ true
 /// process group: the cleanup guard (its own group) survives it and removes
 /// every cgroup, the `tools` and `mcp` children first, within 5 s.
 fn killpg_of_the_supervisor_removes_child_cgroups() -> R {
+    // The tool user joins (only it may write the child's `cgroup.procs`).
     let sbx = Sbx::new(
         "printf t >&$ASBX_CGROUP_REQUEST_FD && read -r -n1 -u $ASBX_CGROUP_REQUEST_FD made; \
-         echo 0 > /run/asbx-cgroup/tools/memory/cgroup.procs; sleep 300 & echo ready; wait",
+         python3 /work/as_tool.py /bin/bash -c \
+         'echo 0 > /run/asbx-cgroup/tools/memory/cgroup.procs && exec sleep 300' & \
+         echo ready; wait",
     );
+    with_tool_helper(&sbx);
     let mut child = sbx.spawn_in_group();
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().unwrap())

@@ -175,3 +175,44 @@ async fn a_taken_session_id_is_409_and_unknown_sessions_404() {
         "positive control: a known session"
     );
 }
+
+/// Issue 28, defect 10: a path no route has and a method a route does not
+/// serve are problems too, with stable codes (they were empty bodies).
+#[tokio::test]
+async fn unknown_paths_and_methods_are_problems() {
+    let (r, _d) = runner(None);
+    for path in ["/nope", "/v1/sessions/x/y/z", "/stream/extra"] {
+        let req = Request::get(path).body(Body::empty()).unwrap();
+        assert_problem(&send(&r, req).await, 404, "not_found");
+    }
+    for (method, path) in [
+        ("GET", "/stream"),
+        ("PUT", "/v1/sessions/x"),
+        ("POST", "/healthz"),
+        ("DELETE", "/openapi.json"),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        let res = r.router().oneshot(req).await.unwrap();
+        let allow = res.headers().get(header::ALLOW).cloned();
+        assert!(allow.is_some(), "{method} {path}: no Allow header");
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        let got = send(&r, req).await;
+        assert_problem(&got, 405, "method_not_allowed");
+        assert!(
+            got.2["detail"].as_str().unwrap_or("").contains(method),
+            "{:?}",
+            got.2
+        );
+    }
+    // Positive control: a served method on the same route.
+    let req = Request::get("/healthz").body(Body::empty()).unwrap();
+    assert_eq!(send(&r, req).await.0, 200);
+}

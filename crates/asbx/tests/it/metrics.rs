@@ -392,3 +392,32 @@ async fn with_require_auth_and_no_metrics_token_the_workspace_refuses_to_be_scra
     let health = reqwest::get(format!("{}/healthz", up.url)).await.unwrap();
     assert_eq!(health.status(), 200);
 }
+
+/// Issue 28, defect 11: an agent's error is counted under its own code
+/// (`model_error` here), not one `agent` for all.
+#[tokio::test]
+async fn an_agent_error_is_counted_under_its_code() {
+    let runner = RunnerProc::start(&[]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("metric-code"));
+    let (_, lines, _) = dispatch(
+        &runner.url,
+        &ws.body(&t, &script(json!([{"fail": "the model fell over"}]))),
+    )
+    .await;
+    assert!(
+        matches!(terminal(&lines), asbx_protocol::Event::Error(e) if e.code == "model_error"),
+        "{lines:?}"
+    );
+    const SERIES: &str =
+        "asbx_runner_dispatches_total{outcome=\"agent_error\",code=\"model_error\"}";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut s = scrape(&runner.url, None).await;
+    while s.get(SERIES) < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s = scrape(&runner.url, None).await;
+    }
+    assert_eq!(s.get(SERIES), 1.0, "{}", s.text);
+    assert!(!s.text.contains("code=\"agent\""), "{}", s.text);
+    runner.assert_clean().await;
+}

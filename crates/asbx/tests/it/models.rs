@@ -191,3 +191,77 @@ async fn base_urls_work_as_each_providers_own_sdks_take_them() {
         "/v1/chat/completions"
     );
 }
+
+/// Issue 28, defect 3: a session cancelled while its tool runs reports the
+/// model call and the tokens it made, counted by the runner's gateway (the
+/// agent reports its usage only at its very end, which never came), for
+/// either wire format.
+#[tokio::test]
+async fn a_cancelled_session_reports_the_model_calls_and_tokens_it_made() {
+    let mock = MockProvider::start().await;
+    let runner = RunnerProc::start(&[
+        ("OPENAI_BASE_URL", mock.base_url.as_str()),
+        ("OPENAI_API_KEY", "sk-test"),
+        ("ANTHROPIC_BASE_URL", mock.base_url.as_str()),
+        ("ANTHROPIC_API_KEY", "sk-test"),
+    ]);
+    for kind in ["openai", "anthropic"] {
+        let marker = format!("1000.{}", rand::random::<u32>());
+        mock.push(Tape::tool_call(
+            "shell",
+            json!({"command": format!("sleep {marker}")}),
+        ));
+        let ws = FakeWorkspace::start(scripted(&format!("{kind}:test-model"))).await;
+        let t = ws.mint(&session_id(&format!("cancel-{kind}")));
+        let mut body = ws.body(&t, "run it");
+        body["protocol"] = json!(2);
+        let res = post_stream(&runner.url, &body).await;
+        let mut stream = Box::pin(res.bytes_stream());
+        let mut decoder = LineDecoder::default();
+        let mut lines = Vec::new();
+        let mut cancelled = false;
+        while let Some(chunk) = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("stream in time")
+        {
+            for l in decoder.push(&chunk.unwrap()) {
+                let l = l.unwrap();
+                let running = matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running);
+                lines.push(l);
+                if running && !cancelled {
+                    cancelled = true;
+                    let res = reqwest::Client::new()
+                        .delete(format!("{}/v1/sessions/{}", runner.url, t.session))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert!(res.status().is_success(), "{}", res.status());
+                }
+            }
+        }
+        assert!(cancelled, "{kind}: the tool never ran: {lines:?}");
+        let ended = match &lines.last().unwrap().event {
+            Event::SessionEnded(e) => e.clone(),
+            other => panic!("{kind}: last line {other:?}"),
+        };
+        assert_eq!(
+            ended.reason,
+            asbx_protocol::session::EndReason::Terminated,
+            "{kind}: {ended:?}"
+        );
+        let stats = ended.stats;
+        assert_eq!(stats.steps, 1, "{kind}: one model call: {stats:?}");
+        assert_eq!(stats.tool_calls, 1, "{kind}: {stats:?}");
+        assert!(
+            stats.input_tokens > 0 && stats.output_tokens > 0,
+            "{kind}: the tokens of the call: {stats:?}"
+        );
+        assert!(
+            !lines
+                .iter()
+                .any(|l| matches!(&l.event, Event::Log(g) if g.message.starts_with("usage: "))),
+            "{kind}: the agent never reported its usage"
+        );
+    }
+    runner.assert_clean().await;
+}

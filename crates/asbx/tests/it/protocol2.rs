@@ -531,3 +531,29 @@ async fn session_ended_says_why_whenever_the_session_ended_with_an_error() {
     assert_eq!(info["termination"]["reason"], "completed");
     runner.assert_clean().await;
 }
+
+/// Issue 28, defect 2: `ASBX_MAX_RUNTIME_SEC` is the duration ceiling
+/// `session_init` announces (it said 8 h whatever the cap).
+#[tokio::test]
+async fn session_init_announces_the_runtime_cap() {
+    let runner = RunnerProc::start(&[("ASBX_MAX_RUNTIME_SEC", "20")]);
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("capinit"));
+    let (status, lines, err) = dispatch(
+        &runner.url,
+        &v2(ws.body(&t, &script(json!([{"say": "ok"}]))), json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{err}");
+    match &lines[0].event {
+        Event::SessionInit(i) => assert_eq!(i.limits.max_duration_ms, 20_000),
+        other => panic!("first line {other:?}"),
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| matches!(&l.event, Event::Result(r) if r.message == "ok")),
+        "{lines:?}"
+    );
+    runner.assert_clean().await;
+}

@@ -260,3 +260,108 @@ async fn a_tool_cannot_read_an_mcp_servers_environment() {
     );
     runner.assert_clean().await;
 }
+
+/// Issue 26, item 4: a tool tries to move itself into every cgroup it can
+/// open but its own (the MCP servers' child, started first so that its
+/// memory cgroup exists; whatever of the host's hierarchies it can reach);
+/// every write is refused, and what it started dies at the timeout.
+#[tokio::test]
+async fn a_tool_cannot_move_into_another_cgroup_and_dies_at_its_timeout() {
+    if profile() != "strict" || !std::path::Path::new("/sys/fs/cgroup/freezer").exists() {
+        asbx_test_support::skip(
+            "a_tool_cannot_move_into_another_cgroup_and_dies_at_its_timeout",
+            "needs the strict profile and cgroup v1 child cgroups",
+        );
+        return;
+    }
+    let runner = RunnerProc::start(&[]);
+    let config = ConfigResponse {
+        limits: Some(RunLimits {
+            tool_timeout_ms: Some(1500),
+            ..Default::default()
+        }),
+        skills: vec![Skill {
+            name: "srv".into(),
+            description: "an MCP server".into(),
+            files: [("server.py".to_owned(), echo_server_source().to_owned())].into(),
+        }],
+        mcp_servers: vec![McpServer::Stdio {
+            name: "kit".into(),
+            command: "python3".into(),
+            args: vec![".skills/srv/server.py".into()],
+            env: Default::default(),
+        }],
+        ..scripted("scripted:test")
+    };
+    let ws = FakeWorkspace::start(config).await;
+    let t = ws.mint(&session_id("cgescape"));
+    let (orphan, fg) = (marker(), marker());
+    // The orphan tries each `cgroup.procs` and `tasks` outside its own
+    // child, then becomes `sleep {orphan}`; the foreground sleep times out.
+    let escape = format!(
+        "for f in $(find /run/asbx-cgroup /sys/fs/cgroup \\( -name cgroup.procs -o -name tasks \\) \
+         2>/dev/null); do case $f in /run/asbx-cgroup/tools/*) continue;; esac; \
+         echo \"tried $f\"; {{ echo 0 > $f; }} 2>/dev/null && echo \"MOVED $f\"; done; \
+         echo done; exec sleep {orphan}"
+    );
+    let prompt = script(json!([
+        {"tool": "kit__add", "args": {"a": 1, "b": 2}},
+        {"tool": "shell", "args": {"command": format!(
+            "(setsid bash -c '{escape}' > /tmp/escape.txt 2>&1 &); sleep {fg}"
+        )}},
+        {"tool": "shell", "args": {"command": format!("cat /tmp/escape.txt; {LIST_SLEEPS}")}},
+        {"say": "checked"}
+    ]));
+    let url = runner.url.clone();
+    let body = ws.body(&t, &prompt);
+    let run = tokio::spawn(async move { dispatch(&url, &body).await });
+    // Positive control from the host: the orphan ran before the timeout.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut orphan_ran = false;
+    while !orphan_ran && !run.is_finished() && std::time::Instant::now() < until {
+        orphan_ran = !pids_with(&orphan).is_empty();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, lines, _) = run.await.unwrap();
+    assert!(orphan_ran, "the orphan never ran (no positive control)");
+    assert_well_formed(&lines);
+    assert!(
+        matches!(terminal(&lines), Event::Result(r) if r.message == "checked"),
+        "{lines:?}"
+    );
+    let steps = finished(&lines);
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    assert_eq!(
+        steps[0].status,
+        StepStatus::Succeeded,
+        "the MCP server runs"
+    );
+    let err = steps[1].error.clone().unwrap_or_default();
+    assert!(err.contains("timed out after 1500 ms"), "{err}");
+    assert!(err.contains("tools cgroup"), "{err}");
+    assert!(!err.contains("survived"), "{err}");
+    let after = steps[2].result.clone().unwrap_or_default()["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    // Positive control: the orphan finished trying, and found the MCP
+    // servers' cgroups (all three, the memory one included).
+    assert!(
+        after.contains("\ndone\n"),
+        "the orphan did not finish: {after}"
+    );
+    for c in ["memory", "pids", "freezer"] {
+        let procs = format!("tried /run/asbx-cgroup/mcp/{c}/cgroup.procs");
+        assert!(after.contains(&procs), "{procs} not tried: {after}");
+    }
+    assert!(!after.contains("MOVED"), "a tool moved itself: {after}");
+    assert!(
+        !after.contains(&format!("sleep {orphan}")),
+        "the orphan survived: {after}"
+    );
+    assert!(
+        pids_with(&orphan).is_empty() && pids_with(&fg).is_empty(),
+        "a tool's sleep is still running on the host"
+    );
+    runner.assert_clean().await;
+}

@@ -14,6 +14,9 @@
 //! - [`ServerSession`]: the runner's side (seals lines, opens tool results).
 //! - [`ClientSession`]: the client's side (opens lines, seals tool results),
 //!   for the workspace's tests, the SDKs' reference and the CLI.
+//! - [`IdentityKey`] (module `identity`): the runner's long-term key, which
+//!   signs `sessionId.serverPublicKey.salt` so a client that pinned it can
+//!   tell the handshake came from that runner ([`verify_init`]).
 //!
 //! Everything is base64url without padding. Written with the RustCrypto
 //! crates (`p256`, `hkdf`, `aes-gcm`) so a browser's WebCrypto and Node's
@@ -54,7 +57,20 @@ pub enum CryptoError {
     Open,
     #[error("the line is not a JSON object with type, seq and sessionId: {0}")]
     Line(String),
+    #[error("the identity key is not a P-256 key")]
+    IdentityKey,
+    #[error(
+        "the session's signature does not verify: the handshake was altered or not signed by the runner"
+    )]
+    Signature,
+    #[error("the session is signed by another identity key than the pinned one")]
+    UnpinnedIdentity,
 }
+
+mod identity;
+pub use identity::{
+    IdentityKey, SIGNATURE_ALGORITHM, SIGNATURE_PREFIX, signed_message, verify, verify_init,
+};
 
 pub use asbx_protocol::line::{EncryptionInit, Sealed};
 
@@ -172,16 +188,25 @@ impl std::fmt::Debug for ServerSession {
 }
 
 impl ServerSession {
-    /// Agrees a key with the client's public key K for `session_id`.
-    pub fn new(client_public_key: &str, session_id: &str) -> Result<ServerSession, CryptoError> {
+    /// Agrees a key with the client's public key K for `session_id`, and
+    /// signs the handshake with the runner's `identity`.
+    pub fn new(
+        client_public_key: &str,
+        session_id: &str,
+        identity: &IdentityKey,
+    ) -> Result<ServerSession, CryptoError> {
         let peer = parse_public_key(client_public_key)?;
         let secret = EphemeralSecret::random(&mut p256::elliptic_curve::rand_core::OsRng);
         let salt: [u8; 32] = rand::random();
         let key = SessionKey::derive(&secret, &peer, &salt, session_id);
+        let server_public_key = encode_public_key(&secret.public_key());
+        let salt = b64(&salt);
         let init = EncryptionInit {
             algorithm: ALGORITHM.to_owned(),
-            server_public_key: encode_public_key(&secret.public_key()),
-            salt: b64(&salt),
+            signature: identity.sign_init(session_id, &server_public_key, &salt),
+            identity_key: identity.public_key(),
+            server_public_key,
+            salt,
         };
         Ok(ServerSession { key, init })
     }
@@ -337,7 +362,8 @@ mod tests {
 
     fn pair(session: &str) -> (ServerSession, ClientSession) {
         let mut client = ClientSession::new();
-        let server = ServerSession::new(&client.public_key(), session).unwrap();
+        let server =
+            ServerSession::new(&client.public_key(), session, &IdentityKey::generate()).unwrap();
         client.agree(server.init(), session).unwrap();
         (server, client)
     }
@@ -427,11 +453,11 @@ mod tests {
     #[test]
     fn bad_client_keys_are_refused() {
         assert!(matches!(
-            ServerSession::new("not base64!", "s"),
+            ServerSession::new("not base64!", "s", &IdentityKey::generate()),
             Err(CryptoError::KeyEncoding(_))
         ));
         assert_eq!(
-            ServerSession::new(&b64(&[4u8; 65]), "s").err(),
+            ServerSession::new(&b64(&[4u8; 65]), "s", &IdentityKey::generate()).err(),
             Some(CryptoError::KeyPoint)
         );
         let compressed = {
@@ -440,7 +466,7 @@ mod tests {
             b64(&k[..33])
         };
         assert_eq!(
-            ServerSession::new(&compressed, "s").err(),
+            ServerSession::new(&compressed, "s", &IdentityKey::generate()).err(),
             Some(CryptoError::KeyPoint)
         );
     }

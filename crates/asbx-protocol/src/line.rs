@@ -268,12 +268,20 @@ pub struct SessionLimits {
 /// - `serverPublicKey`: the server's ephemeral P-256 public key, uncompressed
 ///   SEC1, base64url without padding.
 /// - `salt`: the HKDF salt, 32 random bytes, base64url without padding.
+/// - `signature`: the runner's identity key's ECDSA P-256 SHA-256 signature
+///   (the 64 bytes `r || s`, base64url without padding) of the UTF-8 of
+///   `"asbx-e2e-v1-sig:" + sessionId + "." + serverPublicKey + "." + salt`.
+/// - `identityKey`: the runner's identity public key (`GET /v1/identity`),
+///   uncompressed SEC1, base64url without padding. A client that pinned the
+///   runner's key checks the signature under the pinned key, never this one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EncryptionInit {
     pub algorithm: String,
     pub server_public_key: String,
     pub salt: String,
+    pub signature: String,
+    pub identity_key: String,
 }
 
 /// `"encrypted": {"iv", "ciphertext"}` of an encrypted line or tool result:
@@ -376,6 +384,8 @@ mod tests {
                     algorithm: "ECDH-P256+HKDF-SHA256+AES-256-GCM".into(),
                     server_public_key: "BPub".into(),
                     salt: "c2FsdA".into(),
+                    signature: "c2ln".into(),
+                    identity_key: "BId".into(),
                 }),
             }),
             Event::Delta(Delta { text: "Hel".into() }),

@@ -1,7 +1,8 @@
 //! Authentication of the runner's routes: the [`Authorized`] extractor.
 //!
-//! When a token is configured every route but `/healthz` needs
-//! `Authorization: Bearer <token>`, compared in constant time.
+//! When a token is configured every route but `/healthz` and `/v1/identity`
+//! (a public key) needs `Authorization: Bearer <token>`, compared in
+//! constant time.
 
 use std::sync::Arc;
 

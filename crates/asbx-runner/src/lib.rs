@@ -7,7 +7,8 @@
 //!   `drive` is the per-dispatch task; `session` the registry and the
 //!   response-body guards; `gateway` is the sandbox's only way out; `egress`
 //!   its proxy; `sandbox` starts the jail; `metrics` is `GET /metrics`;
-//!   `otel` the OpenTelemetry spans of a dispatch (off unless enabled).
+//!   `otel` the OpenTelemetry spans of a dispatch (off unless enabled);
+//!   `identity` the long-term key that signs encrypted sessions' handshakes.
 
 mod apidoc;
 mod auth;
@@ -21,6 +22,7 @@ mod egress;
 pub use egress::parse as egress_parse;
 mod error;
 mod gateway;
+mod identity;
 mod limit;
 mod metrics;
 mod openapi;
@@ -68,6 +70,8 @@ pub(crate) struct Inner {
     pub(crate) client: reqwest::Client,
     pub(crate) pool: pool::Pool,
     pub(crate) egress: egress::EgressSettings,
+    /// Signs each encrypted session's handshake (`docs/protocol.md` §4).
+    pub(crate) identity: asbx_crypto::IdentityKey,
 }
 
 /// How often a runner looks for what killed runners' sandboxes left.
@@ -82,6 +86,7 @@ impl Runner {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).map_err(|e| RunnerError::io(dir.display(), e))?;
         }
+        let identity = identity::load_or_create(&config.state_dir)?;
         let sandbox: Box<dyn Sandbox> = match config.isolation {
             IsolationProfile::Jail(profile) => Box::new(Jailed {
                 exe: config.asbx_exe.clone(),
@@ -120,6 +125,7 @@ impl Runner {
                 providers: Arc::new(config.providers.clone()),
                 sessions: Sessions::default(),
                 egress: egress::EgressSettings::new(config.allow_internal.clone()),
+                identity,
                 sandbox,
                 client,
                 config,
@@ -130,6 +136,11 @@ impl Runner {
     /// Refuses a non-loopback listen address without a runner token.
     pub fn check_listen(&self, addr: std::net::SocketAddr) -> Result<(), RunnerError> {
         self.inner.config.check_listen(addr)
+    }
+
+    /// The public key of the runner's identity (`GET /v1/identity`).
+    pub fn identity_key(&self) -> String {
+        self.inner.identity.public_key()
     }
 
     /// The isolation profile in force.

@@ -17,12 +17,13 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(
         title = "asbx runner",
-        description = "Runs one AI agent turn per dispatch in a fresh sandbox and streams what it does as NDJSON (docs/protocol.md). Every route but `/healthz` and `/openapi.json` needs `Authorization: Bearer <runner token>` when the runner has a token (it must, unless it listens on loopback). Errors are `application/problem+json` with a stable `code`."
+        description = "Runs one AI agent turn per dispatch in a fresh sandbox and streams what it does as NDJSON (docs/protocol.md). Every route but `/healthz`, `/v1/identity` and `/openapi.json` needs `Authorization: Bearer <runner token>` when the runner has a token (it must, unless it listens on loopback). Errors are `application/problem+json` with a stable `code`."
     ),
     paths(
         crate::routes::stream,
         crate::routes::healthz,
         crate::routes::metrics,
+        crate::routes::identity,
         crate::routes::list_sessions,
         crate::routes::get_session,
         crate::routes::delete_session,
@@ -180,7 +181,7 @@ mod tests {
         // Every operation but the public ones names the bearer.
         for (path, item) in doc["paths"].as_object().unwrap() {
             for (method, op) in item.as_object().unwrap() {
-                let public = path == "/healthz" || path == "/openapi.json";
+                let public = ["/healthz", "/v1/identity", "/openapi.json"].contains(&path.as_str());
                 assert_eq!(
                     op.get("security").is_none(),
                     public,

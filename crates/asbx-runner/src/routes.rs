@@ -26,6 +26,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .route("/stream", post(stream))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/v1/identity", get(identity))
         .route("/v1/sessions", get(list_sessions))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
         .route("/v1/sessions/{id}/events", get(crate::resume::events))
@@ -88,6 +89,34 @@ pub(crate) struct Health {
     capacity: usize,
     /// How many more dispatches fit now.
     free: usize,
+}
+
+/// `GET /v1/identity`: the runner's long-term public key, which signs every
+/// encrypted session's handshake (`docs/protocol.md` §4). Public, like
+/// `/healthz`: it is a public key, and a client pins it to check that
+/// `session_init`'s `serverPublicKey` came from this runner.
+#[utoipa::path(
+    get,
+    path = "/v1/identity",
+    tag = "meta",
+    responses((status = 200, description = "The runner's identity key", body = Identity)),
+)]
+pub(crate) async fn identity(State(inner): State<Arc<Inner>>) -> Json<Identity> {
+    Json(Identity {
+        algorithm: asbx_crypto::SIGNATURE_ALGORITHM,
+        public_key: inner.identity.public_key(),
+    })
+}
+
+/// The body of `GET /v1/identity`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Identity {
+    /// Always `ECDSA-P256-SHA256` (signatures are the 64 bytes `r || s`).
+    #[schema(value_type = String, example = "ECDSA-P256-SHA256")]
+    algorithm: &'static str,
+    /// base64url (no padding) of the 65-byte uncompressed SEC1 point.
+    public_key: String,
 }
 
 /// `GET /metrics`: the Prometheus exposition, behind the runner's bearer
@@ -247,12 +276,13 @@ async fn start_stream(
     // on P-256 is a 400 like any other bad field (docs/protocol.md §4).
     let crypto = match &req.encryption {
         Some(e) => Some(
-            asbx_crypto::ServerSession::new(&e.client_public_key, &session_id).map_err(|e| {
-                RunnerError::InvalidRequest(vec![asbx_protocol::FieldError::new(
-                    "encryption.client_public_key",
-                    e.to_string(),
-                )])
-            })?,
+            asbx_crypto::ServerSession::new(&e.client_public_key, &session_id, &inner.identity)
+                .map_err(|e| {
+                    RunnerError::InvalidRequest(vec![asbx_protocol::FieldError::new(
+                        "encryption.client_public_key",
+                        e.to_string(),
+                    )])
+                })?,
         ),
         None => None,
     };

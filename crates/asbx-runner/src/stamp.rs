@@ -214,7 +214,8 @@ mod tests {
     #[test]
     fn an_encrypting_stamper_seals_every_line_and_logs_the_sealed_bytes() {
         let mut client = asbx_crypto::ClientSession::new();
-        let server = ServerSession::new(&client.public_key(), "sess_e").unwrap();
+        let identity = asbx_crypto::IdentityKey::generate();
+        let server = ServerSession::new(&client.public_key(), "sess_e", &identity).unwrap();
         client.agree(server.init(), "sess_e").unwrap();
         let mut s = Stamper::new("sess_e");
         s.keep_marks();

@@ -267,6 +267,25 @@ def test_an_encrypted_run_relays_only_ciphertext_and_opens_on_the_client(client:
     )
 
 
+def test_an_encrypted_run_verifies_against_the_pinned_runner_key(up: AsbxUp) -> None:
+    pinned = (up.data / "runner" / "identity.pub").read_text().strip()
+    with Client(up.url, runner_public_key=pinned) as c:
+        run = c.run(script({"say": "signed"}), encrypt=True)
+        events = run.wait()
+        assert run.result == "signed"
+        init = events[0]
+        assert isinstance(init, asbx.SessionInit) and init.encryption
+        assert init.encryption["identityKey"] == pinned
+    # A key that is not the runner's: the session is refused before any line opens.
+    stranger = ClientSession().public_key
+    with Client(up.url, runner_public_key=stranger) as c:
+        run = c.run(script({"say": "never read"}), encrypt=True)
+        with pytest.raises(asbx.SignatureError) as e:
+            run.wait()
+        assert e.value.code == "signature_invalid"
+        run.close()
+
+
 def test_a_plain_answer_to_an_encrypted_run_is_refused(client: Client) -> None:
     run = client.run(script({"tool": "t", "args": {}}, {"say": "ok"}), tools=[ClientTool("t")], encrypt=True)
     for ev in run:

@@ -7,17 +7,28 @@ import json
 import os
 
 import pytest
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 import asbx
 from asbx import _crypto
 from asbx._core import SseDecoder, StreamState
 
 
-class Server:
-    """The runner's side: its key S, salt T, and lines sealed as `asbx-crypto` seals them."""
+def sign_raw(identity: ec.EllipticCurvePrivateKey, message: bytes) -> str:
+    """The runner's signature: ECDSA P-256 SHA-256 as the 64 bytes `r || s`, base64url."""
+    r, s = decode_dss_signature(identity.sign(message, ec.ECDSA(hashes.SHA256())))
+    return _crypto.b64(r.to_bytes(32, "big") + s.to_bytes(32, "big"))
 
-    def __init__(self, client_public_key: str, session_id: str) -> None:
+
+class Server:
+    """The runner's side: its key S, salt T, and lines sealed as `asbx-crypto` seals them;
+    with an `identity`, `session_init.encryption` is signed as docs/protocol.md §4 says."""
+
+    def __init__(
+        self, client_public_key: str, session_id: str, identity: ec.EllipticCurvePrivateKey | None = None
+    ) -> None:
         self.session_id = session_id
         private = ec.generate_private_key(ec.SECP256R1())
         salt = os.urandom(32)
@@ -28,6 +39,12 @@ class Server:
             "serverPublicKey": _crypto.encode_public_key(private.public_key()),
             "salt": _crypto.b64(salt),
         }
+        if identity is not None:
+            self.init["identityKey"] = _crypto.encode_public_key(identity.public_key())
+            self.init["signature"] = sign_raw(
+                identity,
+                _crypto.signed_message(session_id, self.init["serverPublicKey"], self.init["salt"]),
+            )
 
     def encrypt_line(self, line: dict) -> dict:
         clear = {k: v for k, v in line.items() if k in _crypto.CLEAR_FIELDS}
@@ -88,6 +105,33 @@ def test_a_tool_result_is_sealed_to_its_call() -> None:
     assert json.loads(_crypto.open_sealed(server.key, aad, sealed)) == {"result": 42}
     with pytest.raises(asbx.DecryptionError):
         _crypto.open_sealed(server.key, _crypto.tool_result_aad("s9", "c2"), sealed)
+
+
+def test_a_pinned_runner_key_accepts_its_signature_and_refuses_substitutes() -> None:
+    runner = ec.generate_private_key(ec.SECP256R1())
+    pin = _crypto.encode_public_key(runner.public_key())
+    client = asbx.ClientSession(runner_public_key=pin)
+    server = Server(client.public_key, "s1", identity=runner)
+    client.agree(server.init, "s1")  # positive control
+    assert client.agreed
+    # A relay's own ephemeral key in place of the runner's.
+    relay = Server(client.public_key, "s1")
+    substituted = {**server.init, "serverPublicKey": relay.init["serverPublicKey"]}
+    with pytest.raises(asbx.SignatureError) as e:
+        asbx.ClientSession(runner_public_key=pin).agree(substituted, "s1")
+    assert e.value.code == "signature_invalid"
+    # A relay that re-signs with a key of its own, naming it as identityKey.
+    forger = ec.generate_private_key(ec.SECP256R1())
+    forged = Server(client.public_key, "s1", identity=forger).init
+    asbx.ClientSession().agree(forged, "s1")  # unpinned, it is self-consistent
+    with pytest.raises(asbx.SignatureError):
+        asbx.ClientSession(runner_public_key=pin).agree(forged, "s1")
+    # Moved to another session, or unsigned, under a pin.
+    with pytest.raises(asbx.SignatureError):
+        asbx.ClientSession(runner_public_key=pin).agree(server.init, "s2")
+    unsigned = {k: v for k, v in server.init.items() if k != "signature"}
+    with pytest.raises(asbx.SignatureError):
+        asbx.ClientSession(runner_public_key=pin).agree(unsigned, "s1")
 
 
 def test_sse_frames_ids_comments_and_multiline_data() -> None:

@@ -85,6 +85,7 @@ export class ChatTurn implements AsyncIterable<ChatEvent> {
             accept: "text/event-stream",
             headers: { "last-event-id": String(after) },
             signal: this.#link.controller.signal,
+            retries: 0,
           });
         } catch (e) {
           // No turn in flight any more: it ended while we were away.

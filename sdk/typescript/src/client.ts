@@ -5,7 +5,7 @@
  */
 
 import { AsbxError } from "./errors.js";
-import type { RetryOptions } from "./resume.js";
+import { delayOf, retryPolicy, type RetryOptions, type RetryPolicy } from "./resume.js";
 import { Run, type CreateRunOptions, type ToolAnswer } from "./run.js";
 import { ChatTurn, type ChatOptions } from "./chat.js";
 import { AbortLink } from "./abort.js";
@@ -25,14 +25,26 @@ import type {
 } from "./types.js";
 
 export interface AsbxClientOptions {
-  /** The workspace URL (`asbx up` prints it as `open URL`). */
-  baseUrl: string;
-  /** A workspace API key (`asbx key`), sent as `Authorization: Bearer`. */
+  /** The workspace URL (`asbx up` prints it as `open URL`); default `$ASBX_URL` (Node). */
+  baseUrl?: string;
+  /** A workspace API key (`asbx key`), sent as `Authorization: Bearer`; default `$ASBX_API_KEY` (Node). */
   apiKey?: string;
   /** A `fetch` to use instead of the global one. */
   fetch?: typeof fetch;
-  /** How a dropped stream is resumed. */
+  /** How a dropped stream is reconnected: `maxAttempts`, `initialDelayMs`, `backoffMultiplier`, `maxDelayMs`. */
   retry?: RetryOptions;
+  /**
+   * How many times a request answered `429` or `503` (or, for GET, PUT and
+   * DELETE, lost to a network error) is sent again, after its `Retry-After`
+   * (at most 60 s) or the `retry` delays (default 2).
+   */
+  maxRetries?: number;
+  /**
+   * The runner's identity key (`GET /v1/identity` of the runner, or its
+   * `identity.pub`): an encrypted run whose `session_init` this key did not
+   * sign fails with `AsbxError` `signature_invalid` (docs/protocol.md §4).
+   */
+  runnerPublicKey?: string;
 }
 
 interface RequestInit2 {
@@ -41,6 +53,42 @@ interface RequestInit2 {
   headers?: Record<string, string>;
   signal?: AbortSignal;
   accept?: string;
+  /** Sends after a 429/503 or a network error (idempotent only); default the client's `maxRetries`. */
+  retries?: number;
+}
+
+/** Methods a lost connection may repeat: sending one twice does no harm. */
+const IDEMPOTENT = new Set(["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]);
+/** The longest `Retry-After` honoured. */
+const MAX_RETRY_AFTER_MS = 60_000;
+
+/** A `Retry-After` (seconds or an HTTP date) in milliseconds, capped at 60 s. */
+export function retryAfterMs(value: string | null): number | undefined {
+  if (!value) return undefined;
+  const secs = Number(value.trim());
+  const ms = Number.isFinite(secs) ? secs * 1000 : Date.parse(value) - Date.now();
+  if (Number.isNaN(ms)) return undefined;
+  return Math.min(Math.max(ms, 0), MAX_RETRY_AFTER_MS);
+}
+
+function env(name: string): string | undefined {
+  const proc = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process;
+  return proc?.env?.[name] || undefined;
+}
+
+function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
 }
 
 export class AsbxClient {
@@ -48,17 +96,25 @@ export class AsbxClient {
   readonly runs: Runs;
   readonly chats: Chats;
   readonly environments: Environments;
-  /** @internal */
-  readonly retry: Required<RetryOptions>;
+  /** The reconnect settings in force. */
+  readonly retry: RetryPolicy;
+  /** How many times a request is sent again after a 429/503 (see `AsbxClientOptions`). */
+  readonly maxRetries: number;
+  /** The pinned runner identity key, if any. */
+  readonly runnerPublicKey: string | undefined;
   readonly #apiKey: string | undefined;
   readonly #fetch: typeof fetch;
 
-  constructor(options: AsbxClientOptions) {
-    if (!options?.baseUrl) throw new TypeError("AsbxClient: baseUrl is required");
-    this.baseUrl = options.baseUrl.replace(/\/+$/, "");
-    this.#apiKey = options.apiKey;
+  constructor(options: AsbxClientOptions = {}) {
+    const baseUrl = options.baseUrl ?? env("ASBX_URL");
+    if (!baseUrl) throw new TypeError("AsbxClient: baseUrl is required (or set ASBX_URL)");
+    this.baseUrl = baseUrl.replace(/\/+$/, "");
+    this.#apiKey = options.apiKey ?? env("ASBX_API_KEY");
     this.#fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
-    this.retry = { attempts: options.retry?.attempts ?? 6, delayMs: options.retry?.delayMs ?? 100 };
+    this.retry = retryPolicy(options.retry);
+    this.maxRetries = options.maxRetries ?? 2;
+    if (!(this.maxRetries >= 0)) throw new RangeError("AsbxClient: maxRetries must be >= 0");
+    this.runnerPublicKey = options.runnerPublicKey;
     this.runs = new Runs(this);
     this.chats = new Chats(this);
     this.environments = new Environments(this);
@@ -120,20 +176,33 @@ export class AsbxClient {
       headers["content-type"] = "application/json";
       body = JSON.stringify(init.json);
     }
-    let res: Response;
-    try {
-      res = await this.#fetch(`${this.baseUrl}${path}`, {
-        method,
-        headers,
-        ...(body !== undefined ? { body } : {}),
-        ...(init.signal ? { signal: init.signal } : {}),
-      });
-    } catch (cause) {
-      if (init.signal?.aborted) throw init.signal.reason;
-      throw new AsbxError({ status: 0, code: "connection_lost", detail: `${method} ${path}: ${String(cause)}`, cause });
+    const retries = init.retries ?? this.maxRetries;
+    for (let n = 0; ; n++) {
+      let res: Response;
+      try {
+        res = await this.#fetch(`${this.baseUrl}${path}`, {
+          method,
+          headers,
+          ...(body !== undefined ? { body } : {}),
+          ...(init.signal ? { signal: init.signal } : {}),
+        });
+      } catch (cause) {
+        if (init.signal?.aborted) throw init.signal.reason;
+        if (n < retries && IDEMPOTENT.has(method)) {
+          await pause(delayOf(this.retry, n), init.signal);
+          continue;
+        }
+        throw new AsbxError({ status: 0, code: "connection_lost", detail: `${method} ${path}: ${String(cause)}`, cause });
+      }
+      if ((res.status === 429 || res.status === 503) && n < retries) {
+        const wait = retryAfterMs(res.headers.get("retry-after")) ?? delayOf(this.retry, n);
+        await res.body?.cancel().catch(() => {});
+        await pause(wait, init.signal);
+        continue;
+      }
+      if (!res.ok) throw await AsbxError.fromResponse(res);
+      return res;
     }
-    if (!res.ok) throw await AsbxError.fromResponse(res);
-    return res;
   }
 
   /** A request whose answer is JSON (or nothing, for `204`). @internal */

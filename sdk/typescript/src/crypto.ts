@@ -2,7 +2,9 @@
  * End-to-end encryption of a run with WebCrypto (docs/protocol.md §4):
  * ECDH P-256, HKDF-SHA-256 with info `"asbx-e2e-v1:" + sessionId`,
  * AES-256-GCM with additional data `sessionId.seq.type` for lines and
- * `sessionId.tool-result.callId` for a tool answer.
+ * `sessionId.tool-result.callId` for a tool answer. The runner signs
+ * `"asbx-e2e-v1-sig:" + sessionId + "." + serverPublicKey + "." + salt` with
+ * its identity key (ECDSA P-256, SHA-256, `r || s`): a pinned key checks it.
  */
 
 import { AsbxError } from "./errors.js";
@@ -34,6 +36,37 @@ export function unb64u(s: string): Uint8Array<ArrayBuffer> {
   return out;
 }
 
+/**
+ * Checks `session_init.encryption`'s signature under the pinned runner key
+ * (`GET /v1/identity`), or without a pin under the `identityKey` it names
+ * (which proves only that nothing altered it on the way). Throws
+ * `AsbxError` `signature_invalid` when it does not verify.
+ */
+export async function verifySessionInit(
+  init: EncryptionInit,
+  sessionId: string,
+  runnerPublicKey?: string,
+): Promise<void> {
+  const keyText = runnerPublicKey ?? init.identityKey;
+  if (!keyText) return;
+  const refuse = (detail: string, cause?: unknown): never => {
+    throw new AsbxError({ status: 0, code: "signature_invalid", detail, cause });
+  };
+  if (typeof init.signature !== "string") refuse("session_init.encryption carries no signature");
+  const s = subtle();
+  let ok = false;
+  try {
+    const key = await s.importKey("raw", unb64u(keyText), { name: "ECDSA", namedCurve: "P-256" }, false, ["verify"]);
+    const message = encoder.encode(`asbx-e2e-v1-sig:${sessionId}.${init.serverPublicKey}.${init.salt}`);
+    ok = await s.verify({ name: "ECDSA", hash: "SHA-256" }, key, unb64u(init.signature), message);
+  } catch (cause) {
+    refuse("the runner key or the signature is malformed", cause);
+  }
+  if (!ok) {
+    refuse("the session's signature does not verify: its keys were substituted on the way, or another runner signed it");
+  }
+}
+
 /** `{"iv", "ciphertext"}`, both base64url. */
 export interface Sealed {
   iv: string;
@@ -54,11 +87,15 @@ export class ClientKeyPair {
     return new ClientKeyPair(pair, b64u(raw));
   }
 
-  /** The session key agreed with `session_init.encryption`. */
-  async session(init: EncryptionInit, sessionId: string): Promise<SessionCipher> {
+  /**
+   * The session key agreed with `session_init.encryption`, once its
+   * signature verifies (under `runnerPublicKey` when pinned).
+   */
+  async session(init: EncryptionInit, sessionId: string, runnerPublicKey?: string): Promise<SessionCipher> {
     if (init.algorithm !== "ECDH-P256+HKDF-SHA256+AES-256-GCM") {
       throw new AsbxError({ status: 0, code: "protocol_error", detail: `unknown algorithm ${init.algorithm}` });
     }
+    await verifySessionInit(init, sessionId, runnerPublicKey);
     const s = subtle();
     const server = await s.importKey("raw", unb64u(init.serverPublicKey), CURVE, false, []);
     const secret = await s.deriveBits({ name: "ECDH", public: server }, this.pair.privateKey, 256);

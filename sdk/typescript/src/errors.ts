@@ -16,6 +16,8 @@ export type ClientErrorCode =
   | "connection_lost"
   /** An encrypted line did not open with this session's key. */
   | "decryption_failed"
+  /** `session_init` is not signed by the pinned runner key (`runnerPublicKey`). */
+  | "signature_invalid"
   /** The server sent something that breaks the protocol. */
   | "protocol_error";
 

@@ -7,8 +7,8 @@ export { AsbxClient, Runs, Chats, Environments, type AsbxClientOptions } from ".
 export { Run, type CreateRunOptions, type ClientTool, type ToolHandler, type ToolAnswer } from "./run.js";
 export { ChatTurn, type ChatOptions } from "./chat.js";
 export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";
-export { ClientKeyPair, SessionCipher, type Sealed } from "./crypto.js";
-export type { RetryOptions } from "./resume.js";
+export { ClientKeyPair, SessionCipher, verifySessionInit, type Sealed } from "./crypto.js";
+export type { RetryOptions, RetryPolicy } from "./resume.js";
 export type * from "./types.js";
 export type { paths as WorkspacePaths, components as WorkspaceComponents } from "./openapi/workspace.js";
 export type { paths as RunnerPaths, components as RunnerComponents } from "./openapi/runner.js";

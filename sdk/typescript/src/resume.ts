@@ -17,12 +17,50 @@ export interface Frame<T> {
   end?: boolean;
 }
 
-/** How a dropped connection is retried. */
+/**
+ * How a dropped stream is reconnected (and how long a retried request
+ * waits when the server names no `Retry-After`).
+ */
 export interface RetryOptions {
-  /** Consecutive reconnects without progress before giving up (default 6). */
+  /** Reconnects in a row without a new line before giving up (default 6). */
+  maxAttempts?: number;
+  /** Wait before the first reconnect (default 100 ms). */
+  initialDelayMs?: number;
+  /** Each further wait is the last times this (default 2). */
+  backoffMultiplier?: number;
+  /** The longest wait (default 30 000 ms). */
+  maxDelayMs?: number;
+  /** @deprecated The old name of `maxAttempts`. */
   attempts?: number;
-  /** First delay between reconnects, doubled each time (default 100 ms). */
+  /** @deprecated The old name of `initialDelayMs`. */
   delayMs?: number;
+}
+
+/** The settings in force, defaults filled in. */
+export interface RetryPolicy {
+  maxAttempts: number;
+  initialDelayMs: number;
+  backoffMultiplier: number;
+  maxDelayMs: number;
+}
+
+/** `options` with the defaults filled in; a bad value is a `RangeError`. */
+export function retryPolicy(options: RetryOptions = {}): RetryPolicy {
+  const p: RetryPolicy = {
+    maxAttempts: options.maxAttempts ?? options.attempts ?? 6,
+    initialDelayMs: options.initialDelayMs ?? options.delayMs ?? 100,
+    backoffMultiplier: options.backoffMultiplier ?? 2,
+    maxDelayMs: options.maxDelayMs ?? 30_000,
+  };
+  if (!(p.maxAttempts >= 0) || !(p.initialDelayMs >= 0) || !(p.maxDelayMs >= 0) || !(p.backoffMultiplier >= 1)) {
+    throw new RangeError("retry: maxAttempts and delays must be >= 0, backoffMultiplier >= 1");
+  }
+  return p;
+}
+
+/** Milliseconds before the n-th retry or reconnect (from 0). */
+export function delayOf(policy: RetryPolicy, n: number): number {
+  return Math.min(policy.initialDelayMs * policy.backoffMultiplier ** Math.min(n, 64), policy.maxDelayMs);
 }
 
 export interface ResumableSource<T> {
@@ -36,7 +74,7 @@ export interface ResumableSource<T> {
   aborted(): { reason: unknown } | undefined;
   /** Rejects with the abort reason when aborted. */
   abortWait: Promise<never>;
-  retry: Required<RetryOptions>;
+  retry: RetryPolicy;
 }
 
 /** Errors a reconnect can't fix. */
@@ -93,15 +131,15 @@ export async function* resumable<T>(src: ResumableSource<T>): AsyncGenerator<T> 
         dropped = e;
       }
     }
-    if (failures > src.retry.attempts) {
+    if (failures > src.retry.maxAttempts) {
       throw new AsbxError({
         status: 0,
         code: "connection_lost",
-        detail: `the stream dropped after seq ${last} and ${src.retry.attempts} reconnects failed`,
+        detail: `the stream dropped after seq ${last} and ${src.retry.maxAttempts} reconnects failed`,
         cause: dropped,
       });
     }
-    await sleep(src.retry.delayMs * 2 ** Math.min(failures - 1, 6), src.abortWait);
+    await sleep(delayOf(src.retry, failures - 1), src.abortWait);
     try {
       res = await Promise.race([src.reopen(last), src.abortWait]);
       if (res === null) return;

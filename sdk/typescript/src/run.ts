@@ -8,7 +8,7 @@ import { AbortLink } from "./abort.js";
 import type { AsbxClient } from "./client.js";
 import { ClientKeyPair, type Sealed, type SessionCipher } from "./crypto.js";
 import { AsbxError } from "./errors.js";
-import { resumable, type Frame } from "./resume.js";
+import { delayOf, resumable, type Frame } from "./resume.js";
 import { ndjsonLines } from "./streams.js";
 import type {
   ClientToolSpec,
@@ -196,6 +196,7 @@ export class Run implements AsyncIterable<RunEvent> {
         return this.#client.request("GET", `/api/runs/${encodeURIComponent(this.id!)}/events?after=${from}`, {
           accept: "application/x-ndjson",
           signal: this.#link.controller.signal,
+          retries: 0,
         });
       },
       stopAfterCleanEnd: async () => {
@@ -246,7 +247,7 @@ export class Run implements AsyncIterable<RunEvent> {
       if (!init.encryption) {
         throw new AsbxError({ status: 0, code: "protocol_error", detail: "encryption asked for, session_init has none" });
       }
-      this.#cipher = await (await this.#keys).session(init.encryption, init.sessionId);
+      this.#cipher = await (await this.#keys).session(init.encryption, init.sessionId, this.#client.runnerPublicKey);
       return init;
     }
     const sealed = raw.encrypted as Sealed | undefined;
@@ -299,11 +300,11 @@ export class Run implements AsyncIterable<RunEvent> {
       } catch (e) {
         if (e instanceof AsbxError && e.status === 409) return;
         const retryable = e instanceof AsbxError && (e.code === "connection_lost" || e.status >= 500);
-        if (!retryable || attempt >= this.#client.retry.attempts || this.#link.aborted()) {
+        if (!retryable || attempt >= this.#client.retry.maxAttempts || this.#link.aborted()) {
           this.#toolFailure = e;
           return;
         }
-        await new Promise((r) => setTimeout(r, this.#client.retry.delayMs * 2 ** attempt));
+        await new Promise((r) => setTimeout(r, delayOf(this.#client.retry, attempt)));
       }
     }
   }

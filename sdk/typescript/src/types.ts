@@ -86,6 +86,13 @@ export interface EncryptionInit {
   algorithm: string;
   serverPublicKey: string;
   salt: string;
+  /**
+   * The runner's identity key's ECDSA P-256 SHA-256 signature (`r || s`,
+   * base64url) of `"asbx-e2e-v1-sig:" + sessionId + "." + serverPublicKey + "." + salt`.
+   */
+  signature: string;
+  /** The runner's identity public key (`GET /v1/identity`), as it names itself. */
+  identityKey: string;
 }
 
 export interface SessionInitEvent extends LineStamp {

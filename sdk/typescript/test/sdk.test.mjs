@@ -2,7 +2,8 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { AsbxClient, AsbxError } from "../dist/index.js";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
 import { missing, startUp, script, recordingFetch, cgroupsOf, pidsWith } from "./harness.mjs";
 
 const why = missing();
@@ -223,6 +224,22 @@ t("an encrypted run: the wire is ciphertext, the SDK opens every line and seals 
   assert.ok(!wire.includes(marker), "no plaintext on the wire");
   const answer = rec.requests.find((r) => r.url.endsWith("/tool-result"));
   assert.ok(answer, "a tool answer was posted");
+});
+
+t("an encrypted run verifies the runner's signature under a pinned key, and a wrong pin refuses it", async () => {
+  const pinned = readFileSync(join(up.data, "runner", "identity.pub"), "utf8").trim();
+  const run = client({ runnerPublicKey: pinned }).runs.create({ prompt: script({ say: "signed" }), encrypt: true });
+  await collect(run);
+  assert.equal(run.result, "signed");
+  assert.equal(run.init.encryption.identityKey, pinned);
+  // A key that is not the runner's (a fresh P-256 point): refused, typed.
+  const pair = await crypto.subtle.generateKey({ name: "ECDSA", namedCurve: "P-256" }, true, ["sign"]);
+  const stranger = Buffer.from(await crypto.subtle.exportKey("raw", pair.publicKey)).toString("base64url");
+  const refused = client({ runnerPublicKey: stranger }).runs.create({ prompt: script({ say: "never read" }), encrypt: true });
+  await assert.rejects(collect(refused), (e) => e instanceof AsbxError && e.code === "signature_invalid");
+  assert.equal(refused.result, undefined);
+  // Let the refused run end before the suite's teardown counts sessions.
+  await eventually("the refused run to end", async () => (await client().runs.get(refused.id)).status !== "running");
 });
 
 t("a failed run carries its termination info (exit code, stderr)", async () => {

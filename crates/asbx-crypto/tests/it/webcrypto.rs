@@ -1,11 +1,12 @@
 //! Node's `crypto.webcrypto`, with no other library, agrees a key with the
 //! runner's side and opens its lines; a tampered, a reordered and a
 //! relabelled line, and a line under a wrong key, fail to open there too.
+//! It verifies the identity key's `r || s` signatures, and no altered one.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use asbx_crypto::ServerSession;
+use asbx_crypto::{IdentityKey, ServerSession};
 use serde_json::{Value, json};
 
 /// Node: make a P-256 key, print K, read `{init, sessionId, lines}`, and print
@@ -68,7 +69,7 @@ fn node_opens(
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut k = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut k).unwrap();
-    let server = ServerSession::new(k.trim(), "sess-1").unwrap();
+    let server = ServerSession::new(k.trim(), "sess-1", &IdentityKey::generate()).unwrap();
     let input = json!({
         "init": server.init(),
         "sessionId": "sess-1",
@@ -139,4 +140,56 @@ fn node_webcrypto_opens_what_the_runner_seals_and_nothing_altered() {
         true,
     );
     assert_eq!(wrong, vec![Value::Null], "opened under a wrong key");
+}
+
+/// Node: read `{publicKey, message, signatures}`, print whether each verifies.
+const NODE_VERIFY: &str = r#"
+const { webcrypto } = require('node:crypto');
+const subtle = webcrypto.subtle;
+const unb64 = (s) => new Uint8Array(Buffer.from(s, 'base64url'));
+(async () => {
+  let input = '';
+  for await (const chunk of process.stdin) input += chunk;
+  const { publicKey, message, signatures } = JSON.parse(input);
+  const key = await subtle.importKey('raw', unb64(publicKey), { name: 'ECDSA', namedCurve: 'P-256' }, false, ['verify']);
+  const out = [];
+  for (const sig of signatures) {
+    out.push(await subtle.verify({ name: 'ECDSA', hash: 'SHA-256' }, key, unb64(sig), new TextEncoder().encode(message)));
+  }
+  process.stdout.write(JSON.stringify(out) + '\n');
+})();
+"#;
+
+#[test]
+fn node_webcrypto_verifies_the_identity_keys_signatures_and_no_altered_one() {
+    if !node_available() {
+        asbx_test_support::skip(
+            "node_webcrypto_verifies_the_identity_keys_signatures_and_no_altered_one",
+            "node is not installed",
+        );
+        return;
+    }
+    let identity = IdentityKey::generate();
+    let message = asbx_crypto::signed_message("sess-1", "BServerKey", "c2FsdA");
+    let good = identity.sign_init("sess-1", "BServerKey", "c2FsdA");
+    let moved = identity.sign_init("sess-2", "BServerKey", "c2FsdA");
+    let foreign = IdentityKey::generate().sign(message.as_bytes());
+    let mut child = Command::new("node")
+        .args(["-e", NODE_VERIFY])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = json!({
+        "publicKey": identity.public_key(),
+        "message": message,
+        "signatures": [good, moved, foreign],
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.to_string().as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let got: Vec<bool> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got, vec![true, false, false]);
 }

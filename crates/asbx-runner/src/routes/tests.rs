@@ -82,6 +82,26 @@ async fn stream_needs_the_token_before_reading_anything() {
 }
 
 #[tokio::test]
+async fn identity_is_public_and_kept_across_restarts() {
+    let (r, dir) = runner(Some("t0ken"));
+    let got = send(
+        &r,
+        Request::get("/v1/identity").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(got.0, 200, "the identity needs no token: {:?}", got.2);
+    assert_eq!(got.2["algorithm"], "ECDSA-P256-SHA256");
+    assert_eq!(got.2["publicKey"], r.identity_key());
+    assert_eq!(got.2["publicKey"].as_str().unwrap().len(), 87);
+    // The same state folder, a new runner: the same key.
+    drop(r);
+    let mut config = RunnerConfig::new("/nonexistent/asbx".into(), dir.path().to_owned());
+    config.warm_pool = 0;
+    let again = Runner::new(config).unwrap();
+    assert_eq!(again.identity_key(), got.2["publicKey"]);
+}
+
+#[tokio::test]
 async fn healthz_reports_capacity_for_a_fleet() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = RunnerConfig::new("/nonexistent/asbx".into(), dir.path().to_owned());

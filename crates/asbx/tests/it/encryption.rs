@@ -471,3 +471,99 @@ async fn an_encrypted_sessions_listing_keeps_how_it_ended_but_not_its_words() {
     assert!(sealed["termination"].get("stderr").is_none(), "{sealed}");
     runner.assert_clean().await;
 }
+
+/// Node: read `{init, sessionId, identityKey, cases}` and print, for each
+/// case (`init` fields to replace, and the key to verify under), whether
+/// WebCrypto's ECDSA P-256 SHA-256 verifies the signature of
+/// `"asbx-e2e-v1-sig:" + sessionId + "." + serverPublicKey + "." + salt`.
+const NODE_VERIFY: &str = r#"
+const { webcrypto } = require('node:crypto');
+const subtle = webcrypto.subtle;
+const unb64 = (s) => new Uint8Array(Buffer.from(s, 'base64url'));
+(async () => {
+  let input = '';
+  for await (const chunk of process.stdin) input += chunk;
+  const { init, sessionId, cases } = JSON.parse(input);
+  const out = [];
+  for (const c of cases) {
+    const e = { ...init, ...c.replace };
+    const key = await subtle.importKey('raw', unb64(c.key), { name: 'ECDSA', namedCurve: 'P-256' }, false, ['verify']);
+    const msg = new TextEncoder().encode('asbx-e2e-v1-sig:' + sessionId + '.' + e.serverPublicKey + '.' + e.salt);
+    out.push(await subtle.verify({ name: 'ECDSA', hash: 'SHA-256' }, key, unb64(e.signature), msg));
+  }
+  process.stdout.write(JSON.stringify(out) + '\n');
+})();
+"#;
+
+/// What Node's WebCrypto says of each case.
+fn node_verifies(input: &Value) -> Vec<bool> {
+    let mut node = Command::new("node")
+        .args(["-e", NODE_VERIFY])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = node.stdin.take().unwrap();
+    stdin.write_all(input.to_string().as_bytes()).unwrap();
+    drop(stdin);
+    let out = node.wait_with_output().unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn node_webcrypto_verifies_the_runners_signature_with_the_key_from_v1_identity() {
+    if !node_available() {
+        asbx_test_support::skip(
+            "node_webcrypto_verifies_the_runners_signature_with_the_key_from_v1_identity",
+            "node is not installed",
+        );
+        return;
+    }
+    let runner = RunnerProc::start(&[]);
+    let identity: Value = reqwest::get(format!("{}/v1/identity", runner.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(identity["algorithm"], "ECDSA-P256-SHA256");
+    let pinned = identity["publicKey"].as_str().unwrap().to_owned();
+    let kept = std::fs::read_to_string(runner.data.path().join("runner/identity.pub")).unwrap();
+    assert_eq!(kept.trim(), pinned, "the key kept in the data folder");
+
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
+    let t = ws.mint(&session_id("signed"));
+    let client = ClientSession::new();
+    let body = v2(
+        ws.body(&t, &script(json!([{"say": "signed"}]))),
+        json!({"encryption": {"client_public_key": client.public_key()}}),
+    );
+    let res = post_stream(&runner.url, &body).await;
+    assert_eq!(res.status(), 200);
+    let lines = raw_lines(&res.bytes().await.unwrap());
+    let init = lines[0]["encryption"].clone();
+    assert_eq!(init["identityKey"], pinned.as_str());
+
+    // A relay's substitutes: its own ephemeral key, its own salt, and a
+    // signature it made with an identity of its own.
+    let relay = asbx_crypto::IdentityKey::generate();
+    let relay_key = ClientSession::new().public_key();
+    let relay_salt = "c3Vic3RpdHV0ZWQtc2FsdC1vZi10aGlydHktdHdvLWI";
+    let relay_sig = relay.sign_init(&t.session, &relay_key, relay_salt);
+    let cases = json!([
+        {"replace": {}, "key": pinned},
+        {"replace": {"serverPublicKey": relay_key}, "key": pinned},
+        {"replace": {"salt": relay_salt}, "key": pinned},
+        {"replace": {"serverPublicKey": relay_key, "salt": relay_salt, "signature": relay_sig}, "key": pinned},
+        // Positive control of the forgery: it verifies under the relay's key.
+        {"replace": {"serverPublicKey": relay_key, "salt": relay_salt, "signature": relay_sig}, "key": relay.public_key()},
+    ]);
+    let got = node_verifies(&json!({"init": init, "sessionId": t.session, "cases": cases}));
+    assert_eq!(got, vec![true, false, false, false, true]);
+    // The Rust client agrees, and so does a moved session id.
+    let init: asbx_crypto::EncryptionInit = serde_json::from_value(init).unwrap();
+    asbx_crypto::verify_init(&init, &t.session, Some(&pinned)).unwrap();
+    assert!(asbx_crypto::verify_init(&init, "another-session", Some(&pinned)).is_err());
+    runner.assert_clean().await;
+}

@@ -510,7 +510,15 @@ async fn an_encrypted_run_is_kept_and_relayed_as_ciphertext_only() {
             if first {
                 first = false;
                 assert_eq!(v["type"], "session_init");
-                let init = serde_json::from_value(v["encryption"].clone()).unwrap();
+                let init: asbx_crypto::EncryptionInit =
+                    serde_json::from_value(v["encryption"].clone()).unwrap();
+                // Relayed unchanged: the runner's signature verifies under
+                // the key it keeps in its data folder, and under no other.
+                let pinned =
+                    std::fs::read_to_string(up.data.path().join("runner/identity.pub")).unwrap();
+                asbx_crypto::verify_init(&init, &run_id, Some(pinned.trim())).unwrap();
+                let stranger = asbx_crypto::IdentityKey::generate().public_key();
+                assert!(asbx_crypto::verify_init(&init, &run_id, Some(&stranger)).is_err());
                 session.agree(&init, &run_id).unwrap();
                 continue;
             }

@@ -20,7 +20,7 @@ import httpx
 from . import _core
 from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
-from ._errors import ConflictError, NotFoundError, StreamError
+from ._errors import ConflictError, NotFoundError, ServerError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
 from ._models import (
     Chat,
@@ -97,41 +97,51 @@ class _AsyncStream(AsyncIterator[Event]):
         return False
 
     async def _events(self) -> AsyncGenerator[Event, None]:
-        resp = self._response
+        resp: httpx.Response | None = self._response
         failures = 0
+        cause: Exception | None = None
         try:
             while True:
                 before = self._state.seen
-                cause: Exception | None = None
-                try:
-                    dec = SseDecoder()
-                    async for line in resp.aiter_lines():
-                        if self._sse:
-                            frame = dec.feed(line)
-                            ev = None if frame is None else self._state.accept_sse(frame)
-                        else:
-                            ev = self._state.accept_ndjson(line)
-                        if ev is None:
-                            continue
-                        await self._on_event(ev)
-                        yield ev
-                        if self._finished():
-                            return
-                except httpx.TransportError as e:
-                    cause = e
-                finally:
-                    await resp.aclose()
-                if self._finished() or (cause is None and await self._ended_elsewhere()):
-                    return
+                if resp is not None:
+                    cause = None
+                    try:
+                        dec = SseDecoder()
+                        async for line in resp.aiter_lines():
+                            if self._sse:
+                                frame = dec.feed(line)
+                                ev = None if frame is None else self._state.accept_sse(frame)
+                            else:
+                                ev = self._state.accept_ndjson(line)
+                            if ev is None:
+                                continue
+                            await self._on_event(ev)
+                            yield ev
+                            if self._finished():
+                                return
+                    except httpx.TransportError as e:
+                        cause = e
+                    finally:
+                        await resp.aclose()
+                    if self._finished() or (cause is None and await self._ended_elsewhere()):
+                        return
+                # Reconnects in a row without a new line so far: one more is allowed
+                # while fewer than max_attempts were made.
                 failures = 0 if self._state.seen > before else failures + 1
-                if failures > self._client.max_resumes:
+                if failures >= self._client.retry.max_attempts:
                     raise StreamError(
-                        f"the stream broke {failures} times without progress (last: {cause!r})"
+                        f"the stream broke and {failures} reconnects made no progress (last: {cause!r})",
+                        code="connection_lost",
                     ) from cause
-                await asyncio.sleep(min(0.05 * 2**failures, 2.0))
+                await asyncio.sleep(self._client.retry.delay(failures))
                 self.resumes += 1
+                resp = None
                 try:
                     resp = await self._reopen()
+                except (httpx.TransportError, ServerError) as e:
+                    # Reconnecting failed too: an attempt without progress.
+                    cause = e
+                    continue
                 except NotFoundError as e:
                     if self._state.ended:
                         return
@@ -143,7 +153,8 @@ class _AsyncStream(AsyncIterator[Event]):
                     ) from e
                 self._response = resp
         finally:
-            await resp.aclose()
+            if resp is not None:
+                await resp.aclose()
 
 
 class AsyncRunStream(_AsyncStream):
@@ -206,7 +217,7 @@ class AsyncRunStream(_AsyncStream):
             except httpx.TransportError:
                 if attempt == 3:
                     raise
-                await asyncio.sleep(0.1 * 2**attempt)
+                await asyncio.sleep(self._client.retry.delay(attempt))
 
     async def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
         await self._client.answer_tool(
@@ -241,21 +252,34 @@ class AsyncChatStream(_AsyncStream):
 
 
 class AsyncClient:
-    """An asyncio client of one asbx workspace (see `Client`)."""
+    """An asyncio client of one asbx workspace (see `Client`: the same settings)."""
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         api_key: str | None = None,
         *,
         timeout: float = 30.0,
         stream_read_timeout: float = _core.STREAM_READ_TIMEOUT,
-        max_resumes: int = _core.MAX_RESUMES,
+        max_attempts: int = _core.MAX_RESUMES,
+        initial_delay_ms: float = 100.0,
+        backoff_multiplier: float = 2.0,
+        max_delay_ms: float = 2000.0,
+        max_retries: int = 2,
+        runner_public_key: str | None = None,
+        max_resumes: int | None = None,
         http: httpx.AsyncClient | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.max_resumes = max_resumes
+        self.base_url, api_key = _core.settings_from_env(base_url, api_key)
+        self.retry = _core.RetryPolicy(
+            max_attempts=max_attempts if max_resumes is None else max_resumes,
+            initial_delay_ms=initial_delay_ms,
+            backoff_multiplier=backoff_multiplier,
+            max_delay_ms=max_delay_ms,
+            max_retries=max_retries,
+        )
+        self.runner_public_key = runner_public_key
         self._stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
         self._own = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout)
@@ -272,6 +296,29 @@ class AsyncClient:
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+    @property
+    def max_resumes(self) -> int:
+        """The old name of `retry.max_attempts`."""
+        return self.retry.max_attempts
+
+    async def _send(self, req: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Sends `req`, again after a 429 or 503 (or a dropped connection, when idempotent)."""
+        n = 0
+        while True:
+            try:
+                resp = await self._http.send(req, stream=stream)
+            except httpx.TransportError:
+                wait = self.retry.retry_wait(req.method, None, {}, n)
+                if wait is None:
+                    raise
+            else:
+                wait = self.retry.retry_wait(req.method, resp.status_code, resp.headers, n)
+                if wait is None:
+                    return resp
+                await resp.aclose()
+            await asyncio.sleep(wait)
+            n += 1
 
     async def _open(
         self,
@@ -290,7 +337,7 @@ class AsyncClient:
             headers={**self._headers, **(headers or {})},
             timeout=self._stream_timeout,
         )
-        resp = await self._http.send(req, stream=True)
+        resp = await self._send(req, stream=True)
         if resp.status_code >= 400:
             body = await resp.aread()
             await resp.aclose()
@@ -307,7 +354,7 @@ class AsyncClient:
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Any:
-        resp = await self._http.request(
+        req = self._http.build_request(
             method,
             self.base_url + path,
             json=json,
@@ -315,6 +362,7 @@ class AsyncClient:
             content=content,
             headers={**self._headers, **(headers or {})},
         )
+        resp = await self._send(req)
         check_status(resp.status_code, resp.content)
         if not resp.content:
             return None
@@ -382,7 +430,8 @@ class AsyncClient:
         )
 
     async def download_file(self, file_id: str) -> bytes:
-        resp = await self._http.get(f"{self.base_url}/api/files/{file_id}", headers=self._headers)
+        url = f"{self.base_url}/api/files/{file_id}"
+        resp = await self._send(self._http.build_request("GET", url, headers=self._headers))
         check_status(resp.status_code, resp.content)
         return resp.content
 
@@ -399,7 +448,7 @@ class AsyncClient:
         extra: Mapping[str, Any] | None = None,
     ) -> AsyncRunStream:
         tool_map = _core.normalize_tools(tools)
-        crypto = ClientSession() if encrypt else None
+        crypto = ClientSession(self.runner_public_key) if encrypt else None
         body = _core.run_body(prompt, tool_map, crypto, filter_types, blocked_types, environment, extra)
         path = f"/api/agents/{agent_id}/runs" if agent_id else "/api/runs"
         resp = await self._open("POST", path, json=body, headers={"accept": "application/x-ndjson"})
@@ -430,7 +479,8 @@ class AsyncClient:
         return RunInfo.from_json(await self.request("GET", f"/api/runs/{run_id}"))
 
     async def cancel_run(self, run_id: str) -> bool:
-        resp = await self._http.delete(f"{self.base_url}/api/runs/{run_id}", headers=self._headers)
+        url = f"{self.base_url}/api/runs/{run_id}"
+        resp = await self._send(self._http.build_request("DELETE", url, headers=self._headers))
         check_status(resp.status_code, resp.content)
         return resp.status_code == 202
 
@@ -548,6 +598,6 @@ class AsyncClient:
                     resp = None
             except httpx.TransportError:
                 failures += 1
-                if failures > self.max_resumes:
+                if failures > self.retry.max_attempts:
                     raise
-                await asyncio.sleep(min(0.05 * 2**failures, 2.0))
+                await asyncio.sleep(self.retry.delay(failures - 1))

@@ -6,7 +6,10 @@ No I/O here: `_sync` and `_async` feed it lines.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +24,79 @@ USER_AGENT = "asbx-python/0.1.0"
 # a stream silent for this long is dead, and is resumed.
 STREAM_READ_TIMEOUT = 30.0
 MAX_RESUMES = 8
+# Methods a dropped connection may repeat: sending one twice does no harm.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# Statuses that say "not now, try again": the request was not taken.
+RETRY_STATUSES = frozenset({429, 503})
+# The longest `Retry-After` honoured, in seconds.
+MAX_RETRY_AFTER = 60.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How streams reconnect and plain requests are retried.
+
+    A dropped stream is re-opened up to `max_attempts` times in a row without a new
+    line, waiting `initial_delay_ms * backoff_multiplier ** n` (at most `max_delay_ms`)
+    before the n-th (from 0). A plain request answered 429 or 503, or (for an
+    idempotent method) lost to a connection error, is sent again up to `max_retries`
+    times, after the answer's `Retry-After` when it has one (at most 60 s).
+    """
+
+    max_attempts: int = MAX_RESUMES
+    initial_delay_ms: float = 100.0
+    backoff_multiplier: float = 2.0
+    max_delay_ms: float = 2000.0
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 0 or self.max_retries < 0:
+            raise ValueError("max_attempts and max_retries must be >= 0")
+        if self.initial_delay_ms < 0 or self.max_delay_ms < 0 or self.backoff_multiplier < 1:
+            raise ValueError("delays must be >= 0 and backoff_multiplier >= 1")
+
+    def delay(self, n: int) -> float:
+        """Seconds before the n-th retry or reconnect (from 0)."""
+        ms = min(self.initial_delay_ms * self.backoff_multiplier ** min(n, 64), self.max_delay_ms)
+        return ms / 1000.0
+
+    def retry_wait(self, method: str, status: int | None, headers: Mapping[str, str], n: int) -> float | None:
+        """Seconds to wait before sending again the n-th time, or None not to.
+
+        `status` None: the connection failed."""
+        if n >= self.max_retries:
+            return None
+        if status is None:
+            return self.delay(n) if method.upper() in IDEMPOTENT else None
+        if status not in RETRY_STATUSES:
+            return None
+        after = retry_after(headers.get("retry-after"))
+        return self.delay(n) if after is None else after
+
+
+def retry_after(value: str | None) -> float | None:
+    """A `Retry-After` header (seconds, or an HTTP date) in seconds, capped at 60 s."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        secs = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        secs = when.timestamp() - time.time()
+    return min(max(secs, 0.0), MAX_RETRY_AFTER)
+
+
+def settings_from_env(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
+    """`base_url` and `api_key`, else `ASBX_URL` and `ASBX_API_KEY` from the environment."""
+    url = base_url or os.environ.get("ASBX_URL")
+    if not url:
+        raise ValueError("no workspace URL: pass base_url or set ASBX_URL")
+    key = api_key if api_key is not None else (os.environ.get("ASBX_API_KEY") or None)
+    return url.rstrip("/"), key
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -125,6 +125,12 @@ class DecryptionError(AsbxError):
     """A sealed line did not open: wrong key, or it was altered, moved or relabelled."""
 
 
+class SignatureError(AsbxError):
+    """`signature_invalid`: an encrypted session's `session_init` is not signed by the
+    pinned runner key (`runner_public_key`): its keys were substituted on the way, or
+    the run went to another runner. Nothing of the session is decrypted."""
+
+
 _BY_STATUS: dict[int, type[AsbxError]] = {
     400: BadRequestError,
     401: UnauthorizedError,
@@ -140,4 +146,5 @@ _BY_CODE: dict[str, type[AsbxError]] = {
     "turn_in_flight": TurnInFlightError,
     "events_gone": GoneError,
     "decryption_failed": DecryptionError,
+    "signature_invalid": SignatureError,
 }

@@ -22,7 +22,7 @@ import httpx
 from . import _core
 from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
-from ._errors import ConflictError, NotFoundError, StreamError
+from ._errors import ConflictError, NotFoundError, ServerError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
 from ._models import (
     Chat,
@@ -109,51 +109,61 @@ class _Stream(Iterator[Event]):
         """After a stream closed cleanly without its last event: is there nothing more to read?"""
         return False
 
+    def _read(self, resp: httpx.Response) -> Generator[Event, None, None]:
+        """The new events of one response, until it ends or the session finishes."""
+        if self._sse:
+            dec = SseDecoder()
+            for line in resp.iter_lines():
+                frame = dec.feed(line)
+                ev = None if frame is None else self._state.accept_sse(frame)
+                if ev is not None:
+                    self._on_event(ev)
+                    yield ev
+                    if self._finished():
+                        return
+        else:
+            for line in resp.iter_lines():
+                ev = self._state.accept_ndjson(line)
+                if ev is not None:
+                    self._on_event(ev)
+                    yield ev
+                    if self._finished():
+                        return
+
     def _events(self) -> Generator[Event, None, None]:
-        resp = self._response
+        resp: httpx.Response | None = self._response
         failures = 0
+        cause: Exception | None = None
         try:
             while True:
                 before = self._state.seen
-                cause: Exception | None = None
-                try:
-                    if self._sse:
-                        dec = SseDecoder()
-                        for line in resp.iter_lines():
-                            frame = dec.feed(line)
-                            if frame is None:
-                                continue
-                            ev = self._state.accept_sse(frame)
-                            if ev is None:
-                                continue
-                            self._on_event(ev)
-                            yield ev
-                            if self._finished():
-                                return
-                    else:
-                        for line in resp.iter_lines():
-                            ev = self._state.accept_ndjson(line)
-                            if ev is None:
-                                continue
-                            self._on_event(ev)
-                            yield ev
-                            if self._finished():
-                                return
-                except httpx.TransportError as e:
-                    cause = e
-                finally:
-                    resp.close()
-                if self._finished() or (cause is None and self._ended_elsewhere()):
-                    return
+                if resp is not None:
+                    cause = None
+                    try:
+                        yield from self._read(resp)
+                    except httpx.TransportError as e:
+                        cause = e
+                    finally:
+                        resp.close()
+                    if self._finished() or (cause is None and self._ended_elsewhere()):
+                        return
+                # Reconnects in a row without a new line so far: one more is allowed
+                # while fewer than max_attempts were made.
                 failures = 0 if self._state.seen > before else failures + 1
-                if failures > self._client.max_resumes:
+                if failures >= self._client.retry.max_attempts:
                     raise StreamError(
-                        f"the stream broke {failures} times without progress (last: {cause!r})"
+                        f"the stream broke and {failures} reconnects made no progress (last: {cause!r})",
+                        code="connection_lost",
                     ) from cause
-                time.sleep(min(0.05 * 2**failures, 2.0))
+                time.sleep(self._client.retry.delay(failures))
                 self.resumes += 1
+                resp = None
                 try:
                     resp = self._reopen()
+                except (httpx.TransportError, ServerError) as e:
+                    # Reconnecting failed too: an attempt without progress.
+                    cause = e
+                    continue
                 except NotFoundError as e:
                     if self._state.ended:
                         return
@@ -165,7 +175,8 @@ class _Stream(Iterator[Event]):
                     ) from e
                 self._response = resp
         finally:
-            resp.close()
+            if resp is not None:
+                resp.close()
 
 
 class RunStream(_Stream):
@@ -229,7 +240,7 @@ class RunStream(_Stream):
             except httpx.TransportError:
                 if attempt == 3:
                     raise
-                time.sleep(0.1 * 2**attempt)
+                time.sleep(self._client.retry.delay(attempt))
 
     def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
         """Answers a client tool call with `result`, or with `error`."""
@@ -268,24 +279,45 @@ class ChatStream(_Stream):
 class Client:
     """A blocking client of one asbx workspace.
 
-    `base_url` is what `asbx up` prints; `api_key` (`asbx_key_...`, from
-    `asbx key`) is sent as `Authorization: Bearer` when given; `headers` are
-    added to every request.
+    `base_url` is what `asbx up` prints (default: `$ASBX_URL`); `api_key`
+    (`asbx_key_...`, from `asbx key`; default: `$ASBX_API_KEY`) is sent as
+    `Authorization: Bearer` when given; `headers` are added to every request.
+
+    A dropped stream is resumed up to `max_attempts` times in a row without
+    progress, `initial_delay_ms` apart at first, growing by `backoff_multiplier`
+    up to `max_delay_ms`; past that it raises `StreamError` (`connection_lost`).
+    A request answered 429 or 503 (or, for GET, PUT, DELETE, a dropped
+    connection) is sent again up to `max_retries` times, after its `Retry-After`.
+    `runner_public_key` pins the runner's identity key (`GET /v1/identity`): an
+    encrypted run whose `session_init` it did not sign raises `SignatureError`.
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         api_key: str | None = None,
         *,
         timeout: float = 30.0,
         stream_read_timeout: float = _core.STREAM_READ_TIMEOUT,
-        max_resumes: int = _core.MAX_RESUMES,
+        max_attempts: int = _core.MAX_RESUMES,
+        initial_delay_ms: float = 100.0,
+        backoff_multiplier: float = 2.0,
+        max_delay_ms: float = 2000.0,
+        max_retries: int = 2,
+        runner_public_key: str | None = None,
+        max_resumes: int | None = None,
         http: httpx.Client | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.max_resumes = max_resumes
+        self.base_url, api_key = _core.settings_from_env(base_url, api_key)
+        self.retry = _core.RetryPolicy(
+            max_attempts=max_attempts if max_resumes is None else max_resumes,
+            initial_delay_ms=initial_delay_ms,
+            backoff_multiplier=backoff_multiplier,
+            max_delay_ms=max_delay_ms,
+            max_retries=max_retries,
+        )
+        self.runner_public_key = runner_public_key
         self._stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
         self._own = http is None
         self._http = http or httpx.Client(timeout=timeout)
@@ -322,12 +354,35 @@ class Client:
             headers={**self._headers, **(headers or {})},
             timeout=self._stream_timeout,
         )
-        resp = self._http.send(req, stream=True)
+        resp = self._send(req, stream=True)
         if resp.status_code >= 400:
             body = resp.read()
             resp.close()
             check_status(resp.status_code, body)
         return resp
+
+    @property
+    def max_resumes(self) -> int:
+        """The old name of `retry.max_attempts`."""
+        return self.retry.max_attempts
+
+    def _send(self, req: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Sends `req`, again after a 429 or 503 (or a dropped connection, when idempotent)."""
+        n = 0
+        while True:
+            try:
+                resp = self._http.send(req, stream=stream)
+            except httpx.TransportError:
+                wait = self.retry.retry_wait(req.method, None, {}, n)
+                if wait is None:
+                    raise
+            else:
+                wait = self.retry.retry_wait(req.method, resp.status_code, resp.headers, n)
+                if wait is None:
+                    return resp
+                resp.close()
+            time.sleep(wait)
+            n += 1
 
     def request(
         self,
@@ -340,7 +395,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """Any workspace route: the decoded JSON answer (None for an empty one); `AsbxError` on failure."""
-        resp = self._http.request(
+        req = self._http.build_request(
             method,
             self.base_url + path,
             json=json,
@@ -348,6 +403,7 @@ class Client:
             content=content,
             headers={**self._headers, **(headers or {})},
         )
+        resp = self._send(req)
         check_status(resp.status_code, resp.content)
         if not resp.content:
             return None
@@ -425,7 +481,8 @@ class Client:
         )
 
     def download_file(self, file_id: str) -> bytes:
-        resp = self._http.get(f"{self.base_url}/api/files/{file_id}", headers=self._headers)
+        url = f"{self.base_url}/api/files/{file_id}"
+        resp = self._send(self._http.build_request("GET", url, headers=self._headers))
         check_status(resp.status_code, resp.content)
         return resp.content
 
@@ -445,7 +502,7 @@ class Client:
     ) -> RunStream:
         """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's); iterate it for its events."""
         tool_map = _core.normalize_tools(tools)
-        crypto = ClientSession() if encrypt else None
+        crypto = ClientSession(self.runner_public_key) if encrypt else None
         body = _core.run_body(prompt, tool_map, crypto, filter_types, blocked_types, environment, extra)
         path = f"/api/agents/{agent_id}/runs" if agent_id else "/api/runs"
         resp = self._open("POST", path, json=body, headers={"accept": "application/x-ndjson"})
@@ -478,7 +535,8 @@ class Client:
 
     def cancel_run(self, run_id: str) -> bool:
         """Cancels a run: True while it ends (202), False when it had already ended (204)."""
-        resp = self._http.delete(f"{self.base_url}/api/runs/{run_id}", headers=self._headers)
+        url = f"{self.base_url}/api/runs/{run_id}"
+        resp = self._send(self._http.build_request("DELETE", url, headers=self._headers))
         check_status(resp.status_code, resp.content)
         return resp.status_code == 202
 
@@ -592,9 +650,9 @@ class Client:
                     resp = None
             except httpx.TransportError:
                 failures += 1
-                if failures > self.max_resumes:
+                if failures > self.retry.max_attempts:
                     raise
-                time.sleep(min(0.05 * 2**failures, 2.0))
+                time.sleep(self.retry.delay(failures - 1))
 
 
 def _read_upload(data: bytes | str | os.PathLike[str] | IO[bytes], name: str | None) -> tuple[bytes, str]:

@@ -85,6 +85,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/identity": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * `GET /v1/identity`: the runner's long-term public key, which signs every
+         *     encrypted session's handshake (`docs/protocol.md` §4). Public, like
+         *     `/healthz`: it is a public key, and a client pins it to check that
+         *     `session_init`'s `serverPublicKey` came from this runner.
+         */
+        get: operations["identity"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions": {
         parameters: {
             query?: never;
@@ -203,11 +225,19 @@ export interface components {
          *     - `serverPublicKey`: the server's ephemeral P-256 public key, uncompressed
          *       SEC1, base64url without padding.
          *     - `salt`: the HKDF salt, 32 random bytes, base64url without padding.
+         *     - `signature`: the runner's identity key's ECDSA P-256 SHA-256 signature
+         *       (the 64 bytes `r || s`, base64url without padding) of the UTF-8 of
+         *       `"asbx-e2e-v1-sig:" + sessionId + "." + serverPublicKey + "." + salt`.
+         *     - `identityKey`: the runner's identity public key (`GET /v1/identity`),
+         *       uncompressed SEC1, base64url without padding. A client that pinned the
+         *       runner's key checks the signature under the pinned key, never this one.
          */
         EncryptionInit: {
             algorithm: string;
+            identityKey: string;
             salt: string;
             serverPublicKey: string;
+            signature: string;
         };
         /**
          * @description `encryption` of a dispatch (`docs/protocol.md` §4).
@@ -255,6 +285,16 @@ export interface components {
             status: string;
             /** @description Sandboxes booted ahead. */
             warm: number;
+        };
+        /** @description The body of `GET /v1/identity`. */
+        Identity: {
+            /**
+             * @description Always `ECDSA-P256-SHA256` (signatures are the 64 bytes `r || s`).
+             * @example ECDSA-P256-SHA256
+             */
+            algorithm: string;
+            /** @description base64url (no padding) of the 65-byte uncompressed SEC1 point. */
+            publicKey: string;
         };
         /**
          * Line
@@ -630,6 +670,26 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    identity: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The runner's identity key */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Identity"];
                 };
             };
         };

@@ -937,11 +937,19 @@ export interface components {
          *     - `serverPublicKey`: the server's ephemeral P-256 public key, uncompressed
          *       SEC1, base64url without padding.
          *     - `salt`: the HKDF salt, 32 random bytes, base64url without padding.
+         *     - `signature`: the runner's identity key's ECDSA P-256 SHA-256 signature
+         *       (the 64 bytes `r || s`, base64url without padding) of the UTF-8 of
+         *       `"asbx-e2e-v1-sig:" + sessionId + "." + serverPublicKey + "." + salt`.
+         *     - `identityKey`: the runner's identity public key (`GET /v1/identity`),
+         *       uncompressed SEC1, base64url without padding. A client that pinned the
+         *       runner's key checks the signature under the pinned key, never this one.
          */
         EncryptionInit: {
             algorithm: string;
+            identityKey: string;
             salt: string;
             serverPublicKey: string;
+            signature: string;
         };
         /** @enum {string} */
         EndReason: "completed" | "error" | "terminated";

@@ -771,14 +771,15 @@ mod tests {
     /// were) still dies at the timeout: the reaper sweeps the tool uid too.
     #[tokio::test]
     async fn a_tool_process_that_left_the_tools_cgroup_still_dies() {
+        const TEST: &str = "a_tool_process_that_left_the_tools_cgroup_still_dies";
         if !nix::unistd::geteuid().is_root() {
-            eprintln!(
-                "SKIPPED the cgroup escape check: it needs root to run a tool as another uid"
-            );
+            asbx_test_support::skip(TEST, "it needs root to run a tool as another uid");
             return;
         }
-        let Some(cg) = TestCgroups::new() else { return };
-        let Some(elsewhere) = TestCgroups::new() else {
+        let Some(cg) = TestCgroups::new(TEST) else {
+            return;
+        };
+        let Some(elsewhere) = TestCgroups::new(TEST) else {
             return;
         };
         let uid = 61000 + rand::random::<u32>() % 4000;

@@ -73,6 +73,8 @@ async fn validated(
 fn allowed(state: &AppState, d: &AgentDefinition) -> Result<Option<Url>, WorkspaceError> {
     validate::allowed_model(state.config.allowed_models(), "model", d.model.as_deref())?;
     validate::allowed_runner_variable(&state.config, &d.environment.variables, "environment.")
+}
+
 /// A record as answered: stdio MCP `env` values masked.
 fn masked(mut record: AgentRecord) -> AgentRecord {
     secrets::mask_servers(&mut record.definition.mcp_servers);

@@ -352,7 +352,7 @@ pub(crate) fn merged_env(
         .into_keys()
         .filter(|k| !variables.contains_key(k))
         .collect();
-    let refs = (!names.is_empty()).then(|| SecretRefs {
+    let refs = (!names.is_empty()).then_some(SecretRefs {
         environment_id: named.id,
         names,
     });

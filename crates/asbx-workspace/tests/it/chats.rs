@@ -553,7 +553,7 @@ async fn a_runner_rejection_is_passed_through_and_persisted() {
 }
 
 /// Issue 28, defect 6: an upload to a bag is at most what a turn can
-/// attach, 16 MiB; one byte more is refused `413` `payload_too_large` (the
+/// attach, 16 MiB; one byte more is refused `413` `body_too_large` (the
 /// code of the other 16 MiB limits) and stores nothing, where it was stored
 /// and could never be attached. A file at the limit is stored and attached.
 #[tokio::test]
@@ -569,7 +569,7 @@ async fn an_upload_over_the_attachable_limit_is_refused() {
             .send()
     };
     let p = problem(upload(LIMIT + 1).await.unwrap(), 413).await;
-    assert_eq!(p["code"], "payload_too_large", "{p}");
+    assert_eq!(p["code"], "body_too_large", "{p}");
     assert!(
         p["detail"].as_str().unwrap().contains(&LIMIT.to_string()),
         "{p}"

@@ -2815,7 +2815,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `payload_too_large`: the results are over the limit */
+            /** @description `body_too_large`: the results are over the limit */
             413: {
                 headers: {
                     [name: string]: unknown;

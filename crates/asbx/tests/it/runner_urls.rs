@@ -340,7 +340,7 @@ async fn a_runner_redirect_is_not_followed_and_its_answers_are_cut_at_64_kib() {
     assert_eq!(r.bytes().await.unwrap().len(), 64 * 1024);
     let r = run(json!({"prompt": "x"})).await.unwrap();
     assert_eq!(r.status().as_u16(), 400);
-    assert_eq!(r.bytes().await.unwrap().len(), 64 * 1024);
+    assert!(r.bytes().await.unwrap().len() <= 64 * 1024);
 
     assert_eq!(target.requests(), Vec::<String>::new());
     assert_eq!(

@@ -13,6 +13,10 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::harness::{RunnerProc, WorkspaceProc};
 
+/// `asbx workspace` refuses to start without a runner; these tests make no
+/// dispatch, so a runner that is not there does.
+const NO_RUNNER: (&str, &str) = ("SANDBOX_URL", "http://127.0.0.1:9");
+
 /// The other tenant's address: the flood comes from 127.0.0.1.
 const OTHER: &str = "127.0.0.2";
 
@@ -114,6 +118,7 @@ async fn a_half_sent_request_is_closed_after_the_header_timeout() {
     let ws = WorkspaceProc::start(
         "127.0.0.1:0",
         &[
+            NO_RUNNER,
             ("ASBX_HEADER_TIMEOUT_SEC", "1"),
             ("ASBX_IDLE_TIMEOUT_SEC", "30"),
         ],
@@ -142,6 +147,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let ws = WorkspaceProc::start(
         "127.0.0.1:0",
         &[
+            NO_RUNNER,
             ("ASBX_HEADER_TIMEOUT_SEC", "1"),
             ("ASBX_IDLE_TIMEOUT_SEC", "3"),
         ],
@@ -168,6 +174,7 @@ async fn a_stream_outlives_the_idle_timeout() {
     let ws = WorkspaceProc::start(
         "127.0.0.1:0",
         &[
+            NO_RUNNER,
             ("ASBX_HEADER_TIMEOUT_SEC", "1"),
             ("ASBX_IDLE_TIMEOUT_SEC", "1"),
         ],
@@ -202,6 +209,7 @@ async fn past_the_connection_cap_a_connection_is_refused_with_503() {
     let ws = WorkspaceProc::start(
         "127.0.0.1:0",
         &[
+            NO_RUNNER,
             ("ASBX_MAX_CONNECTIONS", "8"),
             ("ASBX_MAX_CONNECTIONS_PER_PEER", "0"),
             ("ASBX_HEADER_TIMEOUT_SEC", "60"),
@@ -294,7 +302,10 @@ const FLOOD_SLOW: usize = 100;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_idle_and_slow_clients_leaves_other_addresses_served() {
-    let ws = WorkspaceProc::start("127.0.0.1:0", &[("ASBX_HEADER_TIMEOUT_SEC", "2")]);
+    let ws = WorkspaceProc::start(
+        "127.0.0.1:0",
+        &[NO_RUNNER, ("ASBX_HEADER_TIMEOUT_SEC", "2")],
+    );
     let addr = socket_addr(&ws.url);
     let session = format!("{}/api/session", ws.url);
     assert_eq!(timed_get(OTHER, &session).await.0, Some(200));

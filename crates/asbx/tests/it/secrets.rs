@@ -155,6 +155,7 @@ fn on_postgres_a_workspace_without_a_secret_key_refuses_to_start() {
         .env_clear()
         .env("ASBX_DATA", data.path())
         .env("DATABASE_URL", "postgres://asbx@127.0.0.1:1/asbx")
+        .env("SANDBOX_URL", "http://127.0.0.1:9")
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -497,15 +497,25 @@ pub(crate) async fn check_chat_settings(
             "no such environment in this workspace",
         ));
     }
-    if !errors.is_empty() {
-        return Err(WorkspaceError::invalid_fields(errors));
-    }
     // A chat offers `GET /api/models`, whether or not runs are held to it.
-    validate::allowed_model(
+    let model = validate::allowed_model(
         Some(state.config.model_list()),
         "settings.model",
         settings.model.as_deref(),
-    )
+    );
+    if errors.is_empty() {
+        return model;
+    }
+    // With other fields wrong too, one `400` names every bad field.
+    if let Err(WorkspaceError::ModelNotAllowed { field, model, .. }) = model
+        && !errors.iter().any(|e| e.field == field)
+    {
+        errors.push(FieldError::new(
+            &field,
+            format!("{model} is not one of the models this workspace offers"),
+        ));
+    }
+    Err(WorkspaceError::invalid_fields(errors))
 }
 
 /// A live chat's settings (the defaults when it has none stored).

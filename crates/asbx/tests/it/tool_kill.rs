@@ -281,14 +281,14 @@ async fn a_tool_cannot_move_into_another_cgroup_and_dies_at_its_timeout() {
             ..Default::default()
         }),
         skills: vec![Skill {
-            name: "srv".into(),
+            name: "escsrv".into(),
             description: "an MCP server".into(),
             files: [("server.py".to_owned(), echo_server_source().to_owned())].into(),
         }],
         mcp_servers: vec![McpServer::Stdio {
             name: "kit".into(),
             command: "python3".into(),
-            args: vec![".skills/srv/server.py".into()],
+            args: vec![".skills/escsrv/server.py".into()],
             env: Default::default(),
         }],
         ..scripted("scripted:test")

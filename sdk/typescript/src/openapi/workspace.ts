@@ -381,7 +381,7 @@ export interface paths {
         get: operations["files_download"];
         put?: never;
         post?: never;
-        /** Soft delete: the file is never found again (its blob may be shared). */
+        /** Deletes a file and frees its bytes, unless another file has the same. */
         delete: operations["files_delete"];
         options?: never;
         head?: never;
@@ -675,8 +675,10 @@ export interface components {
          *     - `name`: the environment's name (for example `staging`); optional.
          *     - `variables`: set in the sandbox; names match `^[A-Za-z_][A-Za-z0-9_]{0,127}$`.
          *       A `SANDBOX_URL` variable also picks the runner of the agent's runs
-         *       (docs/protocol.md §7), before the server's. The workspace's runner token
-         *       goes only to runners the operator configured, not to this URL.
+         *       (docs/protocol.md §7), before the server's; it must be one of the
+         *       runners the operator configured (`SANDBOX_URL`,
+         *       `ASBX_ALLOWED_SANDBOX_URLS`), else `400 sandbox_url_not_allowed`. The
+         *       workspace's runner token goes only to the `SANDBOX_URL` runners.
          *     - `setupScript`: bash, run before the first model call.
          *     - `allowedHosts`: what the sandbox's tools may reach (default none).
          */
@@ -874,7 +876,8 @@ export interface components {
          * @description `POST /api/runs`.
          *
          *     - `prompt`: the user's message, non-empty.
-         *     - `model`: `provider:model`; default: the server's default model.
+         *     - `model`: `provider:model`; default: the server's default model. With
+         *       `ASBX_MODELS` set, one of those (`400 model_not_allowed`).
          *     - `systemPrompt`: sent to the sandbox in `/config`.
          *     - `setupScript`, `variables`, `allowedHosts`: sent in `/env`.
          *     - `limits`: `{max_steps, max_tool_calls, tool_timeout_ms, tool_output_bytes,
@@ -1569,7 +1572,7 @@ export interface operations {
                     "application/json": components["schemas"]["AgentRecord"];
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1736,7 +1739,7 @@ export interface operations {
                     "application/json": components["schemas"]["AgentRecord"];
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1912,7 +1915,7 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["Line"];
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2031,7 +2034,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2438,7 +2441,7 @@ export interface operations {
                     "application/json": components["schemas"]["ChatSettingsView"];
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3423,7 +3426,7 @@ export interface operations {
                     "application/json": components["schemas"]["EnvironmentRecord"];
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3590,7 +3593,7 @@ export interface operations {
                     "application/json": components["schemas"]["EnvironmentRecord"];
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3962,7 +3965,7 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["Line"];
                 };
             };
-            /** @description `invalid_request`: the body or a field is wrong (`errors` names each) */
+            /** @description `invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners */
             400: {
                 headers: {
                     [name: string]: unknown;

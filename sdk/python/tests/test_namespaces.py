@@ -57,7 +57,8 @@ def test_agents_create_list_get_update_run_delete(client: Client) -> None:
     assert {e.type for e in events} <= {"stdout", "result", "session_ended"}
     assert "".join(e.chunk for e in events if isinstance(e, asbx.Stdout)) == "hi again\n"
     info = client.runs.get(run.run_id)
-    assert (info.kind, info.agent_id, info.status) in {("agent", agent.id, "succeeded"), ("agent", agent.id, "running")}
+    assert (info.kind, info.agent_id) == ("agent", agent.id)
+    assert info.status in {"succeeded", "running"}, "it settles right after relaying session_ended"
 
     client.agents.delete(agent.id)
     with pytest.raises(asbx.NotFoundError):

@@ -49,10 +49,12 @@ from ._types import (
     AgentRunRequest,
     ChatSettings,
     ChatSettingsView,
+    CreateRunRequest,
     McpServer,
     RunLimits,
     Skill,
     ToolAnswer,
+    TurnRequest,
 )
 from ._unions import EventType
 
@@ -668,7 +670,7 @@ class AsyncClient:
 
     async def _run(
         self,
-        body: Any,
+        body: CreateRunRequest | AgentRunRequest,
         tools: Tools | None,
         encrypt: bool,
         filter_types: Sequence[EventType | str] | None,
@@ -682,7 +684,7 @@ class AsyncClient:
         crypto = ClientSession(self.runner_public_key) if encrypt else None
         _api.run_options(body, tool_map, crypto, filter_types, blocked_types)
         if extra:
-            body.update(extra)
+            body.update(extra)  # type: ignore[typeddict-item]
         resp = await self._start(_api.open_run(body, agent_id))
         run_id = resp.headers.get("x-asbx-run-id")
         if not run_id:
@@ -690,7 +692,7 @@ class AsyncClient:
             raise StreamError("the answer has no x-asbx-run-id")
         return AsyncRunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
 
-    async def _turn(self, body: Any) -> AsyncChatStream:
+    async def _turn(self, body: TurnRequest) -> AsyncChatStream:
         """Sends one chat turn and follows its events."""
         resp = await self._start(_api.open_turn(body))
         chat_id = resp.headers.get("x-asbx-chat-id", body.get("chatId") or "")

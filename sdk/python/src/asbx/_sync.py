@@ -46,10 +46,12 @@ from ._types import (
     AgentRunRequest,
     ChatSettings,
     ChatSettingsView,
+    CreateRunRequest,
     McpServer,
     RunLimits,
     Skill,
     ToolAnswer,
+    TurnRequest,
 )
 from ._unions import EventType
 
@@ -663,7 +665,7 @@ class Client:
 
     def _run(
         self,
-        body: Any,
+        body: CreateRunRequest | AgentRunRequest,
         tools: Tools | None,
         encrypt: bool,
         filter_types: Sequence[EventType | str] | None,
@@ -677,7 +679,7 @@ class Client:
         crypto = ClientSession(self.runner_public_key) if encrypt else None
         _api.run_options(body, tool_map, crypto, filter_types, blocked_types)
         if extra:
-            body.update(extra)
+            body.update(extra)  # type: ignore[typeddict-item]
         resp = self._start(_api.open_run(body, agent_id))
         run_id = resp.headers.get("x-asbx-run-id")
         if not run_id:
@@ -685,7 +687,7 @@ class Client:
             raise StreamError("the answer has no x-asbx-run-id")
         return RunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
 
-    def _turn(self, body: Any) -> ChatStream:
+    def _turn(self, body: TurnRequest) -> ChatStream:
         """Sends one chat turn and follows its events."""
         resp = self._start(_api.open_turn(body))
         chat_id = resp.headers.get("x-asbx-chat-id", body.get("chatId") or "")

@@ -119,6 +119,16 @@ class Encryption(TypedDict):
     clientPublicKey: str
 
 
+class EncryptionInit(TypedDict):
+    """The server half of the encryption handshake, in `session_init` (docs/protocol.md §4)."""
+
+    algorithm: str
+    serverPublicKey: str
+    salt: str
+    signature: str
+    identityKey: str
+
+
 class RunOptions(TypedDict, total=False):
     """The protocol 2 choices of a run, stored agent's or not."""
 
@@ -180,7 +190,7 @@ class ToolResultRequest(ToolAnswer, total=False):
     """`POST /api/runs/{id}/tool-result`: plaintext (`result`/`error`) or sealed (`encrypted`)."""
 
     callId: Required[str]
-    encrypted: dict[str, Any]
+    encrypted: dict[str, str]
 
 
 class RunError(TypedDict):
@@ -283,6 +293,7 @@ __all__ = [
     "CreateRunRequest",
     "EffectiveSettings",
     "Encryption",
+    "EncryptionInit",
     "EnvironmentBody",
     "ErrorBlock",
     "FileAttachment",

@@ -243,16 +243,12 @@ export interface CreateRunBody {
   environment?: string;
 }
 
-/** `GET /api/runs/{id}`. */
-export interface RunInfo {
-  id: string;
-  status: "running" | "succeeded" | "failed";
-  result?: string | null;
-  error?: { code: string; message: string } | null;
-  termination?: TerminationInfo | null;
-  files?: unknown[];
-  [key: string]: unknown;
-}
+/**
+ * `GET /api/runs/{id}`: `kind` (`run`, `chat`, `agent`), `chatId` or
+ * `agentId`, `status`, `result` or `error`, `files`, and `termination` once
+ * ended (the workspace's `RunRecord`).
+ */
+export type RunInfo = Schemas["RunRecord"];
 
 /** A file in the workspace (`POST /api/assistant/files`). */
 export type FileInfo = Schemas["FileInfo"];

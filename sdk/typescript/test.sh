@@ -18,6 +18,8 @@ for doc in workspace runner; do
     exit 1
   }
 done
+# The event and code unions are generated from schemas/ the same way.
+node scripts/gen-unions.mjs --check
 npm run build
 npm run typecheck
 npm test

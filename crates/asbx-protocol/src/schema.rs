@@ -12,6 +12,7 @@ pub fn all() -> Vec<(&'static str, Schema)> {
     }
     vec![
         ("line", s::<crate::line::Line>()),
+        ("error-code", s::<crate::ErrorCode>()),
         ("dispatch-request", s::<crate::dispatch::DispatchRequest>()),
         ("problem", s::<crate::problem::Problem>()),
         ("env-response", s::<crate::callback::EnvResponse>()),

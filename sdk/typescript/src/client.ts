@@ -1,7 +1,8 @@
 /**
  * `AsbxClient`: the HTTP client of an asbx workspace (docs/protocol.md §7),
- * with the runs API (`client.runs`), chat turns (`client.chat`) and chats
- * (`client.chats`). Uses only the platform's `fetch` and WebCrypto.
+ * with the runs API (`client.runs`), stored agents (`client.agents`), chat
+ * turns (`client.chat`), chats (`client.chats`) and environments
+ * (`client.environments`). Uses only the platform's `fetch` and WebCrypto.
  */
 
 import { AsbxError } from "./errors.js";
@@ -11,6 +12,8 @@ import { ChatTurn, type ChatOptions } from "./chat.js";
 import { AbortLink } from "./abort.js";
 import { sseMessages } from "./streams.js";
 import type {
+  AgentDefinition,
+  AgentRecord,
   ChatSettings,
   ChatSettingsView,
   ChatSummary,
@@ -94,6 +97,7 @@ function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
 export class AsbxClient {
   readonly baseUrl: string;
   readonly runs: Runs;
+  readonly agents: Agents;
   readonly chats: Chats;
   readonly environments: Environments;
   /** The reconnect settings in force. */
@@ -116,6 +120,7 @@ export class AsbxClient {
     if (!(this.maxRetries >= 0)) throw new RangeError("AsbxClient: maxRetries must be >= 0");
     this.runnerPublicKey = options.runnerPublicKey;
     this.runs = new Runs(this);
+    this.agents = new Agents(this);
     this.chats = new Chats(this);
     this.environments = new Environments(this);
   }
@@ -247,6 +252,47 @@ export class Runs {
     await this.client.request("POST", `/api/runs/${encodeURIComponent(id)}/tool-result`, {
       json: { callId, ...answer },
     });
+  }
+}
+
+/** Options of `client.agents.run`: a run's protocol 2 choices (the agent's definition sets the rest). */
+export type AgentRunOptions = Pick<CreateRunOptions, "prompt" | "filter" | "tools" | "clientTools" | "encrypt" | "signal">;
+
+/** Stored agents (`/api/agents`, docs/api-agents.md). */
+export class Agents {
+  constructor(private readonly client: AsbxClient) {}
+
+  /** `POST /api/agents`: stores an agent; a bad field is `400` naming it. */
+  create(definition: AgentDefinition): Promise<AgentRecord> {
+    return this.client.json("POST", "/api/agents", { json: definition });
+  }
+
+  /** `GET /api/agents`. */
+  async list(): Promise<AgentRecord[]> {
+    return (await this.client.json<{ agents: AgentRecord[] }>("GET", "/api/agents")).agents;
+  }
+
+  /** `GET /api/agents/{id}`. */
+  get(id: string): Promise<AgentRecord> {
+    return this.client.json("GET", `/api/agents/${encodeURIComponent(id)}`);
+  }
+
+  /** `PUT /api/agents/{id}`: replaces the definition whole. */
+  update(id: string, definition: AgentDefinition): Promise<AgentRecord> {
+    return this.client.json("PUT", `/api/agents/${encodeURIComponent(id)}`, { json: definition });
+  }
+
+  /** `DELETE /api/agents/{id}`. */
+  async delete(id: string): Promise<void> {
+    await this.client.request("DELETE", `/api/agents/${encodeURIComponent(id)}`);
+  }
+
+  /**
+   * Runs the stored agent on `prompt` (`POST /api/agents/{id}/runs`):
+   * iterate the result for its events, as `client.runs.create`'s.
+   */
+  run(id: string, options: AgentRunOptions): Run {
+    return Run.create(this.client, { ...options, agentId: id });
   }
 }
 

@@ -3,12 +3,21 @@
  * with no dependency beyond the platform's `fetch` and WebCrypto.
  */
 
-export { AsbxClient, Runs, Chats, Environments, type AsbxClientOptions } from "./client.js";
+export { AsbxClient, Runs, Agents, Chats, Environments, type AsbxClientOptions, type AgentRunOptions } from "./client.js";
 export { Run, type CreateRunOptions, type ClientTool, type ToolHandler, type ToolAnswer } from "./run.js";
 export { ChatTurn, type ChatOptions } from "./chat.js";
 export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";
 export { ClientKeyPair, SessionCipher, verifySessionInit, type Sealed } from "./crypto.js";
 export type { RetryOptions, RetryPolicy } from "./resume.js";
 export type * from "./types.js";
+export {
+  END_REASONS,
+  ERROR_CODES,
+  EVENT_TYPES,
+  LOG_LEVELS,
+  OUTPUT_STREAMS,
+  STEP_STATUS_VALUES,
+  TERMINATED_BY_VALUES,
+} from "./generated/unions.js";
 export type { paths as WorkspacePaths, components as WorkspaceComponents } from "./openapi/workspace.js";
 export type { paths as RunnerPaths, components as RunnerComponents } from "./openapi/runner.js";

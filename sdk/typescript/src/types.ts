@@ -4,6 +4,28 @@
  */
 
 import type { components } from "./openapi/workspace.js";
+import type {
+  EndReason,
+  ErrorCode as KnownErrorCode,
+  LogLevel,
+  OutputStream,
+  StepStatus,
+  TerminatedBy,
+} from "./generated/unions.js";
+
+/**
+ * The string unions of the wire, generated from the JSON Schemas under
+ * `schemas/` (`npm run gen:unions`; test.sh fails when they drift).
+ */
+export type {
+  EndReason,
+  EventType,
+  LogLevel,
+  OutputStream,
+  StepStatus,
+  TerminatedBy,
+} from "./generated/unions.js";
+export type { KnownErrorCode };
 
 /**
  * The workspace's schemas, generated from its OpenAPI document
@@ -22,29 +44,12 @@ export interface LineStamp {
   sessionId: string;
 }
 
-export type LogLevel = "debug" | "info" | "warn" | "error";
-export type StepStatus = "running" | "succeeded" | "failed";
-export type EndReason = "completed" | "error" | "terminated";
-export type TerminatedBy = "agent" | "daemon";
-
-/** Stable error codes of `error` lines (docs/protocol.md §2). */
-export type ErrorCode =
-  | "otp_rejected"
-  | "bootstrap_failed"
-  | "setup_failed"
-  | "model_error"
-  | "model_timeout"
-  | "step_limit_exceeded"
-  | "tool_limit_exceeded"
-  | "duration_limit_exceeded"
-  | "runtime_cap_exceeded"
-  | "cancelled"
-  | "sandbox_crashed"
-  | "writeback_failed"
-  | "runner_lost"
-  | "internal"
-  | "attachment_failed"
-  | (string & {});
+/**
+ * Error codes of `error` lines (docs/protocol.md §2): the stable ones
+ * (`KnownErrorCode`, generated from `schemas/error-code.json`), or another
+ * snake_case code an agent chose.
+ */
+export type ErrorCode = KnownErrorCode | (string & {});
 
 export interface LogEvent extends LineStamp {
   type: "log";
@@ -110,7 +115,7 @@ export interface DeltaEvent extends LineStamp {
 export interface StdoutEvent extends LineStamp {
   type: "stdout";
   stepId: string;
-  stream: "stdout" | "stderr";
+  stream: OutputStream;
   chunk: string;
   /** Chat streams only: this line crossed the 64 KiB per-step cap. */
   truncated?: boolean;
@@ -238,16 +243,12 @@ export interface CreateRunBody {
   environment?: string;
 }
 
-/** `GET /api/runs/{id}`. */
-export interface RunInfo {
-  id: string;
-  status: "running" | "succeeded" | "failed";
-  result?: string | null;
-  error?: { code: string; message: string } | null;
-  termination?: TerminationInfo | null;
-  files?: unknown[];
-  [key: string]: unknown;
-}
+/**
+ * `GET /api/runs/{id}`: `kind` (`run`, `chat`, `agent`), `chatId` or
+ * `agentId`, `status`, `result` or `error`, `files`, and `termination` once
+ * ended (the workspace's `RunRecord`).
+ */
+export type RunInfo = Schemas["RunRecord"];
 
 /** A file in the workspace (`POST /api/assistant/files`). */
 export type FileInfo = Schemas["FileInfo"];
@@ -298,6 +299,15 @@ export interface EnvironmentUpdate {
   setupScript?: string | null;
   allowedHosts?: string[];
 }
+
+/**
+ * A stored agent's definition (`POST /api/agents`, `PUT /api/agents/{id}`,
+ * docs/api-agents.md): `name` and what its runs get.
+ */
+export type AgentDefinition = Schemas["AgentDefinition"];
+
+/** A stored agent as answered: its definition, `id`, `createdAt`, `updatedAt`. */
+export type AgentRecord = Schemas["AgentRecord"];
 
 /** A model of `GET /api/models` (`id` is `provider:model`). */
 export type ModelInfo = Schemas["ModelInfo"];

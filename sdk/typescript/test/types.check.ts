@@ -3,6 +3,12 @@
 import {
   AsbxClient,
   AsbxError,
+  ERROR_CODES,
+  type AgentDefinition,
+  type AgentRecord,
+  type ErrorCode,
+  type EventType,
+  type KnownErrorCode,
   type ChatEvent,
   type RunEvent,
   type TerminationInfo,
@@ -70,4 +76,46 @@ export async function generated(): Promise<void> {
   type Create = WorkspacePaths["/api/environments"]["post"]["requestBody"];
   const body: NonNullable<Create>["content"]["application/json"] = { name: "x" };
   void body;
+}
+
+// The unions are generated from schemas/: every line type has its event
+// type, and no event type is missing from the schema.
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+export const lineTypesMatch: Same<RunEvent["type"], EventType> = true;
+export const knownCode: KnownErrorCode = "attachment_failed";
+export const agentCode: ErrorCode = "a_code_of_the_agents_own";
+// @ts-expect-error a known code is one the schema lists
+export const unknownCode: KnownErrorCode = "nope";
+export const allCodes: readonly KnownErrorCode[] = ERROR_CODES;
+
+// Stored agents: the definition and the record are the OpenAPI document's.
+export async function agents(): Promise<TerminationInfo | undefined> {
+  const made: AgentRecord = await client.agents.create({ name: "a", systemPrompt: "s", limits: { max_steps: 3 } });
+  const id: string = made.id;
+  const at: number = made.updatedAt;
+  void at;
+  // @ts-expect-error a definition needs a name
+  await client.agents.create({ systemPrompt: "s" });
+  // @ts-expect-error unknown fields are refused by the document
+  await client.agents.update(id, { name: "a", sandboxUrl: "http://x" });
+  const all: AgentRecord[] = await client.agents.list();
+  void all;
+  const def: AgentDefinition = { ...(await client.agents.get(id)), name: "b" };
+  await client.agents.update(id, def);
+  const run = client.agents.run(id, { prompt: "x", filter: { types: ["delta"] } });
+  // @ts-expect-error an agent's run takes its settings from the agent
+  client.agents.run(id, { prompt: "x", model: "m" });
+  for await (const ev of run) void ev.seq;
+  await client.agents.delete(id);
+  return run.termination;
+}
+
+// A run's record is the document's `RunRecord`: a stored agent's run names it.
+export async function runRecord(id: string): Promise<string | null | undefined> {
+  const info = await client.runs.get(id);
+  const kind: "run" | "chat" | "agent" = info.kind;
+  void kind;
+  // @ts-expect-error the record has no such field
+  void info.nope;
+  return info.agentId;
 }

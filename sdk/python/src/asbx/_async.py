@@ -1,28 +1,40 @@
-"""The asyncio client, on `httpx.AsyncClient`: the API of `Client`, awaited.
+"""The asyncio client, on `httpx.AsyncClient`.
 
-Streams are async iterators and resume by themselves after a dropped
-connection exactly as the blocking ones do (see `_sync`). Client tool
-handlers may be plain functions or coroutine functions.
+This file is the one source of both clients: `_sync.py` is generated from it
+by `scripts/unasync.py` (`await` dropped, `Async` names unprefixed), and
+`tests/test_generated.py` fails when the two drift.
+
+What a route sends and how its answer is read live in `_api` (no I/O); this
+file only sends.
+
+Streams resume by themselves after a dropped connection: a run re-reads
+`GET /api/runs/{id}/events?after=<last seq>`, a chat turn re-attaches to
+`GET /api/assistant/chats/{id}/stream` with `Last-Event-ID` (docs/api-runs.md,
+docs/api-assistant.md); lines already delivered are skipped by `seq`, so the
+caller sees every line once, in order. Client tool handlers may be plain
+functions or coroutine functions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import mimetypes
+import builtins
+import inspect  # unasync: remove
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
 
-from . import _core
+from . import _api, _core
+from ._api import Answer, Call, Open, deprecated
 from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
 from ._errors import ConflictError, NotFoundError, ServerError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
 from ._models import (
+    Agent,
     Chat,
     ChatSummary,
     ClientTool,
@@ -32,11 +44,28 @@ from ._models import (
     RunInfo,
     WorkspaceEvent,
 )
-from ._sync import _read_upload
+from ._types import (
+    AgentDefinition,
+    AgentRunRequest,
+    ChatSettings,
+    ChatSettingsView,
+    CreateRunRequest,
+    McpServer,
+    RunLimits,
+    Skill,
+    ToolAnswer,
+    TurnRequest,
+)
+from ._unions import EventType
+
+T = TypeVar("T")
+
+Tools = Sequence[ClientTool] | Mapping[str, ClientTool | Callable[[Any], Any]]
+Upload = bytes | str | os.PathLike[str] | IO[bytes]
 
 
 class _AsyncStream(AsyncIterator[Event]):
-    """Events of one session, across reconnects. `async for` it; `aclose()` or `async with` stops."""
+    """Events of one session, across reconnects. Iterate it; close it (or use `with`) to stop reading."""
 
     def __init__(self, client: AsyncClient, response: httpx.Response, state: StreamState, sse: bool) -> None:
         self._client = client
@@ -45,6 +74,7 @@ class _AsyncStream(AsyncIterator[Event]):
         self._sse = sse
         self._gen = self._events()
         self.resumes = 0
+        """How many times the stream was re-opened after a dropped connection."""
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -61,6 +91,7 @@ class _AsyncStream(AsyncIterator[Event]):
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Stops reading (the run or turn goes on; `cancel()` ends it)."""
         await self._gen.aclose()
         await self._response.aclose()
 
@@ -70,16 +101,20 @@ class _AsyncStream(AsyncIterator[Event]):
 
     @property
     def termination(self) -> TerminationInfo | None:
+        """`session_ended`'s fields, once it came."""
         return self._state.termination
 
     @property
     def result(self) -> str | None:
+        """The `result` message, once it came."""
         return self._state.result
 
     async def wait(self) -> list[Event]:
+        """Reads to the end; returns every event."""
         return [e async for e in self]
 
     async def text(self) -> str:
+        """Reads to the end; returns the streamed text (the `result` when nothing streamed)."""
         parts = [e.text async for e in self if isinstance(e, Delta)]
         return "".join(parts) or (self._state.result or "")
 
@@ -96,6 +131,22 @@ class _AsyncStream(AsyncIterator[Event]):
         """After a stream closed cleanly without its last event: is there nothing more to read?"""
         return False
 
+    async def _read(self, resp: httpx.Response) -> AsyncGenerator[Event, None]:
+        """The new events of one response, until it ends or the session finishes."""
+        dec = SseDecoder()
+        async for line in resp.aiter_lines():
+            if self._sse:
+                frame = dec.feed(line)
+                ev = None if frame is None else self._state.accept_sse(frame)
+            else:
+                ev = self._state.accept_ndjson(line)
+            if ev is None:
+                continue
+            await self._on_event(ev)
+            yield ev
+            if self._finished():
+                return
+
     async def _events(self) -> AsyncGenerator[Event, None]:
         resp: httpx.Response | None = self._response
         failures = 0
@@ -106,19 +157,8 @@ class _AsyncStream(AsyncIterator[Event]):
                 if resp is not None:
                     cause = None
                     try:
-                        dec = SseDecoder()
-                        async for line in resp.aiter_lines():
-                            if self._sse:
-                                frame = dec.feed(line)
-                                ev = None if frame is None else self._state.accept_sse(frame)
-                            else:
-                                ev = self._state.accept_ndjson(line)
-                            if ev is None:
-                                continue
-                            await self._on_event(ev)
+                        async for ev in self._read(resp):  # noqa: UP028 (the async source has no `yield from`)
                             yield ev
-                            if self._finished():
-                                return
                     except httpx.TransportError as e:
                         cause = e
                     finally:
@@ -158,7 +198,11 @@ class _AsyncStream(AsyncIterator[Event]):
 
 
 class AsyncRunStream(_AsyncStream):
-    """A protocol 2 run (see `RunStream`)."""
+    """A protocol 2 run: `SessionInit` first, `SessionEnded` last.
+
+    Client tools with a handler are answered as their `ToolCall` arrives
+    (before it is yielded); answer others with `answer()`.
+    """
 
     def __init__(
         self,
@@ -177,17 +221,12 @@ class AsyncRunStream(_AsyncStream):
         return self._state.crypto
 
     async def _reopen(self) -> httpx.Response:
-        return await self._client._open(
-            "GET",
-            f"/api/runs/{self.run_id}/events",
-            params={"after": str(self._state.last_seq)},
-            headers={"accept": "application/x-ndjson"},
-        )
+        return await self._client._start(_api.open_run_events(self.run_id, self._state.last_seq))
 
     async def _ended_elsewhere(self) -> bool:
         # A replay after the last line, or a run settled without `session_ended`
         # (its runner was lost): the run's record says how it ended.
-        info = await self._client.get_run(self.run_id)
+        info = await self._client.runs.get(self.run_id)
         if info.status == "running":
             return False
         if self._state.termination is None:
@@ -202,15 +241,15 @@ class AsyncRunStream(_AsyncStream):
             return
         try:
             out = tool.handler(ev.args)
-            if inspect.isawaitable(out):
-                out = await out
-            payload = _core.tool_payload(result=out)
+            if inspect.isawaitable(out):  # unasync: remove
+                out = await out  # unasync: remove
+            answer = _api.tool_answer(result=out)
         except Exception as e:  # the tool's failure is the agent's to see
-            payload = _core.tool_payload(error=f"{type(e).__name__}: {e}")
+            answer = _api.tool_answer(error=f"{type(e).__name__}: {e}")
         # A dropped connection is retried; 409 means it was answered already.
         for attempt in range(4):
             try:
-                await self._client.answer_tool(self.run_id, ev.call_id, payload, crypto=self._state.crypto)
+                await self._post_answer(ev.call_id, answer)
                 return
             except ConflictError:
                 return
@@ -220,16 +259,19 @@ class AsyncRunStream(_AsyncStream):
                 await asyncio.sleep(self._client.retry.delay(attempt))
 
     async def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
-        await self._client.answer_tool(
-            self.run_id, call_id, _core.tool_payload(result, error), crypto=self._state.crypto
-        )
+        """Answers a client tool call with `result`, or with `error`."""
+        await self._post_answer(call_id, _api.tool_answer(result, error))
+
+    async def _post_answer(self, call_id: str, answer: ToolAnswer) -> None:
+        await self._client._call(_api.tool_result(self.run_id, call_id, answer, self._state.crypto))
 
     async def cancel(self) -> bool:
-        return await self._client.cancel_run(self.run_id)
+        """Cancels the run; the stream still ends with `session_ended` (`terminated`)."""
+        return await self._client.runs.cancel(self.run_id)
 
 
 class AsyncChatStream(_AsyncStream):
-    """One Assistant turn (see `ChatStream`)."""
+    """One Assistant turn: `Turn` first, then the run's events, `Done` last."""
 
     def __init__(
         self, client: AsyncClient, response: httpx.Response, chat_id: str, turn_id: str | None
@@ -242,17 +284,274 @@ class AsyncChatStream(_AsyncStream):
         return self._state.done
 
     async def _reopen(self) -> httpx.Response:
-        headers = {"accept": "text/event-stream"}
-        if self._state.last_seq:
-            headers["last-event-id"] = str(self._state.last_seq)
-        return await self._client._open("GET", f"/api/assistant/chats/{self.chat_id}/stream", headers=headers)
+        return await self._client._start(_api.open_chat_stream(self.chat_id, self._state.last_seq))
 
     async def cancel(self) -> None:
-        await self._client.cancel_chat(self.chat_id)
+        """Asks the runner to end the turn; `error` `cancelled` and `Done` still come."""
+        await self._client.chats.cancel(self.chat_id)
+
+
+class AsyncChats:
+    """The Assistant's chats (`/api/assistant`, docs/api-assistant.md): `client.chats`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        message: str,
+        *,
+        attachments: Iterable[str | FileInfo] | None = None,
+        settings: ChatSettings | None = None,
+    ) -> AsyncChatStream:
+        """Starts a new chat with its first turn; iterate the result for its events."""
+        return await self._client._turn(_api.turn_body(message, None, attachments, settings))
+
+    async def send(
+        self, chat_id: str, message: str, *, attachments: Iterable[str | FileInfo] | None = None
+    ) -> AsyncChatStream:
+        """Runs one more turn of a chat (`TurnInFlightError` while one is in flight)."""
+        return await self._client._turn(_api.turn_body(message, chat_id, attachments, None))
+
+    async def resume(self, chat_id: str, after: int = 0) -> AsyncChatStream:
+        """Re-attaches to a chat's turn in flight, after `seq` `after` (`NotFoundError` when none is)."""
+        resp = await self._client._start(_api.open_chat_stream(chat_id, after))
+        stream = AsyncChatStream(self._client, resp, chat_id, None)
+        stream._state.last_seq = after
+        return stream
+
+    async def list(self) -> builtins.list[ChatSummary]:
+        """Newest first."""
+        return await self._client._call(_api.list_chats())
+
+    async def get(self, chat_id: str, *, limit: int | None = None, before: str | None = None) -> Chat:
+        """The thread (the newest `limit` messages before the cursor `before`, where paged) and the bag."""
+        return await self._client._call(_api.get_chat(chat_id, limit, before))
+
+    async def delete(self, chat_id: str) -> None:
+        """Deletes a chat (a turn in flight is cancelled)."""
+        await self._client._call(_api.delete_chat(chat_id))
+
+    async def cancel(self, chat_id: str) -> None:
+        """Asks the runner to end the chat's turn in flight."""
+        await self._client._call(_api.cancel_chat(chat_id))
+
+    async def update_settings(self, chat_id: str, settings: ChatSettings) -> ChatSettingsView:
+        """Stores a chat's settings; answers them with `effective`."""
+        return await self._client._call(_api.update_chat_settings(chat_id, settings))
+
+
+class AsyncFiles:
+    """Files: attachments uploaded to a chat's bag, and what runs wrote: `client.files`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def upload(
+        self,
+        data: Upload,
+        name: str | None = None,
+        *,
+        mime_type: str | None = None,
+        chat_id: str | None = None,
+    ) -> FileInfo:
+        """Uploads an attachment (at most 16 MiB): bytes, a path, or a binary file object."""
+        return await self._client._call(_api.upload_file(data, name, mime_type, chat_id))
+
+    async def download(self, file_id: str) -> bytes:
+        return await self._client._call(_api.download_file(file_id))
+
+    async def delete(self, file_id: str) -> None:
+        await self._client._call(_api.delete_file(file_id))
+
+
+class AsyncRuns:
+    """Protocol 2 runs (`/api/runs`, docs/api-runs.md): `client.runs`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        prompt: str,
+        *,
+        tools: Tools | None = None,
+        encrypt: bool = False,
+        agent_id: str | None = None,
+        filter_types: Sequence[EventType | str] | None = None,
+        blocked_types: Sequence[EventType | str] | None = None,
+        environment: str | None = None,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        setup_script: str | None = None,
+        variables: Mapping[str, str] | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+        limits: RunLimits | None = None,
+        skills: Sequence[Skill] | None = None,
+        mcp_servers: Sequence[McpServer] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> AsyncRunStream:
+        """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's with `agent_id`);
+        iterate the result for its events."""
+        body = _api.run_body(
+            prompt,
+            model=model,
+            system_prompt=system_prompt,
+            setup_script=setup_script,
+            variables=variables,
+            allowed_hosts=allowed_hosts,
+            limits=limits,
+            skills=skills,
+            mcp_servers=mcp_servers,
+            environment=environment,
+        )
+        return await self._client._run(
+            body, tools, encrypt, filter_types, blocked_types, agent_id=agent_id, extra=extra
+        )
+
+    async def attach(
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        tools: Tools | None = None,
+        crypto: ClientSession | None = None,
+    ) -> AsyncRunStream:
+        """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
+        resp = await self._client._start(_api.open_run_events(run_id, after))
+        state = StreamState(crypto=crypto, last_seq=after)
+        return AsyncRunStream(self._client, resp, run_id, state, _api.normalize_tools(tools))
+
+    async def get(self, run_id: str) -> RunInfo:
+        """Status, result or error, and `termination` once ended."""
+        return await self._client._call(_api.get_run(run_id))
+
+    async def cancel(self, run_id: str) -> bool:
+        """Cancels a run: True while it ends (202), False when it had already ended (204)."""
+        return await self._client._call(_api.cancel_run(run_id))
+
+    async def tool_result(
+        self,
+        run_id: str,
+        call_id: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        crypto: ClientSession | None = None,
+    ) -> None:
+        """Answers a client tool call with `result` or `error` (sealed with `crypto` when encrypted)."""
+        await self._client._call(_api.tool_result(run_id, call_id, _api.tool_answer(result, error), crypto))
+
+
+class AsyncAgents:
+    """Stored agents (`/api/agents`, docs/api-agents.md): `client.agents`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(self, definition: AgentDefinition) -> Agent:
+        """Stores an agent (`name`, `systemPrompt`, `model`, `skills`, `environment`, `limits`...)."""
+        return await self._client._call(_api.create_agent(definition))
+
+    async def list(self) -> builtins.list[Agent]:
+        return await self._client._call(_api.list_agents())
+
+    async def get(self, agent_id: str) -> Agent:
+        return await self._client._call(_api.get_agent(agent_id))
+
+    async def update(self, agent_id: str, definition: AgentDefinition) -> Agent:
+        """Replaces the definition whole."""
+        return await self._client._call(_api.update_agent(agent_id, definition))
+
+    async def delete(self, agent_id: str) -> None:
+        await self._client._call(_api.delete_agent(agent_id))
+
+    async def run(
+        self,
+        agent_id: str,
+        prompt: str,
+        *,
+        tools: Tools | None = None,
+        encrypt: bool = False,
+        filter_types: Sequence[EventType | str] | None = None,
+        blocked_types: Sequence[EventType | str] | None = None,
+    ) -> AsyncRunStream:
+        """Runs the stored agent on `prompt` (`POST /api/agents/{id}/runs`)."""
+        body: AgentRunRequest = {"prompt": prompt}
+        return await self._client._run(body, tools, encrypt, filter_types, blocked_types, agent_id=agent_id)
+
+
+class AsyncEnvironments:
+    """Named environments (`/api/environments`): `client.environments`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self) -> builtins.list[Environment]:
+        return await self._client._call(_api.list_environments())
+
+    async def get(self, environment_id: str) -> Environment:
+        return await self._client._call(_api.get_environment(environment_id))
+
+    async def create(
+        self,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """A named environment; its secrets are set in the sandbox and never answered back
+        (a second live environment of the same name is `ConflictError`)."""
+        body = _api.environment_body(name, variables, secrets, setup_script, allowed_hosts)
+        return await self._client._call(_api.create_environment(body))
+
+    async def update(
+        self,
+        environment_id: str,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str | None] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """Replaces everything but the secrets; `secrets`: None keeps them all, a name set to
+        None deletes that one, to a string sets it."""
+        body = _api.environment_body(name, variables, secrets, setup_script, allowed_hosts)
+        return await self._client._call(_api.update_environment(environment_id, body))
+
+    async def delete(self, environment_id: str) -> None:
+        await self._client._call(_api.delete_environment(environment_id))
+
+
+class AsyncModels:
+    """`client.models.list()`: the models a chat or run can name (`provider:model`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self) -> builtins.list[ModelInfo]:
+        return await self._client._call(_api.list_models())
 
 
 class AsyncClient:
-    """An asyncio client of one asbx workspace (see `Client`: the same settings)."""
+    """A client of one asbx workspace: `client.chats`, `client.runs`, `client.agents`,
+    `client.environments`, `client.files`, `client.models`.
+
+    `base_url` is what `asbx up` prints (default: `$ASBX_URL`); `api_key`
+    (`asbx_key_...`, from `asbx key`; default: `$ASBX_API_KEY`) is sent as
+    `Authorization: Bearer` when given; `headers` are added to every request.
+
+    A dropped stream is resumed up to `max_attempts` times in a row without
+    progress, `initial_delay_ms` apart at first, growing by `backoff_multiplier`
+    up to `max_delay_ms`; past that it raises `StreamError` (`connection_lost`).
+    A request answered 429 or 503 (or, for GET, PUT, DELETE, a dropped
+    connection) is sent again up to `max_retries` times, after its `Retry-After`.
+    `runner_public_key` pins the runner's identity key (`GET /v1/identity`): an
+    encrypted run whose `session_init` it did not sign raises `SignatureError`.
+    """
 
     def __init__(
         self,
@@ -284,6 +583,12 @@ class AsyncClient:
         self._own = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout)
         self._headers = {**_core.auth_headers(api_key), **(headers or {})}
+        self.chats = AsyncChats(self)
+        self.files = AsyncFiles(self)
+        self.runs = AsyncRuns(self)
+        self.agents = AsyncAgents(self)
+        self.environments = AsyncEnvironments(self)
+        self.models = AsyncModels(self)
 
     async def aclose(self) -> None:
         if self._own:
@@ -302,6 +607,8 @@ class AsyncClient:
         """The old name of `retry.max_attempts`."""
         return self.retry.max_attempts
 
+    # -- the transport: sends what `_api` builds --------------------------
+
     async def _send(self, req: httpx.Request, *, stream: bool = False) -> httpx.Response:
         """Sends `req`, again after a 429 or 503 (or a dropped connection, when idempotent)."""
         n = 0
@@ -319,6 +626,23 @@ class AsyncClient:
                 await resp.aclose()
             await asyncio.sleep(wait)
             n += 1
+
+    async def _call(self, call: Call[T]) -> T:
+        """Sends one `_api` call; its answer, parsed (an `AsbxError` for an error status)."""
+        req = self._http.build_request(
+            call.method,
+            self.base_url + call.path,
+            json=call.json,
+            params=call.params,
+            content=call.content,
+            headers={**self._headers, **call.headers},
+        )
+        resp = await self._send(req)
+        return call.parse(Answer(resp.status_code, resp.headers, resp.content))
+
+    async def _start(self, op: Open) -> httpx.Response:
+        """Opens a stream; an error status raises before any line is read."""
+        return await self._open(op.method, op.path, json=op.json, params=op.params, headers=op.headers)
 
     async def _open(
         self,
@@ -344,6 +668,36 @@ class AsyncClient:
             check_status(resp.status_code, body)
         return resp
 
+    async def _run(
+        self,
+        body: CreateRunRequest | AgentRunRequest,
+        tools: Tools | None,
+        encrypt: bool,
+        filter_types: Sequence[EventType | str] | None,
+        blocked_types: Sequence[EventType | str] | None,
+        *,
+        agent_id: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> AsyncRunStream:
+        """Starts a run (a stored agent's with `agent_id`) and follows its lines."""
+        tool_map = _api.normalize_tools(tools)
+        crypto = ClientSession(self.runner_public_key) if encrypt else None
+        _api.run_options(body, tool_map, crypto, filter_types, blocked_types)
+        if extra:
+            body.update(extra)  # type: ignore[typeddict-item]
+        resp = await self._start(_api.open_run(body, agent_id))
+        run_id = resp.headers.get("x-asbx-run-id")
+        if not run_id:
+            await resp.aclose()
+            raise StreamError("the answer has no x-asbx-run-id")
+        return AsyncRunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
+
+    async def _turn(self, body: TurnRequest) -> AsyncChatStream:
+        """Sends one chat turn and follows its events."""
+        resp = await self._start(_api.open_turn(body))
+        chat_id = resp.headers.get("x-asbx-chat-id", body.get("chatId") or "")
+        return AsyncChatStream(self, resp, chat_id, resp.headers.get("x-asbx-turn-id"))
+
     async def request(
         self,
         method: str,
@@ -354,21 +708,13 @@ class AsyncClient:
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Any:
-        req = self._http.build_request(
-            method,
-            self.base_url + path,
-            json=json,
-            params=params,
-            content=content,
-            headers={**self._headers, **(headers or {})},
+        """Any workspace route: the decoded JSON answer (None for an empty one); `AsbxError` on failure."""
+        call = Call(
+            method, path, Answer.json, dict(params) if params else None, json, content, dict(headers or {})
         )
-        resp = await self._send(req)
-        check_status(resp.status_code, resp.content)
-        if not resp.content:
-            return None
-        if "json" in resp.headers.get("content-type", ""):
-            return resp.json()
-        return resp.content
+        return await self._call(call)
+
+    # -- what has no namespace ----------------------------------------------
 
     async def chat(
         self,
@@ -376,206 +722,20 @@ class AsyncClient:
         chat_id: str | None = None,
         attachments: Iterable[str | FileInfo] | None = None,
         *,
-        settings: Mapping[str, Any] | None = None,
+        settings: ChatSettings | None = None,
     ) -> AsyncChatStream:
-        resp = await self._open(
-            "POST",
-            "/api/assistant/chat/stream",
-            json=_core.chat_body(message, chat_id, attachments, settings),
-            headers={"accept": "text/event-stream"},
-        )
-        return AsyncChatStream(
-            self, resp, resp.headers.get("x-asbx-chat-id", chat_id or ""), resp.headers.get("x-asbx-turn-id")
-        )
+        """Runs one Assistant turn (a new chat without `chat_id`); iterate the result for its events.
 
-    async def resume_chat(self, chat_id: str, after: int = 0) -> AsyncChatStream:
-        headers = {"accept": "text/event-stream"}
-        if after:
-            headers["last-event-id"] = str(after)
-        resp = await self._open("GET", f"/api/assistant/chats/{chat_id}/stream", headers=headers)
-        stream = AsyncChatStream(self, resp, chat_id, None)
-        stream._state.last_seq = after
-        return stream
-
-    async def cancel_chat(self, chat_id: str) -> None:
-        await self.request("POST", f"/api/assistant/chats/{chat_id}/cancel")
-
-    async def list_chats(self) -> list[ChatSummary]:
-        return [ChatSummary.from_json(c) for c in await self.request("GET", "/api/assistant/chats") or []]
-
-    async def get_chat(self, chat_id: str, *, limit: int | None = None, before: str | None = None) -> Chat:
-        params = _core.chat_params(limit, before)
-        return Chat.from_json(await self.request("GET", f"/api/assistant/chats/{chat_id}", params=params))
-
-    async def delete_chat(self, chat_id: str) -> None:
-        await self.request("DELETE", f"/api/assistant/chats/{chat_id}")
-
-    async def upload_file(
-        self,
-        data: bytes | str | os.PathLike[str] | IO[bytes],
-        name: str | None = None,
-        *,
-        mime_type: str | None = None,
-        chat_id: str | None = None,
-    ) -> FileInfo:
-        content, name = _read_upload(data, name)
-        params = {"name": name}
-        if chat_id:
-            params["chatId"] = chat_id
-        mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
-        return FileInfo.from_json(
-            await self.request(
-                "POST", "/api/assistant/files", params=params, content=content, headers={"content-type": mime}
-            )
-        )
-
-    async def download_file(self, file_id: str) -> bytes:
-        url = f"{self.base_url}/api/files/{file_id}"
-        resp = await self._send(self._http.build_request("GET", url, headers=self._headers))
-        check_status(resp.status_code, resp.content)
-        return resp.content
-
-    async def run(
-        self,
-        prompt: str,
-        *,
-        tools: Sequence[ClientTool] | Mapping[str, ClientTool | Callable[[Any], Any]] | None = None,
-        encrypt: bool = False,
-        agent_id: str | None = None,
-        filter_types: Sequence[str] | None = None,
-        blocked_types: Sequence[str] | None = None,
-        environment: str | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> AsyncRunStream:
-        tool_map = _core.normalize_tools(tools)
-        crypto = ClientSession(self.runner_public_key) if encrypt else None
-        body = _core.run_body(prompt, tool_map, crypto, filter_types, blocked_types, environment, extra)
-        path = f"/api/agents/{agent_id}/runs" if agent_id else "/api/runs"
-        resp = await self._open("POST", path, json=body, headers={"accept": "application/x-ndjson"})
-        run_id = resp.headers.get("x-asbx-run-id")
-        if not run_id:
-            await resp.aclose()
-            raise StreamError("the answer has no x-asbx-run-id")
-        return AsyncRunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
-
-    async def events(
-        self,
-        run_id: str,
-        after: int = 0,
-        *,
-        tools: Sequence[ClientTool] | Mapping[str, Any] | None = None,
-        crypto: ClientSession | None = None,
-    ) -> AsyncRunStream:
-        resp = await self._open(
-            "GET",
-            f"/api/runs/{run_id}/events",
-            params={"after": str(after)},
-            headers={"accept": "application/x-ndjson"},
-        )
-        state = StreamState(crypto=crypto, last_seq=after)
-        return AsyncRunStream(self, resp, run_id, state, _core.normalize_tools(tools))
-
-    async def get_run(self, run_id: str) -> RunInfo:
-        return RunInfo.from_json(await self.request("GET", f"/api/runs/{run_id}"))
-
-    async def cancel_run(self, run_id: str) -> bool:
-        url = f"{self.base_url}/api/runs/{run_id}"
-        resp = await self._send(self._http.build_request("DELETE", url, headers=self._headers))
-        check_status(resp.status_code, resp.content)
-        return resp.status_code == 202
-
-    async def answer_tool(
-        self, run_id: str, call_id: str, payload: dict[str, Any], *, crypto: ClientSession | None = None
-    ) -> None:
-        body: dict[str, Any] = {"callId": call_id}
-        if crypto is not None:
-            body["encrypted"] = crypto.seal_tool_result(call_id, payload)
-        else:
-            body.update(payload)
-        await self.request("POST", f"/api/runs/{run_id}/tool-result", json=body)
-
-    # -- stored agents (docs/api-agents.md) --------------------------------
-
-    async def create_agent(self, definition: Mapping[str, Any]) -> dict[str, Any]:
-        """Stores an agent (`name`, `systemPrompt`, `model`, `skills`, `environment`, `limits`...)."""
-        out: dict[str, Any] = await self.request("POST", "/api/agents", json=dict(definition))
-        return out
-
-    async def get_agent(self, agent_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = await self.request("GET", f"/api/agents/{agent_id}")
-        return out
-
-    async def list_agents(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = (await self.request("GET", "/api/agents") or {}).get("agents", [])
-        return out
-
-    async def update_agent(self, agent_id: str, definition: Mapping[str, Any]) -> dict[str, Any]:
-        """Replaces the definition whole."""
-        out: dict[str, Any] = await self.request("PUT", f"/api/agents/{agent_id}", json=dict(definition))
-        return out
-
-    async def delete_agent(self, agent_id: str) -> None:
-        await self.request("DELETE", f"/api/agents/{agent_id}")
-
-    # -- environments, models, chat settings (docs/api-assistant.md) -------
-
-    async def list_models(self) -> list[ModelInfo]:
-        return [
-            ModelInfo.from_json(m) for m in (await self.request("GET", "/api/models") or {}).get("models", [])
-        ]
-
-    async def list_environments(self) -> list[Environment]:
-        body = await self.request("GET", "/api/environments") or {}
-        return [Environment.from_json(e) for e in body.get("environments", [])]
-
-    async def create_environment(
-        self,
-        name: str,
-        *,
-        variables: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
-        setup_script: str | None = None,
-        allowed_hosts: Sequence[str] | None = None,
-    ) -> Environment:
-        """A named environment; its secrets are set in the sandbox and never answered back."""
-        body = _core.environment_body(name, variables, secrets, setup_script, allowed_hosts)
-        return Environment.from_json(await self.request("POST", "/api/environments", json=body))
-
-    async def get_environment(self, environment_id: str) -> Environment:
-        return Environment.from_json(await self.request("GET", f"/api/environments/{environment_id}"))
-
-    async def replace_environment(
-        self,
-        environment_id: str,
-        name: str,
-        *,
-        variables: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str | None] | None = None,
-        setup_script: str | None = None,
-        allowed_hosts: Sequence[str] | None = None,
-    ) -> Environment:
-        """Replaces everything but the secrets; `secrets`: None keeps them all, a name set to
-        None deletes that one, to a string sets it."""
-        body = _core.environment_body(name, variables, secrets, setup_script, allowed_hosts)
-        return Environment.from_json(
-            await self.request("PUT", f"/api/environments/{environment_id}", json=body)
-        )
-
-    async def delete_environment(self, environment_id: str) -> None:
-        await self.request("DELETE", f"/api/environments/{environment_id}")
-
-    async def update_chat_settings(self, chat_id: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Stores a chat's settings (`model`, `systemPrompt`, `environmentId`, `skills`,
-        `mcpServers`); answers them with `effective`."""
-        out: dict[str, Any] = await self.request(
-            "PUT", f"/api/assistant/chats/{chat_id}/settings", json=dict(settings)
-        )
-        return out
+        The request is sent now: a turn already in flight on the chat raises
+        `TurnInFlightError` here, and `.chat_id`/`.turn_id` are set at once.
+        """
+        return await self._turn(_api.turn_body(message, chat_id, attachments, settings))
 
     async def workspace_events(self) -> AsyncIterator[WorkspaceEvent]:
-        """Follows `GET /api/assistant/events` (see `Client.workspace_events`); subscribed
-        when it returns."""
-        first = await self._open("GET", "/api/assistant/events", headers={"accept": "text/event-stream"})
+        """Follows `GET /api/assistant/events` (chats starting and ending turns, deleted,
+        updated) until closed; re-connects after a dropped connection. Subscribed when it
+        returns (a missing route raises here)."""
+        first = await self._start(_api.open_workspace_events())
         return self._workspace_events(first)
 
     async def _workspace_events(self, resp: httpx.Response | None) -> AsyncGenerator[WorkspaceEvent, None]:
@@ -583,9 +743,7 @@ class AsyncClient:
         while True:
             try:
                 if resp is None:
-                    resp = await self._open(
-                        "GET", "/api/assistant/events", headers={"accept": "text/event-stream"}
-                    )
+                    resp = await self._start(_api.open_workspace_events())
                 try:
                     dec = SseDecoder()
                     async for line in resp.aiter_lines():
@@ -601,3 +759,200 @@ class AsyncClient:
                 if failures > self.retry.max_attempts:
                     raise
                 await asyncio.sleep(self.retry.delay(failures - 1))
+
+    # -- the flat methods of 0.1, kept as deprecated aliases -------------------
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        tools: Tools | None = None,
+        encrypt: bool = False,
+        agent_id: str | None = None,
+        filter_types: Sequence[str] | None = None,
+        blocked_types: Sequence[str] | None = None,
+        environment: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> AsyncRunStream:
+        """Deprecated: `runs.create()`."""
+        deprecated("run", "runs.create")
+        return await self.runs.create(
+            prompt,
+            tools=tools,
+            encrypt=encrypt,
+            agent_id=agent_id,
+            filter_types=filter_types,
+            blocked_types=blocked_types,
+            environment=environment,
+            extra=extra,
+        )
+
+    async def events(
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        tools: Tools | None = None,
+        crypto: ClientSession | None = None,
+    ) -> AsyncRunStream:
+        """Deprecated: `runs.attach()`."""
+        deprecated("events", "runs.attach")
+        return await self.runs.attach(run_id, after, tools=tools, crypto=crypto)
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        """Deprecated: `runs.get()`."""
+        deprecated("get_run", "runs.get")
+        return await self.runs.get(run_id)
+
+    async def cancel_run(self, run_id: str) -> bool:
+        """Deprecated: `runs.cancel()`."""
+        deprecated("cancel_run", "runs.cancel")
+        return await self.runs.cancel(run_id)
+
+    async def answer_tool(
+        self, run_id: str, call_id: str, payload: Mapping[str, Any], *, crypto: ClientSession | None = None
+    ) -> None:
+        """Deprecated: `runs.tool_result()`."""
+        deprecated("answer_tool", "runs.tool_result")
+        await self._call(_api.tool_result(run_id, call_id, payload, crypto))
+
+    async def resume_chat(self, chat_id: str, after: int = 0) -> AsyncChatStream:
+        """Deprecated: `chats.resume()`."""
+        deprecated("resume_chat", "chats.resume")
+        return await self.chats.resume(chat_id, after)
+
+    async def cancel_chat(self, chat_id: str) -> None:
+        """Deprecated: `chats.cancel()`."""
+        deprecated("cancel_chat", "chats.cancel")
+        await self.chats.cancel(chat_id)
+
+    async def list_chats(self) -> list[ChatSummary]:
+        """Deprecated: `chats.list()`."""
+        deprecated("list_chats", "chats.list")
+        return await self.chats.list()
+
+    async def get_chat(self, chat_id: str, *, limit: int | None = None, before: str | None = None) -> Chat:
+        """Deprecated: `chats.get()`."""
+        deprecated("get_chat", "chats.get")
+        return await self.chats.get(chat_id, limit=limit, before=before)
+
+    async def delete_chat(self, chat_id: str) -> None:
+        """Deprecated: `chats.delete()`."""
+        deprecated("delete_chat", "chats.delete")
+        await self.chats.delete(chat_id)
+
+    async def update_chat_settings(self, chat_id: str, settings: ChatSettings) -> ChatSettingsView:
+        """Deprecated: `chats.update_settings()`."""
+        deprecated("update_chat_settings", "chats.update_settings")
+        return await self.chats.update_settings(chat_id, settings)
+
+    async def upload_file(
+        self,
+        data: Upload,
+        name: str | None = None,
+        *,
+        mime_type: str | None = None,
+        chat_id: str | None = None,
+    ) -> FileInfo:
+        """Deprecated: `files.upload()`."""
+        deprecated("upload_file", "files.upload")
+        return await self.files.upload(data, name, mime_type=mime_type, chat_id=chat_id)
+
+    async def download_file(self, file_id: str) -> bytes:
+        """Deprecated: `files.download()`."""
+        deprecated("download_file", "files.download")
+        return await self.files.download(file_id)
+
+    async def create_agent(self, definition: AgentDefinition) -> dict[str, Any]:
+        """Deprecated: `agents.create()` (which answers an `Agent`; this, its JSON)."""
+        deprecated("create_agent", "agents.create")
+        return (await self.agents.create(definition)).raw
+
+    async def get_agent(self, agent_id: str) -> dict[str, Any]:
+        """Deprecated: `agents.get()` (which answers an `Agent`; this, its JSON)."""
+        deprecated("get_agent", "agents.get")
+        return (await self.agents.get(agent_id)).raw
+
+    async def list_agents(self) -> list[dict[str, Any]]:
+        """Deprecated: `agents.list()` (which answers `Agent`s; this, their JSON)."""
+        deprecated("list_agents", "agents.list")
+        return [a.raw for a in await self.agents.list()]
+
+    async def update_agent(self, agent_id: str, definition: AgentDefinition) -> dict[str, Any]:
+        """Deprecated: `agents.update()` (which answers an `Agent`; this, its JSON)."""
+        deprecated("update_agent", "agents.update")
+        return (await self.agents.update(agent_id, definition)).raw
+
+    async def delete_agent(self, agent_id: str) -> None:
+        """Deprecated: `agents.delete()`."""
+        deprecated("delete_agent", "agents.delete")
+        await self.agents.delete(agent_id)
+
+    async def list_models(self) -> list[ModelInfo]:
+        """Deprecated: `models.list()`."""
+        deprecated("list_models", "models.list")
+        return await self.models.list()
+
+    async def list_environments(self) -> list[Environment]:
+        """Deprecated: `environments.list()`."""
+        deprecated("list_environments", "environments.list")
+        return await self.environments.list()
+
+    async def create_environment(
+        self,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """Deprecated: `environments.create()`."""
+        deprecated("create_environment", "environments.create")
+        return await self.environments.create(
+            name, variables=variables, secrets=secrets, setup_script=setup_script, allowed_hosts=allowed_hosts
+        )
+
+    async def get_environment(self, environment_id: str) -> Environment:
+        """Deprecated: `environments.get()`."""
+        deprecated("get_environment", "environments.get")
+        return await self.environments.get(environment_id)
+
+    async def replace_environment(
+        self,
+        environment_id: str,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str | None] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """Deprecated: `environments.update()`."""
+        deprecated("replace_environment", "environments.update")
+        return await self.environments.update(
+            environment_id,
+            name,
+            variables=variables,
+            secrets=secrets,
+            setup_script=setup_script,
+            allowed_hosts=allowed_hosts,
+        )
+
+    async def delete_environment(self, environment_id: str) -> None:
+        """Deprecated: `environments.delete()`."""
+        deprecated("delete_environment", "environments.delete")
+        await self.environments.delete(environment_id)
+
+
+__all__ = [
+    "AsyncAgents",
+    "AsyncChatStream",
+    "AsyncChats",
+    "AsyncClient",
+    "AsyncEnvironments",
+    "AsyncFiles",
+    "AsyncModels",
+    "AsyncRunStream",
+    "AsyncRuns",
+]

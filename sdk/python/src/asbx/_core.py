@@ -1,5 +1,6 @@
-"""What the sync and async clients share: request bodies, stream framing and the
-state of one stream (dedup by `seq`, decryption, how it ended).
+"""What the sync and async clients share besides the routes (`_api`): settings,
+retry policy, stream framing and the state of one stream (dedup by `seq`,
+decryption, how it ended).
 
 No I/O here: `_sync` and `_async` feed it lines.
 """
@@ -10,14 +11,13 @@ import email.utils
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._crypto import ClientSession
 from ._errors import AsbxError, DecryptionError, StreamError
 from ._events import Done, Event, Result, SessionEnded, SessionInit, TerminationInfo, Turn, parse_event
-from ._models import ClientTool, FileInfo
 
 USER_AGENT = "asbx-python/0.1.0"
 # Protocol 2 sends a heartbeat after 5 s without another line (docs/protocol.md §4):
@@ -104,96 +104,6 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     return headers
-
-
-def normalize_tools(
-    tools: Sequence[ClientTool] | Mapping[str, Any] | None,
-) -> dict[str, ClientTool]:
-    """`tools` as a list of `ClientTool`, or a mapping of names to handlers (or `ClientTool`s)."""
-    if not tools:
-        return {}
-    if isinstance(tools, Mapping):
-        out: dict[str, ClientTool] = {}
-        for name, t in tools.items():
-            out[name] = t if isinstance(t, ClientTool) else ClientTool(name=name, handler=t)
-        return out
-    return {t.name: t for t in tools}
-
-
-def run_body(
-    prompt: str,
-    tools: dict[str, ClientTool],
-    crypto: ClientSession | None,
-    filter_types: Sequence[str] | None,
-    blocked_types: Sequence[str] | None,
-    environment: str | None,
-    extra: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt": prompt, "protocol": 2}
-    if tools:
-        body["clientTools"] = [t.spec() for t in tools.values()]
-    if crypto is not None:
-        body["encryption"] = {"clientPublicKey": crypto.public_key}
-    if filter_types is not None and blocked_types is not None:
-        raise ValueError("give filter_types or blocked_types, not both")
-    if filter_types is not None:
-        body["filter"] = {"types": list(filter_types)}
-    if blocked_types is not None:
-        body["filter"] = {"blockedTypes": list(blocked_types)}
-    if environment is not None:
-        body["environment"] = environment
-    if extra:
-        body.update(extra)
-    return body
-
-
-def chat_body(
-    message: str,
-    chat_id: str | None,
-    attachments: Iterable[str | FileInfo] | None,
-    settings: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"message": message}
-    if chat_id is not None:
-        body["chatId"] = chat_id
-    if attachments:
-        body["attachmentIds"] = [a.id if isinstance(a, FileInfo) else a for a in attachments]
-    if settings is not None:
-        body["settings"] = dict(settings)
-    return body
-
-
-def environment_body(
-    name: str,
-    variables: Mapping[str, str] | None,
-    secrets: Mapping[str, str | None] | None,
-    setup_script: str | None,
-    allowed_hosts: Sequence[str] | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"name": name, "variables": dict(variables or {})}
-    if secrets is not None:
-        body["secrets"] = dict(secrets)
-    if setup_script is not None:
-        body["setupScript"] = setup_script
-    body["allowedHosts"] = list(allowed_hosts or [])
-    return body
-
-
-def chat_params(limit: int | None, before: str | None) -> dict[str, str] | None:
-    params = {}
-    if limit is not None:
-        params["limit"] = str(limit)
-    if before is not None:
-        params["before"] = before
-    return params or None
-
-
-def tool_payload(result: Any = None, error: str | None = None) -> dict[str, Any]:
-    """`{"error"}`, else `{"result"}`; a `None` result is sent as `""`, as the
-    runner reads a `null` result as none at all (docs/api-runs.md)."""
-    if error is not None:
-        return {"error": error}
-    return {"result": "" if result is None else result}
 
 
 class SseDecoder:

@@ -9,7 +9,9 @@ than ending the stream.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from ._types import EncryptionInit
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class SessionInit(Event):
 
     protocol_version: int
     limits: Limits
-    encryption: dict[str, Any] | None
+    encryption: EncryptionInit | None
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def parse_event(kind: str, d: dict[str, Any]) -> Event:
                 lim.get("maxToolCalls"),
                 lim.get("heartbeatIntervalMs"),
             ),
-            encryption=g("encryption"),
+            encryption=cast(EncryptionInit | None, g("encryption")),
         )
     if kind == "delta":
         return Delta(**b, text=str(g("text", "")))

@@ -8,9 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ._events import TerminationInfo
+from ._types import (
+    AgentDefinition,
+    AgentEnvironment,
+    ChatSettingsView,
+    ClientToolSpec,
+    ContentBlock,
+    FileAttachment,
+    McpServer,
+    RunError,
+    RunLimits,
+    Skill,
+)
 
 
 @dataclass(frozen=True)
@@ -67,26 +79,26 @@ class Message:
 
     id: str
     role: str
-    content: list[dict[str, Any]]
+    content: list[ContentBlock]
     turn_id: str | None
     created_at: int | None
-    file_attachments: list[dict[str, Any]]
+    file_attachments: list[FileAttachment]
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @property
     def text(self) -> str:
         """The message's text blocks, joined."""
-        return "".join(str(b.get("text", "")) for b in self.content if b.get("type") == "text")
+        return "".join(b["text"] for b in self.content if b["type"] == "text")
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Message:
         return Message(
             id=str(d.get("id", "")),
             role=str(d.get("role", "")),
-            content=list(d.get("content") or []),
+            content=cast(list[ContentBlock], list(d.get("content") or [])),
             turn_id=d.get("turnId"),
             created_at=d.get("createdAt"),
-            file_attachments=list(d.get("fileAttachments") or []),
+            file_attachments=cast(list[FileAttachment], list(d.get("fileAttachments") or [])),
             raw=d,
         )
 
@@ -99,7 +111,7 @@ class Chat:
     title: str | None
     messages: list[Message]
     files: list[FileInfo]
-    settings: dict[str, Any] | None
+    settings: ChatSettingsView | None
     """What is stored, plus `effective` (`model`, `systemPrompt`), when the workspace answers it."""
     before: str | None
     """Cursor of the next older page of messages (`get_chat(id, before=...)`), None when none."""
@@ -113,7 +125,7 @@ class Chat:
             title=d.get("title"),
             messages=[Message.from_json(m) for m in d.get("messages") or []],
             files=[FileInfo.from_json(f) for f in d.get("files") or []],
-            settings=d.get("settings"),
+            settings=cast(ChatSettingsView | None, d.get("settings")),
             before=None if before is None else str(before),
             raw=d,
         )
@@ -121,15 +133,22 @@ class Chat:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """`GET /api/runs/{id}`: `status` (`running`, `succeeded`, `failed`) and how it ended."""
+    """`GET /api/runs/{id}`: `status` (`running`, `succeeded`, `failed`) and how it ended;
+    `kind` is `run`, `chat` (a chat turn) or `agent` (a stored agent's run)."""
 
     id: str
     status: str
     result: Any
-    error: dict[str, Any] | None
+    error: RunError | None
     files: list[FileInfo]
     termination: TerminationInfo | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    kind: str | None = None
+    chat_id: str | None = None
+    agent_id: str | None = None
+    model: str | None = None
+    created_at: int | None = None
+    ended_at: int | None = None
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RunInfo:
@@ -138,10 +157,16 @@ class RunInfo:
             id=str(d.get("id", "")),
             status=str(d.get("status", "")),
             result=d.get("result"),
-            error=d.get("error"),
+            error=cast(RunError | None, d.get("error")),
             files=[FileInfo.from_json(f) for f in d.get("files") or [] if isinstance(f, dict)],
             termination=TerminationInfo.from_json(term) if isinstance(term, dict) else None,
             raw=d,
+            kind=d.get("kind"),
+            chat_id=d.get("chatId"),
+            agent_id=d.get("agentId"),
+            model=d.get("model"),
+            created_at=d.get("createdAt"),
+            ended_at=d.get("endedAt"),
         )
 
 
@@ -168,6 +193,53 @@ class Environment:
             secret_names=list(d.get("secretNames") or []),
             setup_script=d.get("setupScript"),
             allowed_hosts=list(d.get("allowedHosts") or []),
+            created_at=d.get("createdAt"),
+            updated_at=d.get("updatedAt"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A stored agent (`/api/agents`, docs/api-agents.md): its definition, `id` and times.
+
+    `definition()` is what `agents.update()` takes back: change it and send it."""
+
+    id: str
+    name: str
+    description: str | None
+    system_prompt: str | None
+    model: str | None
+    skills: list[Skill]
+    mcp_servers: list[McpServer]
+    environment: AgentEnvironment | None
+    environment_id: str | None
+    limits: RunLimits | None
+    created_at: int | None
+    updated_at: int | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    def definition(self) -> AgentDefinition:
+        """The stored definition, without `id` and times."""
+        return cast(
+            AgentDefinition,
+            {k: v for k, v in self.raw.items() if k not in ("id", "createdAt", "updatedAt")},
+        )
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Agent:
+        env = d.get("environment")
+        return Agent(
+            id=str(d.get("id", "")),
+            name=str(d.get("name", "")),
+            description=d.get("description"),
+            system_prompt=d.get("systemPrompt"),
+            model=d.get("model"),
+            skills=cast(list[Skill], list(d.get("skills") or [])),
+            mcp_servers=cast(list[McpServer], list(d.get("mcpServers") or [])),
+            environment=cast(AgentEnvironment, env) if isinstance(env, dict) else None,
+            environment_id=d.get("environmentId"),
+            limits=cast(RunLimits | None, d.get("limits")),
             created_at=d.get("createdAt"),
             updated_at=d.get("updatedAt"),
             raw=d,
@@ -233,5 +305,5 @@ class ClientTool:
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     handler: Callable[[Any], Any] | None = None
 
-    def spec(self) -> dict[str, Any]:
+    def spec(self) -> ClientToolSpec:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}

@@ -1,5 +1,11 @@
 """The blocking client, on `httpx.Client`.
 
+Generated from `_async.py` by `scripts/unasync.py`: edit that file and run
+the script (`tests/test_generated.py` fails when the two drift).
+
+What a route sends and how its answer is read live in `_api` (no I/O); this
+file only sends.
+
 Streams resume by themselves after a dropped connection: a run re-reads
 `GET /api/runs/{id}/events?after=<last seq>`, a chat turn re-attaches to
 `GET /api/assistant/chats/{id}/stream` with `Last-Event-ID` (docs/api-runs.md,
@@ -9,22 +15,23 @@ caller sees every line once, in order.
 
 from __future__ import annotations
 
-import mimetypes
+import builtins
 import os
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
 
-from . import _core
+from . import _api, _core
+from ._api import Answer, Call, Open, deprecated
 from ._core import SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
 from ._errors import ConflictError, NotFoundError, ServerError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
 from ._models import (
+    Agent,
     Chat,
     ChatSummary,
     ClientTool,
@@ -34,18 +41,30 @@ from ._models import (
     RunInfo,
     WorkspaceEvent,
 )
+from ._types import (
+    AgentDefinition,
+    AgentRunRequest,
+    ChatSettings,
+    ChatSettingsView,
+    CreateRunRequest,
+    McpServer,
+    RunLimits,
+    Skill,
+    ToolAnswer,
+    TurnRequest,
+)
+from ._unions import EventType
+
+T = TypeVar("T")
+
+Tools = Sequence[ClientTool] | Mapping[str, ClientTool | Callable[[Any], Any]]
+Upload = bytes | str | os.PathLike[str] | IO[bytes]
 
 
 class _Stream(Iterator[Event]):
     """Events of one session, across reconnects. Iterate it; close it (or use `with`) to stop reading."""
 
-    def __init__(
-        self,
-        client: Client,
-        response: httpx.Response,
-        state: StreamState,
-        sse: bool,
-    ) -> None:
+    def __init__(self, client: Client, response: httpx.Response, state: StreamState, sse: bool) -> None:
         self._client = client
         self._response = response
         self._state = state
@@ -58,7 +77,7 @@ class _Stream(Iterator[Event]):
         return self
 
     def __next__(self) -> Event:
-        return next(self._gen)
+        return self._gen.__next__()
 
     def __enter__(self) -> _Stream:
         return self
@@ -89,7 +108,7 @@ class _Stream(Iterator[Event]):
 
     def wait(self) -> list[Event]:
         """Reads to the end; returns every event."""
-        return list(self)
+        return [e for e in self]
 
     def text(self) -> str:
         """Reads to the end; returns the streamed text (the `result` when nothing streamed)."""
@@ -111,24 +130,19 @@ class _Stream(Iterator[Event]):
 
     def _read(self, resp: httpx.Response) -> Generator[Event, None, None]:
         """The new events of one response, until it ends or the session finishes."""
-        if self._sse:
-            dec = SseDecoder()
-            for line in resp.iter_lines():
+        dec = SseDecoder()
+        for line in resp.iter_lines():
+            if self._sse:
                 frame = dec.feed(line)
                 ev = None if frame is None else self._state.accept_sse(frame)
-                if ev is not None:
-                    self._on_event(ev)
-                    yield ev
-                    if self._finished():
-                        return
-        else:
-            for line in resp.iter_lines():
+            else:
                 ev = self._state.accept_ndjson(line)
-                if ev is not None:
-                    self._on_event(ev)
-                    yield ev
-                    if self._finished():
-                        return
+            if ev is None:
+                continue
+            self._on_event(ev)
+            yield ev
+            if self._finished():
+                return
 
     def _events(self) -> Generator[Event, None, None]:
         resp: httpx.Response | None = self._response
@@ -140,7 +154,8 @@ class _Stream(Iterator[Event]):
                 if resp is not None:
                     cause = None
                     try:
-                        yield from self._read(resp)
+                        for ev in self._read(resp):  # noqa: UP028 (the async source has no `yield from`)
+                            yield ev
                     except httpx.TransportError as e:
                         cause = e
                     finally:
@@ -203,17 +218,12 @@ class RunStream(_Stream):
         return self._state.crypto
 
     def _reopen(self) -> httpx.Response:
-        return self._client._open(
-            "GET",
-            f"/api/runs/{self.run_id}/events",
-            params={"after": str(self._state.last_seq)},
-            headers={"accept": "application/x-ndjson"},
-        )
+        return self._client._start(_api.open_run_events(self.run_id, self._state.last_seq))
 
     def _ended_elsewhere(self) -> bool:
         # A replay after the last line, or a run settled without `session_ended`
         # (its runner was lost): the run's record says how it ended.
-        info = self._client.get_run(self.run_id)
+        info = self._client.runs.get(self.run_id)
         if info.status == "running":
             return False
         if self._state.termination is None:
@@ -227,13 +237,14 @@ class RunStream(_Stream):
         if tool is None or tool.handler is None:
             return
         try:
-            payload = _core.tool_payload(result=tool.handler(ev.args))
+            out = tool.handler(ev.args)
+            answer = _api.tool_answer(result=out)
         except Exception as e:  # the tool's failure is the agent's to see
-            payload = _core.tool_payload(error=f"{type(e).__name__}: {e}")
+            answer = _api.tool_answer(error=f"{type(e).__name__}: {e}")
         # A dropped connection is retried; 409 means it was answered already.
         for attempt in range(4):
             try:
-                self._post_answer(ev.call_id, payload)
+                self._post_answer(ev.call_id, answer)
                 return
             except ConflictError:
                 return
@@ -244,20 +255,22 @@ class RunStream(_Stream):
 
     def answer(self, call_id: str, result: Any = None, *, error: str | None = None) -> None:
         """Answers a client tool call with `result`, or with `error`."""
-        self._post_answer(call_id, _core.tool_payload(result, error))
+        self._post_answer(call_id, _api.tool_answer(result, error))
 
-    def _post_answer(self, call_id: str, payload: dict[str, Any]) -> None:
-        self._client.answer_tool(self.run_id, call_id, payload, crypto=self._state.crypto)
+    def _post_answer(self, call_id: str, answer: ToolAnswer) -> None:
+        self._client._call(_api.tool_result(self.run_id, call_id, answer, self._state.crypto))
 
     def cancel(self) -> bool:
         """Cancels the run; the stream still ends with `session_ended` (`terminated`)."""
-        return self._client.cancel_run(self.run_id)
+        return self._client.runs.cancel(self.run_id)
 
 
 class ChatStream(_Stream):
     """One Assistant turn: `Turn` first, then the run's events, `Done` last."""
 
-    def __init__(self, client: Client, response: httpx.Response, chat_id: str, turn_id: str | None) -> None:
+    def __init__(
+        self, client: Client, response: httpx.Response, chat_id: str, turn_id: str | None
+    ) -> None:
         super().__init__(client, response, StreamState(), sse=True)
         self.chat_id = chat_id
         self.turn_id = turn_id
@@ -266,18 +279,261 @@ class ChatStream(_Stream):
         return self._state.done
 
     def _reopen(self) -> httpx.Response:
-        headers = {"accept": "text/event-stream"}
-        if self._state.last_seq:
-            headers["last-event-id"] = str(self._state.last_seq)
-        return self._client._open("GET", f"/api/assistant/chats/{self.chat_id}/stream", headers=headers)
+        return self._client._start(_api.open_chat_stream(self.chat_id, self._state.last_seq))
 
     def cancel(self) -> None:
         """Asks the runner to end the turn; `error` `cancelled` and `Done` still come."""
-        self._client.cancel_chat(self.chat_id)
+        self._client.chats.cancel(self.chat_id)
+
+
+class Chats:
+    """The Assistant's chats (`/api/assistant`, docs/api-assistant.md): `client.chats`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self,
+        message: str,
+        *,
+        attachments: Iterable[str | FileInfo] | None = None,
+        settings: ChatSettings | None = None,
+    ) -> ChatStream:
+        """Starts a new chat with its first turn; iterate the result for its events."""
+        return self._client._turn(_api.turn_body(message, None, attachments, settings))
+
+    def send(
+        self, chat_id: str, message: str, *, attachments: Iterable[str | FileInfo] | None = None
+    ) -> ChatStream:
+        """Runs one more turn of a chat (`TurnInFlightError` while one is in flight)."""
+        return self._client._turn(_api.turn_body(message, chat_id, attachments, None))
+
+    def resume(self, chat_id: str, after: int = 0) -> ChatStream:
+        """Re-attaches to a chat's turn in flight, after `seq` `after` (`NotFoundError` when none is)."""
+        resp = self._client._start(_api.open_chat_stream(chat_id, after))
+        stream = ChatStream(self._client, resp, chat_id, None)
+        stream._state.last_seq = after
+        return stream
+
+    def list(self) -> builtins.list[ChatSummary]:
+        """Newest first."""
+        return self._client._call(_api.list_chats())
+
+    def get(self, chat_id: str, *, limit: int | None = None, before: str | None = None) -> Chat:
+        """The thread (the newest `limit` messages before the cursor `before`, where paged) and the bag."""
+        return self._client._call(_api.get_chat(chat_id, limit, before))
+
+    def delete(self, chat_id: str) -> None:
+        """Deletes a chat (a turn in flight is cancelled)."""
+        self._client._call(_api.delete_chat(chat_id))
+
+    def cancel(self, chat_id: str) -> None:
+        """Asks the runner to end the chat's turn in flight."""
+        self._client._call(_api.cancel_chat(chat_id))
+
+    def update_settings(self, chat_id: str, settings: ChatSettings) -> ChatSettingsView:
+        """Stores a chat's settings; answers them with `effective`."""
+        return self._client._call(_api.update_chat_settings(chat_id, settings))
+
+
+class Files:
+    """Files: attachments uploaded to a chat's bag, and what runs wrote: `client.files`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def upload(
+        self,
+        data: Upload,
+        name: str | None = None,
+        *,
+        mime_type: str | None = None,
+        chat_id: str | None = None,
+    ) -> FileInfo:
+        """Uploads an attachment (at most 16 MiB): bytes, a path, or a binary file object."""
+        return self._client._call(_api.upload_file(data, name, mime_type, chat_id))
+
+    def download(self, file_id: str) -> bytes:
+        return self._client._call(_api.download_file(file_id))
+
+    def delete(self, file_id: str) -> None:
+        self._client._call(_api.delete_file(file_id))
+
+
+class Runs:
+    """Protocol 2 runs (`/api/runs`, docs/api-runs.md): `client.runs`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self,
+        prompt: str,
+        *,
+        tools: Tools | None = None,
+        encrypt: bool = False,
+        agent_id: str | None = None,
+        filter_types: Sequence[EventType | str] | None = None,
+        blocked_types: Sequence[EventType | str] | None = None,
+        environment: str | None = None,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        setup_script: str | None = None,
+        variables: Mapping[str, str] | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+        limits: RunLimits | None = None,
+        skills: Sequence[Skill] | None = None,
+        mcp_servers: Sequence[McpServer] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> RunStream:
+        """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's with `agent_id`);
+        iterate the result for its events."""
+        body = _api.run_body(
+            prompt,
+            model=model,
+            system_prompt=system_prompt,
+            setup_script=setup_script,
+            variables=variables,
+            allowed_hosts=allowed_hosts,
+            limits=limits,
+            skills=skills,
+            mcp_servers=mcp_servers,
+            environment=environment,
+        )
+        return self._client._run(
+            body, tools, encrypt, filter_types, blocked_types, agent_id=agent_id, extra=extra
+        )
+
+    def attach(
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        tools: Tools | None = None,
+        crypto: ClientSession | None = None,
+    ) -> RunStream:
+        """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
+        resp = self._client._start(_api.open_run_events(run_id, after))
+        state = StreamState(crypto=crypto, last_seq=after)
+        return RunStream(self._client, resp, run_id, state, _api.normalize_tools(tools))
+
+    def get(self, run_id: str) -> RunInfo:
+        """Status, result or error, and `termination` once ended."""
+        return self._client._call(_api.get_run(run_id))
+
+    def cancel(self, run_id: str) -> bool:
+        """Cancels a run: True while it ends (202), False when it had already ended (204)."""
+        return self._client._call(_api.cancel_run(run_id))
+
+    def tool_result(
+        self,
+        run_id: str,
+        call_id: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        crypto: ClientSession | None = None,
+    ) -> None:
+        """Answers a client tool call with `result` or `error` (sealed with `crypto` when encrypted)."""
+        self._client._call(_api.tool_result(run_id, call_id, _api.tool_answer(result, error), crypto))
+
+
+class Agents:
+    """Stored agents (`/api/agents`, docs/api-agents.md): `client.agents`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(self, definition: AgentDefinition) -> Agent:
+        """Stores an agent (`name`, `systemPrompt`, `model`, `skills`, `environment`, `limits`...)."""
+        return self._client._call(_api.create_agent(definition))
+
+    def list(self) -> builtins.list[Agent]:
+        return self._client._call(_api.list_agents())
+
+    def get(self, agent_id: str) -> Agent:
+        return self._client._call(_api.get_agent(agent_id))
+
+    def update(self, agent_id: str, definition: AgentDefinition) -> Agent:
+        """Replaces the definition whole."""
+        return self._client._call(_api.update_agent(agent_id, definition))
+
+    def delete(self, agent_id: str) -> None:
+        self._client._call(_api.delete_agent(agent_id))
+
+    def run(
+        self,
+        agent_id: str,
+        prompt: str,
+        *,
+        tools: Tools | None = None,
+        encrypt: bool = False,
+        filter_types: Sequence[EventType | str] | None = None,
+        blocked_types: Sequence[EventType | str] | None = None,
+    ) -> RunStream:
+        """Runs the stored agent on `prompt` (`POST /api/agents/{id}/runs`)."""
+        body: AgentRunRequest = {"prompt": prompt}
+        return self._client._run(body, tools, encrypt, filter_types, blocked_types, agent_id=agent_id)
+
+
+class Environments:
+    """Named environments (`/api/environments`): `client.environments`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self) -> builtins.list[Environment]:
+        return self._client._call(_api.list_environments())
+
+    def get(self, environment_id: str) -> Environment:
+        return self._client._call(_api.get_environment(environment_id))
+
+    def create(
+        self,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """A named environment; its secrets are set in the sandbox and never answered back
+        (a second live environment of the same name is `ConflictError`)."""
+        body = _api.environment_body(name, variables, secrets, setup_script, allowed_hosts)
+        return self._client._call(_api.create_environment(body))
+
+    def update(
+        self,
+        environment_id: str,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str | None] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """Replaces everything but the secrets; `secrets`: None keeps them all, a name set to
+        None deletes that one, to a string sets it."""
+        body = _api.environment_body(name, variables, secrets, setup_script, allowed_hosts)
+        return self._client._call(_api.update_environment(environment_id, body))
+
+    def delete(self, environment_id: str) -> None:
+        self._client._call(_api.delete_environment(environment_id))
+
+
+class Models:
+    """`client.models.list()`: the models a chat or run can name (`provider:model`)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self) -> builtins.list[ModelInfo]:
+        return self._client._call(_api.list_models())
 
 
 class Client:
-    """A blocking client of one asbx workspace.
+    """A client of one asbx workspace: `client.chats`, `client.runs`, `client.agents`,
+    `client.environments`, `client.files`, `client.models`.
 
     `base_url` is what `asbx up` prints (default: `$ASBX_URL`); `api_key`
     (`asbx_key_...`, from `asbx key`; default: `$ASBX_API_KEY`) is sent as
@@ -322,6 +578,12 @@ class Client:
         self._own = http is None
         self._http = http or httpx.Client(timeout=timeout)
         self._headers = {**_core.auth_headers(api_key), **(headers or {})}
+        self.chats = Chats(self)
+        self.files = Files(self)
+        self.runs = Runs(self)
+        self.agents = Agents(self)
+        self.environments = Environments(self)
+        self.models = Models(self)
 
     def close(self) -> None:
         if self._own:
@@ -335,7 +597,47 @@ class Client:
     ) -> None:
         self.close()
 
-    # -- plumbing ---------------------------------------------------------
+    @property
+    def max_resumes(self) -> int:
+        """The old name of `retry.max_attempts`."""
+        return self.retry.max_attempts
+
+    # -- the transport: sends what `_api` builds --------------------------
+
+    def _send(self, req: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Sends `req`, again after a 429 or 503 (or a dropped connection, when idempotent)."""
+        n = 0
+        while True:
+            try:
+                resp = self._http.send(req, stream=stream)
+            except httpx.TransportError:
+                wait = self.retry.retry_wait(req.method, None, {}, n)
+                if wait is None:
+                    raise
+            else:
+                wait = self.retry.retry_wait(req.method, resp.status_code, resp.headers, n)
+                if wait is None:
+                    return resp
+                resp.close()
+            time.sleep(wait)
+            n += 1
+
+    def _call(self, call: Call[T]) -> T:
+        """Sends one `_api` call; its answer, parsed (an `AsbxError` for an error status)."""
+        req = self._http.build_request(
+            call.method,
+            self.base_url + call.path,
+            json=call.json,
+            params=call.params,
+            content=call.content,
+            headers={**self._headers, **call.headers},
+        )
+        resp = self._send(req)
+        return call.parse(Answer(resp.status_code, resp.headers, resp.content))
+
+    def _start(self, op: Open) -> httpx.Response:
+        """Opens a stream; an error status raises before any line is read."""
+        return self._open(op.method, op.path, json=op.json, params=op.params, headers=op.headers)
 
     def _open(
         self,
@@ -361,28 +663,35 @@ class Client:
             check_status(resp.status_code, body)
         return resp
 
-    @property
-    def max_resumes(self) -> int:
-        """The old name of `retry.max_attempts`."""
-        return self.retry.max_attempts
+    def _run(
+        self,
+        body: CreateRunRequest | AgentRunRequest,
+        tools: Tools | None,
+        encrypt: bool,
+        filter_types: Sequence[EventType | str] | None,
+        blocked_types: Sequence[EventType | str] | None,
+        *,
+        agent_id: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> RunStream:
+        """Starts a run (a stored agent's with `agent_id`) and follows its lines."""
+        tool_map = _api.normalize_tools(tools)
+        crypto = ClientSession(self.runner_public_key) if encrypt else None
+        _api.run_options(body, tool_map, crypto, filter_types, blocked_types)
+        if extra:
+            body.update(extra)  # type: ignore[typeddict-item]
+        resp = self._start(_api.open_run(body, agent_id))
+        run_id = resp.headers.get("x-asbx-run-id")
+        if not run_id:
+            resp.close()
+            raise StreamError("the answer has no x-asbx-run-id")
+        return RunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
 
-    def _send(self, req: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Sends `req`, again after a 429 or 503 (or a dropped connection, when idempotent)."""
-        n = 0
-        while True:
-            try:
-                resp = self._http.send(req, stream=stream)
-            except httpx.TransportError:
-                wait = self.retry.retry_wait(req.method, None, {}, n)
-                if wait is None:
-                    raise
-            else:
-                wait = self.retry.retry_wait(req.method, resp.status_code, resp.headers, n)
-                if wait is None:
-                    return resp
-                resp.close()
-            time.sleep(wait)
-            n += 1
+    def _turn(self, body: TurnRequest) -> ChatStream:
+        """Sends one chat turn and follows its events."""
+        resp = self._start(_api.open_turn(body))
+        chat_id = resp.headers.get("x-asbx-chat-id", body.get("chatId") or "")
+        return ChatStream(self, resp, chat_id, resp.headers.get("x-asbx-turn-id"))
 
     def request(
         self,
@@ -395,23 +704,12 @@ class Client:
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """Any workspace route: the decoded JSON answer (None for an empty one); `AsbxError` on failure."""
-        req = self._http.build_request(
-            method,
-            self.base_url + path,
-            json=json,
-            params=params,
-            content=content,
-            headers={**self._headers, **(headers or {})},
+        call = Call(
+            method, path, Answer.json, dict(params) if params else None, json, content, dict(headers or {})
         )
-        resp = self._send(req)
-        check_status(resp.status_code, resp.content)
-        if not resp.content:
-            return None
-        if "json" in resp.headers.get("content-type", ""):
-            return resp.json()
-        return resp.content
+        return self._call(call)
 
-    # -- chats ------------------------------------------------------------
+    # -- what has no namespace ----------------------------------------------
 
     def chat(
         self,
@@ -419,217 +717,20 @@ class Client:
         chat_id: str | None = None,
         attachments: Iterable[str | FileInfo] | None = None,
         *,
-        settings: Mapping[str, Any] | None = None,
+        settings: ChatSettings | None = None,
     ) -> ChatStream:
         """Runs one Assistant turn (a new chat without `chat_id`); iterate the result for its events.
 
         The request is sent now: a turn already in flight on the chat raises
         `TurnInFlightError` here, and `.chat_id`/`.turn_id` are set at once.
         """
-        resp = self._open(
-            "POST",
-            "/api/assistant/chat/stream",
-            json=_core.chat_body(message, chat_id, attachments, settings),
-            headers={"accept": "text/event-stream"},
-        )
-        return ChatStream(
-            self, resp, resp.headers.get("x-asbx-chat-id", chat_id or ""), resp.headers.get("x-asbx-turn-id")
-        )
-
-    def resume_chat(self, chat_id: str, after: int = 0) -> ChatStream:
-        """Re-attaches to a chat's turn in flight, after `seq` `after` (`NotFoundError` when none is)."""
-        headers = {"accept": "text/event-stream"}
-        if after:
-            headers["last-event-id"] = str(after)
-        resp = self._open("GET", f"/api/assistant/chats/{chat_id}/stream", headers=headers)
-        stream = ChatStream(self, resp, chat_id, None)
-        stream._state.last_seq = after
-        return stream
-
-    def cancel_chat(self, chat_id: str) -> None:
-        self.request("POST", f"/api/assistant/chats/{chat_id}/cancel")
-
-    def list_chats(self) -> list[ChatSummary]:
-        return [ChatSummary.from_json(c) for c in self.request("GET", "/api/assistant/chats") or []]
-
-    def get_chat(self, chat_id: str, *, limit: int | None = None, before: str | None = None) -> Chat:
-        """The thread (the newest `limit` messages before the cursor `before`, where paged) and the bag."""
-        params = _core.chat_params(limit, before)
-        return Chat.from_json(self.request("GET", f"/api/assistant/chats/{chat_id}", params=params))
-
-    def delete_chat(self, chat_id: str) -> None:
-        self.request("DELETE", f"/api/assistant/chats/{chat_id}")
-
-    def upload_file(
-        self,
-        data: bytes | str | os.PathLike[str] | IO[bytes],
-        name: str | None = None,
-        *,
-        mime_type: str | None = None,
-        chat_id: str | None = None,
-    ) -> FileInfo:
-        """Uploads an attachment (at most 16 MiB): bytes, a path, or a binary file object."""
-        content, name = _read_upload(data, name)
-        params = {"name": name}
-        if chat_id:
-            params["chatId"] = chat_id
-        mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
-        return FileInfo.from_json(
-            self.request(
-                "POST", "/api/assistant/files", params=params, content=content, headers={"content-type": mime}
-            )
-        )
-
-    def download_file(self, file_id: str) -> bytes:
-        url = f"{self.base_url}/api/files/{file_id}"
-        resp = self._send(self._http.build_request("GET", url, headers=self._headers))
-        check_status(resp.status_code, resp.content)
-        return resp.content
-
-    # -- runs -------------------------------------------------------------
-
-    def run(
-        self,
-        prompt: str,
-        *,
-        tools: Sequence[ClientTool] | Mapping[str, ClientTool | Callable[[Any], Any]] | None = None,
-        encrypt: bool = False,
-        agent_id: str | None = None,
-        filter_types: Sequence[str] | None = None,
-        blocked_types: Sequence[str] | None = None,
-        environment: str | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> RunStream:
-        """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's); iterate it for its events."""
-        tool_map = _core.normalize_tools(tools)
-        crypto = ClientSession(self.runner_public_key) if encrypt else None
-        body = _core.run_body(prompt, tool_map, crypto, filter_types, blocked_types, environment, extra)
-        path = f"/api/agents/{agent_id}/runs" if agent_id else "/api/runs"
-        resp = self._open("POST", path, json=body, headers={"accept": "application/x-ndjson"})
-        run_id = resp.headers.get("x-asbx-run-id")
-        if not run_id:
-            resp.close()
-            raise StreamError("the answer has no x-asbx-run-id")
-        return RunStream(self, resp, run_id, StreamState(crypto=crypto), tool_map)
-
-    def events(
-        self,
-        run_id: str,
-        after: int = 0,
-        *,
-        tools: Sequence[ClientTool] | Mapping[str, Any] | None = None,
-        crypto: ClientSession | None = None,
-    ) -> RunStream:
-        """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
-        resp = self._open(
-            "GET",
-            f"/api/runs/{run_id}/events",
-            params={"after": str(after)},
-            headers={"accept": "application/x-ndjson"},
-        )
-        state = StreamState(crypto=crypto, last_seq=after)
-        return RunStream(self, resp, run_id, state, _core.normalize_tools(tools))
-
-    def get_run(self, run_id: str) -> RunInfo:
-        return RunInfo.from_json(self.request("GET", f"/api/runs/{run_id}"))
-
-    def cancel_run(self, run_id: str) -> bool:
-        """Cancels a run: True while it ends (202), False when it had already ended (204)."""
-        url = f"{self.base_url}/api/runs/{run_id}"
-        resp = self._send(self._http.build_request("DELETE", url, headers=self._headers))
-        check_status(resp.status_code, resp.content)
-        return resp.status_code == 202
-
-    def answer_tool(
-        self, run_id: str, call_id: str, payload: dict[str, Any], *, crypto: ClientSession | None = None
-    ) -> None:
-        """Posts `{"result": ..}` or `{"error": ..}` for a client tool call (sealed when `crypto`)."""
-        body: dict[str, Any] = {"callId": call_id}
-        if crypto is not None:
-            body["encrypted"] = crypto.seal_tool_result(call_id, payload)
-        else:
-            body.update(payload)
-        self.request("POST", f"/api/runs/{run_id}/tool-result", json=body)
-
-    # -- stored agents (docs/api-agents.md) --------------------------------
-
-    def create_agent(self, definition: Mapping[str, Any]) -> dict[str, Any]:
-        """Stores an agent (`name`, `systemPrompt`, `model`, `skills`, `environment`, `limits`...)."""
-        out: dict[str, Any] = self.request("POST", "/api/agents", json=dict(definition))
-        return out
-
-    def get_agent(self, agent_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.request("GET", f"/api/agents/{agent_id}")
-        return out
-
-    def list_agents(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = (self.request("GET", "/api/agents") or {}).get("agents", [])
-        return out
-
-    def update_agent(self, agent_id: str, definition: Mapping[str, Any]) -> dict[str, Any]:
-        """Replaces the definition whole."""
-        out: dict[str, Any] = self.request("PUT", f"/api/agents/{agent_id}", json=dict(definition))
-        return out
-
-    def delete_agent(self, agent_id: str) -> None:
-        self.request("DELETE", f"/api/agents/{agent_id}")
-
-    # -- environments, models, chat settings (docs/api-assistant.md) -------
-
-    def list_models(self) -> list[ModelInfo]:
-        return [ModelInfo.from_json(m) for m in (self.request("GET", "/api/models") or {}).get("models", [])]
-
-    def list_environments(self) -> list[Environment]:
-        body = self.request("GET", "/api/environments") or {}
-        return [Environment.from_json(e) for e in body.get("environments", [])]
-
-    def create_environment(
-        self,
-        name: str,
-        *,
-        variables: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
-        setup_script: str | None = None,
-        allowed_hosts: Sequence[str] | None = None,
-    ) -> Environment:
-        """A named environment; its secrets are set in the sandbox and never answered back."""
-        body = _core.environment_body(name, variables, secrets, setup_script, allowed_hosts)
-        return Environment.from_json(self.request("POST", "/api/environments", json=body))
-
-    def get_environment(self, environment_id: str) -> Environment:
-        return Environment.from_json(self.request("GET", f"/api/environments/{environment_id}"))
-
-    def replace_environment(
-        self,
-        environment_id: str,
-        name: str,
-        *,
-        variables: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str | None] | None = None,
-        setup_script: str | None = None,
-        allowed_hosts: Sequence[str] | None = None,
-    ) -> Environment:
-        """Replaces everything but the secrets; `secrets`: None keeps them all, a name set to
-        None deletes that one, to a string sets it."""
-        body = _core.environment_body(name, variables, secrets, setup_script, allowed_hosts)
-        return Environment.from_json(self.request("PUT", f"/api/environments/{environment_id}", json=body))
-
-    def delete_environment(self, environment_id: str) -> None:
-        self.request("DELETE", f"/api/environments/{environment_id}")
-
-    def update_chat_settings(self, chat_id: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Stores a chat's settings (`model`, `systemPrompt`, `environmentId`, `skills`,
-        `mcpServers`); answers them with `effective`."""
-        out: dict[str, Any] = self.request(
-            "PUT", f"/api/assistant/chats/{chat_id}/settings", json=dict(settings)
-        )
-        return out
+        return self._turn(_api.turn_body(message, chat_id, attachments, settings))
 
     def workspace_events(self) -> Iterator[WorkspaceEvent]:
         """Follows `GET /api/assistant/events` (chats starting and ending turns, deleted,
         updated) until closed; re-connects after a dropped connection. Subscribed when it
         returns (a missing route raises here)."""
-        first = self._open("GET", "/api/assistant/events", headers={"accept": "text/event-stream"})
+        first = self._start(_api.open_workspace_events())
         return self._workspace_events(first)
 
     def _workspace_events(self, resp: httpx.Response | None) -> Generator[WorkspaceEvent, None, None]:
@@ -637,7 +738,7 @@ class Client:
         while True:
             try:
                 if resp is None:
-                    resp = self._open("GET", "/api/assistant/events", headers={"accept": "text/event-stream"})
+                    resp = self._start(_api.open_workspace_events())
                 try:
                     dec = SseDecoder()
                     for line in resp.iter_lines():
@@ -654,20 +755,199 @@ class Client:
                     raise
                 time.sleep(self.retry.delay(failures - 1))
 
+    # -- the flat methods of 0.1, kept as deprecated aliases -------------------
 
-def _read_upload(data: bytes | str | os.PathLike[str] | IO[bytes], name: str | None) -> tuple[bytes, str]:
-    if isinstance(data, bytes | bytearray | memoryview):
-        if not name:
-            raise ValueError("name is required when uploading bytes")
-        return bytes(data), name
-    if isinstance(data, str | os.PathLike):
-        p = Path(data)
-        return p.read_bytes(), name or p.name
-    content = data.read()
-    guessed = os.path.basename(str(getattr(data, "name", "") or ""))
-    if not (name or guessed):
-        raise ValueError("name is required for a file object without a name")
-    return content, name or guessed
+    def run(
+        self,
+        prompt: str,
+        *,
+        tools: Tools | None = None,
+        encrypt: bool = False,
+        agent_id: str | None = None,
+        filter_types: Sequence[str] | None = None,
+        blocked_types: Sequence[str] | None = None,
+        environment: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> RunStream:
+        """Deprecated: `runs.create()`."""
+        deprecated("run", "runs.create")
+        return self.runs.create(
+            prompt,
+            tools=tools,
+            encrypt=encrypt,
+            agent_id=agent_id,
+            filter_types=filter_types,
+            blocked_types=blocked_types,
+            environment=environment,
+            extra=extra,
+        )
+
+    def events(
+        self,
+        run_id: str,
+        after: int = 0,
+        *,
+        tools: Tools | None = None,
+        crypto: ClientSession | None = None,
+    ) -> RunStream:
+        """Deprecated: `runs.attach()`."""
+        deprecated("events", "runs.attach")
+        return self.runs.attach(run_id, after, tools=tools, crypto=crypto)
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """Deprecated: `runs.get()`."""
+        deprecated("get_run", "runs.get")
+        return self.runs.get(run_id)
+
+    def cancel_run(self, run_id: str) -> bool:
+        """Deprecated: `runs.cancel()`."""
+        deprecated("cancel_run", "runs.cancel")
+        return self.runs.cancel(run_id)
+
+    def answer_tool(
+        self, run_id: str, call_id: str, payload: Mapping[str, Any], *, crypto: ClientSession | None = None
+    ) -> None:
+        """Deprecated: `runs.tool_result()`."""
+        deprecated("answer_tool", "runs.tool_result")
+        self._call(_api.tool_result(run_id, call_id, payload, crypto))
+
+    def resume_chat(self, chat_id: str, after: int = 0) -> ChatStream:
+        """Deprecated: `chats.resume()`."""
+        deprecated("resume_chat", "chats.resume")
+        return self.chats.resume(chat_id, after)
+
+    def cancel_chat(self, chat_id: str) -> None:
+        """Deprecated: `chats.cancel()`."""
+        deprecated("cancel_chat", "chats.cancel")
+        self.chats.cancel(chat_id)
+
+    def list_chats(self) -> list[ChatSummary]:
+        """Deprecated: `chats.list()`."""
+        deprecated("list_chats", "chats.list")
+        return self.chats.list()
+
+    def get_chat(self, chat_id: str, *, limit: int | None = None, before: str | None = None) -> Chat:
+        """Deprecated: `chats.get()`."""
+        deprecated("get_chat", "chats.get")
+        return self.chats.get(chat_id, limit=limit, before=before)
+
+    def delete_chat(self, chat_id: str) -> None:
+        """Deprecated: `chats.delete()`."""
+        deprecated("delete_chat", "chats.delete")
+        self.chats.delete(chat_id)
+
+    def update_chat_settings(self, chat_id: str, settings: ChatSettings) -> ChatSettingsView:
+        """Deprecated: `chats.update_settings()`."""
+        deprecated("update_chat_settings", "chats.update_settings")
+        return self.chats.update_settings(chat_id, settings)
+
+    def upload_file(
+        self,
+        data: Upload,
+        name: str | None = None,
+        *,
+        mime_type: str | None = None,
+        chat_id: str | None = None,
+    ) -> FileInfo:
+        """Deprecated: `files.upload()`."""
+        deprecated("upload_file", "files.upload")
+        return self.files.upload(data, name, mime_type=mime_type, chat_id=chat_id)
+
+    def download_file(self, file_id: str) -> bytes:
+        """Deprecated: `files.download()`."""
+        deprecated("download_file", "files.download")
+        return self.files.download(file_id)
+
+    def create_agent(self, definition: AgentDefinition) -> dict[str, Any]:
+        """Deprecated: `agents.create()` (which answers an `Agent`; this, its JSON)."""
+        deprecated("create_agent", "agents.create")
+        return (self.agents.create(definition)).raw
+
+    def get_agent(self, agent_id: str) -> dict[str, Any]:
+        """Deprecated: `agents.get()` (which answers an `Agent`; this, its JSON)."""
+        deprecated("get_agent", "agents.get")
+        return (self.agents.get(agent_id)).raw
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        """Deprecated: `agents.list()` (which answers `Agent`s; this, their JSON)."""
+        deprecated("list_agents", "agents.list")
+        return [a.raw for a in self.agents.list()]
+
+    def update_agent(self, agent_id: str, definition: AgentDefinition) -> dict[str, Any]:
+        """Deprecated: `agents.update()` (which answers an `Agent`; this, its JSON)."""
+        deprecated("update_agent", "agents.update")
+        return (self.agents.update(agent_id, definition)).raw
+
+    def delete_agent(self, agent_id: str) -> None:
+        """Deprecated: `agents.delete()`."""
+        deprecated("delete_agent", "agents.delete")
+        self.agents.delete(agent_id)
+
+    def list_models(self) -> list[ModelInfo]:
+        """Deprecated: `models.list()`."""
+        deprecated("list_models", "models.list")
+        return self.models.list()
+
+    def list_environments(self) -> list[Environment]:
+        """Deprecated: `environments.list()`."""
+        deprecated("list_environments", "environments.list")
+        return self.environments.list()
+
+    def create_environment(
+        self,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """Deprecated: `environments.create()`."""
+        deprecated("create_environment", "environments.create")
+        return self.environments.create(
+            name, variables=variables, secrets=secrets, setup_script=setup_script, allowed_hosts=allowed_hosts
+        )
+
+    def get_environment(self, environment_id: str) -> Environment:
+        """Deprecated: `environments.get()`."""
+        deprecated("get_environment", "environments.get")
+        return self.environments.get(environment_id)
+
+    def replace_environment(
+        self,
+        environment_id: str,
+        name: str,
+        *,
+        variables: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str | None] | None = None,
+        setup_script: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+    ) -> Environment:
+        """Deprecated: `environments.update()`."""
+        deprecated("replace_environment", "environments.update")
+        return self.environments.update(
+            environment_id,
+            name,
+            variables=variables,
+            secrets=secrets,
+            setup_script=setup_script,
+            allowed_hosts=allowed_hosts,
+        )
+
+    def delete_environment(self, environment_id: str) -> None:
+        """Deprecated: `environments.delete()`."""
+        deprecated("delete_environment", "environments.delete")
+        self.environments.delete(environment_id)
 
 
-__all__ = ["ChatStream", "Client", "RunStream"]
+__all__ = [
+    "Agents",
+    "ChatStream",
+    "Chats",
+    "Client",
+    "Environments",
+    "Files",
+    "Models",
+    "RunStream",
+    "Runs",
+]

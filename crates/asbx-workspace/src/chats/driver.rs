@@ -315,13 +315,8 @@ impl Driver {
                 if let Err(e) = chats::append_message(pool, &self.turn.chat_id, &message).await {
                     tracing::error!(turn = %self.turn.id, error = %crate::error::error_chain(&e), "persisting the assistant message failed");
                 }
-                dispatch::settle_ended(
-                    &self.state,
-                    &self.turn.id,
-                    outcome,
-                    self.tap.termination(),
-                )
-                .await;
+                dispatch::settle_ended(&self.state, &self.turn.id, outcome, self.tap.termination())
+                    .await;
                 lease.release().await;
             }
         }

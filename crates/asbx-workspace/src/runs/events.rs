@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
 use crate::error::WorkspaceError;
-use crate::runs::tap::Tapped;
 use crate::runs::store as runs;
+use crate::runs::tap::Tapped;
 use crate::wire::RunStatus;
 
 /// Lines of one run kept for replay.

@@ -40,7 +40,6 @@ fn cancelled_here() -> Termination {
     }
 }
 
-
 /// Bytes of lines read ahead of the store: the relay stops reading the
 /// runner's stream while this much waits, so a slow database slows the
 /// runner down instead of filling memory. A store costs about the same

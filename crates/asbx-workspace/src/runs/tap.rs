@@ -346,7 +346,6 @@ impl Tapped {
     }
 }
 
-
 fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|b| *b == needle)
 }

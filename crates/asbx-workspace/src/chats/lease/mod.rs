@@ -22,7 +22,7 @@ use crate::AppState;
 use crate::error::WorkspaceError;
 
 /// A duration in milliseconds, as `i64`.
-pub(crate) fn ms(d: Duration) -> i64 {
+fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -117,8 +117,7 @@ impl Drop for LeaseGuard {
 }
 
 async fn release(state: &AppState, chat_id: &str, turn_id: &str) {
-    if let Err(e) = sql::release_lease(state.store.pool(), chat_id, turn_id, state.now_ms()).await
-    {
+    if let Err(e) = sql::release_lease(state.store.pool(), chat_id, turn_id, state.now_ms()).await {
         tracing::error!(chat = chat_id, turn = turn_id, error = %crate::error::error_chain(&e), "releasing the chat lease failed");
     }
 }

@@ -135,7 +135,7 @@ impl Workspace {
         state.blobs.start_sweeper();
         let state = Arc::new(state);
         let _ = state.me.set(Arc::downgrade(&state));
-        chats::takeover::start_sweeper(&state);
+        chats::lease::takeover::start_sweeper(&state);
         Ok(Workspace { state })
     }
 
@@ -203,7 +203,7 @@ pub(crate) struct AppState {
     /// Other nodes' announcements of new run lines (PostgreSQL only).
     pub(crate) notifier: notify::Notifier,
     /// This process among the workspace nodes: the lease holder of the chat
-    /// turns it took over (`chats::takeover`).
+    /// turns it took over (`chats::lease::takeover`).
     pub(crate) node_id: String,
     /// Chats' turns starting and ending, deletions, settings changes, for
     /// `GET /api/assistant/events`.

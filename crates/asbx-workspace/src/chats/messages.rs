@@ -44,74 +44,10 @@ impl TraceBuilder {
     pub(crate) fn push(&mut self, line: &Line) -> LiveAction {
         match &line.event {
             Event::Step(step) => {
-                match self
-                    .steps
-                    .get(&step.id)
-                    .and_then(|&i| self.blocks.get_mut(i))
-                {
-                    Some(ContentBlock::Step {
-                        name,
-                        status,
-                        args,
-                        result,
-                        error,
-                        duration_ms,
-                        ..
-                    }) => {
-                        name.clone_from(&step.name);
-                        *status = step.status;
-                        if step.args.is_some() {
-                            args.clone_from(&step.args);
-                        }
-                        if step.result.is_some() {
-                            result.clone_from(&step.result);
-                        }
-                        if step.error.is_some() {
-                            error.clone_from(&step.error);
-                        }
-                        if step.duration_ms.is_some() {
-                            *duration_ms = step.duration_ms;
-                        }
-                    }
-                    _ => {
-                        self.steps.insert(step.id.clone(), self.blocks.len());
-                        self.blocks.push(ContentBlock::Step {
-                            id: step.id.clone(),
-                            name: step.name.clone(),
-                            status: step.status,
-                            args: step.args.clone(),
-                            result: step.result.clone(),
-                            error: step.error.clone(),
-                            duration_ms: step.duration_ms,
-                            output: None,
-                        });
-                    }
-                }
+                self.step(step);
                 LiveAction::Send
             }
-            Event::Stdout(out) => {
-                let Some(ContentBlock::Step { output, .. }) = self
-                    .steps
-                    .get(&out.step_id)
-                    .and_then(|&i| self.blocks.get_mut(i))
-                else {
-                    // Output of a step never announced: nothing to show it under.
-                    return LiveAction::Drop;
-                };
-                let output = output.get_or_insert_with(StepOutput::default);
-                if output.truncated {
-                    return LiveAction::Drop;
-                }
-                let room = STEP_OUTPUT_LIVE_BYTES.saturating_sub(output.text.len());
-                if out.chunk.len() <= room {
-                    output.text.push_str(&out.chunk);
-                    return LiveAction::Send;
-                }
-                let keep = floor_char_boundary(&out.chunk, room);
-                output.text.push_str(&out.chunk[..keep]);
-                output.truncated = true;
-                LiveAction::Truncate { keep }
-            }
+            Event::Stdout(out) => self.stdout(out),
             Event::Delta(d) => {
                 self.deltas.push_str(&d.text);
                 LiveAction::Send
@@ -144,6 +80,81 @@ impl TraceBuilder {
                 LiveAction::Send
             }
         }
+    }
+
+    /// A `step` line: merged into its step's block by id (the fields it
+    /// carries replace the block's), or a new block at its first appearance.
+    fn step(&mut self, step: &asbx_protocol::line::Step) {
+        match self
+            .steps
+            .get(&step.id)
+            .and_then(|&i| self.blocks.get_mut(i))
+        {
+            Some(ContentBlock::Step {
+                name,
+                status,
+                args,
+                result,
+                error,
+                duration_ms,
+                ..
+            }) => {
+                name.clone_from(&step.name);
+                *status = step.status;
+                if step.args.is_some() {
+                    args.clone_from(&step.args);
+                }
+                if step.result.is_some() {
+                    result.clone_from(&step.result);
+                }
+                if step.error.is_some() {
+                    error.clone_from(&step.error);
+                }
+                if step.duration_ms.is_some() {
+                    *duration_ms = step.duration_ms;
+                }
+            }
+            _ => {
+                self.steps.insert(step.id.clone(), self.blocks.len());
+                self.blocks.push(ContentBlock::Step {
+                    id: step.id.clone(),
+                    name: step.name.clone(),
+                    status: step.status,
+                    args: step.args.clone(),
+                    result: step.result.clone(),
+                    error: step.error.clone(),
+                    duration_ms: step.duration_ms,
+                    output: None,
+                });
+            }
+        }
+    }
+
+    /// A `stdout` line: kept under its step up to the step's budget
+    /// ([`STEP_OUTPUT_LIVE_BYTES`]), the line that crosses it cut and the
+    /// rest dropped.
+    fn stdout(&mut self, out: &asbx_protocol::line::Stdout) -> LiveAction {
+        let Some(ContentBlock::Step { output, .. }) = self
+            .steps
+            .get(&out.step_id)
+            .and_then(|&i| self.blocks.get_mut(i))
+        else {
+            // Output of a step never announced: nothing to show it under.
+            return LiveAction::Drop;
+        };
+        let output = output.get_or_insert_with(StepOutput::default);
+        if output.truncated {
+            return LiveAction::Drop;
+        }
+        let room = STEP_OUTPUT_LIVE_BYTES.saturating_sub(output.text.len());
+        if out.chunk.len() <= room {
+            output.text.push_str(&out.chunk);
+            return LiveAction::Send;
+        }
+        let keep = floor_char_boundary(&out.chunk, room);
+        output.text.push_str(&out.chunk[..keep]);
+        output.truncated = true;
+        LiveAction::Truncate { keep }
     }
 
     /// Whether a terminal line (`result` or `error`) was seen.

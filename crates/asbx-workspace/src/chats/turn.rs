@@ -12,7 +12,10 @@ use axum::http::{HeaderValue, StatusCode};
 use bytes::Bytes;
 
 use crate::AppState;
-use crate::chats::live::{self as turns, LeaseGuard, LiveTurn, TurnContext};
+use crate::chats::driver::{self, TurnContext};
+use crate::chats::lease::takeover::recover_lost_turn;
+use crate::chats::lease::{self, LeaseGuard, sql as lease_sql};
+use crate::chats::live::LiveTurn;
 use crate::chats::store as chats;
 use crate::environments;
 use crate::error::WorkspaceError;
@@ -50,173 +53,51 @@ pub(crate) enum TurnStart {
     },
 }
 
+/// Starts a turn: [`check`] the request, [`prepare`] what it needs (its
+/// attachments, its chat and settings), [`record`] it (the lease, the user
+/// message and the run, in one transaction), then dispatch it: a live turn
+/// ([`driver::spawn`]), or the runner's refusal persisted and passed
+/// through ([`reject`]).
 pub(crate) async fn start_turn(
     state: &Arc<AppState>,
     workspace_id: &str,
     mut request: TurnRequest,
 ) -> Result<TurnStart, WorkspaceError> {
-    let mut errors = Vec::new();
-    validate::prompt(&request.message, "message", &mut errors);
-    if request.chat_id.is_some() && request.settings.is_some() {
-        errors.push(FieldError::new(
-            "settings",
-            "only on a new chat's first turn: change an existing chat's with \
-             PUT /api/assistant/chats/{id}/settings",
-        ));
-    }
-    if request.attachment_ids.len() > MAX_ATTACHMENTS {
-        errors.push(FieldError::new(
-            "attachmentIds",
-            format!("more than {MAX_ATTACHMENTS} attachments"),
-        ));
-    }
-    if !errors.is_empty() {
-        return Err(WorkspaceError::invalid_fields(errors));
-    }
-    let sandbox_url = state
-        .config
-        .sandbox_url
-        .clone()
-        .ok_or(WorkspaceError::SandboxUrlMissing)?;
-    let attachments = resolve_attachments(
-        state,
-        workspace_id,
-        request.chat_id.as_deref(),
-        &request.attachment_ids,
-    )
-    .await?;
-    // An existing chat's row and settings, in one read.
-    let existing = match &request.chat_id {
-        Some(chat_id) => Some(
-            chats::get_with_settings(state.store.pool(), chat_id, workspace_id)
-                .await?
-                .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?,
-        ),
-        None => None,
-    };
-    let stored_settings = existing.as_ref().and_then(|(_, text)| text.as_deref());
-    let (new_settings, settings_run) =
-        chat_settings(state, workspace_id, &mut request, stored_settings).await?;
-
+    let sandbox_url = check(state, &request)?;
+    let prepared = prepare(state, workspace_id, &mut request, sandbox_url).await?;
     let turn_id = tokens::random_id();
     let now = state.now_ms();
-    let lease = chats::Lease {
+    let lease = lease_sql::Lease {
         turn_id: &turn_id,
-        until: now.saturating_add(turns::ms(state.config.lease_ttl)),
+        until: lease::expiry(state, now),
         now_ms: now,
         first_message_id: &tokens::random_id(),
     };
-    if let Some((chat, _)) = &existing {
+    if let Some((chat, _)) = &prepared.existing {
         // A lost turn's lease is taken over below; mark that turn
         // interrupted first, so the thread says what became of it.
-        turns::recover_lost_turn(state, chat).await?;
+        recover_lost_turn(state, chat).await?;
     }
-    let route = dispatch::route(state, &sandbox_url).await;
-    // The lease, the user message and the run with its tokens: one
-    // transaction, one commit (one fsync on PostgreSQL), before the
-    // dispatch. An error on the way rolls all of it back: no lease is
-    // taken and nothing is left to release.
-    let mut tx = state.store.pool().begin().await?;
-    let chat_id = match &request.chat_id {
-        Some(chat_id) => {
-            let taken = chats::try_lease(&mut *tx, chat_id, workspace_id, &lease).await?;
-            if !taken {
-                tx.rollback().await?;
-                let chat = chats::get(state.store.pool(), chat_id, workspace_id)
-                    .await?
-                    .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
-                return Err(WorkspaceError::TurnInFlight {
-                    chat_id: chat_id.clone(),
-                    turn_id: chat.lease_turn_id.unwrap_or_default(),
-                });
-            }
-            chat_id.clone()
-        }
-        None => {
-            let chat_id = tokens::random_id();
-            chats::create_leased(
-                &mut *tx,
-                &chat_id,
-                workspace_id,
-                &title_of(&request.message),
-                &lease,
-            )
-            .await?;
-            if let Some(settings) = &new_settings {
-                environments::store_chat_settings_on(
-                    &mut tx,
-                    workspace_id,
-                    &chat_id,
-                    settings,
-                    now,
-                )
-                .await?;
-            }
-            chat_id
-        }
-    };
-    for file in &attachments {
-        files::claim_for_chat(&mut *tx, &file.id, workspace_id, &chat_id).await?;
-    }
-    let history = chats::recent_messages(&mut *tx, &chat_id, REPLAY_TURN_LIMIT as i64).await?;
-    let user_message = PersistedMessage {
-        id: lease.first_message_id.to_owned(),
-        role: Role::User,
-        content: vec![ContentBlock::Text {
-            text: request.message.clone(),
-        }],
-        file_attachments: attachments
-            .iter()
-            .map(|f| FileAttachment {
-                id: f.id.clone(),
-                name: f.path.clone(),
-                mime_type: f.mime_type.clone(),
-                size: f.size,
-            })
-            .collect(),
-        created_at: now,
-        turn_id: Some(turn_id.clone()),
-    };
-    chats::append_message(&mut *tx, &chat_id, &user_message).await?;
-
-    let placed = attachment_refs(&attachments);
-    let spec = RunSpec {
-        id: turn_id.clone(),
-        workspace_id: workspace_id.to_owned(),
-        kind: RunKind::Chat,
-        chat_id: Some(chat_id.clone()),
-        agent_id: None,
-        prompt: prompt_with_attachments(&request.message, &placed),
-        env: EnvResponse {
-            // The bearer is minted when `/env` is redeemed (`callbacks`).
-            workspace: Some(WorkspaceAccess {
-                token: String::new(),
-                attachments: placed,
-            }),
-            ..settings_run.env
-        },
-        secrets: settings_run.secrets,
-        config: ConfigResponse {
-            conversation: history.iter().map(PersistedMessage::to_chat_turn).collect(),
-            ..settings_run.config
-        },
-        sandbox_url,
-    };
-    let recorded = dispatch::record(&mut tx, &spec, &route, now).await?;
-    tx.commit().await?;
+    let route = dispatch::route(state, &prepared.sandbox_url).await;
+    let Recorded {
+        chat_id,
+        spec,
+        run,
+        user_message_id,
+    } = record(state, workspace_id, &request, prepared, &lease, &route).await?;
     let lease = LeaseGuard::new(Arc::clone(state), chat_id.clone(), turn_id.clone());
 
     let live = LiveTurn::new(
         turn_id.clone(),
         chat_id.clone(),
         workspace_id.to_owned(),
-        user_message.id.clone(),
+        user_message_id,
         now,
         state.config.detach_grace,
     );
-    match dispatch::post(state, &spec, &RunOptions::default(), route, recorded).await {
+    match dispatch::post(state, &spec, &RunOptions::default(), route, run).await {
         Ok(Started::Streaming { response }) => {
-            turns::spawn(
+            driver::spawn(
                 TurnContext {
                     state: Arc::clone(state),
                     turn: Arc::clone(&live),
@@ -240,8 +121,7 @@ pub(crate) async fn start_turn(
                     format!("the sandbox runner answered {status}"),
                 ),
             };
-            persist_failure(state, &chat_id, &turn_id, &code, &message).await?;
-            lease.release().await;
+            reject(state, lease, &chat_id, &turn_id, &code, &message).await?;
             Ok(TurnStart::Rejected {
                 chat_id,
                 turn_id,
@@ -251,18 +131,262 @@ pub(crate) async fn start_turn(
             })
         }
         Err(e) => {
-            persist_failure(
+            reject(
                 state,
+                lease,
                 &chat_id,
                 &turn_id,
                 crate::error::ProblemCode::UpstreamFailed.as_str(),
                 "the sandbox runner could not be reached",
             )
             .await?;
-            lease.release().await;
             Err(e)
         }
     }
+}
+
+/// The request's own faults, every one named (`400`); then the runner's
+/// URL, without which no turn starts (`503`).
+fn check(state: &AppState, request: &TurnRequest) -> Result<url::Url, WorkspaceError> {
+    let mut errors = Vec::new();
+    validate::prompt(&request.message, "message", &mut errors);
+    if request.chat_id.is_some() && request.settings.is_some() {
+        errors.push(FieldError::new(
+            "settings",
+            "only on a new chat's first turn: change an existing chat's with \
+             PUT /api/assistant/chats/{id}/settings",
+        ));
+    }
+    if request.attachment_ids.len() > MAX_ATTACHMENTS {
+        errors.push(FieldError::new(
+            "attachmentIds",
+            format!("more than {MAX_ATTACHMENTS} attachments"),
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(WorkspaceError::invalid_fields(errors));
+    }
+    state
+        .config
+        .sandbox_url
+        .clone()
+        .ok_or(WorkspaceError::SandboxUrlMissing)
+}
+
+/// What a turn needs before it is recorded, read outside its transaction.
+struct Prepared {
+    attachments: Vec<FileRow>,
+    /// An existing chat's row and stored settings.
+    existing: Option<(chats::ChatRow, Option<String>)>,
+    /// A new chat's settings, stored with it.
+    new_settings: Option<ChatSettings>,
+    settings_run: environments::ChatRun,
+    sandbox_url: url::Url,
+}
+
+/// Resolves the attachments, reads an existing chat (its row and settings
+/// in one read, `404` when there is none) and makes the run's settings.
+async fn prepare(
+    state: &AppState,
+    workspace_id: &str,
+    request: &mut TurnRequest,
+    sandbox_url: url::Url,
+) -> Result<Prepared, WorkspaceError> {
+    let attachments = resolve_attachments(
+        state,
+        workspace_id,
+        request.chat_id.as_deref(),
+        &request.attachment_ids,
+    )
+    .await?;
+    let existing = match &request.chat_id {
+        Some(chat_id) => Some(
+            chats::get_with_settings(state.store.pool(), chat_id, workspace_id)
+                .await?
+                .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?,
+        ),
+        None => None,
+    };
+    let stored_settings = existing.as_ref().and_then(|(_, text)| text.as_deref());
+    let (new_settings, settings_run) =
+        chat_settings(state, workspace_id, request, stored_settings).await?;
+    Ok(Prepared {
+        attachments,
+        existing,
+        new_settings,
+        settings_run,
+        sandbox_url,
+    })
+}
+
+/// A recorded turn, ready to dispatch.
+struct Recorded {
+    chat_id: String,
+    spec: RunSpec,
+    run: dispatch::Recorded,
+    user_message_id: String,
+}
+
+/// Records the turn: the lease (a new chat made with it), the attachments
+/// claimed for the chat's bag, the user message and the run with its
+/// tokens. One transaction, one commit (one fsync on PostgreSQL), before
+/// the dispatch. An error on the way rolls all of it back: no lease is taken
+/// and nothing is left to release. A chat whose lease another turn holds is
+/// `409 turn_in_flight`.
+async fn record(
+    state: &AppState,
+    workspace_id: &str,
+    request: &TurnRequest,
+    prepared: Prepared,
+    lease: &lease_sql::Lease<'_>,
+    route: &dispatch::Route,
+) -> Result<Recorded, WorkspaceError> {
+    let now = lease.now_ms;
+    let mut tx = state.store.pool().begin().await?;
+    let chat_id = match &request.chat_id {
+        Some(chat_id) => {
+            let taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;
+            if !taken {
+                tx.rollback().await?;
+                let chat = chats::get(state.store.pool(), chat_id, workspace_id)
+                    .await?
+                    .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
+                return Err(WorkspaceError::TurnInFlight {
+                    chat_id: chat_id.clone(),
+                    turn_id: chat.lease_turn_id.unwrap_or_default(),
+                });
+            }
+            chat_id.clone()
+        }
+        None => {
+            let chat_id = tokens::random_id();
+            lease_sql::create_leased(
+                &mut *tx,
+                &chat_id,
+                workspace_id,
+                &title_of(&request.message),
+                lease,
+            )
+            .await?;
+            if let Some(settings) = &prepared.new_settings {
+                environments::store_chat_settings_on(
+                    &mut tx,
+                    workspace_id,
+                    &chat_id,
+                    settings,
+                    now,
+                )
+                .await?;
+            }
+            chat_id
+        }
+    };
+    for file in &prepared.attachments {
+        files::claim_for_chat(&mut *tx, &file.id, workspace_id, &chat_id).await?;
+    }
+    let history = chats::recent_messages(&mut *tx, &chat_id, REPLAY_TURN_LIMIT as i64).await?;
+    let user_message = user_message(&request.message, &prepared.attachments, lease);
+    chats::append_message(&mut *tx, &chat_id, &user_message).await?;
+
+    let spec = run_spec(
+        workspace_id,
+        &chat_id,
+        &request.message,
+        lease.turn_id,
+        &history,
+        prepared,
+    );
+    let run = dispatch::record(&mut tx, &spec, route, now).await?;
+    tx.commit().await?;
+    Ok(Recorded {
+        chat_id,
+        spec,
+        run,
+        user_message_id: user_message.id,
+    })
+}
+
+/// The turn's user message: its text and the files attached to it.
+fn user_message(
+    text: &str,
+    attachments: &[FileRow],
+    lease: &lease_sql::Lease<'_>,
+) -> PersistedMessage {
+    PersistedMessage {
+        id: lease.first_message_id.to_owned(),
+        role: Role::User,
+        content: vec![ContentBlock::Text {
+            text: text.to_owned(),
+        }],
+        file_attachments: attachments
+            .iter()
+            .map(|f| FileAttachment {
+                id: f.id.clone(),
+                name: f.path.clone(),
+                mime_type: f.mime_type.clone(),
+                size: f.size,
+            })
+            .collect(),
+        created_at: lease.now_ms,
+        turn_id: Some(lease.turn_id.to_owned()),
+    }
+}
+
+/// The turn's run: the message (with the attached files' paths), the
+/// chat's settings, the attachments placed in the sandbox, the replayed
+/// `history`.
+fn run_spec(
+    workspace_id: &str,
+    chat_id: &str,
+    message: &str,
+    turn_id: &str,
+    history: &[PersistedMessage],
+    prepared: Prepared,
+) -> RunSpec {
+    let Prepared {
+        attachments,
+        settings_run,
+        sandbox_url,
+        ..
+    } = prepared;
+    let placed = attachment_refs(&attachments);
+    RunSpec {
+        id: turn_id.to_owned(),
+        workspace_id: workspace_id.to_owned(),
+        kind: RunKind::Chat,
+        chat_id: Some(chat_id.to_owned()),
+        agent_id: None,
+        prompt: prompt_with_attachments(message, &placed),
+        env: EnvResponse {
+            // The bearer is minted when `/env` is redeemed (`callbacks`).
+            workspace: Some(WorkspaceAccess {
+                token: String::new(),
+                attachments: placed,
+            }),
+            ..settings_run.env
+        },
+        secrets: settings_run.secrets,
+        config: ConfigResponse {
+            conversation: history.iter().map(PersistedMessage::to_chat_turn).collect(),
+            ..settings_run.config
+        },
+        sandbox_url,
+    }
+}
+
+/// The rejection path: a turn the runner refused (or that could not reach
+/// it) gets an `error` block in its thread, and its lease is released.
+async fn reject(
+    state: &AppState,
+    lease: LeaseGuard,
+    chat_id: &str,
+    turn_id: &str,
+    code: &str,
+    message: &str,
+) -> Result<(), WorkspaceError> {
+    persist_failure(state, chat_id, turn_id, code, message).await?;
+    lease.release().await;
+    Ok(())
 }
 
 /// The turn's settings: a new chat's checked `settings` (returned to be
@@ -463,16 +587,16 @@ mod tests {
         let state = Arc::clone(&ws.state);
         let pool = state.store.pool();
         let workspace = crate::DEFAULT_WORKSPACE;
-        let lease = chats::Lease {
+        let lease = lease_sql::Lease {
             turn_id: "turn-0",
             until: 1,
             now_ms: 0,
             first_message_id: "message-0",
         };
-        chats::create_leased(pool, "chat-1", workspace, "t", &lease)
+        lease_sql::create_leased(pool, "chat-1", workspace, "t", &lease)
             .await
             .unwrap();
-        chats::release_lease(pool, "chat-1", "turn-0", 0)
+        lease_sql::release_lease(pool, "chat-1", "turn-0", 0)
             .await
             .unwrap();
         sqlx::query(

@@ -2,7 +2,7 @@
 //! uploads to a bag.
 
 use crate::AppState;
-use crate::chats::live as turns;
+use crate::chats::lease::takeover::recover_lost_turn;
 use crate::chats::store::{self as chats, ChatRow};
 use crate::error::WorkspaceError;
 use crate::files::file_info;
@@ -36,7 +36,7 @@ pub(crate) async fn list(
     let mut rows = chats::list(state.store.pool(), workspace_id).await?;
     let mut recovered = false;
     for c in &rows {
-        recovered |= turns::recover_lost_turn(state, c).await?;
+        recovered |= recover_lost_turn(state, c).await?;
     }
     if recovered {
         rows = chats::list(state.store.pool(), workspace_id).await?;
@@ -79,7 +79,7 @@ pub(crate) async fn detail(
     let mut chat = chats::get(state.store.pool(), chat_id, workspace_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
-    if turns::recover_lost_turn(state, &chat).await? {
+    if recover_lost_turn(state, &chat).await? {
         chat = chats::get(state.store.pool(), chat_id, workspace_id)
             .await?
             .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;

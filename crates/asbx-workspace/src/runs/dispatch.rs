@@ -15,7 +15,7 @@
 //! drops the stream (a protocol 1 caller gone) the sandbox ends at once, as
 //! it did under protocol 1. Chat turns have [`CHAT_DETACH_GRACE_MS`], so
 //! another node can take a turn over when its node dies
-//! (`chats::takeover`); they are cancelled with `DELETE`. Callers that want
+//! (`chats::lease::takeover`); they are cancelled with `DELETE`. Callers that want
 //! more pass [`RunOptions`] (filter, client tools, encryption).
 //!
 //! The runner's response is returned unread when it is a stream (`200`), so
@@ -46,7 +46,7 @@ use crate::wire::RunKind;
 
 /// How long a chat turn's sandbox waits for a reader after the node driving
 /// it went away: more than a lease expiry and a sweep, so another node can
-/// take the turn over (`chats::takeover`).
+/// take the turn over (`chats::lease::takeover`).
 pub(crate) const CHAT_DETACH_GRACE_MS: u64 = 60_000;
 
 /// The HTTP client that talks to runners, and the runner token it sends.
@@ -254,14 +254,32 @@ pub(crate) async fn post(
         filter: options.filter.clone(),
         client_tools: options.client_tools.clone(),
         detach_grace_ms: Some(match spec.kind {
-            // Another node may take a chat turn over (`chats::takeover`):
+            // Another node may take a chat turn over (`chats::lease::takeover`):
             // the sandbox waits that long for it.
             RunKind::Chat => CHAT_DETACH_GRACE_MS,
             RunKind::Run | RunKind::Agent => 0,
         }),
         encryption: options.encryption.clone(),
     };
-    let mut response = None;
+    let response = send(state, &spec.id, &candidates, fleet.as_deref(), &request).await?;
+    drop(request);
+    if response.status() == reqwest::StatusCode::OK {
+        return Ok(Started::Streaming { response });
+    }
+    Ok(rejected(state, &spec.id, response).await)
+}
+
+/// Posts `request` to the first of `candidates` that takes it: one that
+/// can't be reached, or is full (`503`), passes it on to the next; the last
+/// one's answer is the answer. A runner no longer allowed, a failure of the
+/// last one, or a redirect settles the run as failed.
+async fn send(
+    state: &AppState,
+    run_id: &str,
+    candidates: &[Url],
+    fleet: Option<&Fleet>,
+    request: &DispatchRequest,
+) -> Result<reqwest::Response, WorkspaceError> {
     for (i, runner) in candidates.iter().enumerate() {
         let last = i + 1 == candidates.len();
         if !state.config.is_allowed_runner(runner) {
@@ -270,11 +288,11 @@ pub(crate) async fn post(
             let refused = WorkspaceError::SandboxUrlNotAllowed {
                 field: "sandboxUrl".to_owned(),
             };
-            settle(state, &spec.id, &failed(&refused)).await;
+            settle(state, run_id, &failed(&refused)).await;
             return Err(refused);
         }
         if i > 0 {
-            runs::set_sandbox_url(state.store.pool(), &spec.id, runner.as_str()).await?;
+            runs::set_sandbox_url(state.store.pool(), run_id, runner.as_str()).await?;
         }
         let mut post = state
             .dispatcher
@@ -282,7 +300,7 @@ pub(crate) async fn post(
             .post(stream_endpoint(runner)?)
             .headers(crate::otel::headers())
             .header(http::header::ACCEPT, "application/x-ndjson")
-            .json(&request);
+            .json(request);
         // The runner token goes to the operator's runners only: a stored
         // agent's own SANDBOX_URL is the agent author's choice, not a place
         // the operator's secret may go.
@@ -294,19 +312,19 @@ pub(crate) async fn post(
         match post.send().await {
             // Refused before anything started: the next runner may take it.
             Err(e) if e.is_connect() && !last => {
-                tracing::warn!(run = %spec.id, runner = %runner, error = %crate::error::error_chain(&e), "runner down, trying the next");
-                if let Some(f) = &fleet {
+                tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "runner down, trying the next");
+                if let Some(f) = fleet {
                     f.mark_down(runner);
                 }
             }
             Err(e) => {
                 if e.is_connect()
-                    && let Some(f) = &fleet
+                    && let Some(f) = fleet
                 {
                     f.mark_down(runner);
                 }
                 let failure = WorkspaceError::Upstream(crate::error::error_chain(&e));
-                settle(state, &spec.id, &failed(&failure)).await;
+                settle(state, run_id, &failed(&failure)).await;
                 return Err(failure);
             }
             Ok(r) if r.status().is_redirection() => {
@@ -314,41 +332,39 @@ pub(crate) async fn post(
                     "the runner answered {} (a redirect, not followed)",
                     r.status()
                 ));
-                settle(state, &spec.id, &failed(&failure)).await;
+                settle(state, run_id, &failed(&failure)).await;
                 return Err(failure);
             }
             Ok(r) if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
-                if let Some(f) = &fleet {
+                if let Some(f) = fleet {
                     f.mark_full(runner);
                 }
                 if last {
-                    response = Some(r);
-                    break;
+                    return Ok(r);
                 }
-                tracing::info!(run = %spec.id, runner = %runner, "runner full, trying the next");
+                tracing::info!(run = %run_id, runner = %runner, "runner full, trying the next");
             }
             Ok(r) => {
                 if r.status() == reqwest::StatusCode::OK
-                    && let Some(f) = &fleet
+                    && let Some(f) = fleet
                 {
                     f.took_one(runner);
                 }
-                response = Some(r);
-                break;
+                return Ok(r);
             }
         }
     }
-    drop(request);
-    let Some(response) = response else {
-        // Unreachable: the last candidate always leaves the loop with an
-        // answer or an error; an empty list is the only way here.
-        return Err(WorkspaceError::Config(
-            "no runner to dispatch to".to_owned(),
-        ));
-    };
-    if response.status() == reqwest::StatusCode::OK {
-        return Ok(Started::Streaming { response });
-    }
+    // Unreachable: the last candidate always leaves the loop with an answer
+    // or an error; an empty list is the only way here.
+    Err(WorkspaceError::Config(
+        "no runner to dispatch to".to_owned(),
+    ))
+}
+
+/// A runner's refusal before streaming: the run settled as failed with the
+/// problem's code (`upstream_failed` when the body is none), and the answer
+/// kept to pass on.
+async fn rejected(state: &AppState, run_id: &str, response: reqwest::Response) -> Started {
     let status =
         StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = response
@@ -365,12 +381,12 @@ pub(crate) async fn post(
             format!("runner answered {status}"),
         ),
     };
-    settle(state, &spec.id, &Outcome::Failed { code, message }).await;
-    Ok(Started::Rejected {
+    settle(state, run_id, &Outcome::Failed { code, message }).await;
+    Started::Rejected {
         status,
         content_type,
         body,
-    })
+    }
 }
 
 /// A run that failed with `error`: its problem's code, the error's text.

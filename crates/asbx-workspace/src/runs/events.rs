@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
 use crate::error::WorkspaceError;
-use crate::runs::relay::Tapped;
 use crate::runs::store as runs;
+use crate::runs::tap::Tapped;
 use crate::wire::RunStatus;
 
 /// Lines of one run kept for replay.
@@ -407,151 +407,172 @@ pub(crate) fn follow_batches(
     };
     futures::stream::try_unfold(f, |mut f| async move {
         loop {
-            match std::mem::replace(&mut f.phase, Phase::Done) {
+            let batch = match std::mem::replace(&mut f.phase, Phase::Done) {
                 Phase::Done => return Ok(None),
-                Phase::Replay => {
-                    let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
-                    // A page that goes on from the last line lost nothing,
-                    // even if a prune moved `events_from` past it since (the
-                    // page was read first). One that skips is checked: read
-                    // after the page, `events_from` already names a prune
-                    // that removed what the page lacks (a prune moves it and
-                    // deletes in one transaction).
-                    if skips(&page, f.last)
-                        && let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await?
-                        && let Err(gone) = check_kept(&run, f.last)
-                    {
-                        // Pruned from the table, but perhaps published after
-                        // this reader subscribed (a run faster than its
-                        // reader): then the broadcast still holds it. Live
-                        // checks what it gets for the same gap.
-                        match f.rx.take() {
-                            Some(rx) => {
-                                f.phase = Phase::Live(rx);
-                                continue;
-                            }
-                            None => return Err(gone),
-                        }
-                    }
-                    let full = page.len() as i64 >= PAGE;
-                    f.phase = if full {
-                        Phase::Replay
-                    } else {
-                        match f.rx.take() {
-                            Some(rx) => Phase::Live(rx),
-                            None => Phase::Poll,
-                        }
-                    };
-                    if let Some(k) = page.last() {
-                        f.last = k.seq;
-                        return Ok(Some((page, f)));
-                    }
-                }
-                Phase::Live(mut rx) => {
-                    let from = f.last;
-                    let mut out: Vec<Kept> = Vec::new();
-                    let mut next = rx.recv().await;
-                    loop {
-                        match next {
-                            Ok(batch) => {
-                                let last = f.last;
-                                out.extend(batch.iter().filter(|k| k.seq > last).cloned());
-                                if let Some(k) = out.last() {
-                                    f.last = k.seq;
-                                }
-                            }
-                            Err(broadcast::error::RecvError::Lagged(_)) => {
-                                // Fell behind: what was missed is in the
-                                // table, or was pruned (the replay tells).
-                                f.rx = Some(rx);
-                                f.phase = Phase::Replay;
-                                break;
-                            }
-                            Err(broadcast::error::RecvError::Closed) => {
-                                // The relay stored everything before closing.
-                                f.phase = Phase::Replay;
-                                break;
-                            }
-                        }
-                        // Take what else is there already, up to a bound.
-                        if out.len() >= MAX_BATCH {
-                            f.phase = Phase::Live(rx);
-                            break;
-                        }
-                        next = match rx.try_recv() {
-                            Ok(b) => Ok(b),
-                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                                Err(broadcast::error::RecvError::Lagged(n))
-                            }
-                            Err(broadcast::error::TryRecvError::Closed) => {
-                                Err(broadcast::error::RecvError::Closed)
-                            }
-                            Err(broadcast::error::TryRecvError::Empty) => {
-                                f.phase = Phase::Live(rx);
-                                break;
-                            }
-                        };
-                    }
-                    // Lines between the reader's last and the broadcast's
-                    // first were published before it subscribed: in the
-                    // table, unless pruned since (then `events_gone`).
-                    if skips(&out, from)
-                        && let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await?
-                    {
-                        check_kept(&run, from)?;
-                    }
-                    if !out.is_empty() {
-                        return Ok(Some((out, f)));
-                    }
-                }
-                Phase::Poll => {
-                    let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
-                    if skips(&page, f.last)
-                        && let Some(run) = runs::get(f.state.store.pool(), &f.run_id).await?
-                    {
-                        // Polled too seldom for a fast run: pruned past us.
-                        check_kept(&run, f.last)?;
-                    }
-                    if let Some(k) = page.last() {
-                        f.last = k.seq;
-                        f.phase = Phase::Poll;
-                        return Ok(Some((page, f)));
-                    }
-                    let run = runs::get(f.state.store.pool(), &f.run_id).await?;
-                    let mut running = run.as_ref().is_some_and(|r| r.status == RunStatus::Running);
-                    // Every 10 s or so, check that somebody still relays it.
-                    if running
-                        && f.lost_checked.elapsed() >= LOST_CHECK_INTERVAL
-                        && let Some(r) = &run
-                    {
-                        f.lost_checked = std::time::Instant::now();
-                        running = !crate::runs::lost::settle_if_lost(&f.state, r).await;
-                    }
-                    if !running {
-                        // One last look: lines stored just before it ended.
-                        let page = after(f.state.store.pool(), &f.run_id, f.last).await?;
-                        f.phase = Phase::Done;
-                        if let Some(k) = page.last() {
-                            f.last = k.seq;
-                            return Ok(Some((page, f)));
-                        }
-                        continue;
-                    }
-                    match f.announced.as_mut() {
-                        Some(rx) => {
-                            let _ = tokio::time::timeout(
-                                f.state.config.replay_safety_poll,
-                                crate::notify::announced(rx, &f.run_id),
-                            )
-                            .await;
-                        }
-                        None => tokio::time::sleep(POLL_INTERVAL).await,
-                    }
-                    f.phase = Phase::Poll;
-                }
+                Phase::Replay => f.replay().await?,
+                Phase::Live(rx) => f.live(rx).await?,
+                Phase::Poll => f.poll().await?,
+            };
+            if let Some(batch) = batch {
+                return Ok(Some((batch, f)));
             }
         }
     })
+}
+
+/// The stages of [`follow_batches`]: each reads what its phase reads, sets
+/// the next phase, and returns the batch to hand on, if any.
+impl Follow {
+    /// A page of the table after the last line given.
+    async fn replay(&mut self) -> Result<Option<Vec<Kept>>, WorkspaceError> {
+        let page = after(self.state.store.pool(), &self.run_id, self.last).await?;
+        // A page that goes on from the last line lost nothing, even if a
+        // prune moved `events_from` past it since (the page was read first).
+        // One that skips is checked: read after the page, `events_from`
+        // already names a prune that removed what the page lacks (a prune
+        // moves it and deletes in one transaction).
+        if skips(&page, self.last)
+            && let Some(run) = runs::get(self.state.store.pool(), &self.run_id).await?
+            && let Err(gone) = check_kept(&run, self.last)
+        {
+            // Pruned from the table, but perhaps published after this
+            // reader subscribed (a run faster than its reader): then the
+            // broadcast still holds it. Live checks what it gets for the
+            // same gap.
+            return match self.rx.take() {
+                Some(rx) => {
+                    self.phase = Phase::Live(rx);
+                    Ok(None)
+                }
+                None => Err(gone),
+            };
+        }
+        let full = page.len() as i64 >= PAGE;
+        self.phase = if full {
+            Phase::Replay
+        } else {
+            match self.rx.take() {
+                Some(rx) => Phase::Live(rx),
+                None => Phase::Poll,
+            }
+        };
+        Ok(self.hand_on(page))
+    }
+
+    /// What the local broadcast has after the last line given: at least one
+    /// batch (waiting for it), and what else is there already, up to
+    /// [`MAX_BATCH`] lines.
+    async fn live(
+        &mut self,
+        mut rx: broadcast::Receiver<Arc<[Kept]>>,
+    ) -> Result<Option<Vec<Kept>>, WorkspaceError> {
+        let from = self.last;
+        let mut out: Vec<Kept> = Vec::new();
+        let mut next = rx.recv().await;
+        loop {
+            match next {
+                Ok(batch) => {
+                    let last = self.last;
+                    out.extend(batch.iter().filter(|k| k.seq > last).cloned());
+                    if let Some(k) = out.last() {
+                        self.last = k.seq;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // Fell behind: what was missed is in the table, or was
+                    // pruned (the replay tells).
+                    self.rx = Some(rx);
+                    self.phase = Phase::Replay;
+                    break;
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    // The relay stored everything before closing.
+                    self.phase = Phase::Replay;
+                    break;
+                }
+            }
+            // Take what else is there already, up to a bound.
+            if out.len() >= MAX_BATCH {
+                self.phase = Phase::Live(rx);
+                break;
+            }
+            next = match rx.try_recv() {
+                Ok(b) => Ok(b),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    Err(broadcast::error::RecvError::Lagged(n))
+                }
+                Err(broadcast::error::TryRecvError::Closed) => {
+                    Err(broadcast::error::RecvError::Closed)
+                }
+                Err(broadcast::error::TryRecvError::Empty) => {
+                    self.phase = Phase::Live(rx);
+                    break;
+                }
+            };
+        }
+        // Lines between the reader's last and the broadcast's first were
+        // published before it subscribed: in the table, unless pruned since
+        // (then `events_gone`).
+        if skips(&out, from)
+            && let Some(run) = runs::get(self.state.store.pool(), &self.run_id).await?
+        {
+            check_kept(&run, from)?;
+        }
+        Ok((!out.is_empty()).then_some(out))
+    }
+
+    /// The table's new lines, for a reader without a local broadcast; when
+    /// there are none, whether the run still runs (and every
+    /// [`LOST_CHECK_INTERVAL`], whether somebody still relays it), then a
+    /// wait for another node's announcement or the next poll.
+    async fn poll(&mut self) -> Result<Option<Vec<Kept>>, WorkspaceError> {
+        let page = after(self.state.store.pool(), &self.run_id, self.last).await?;
+        if skips(&page, self.last)
+            && let Some(run) = runs::get(self.state.store.pool(), &self.run_id).await?
+        {
+            // Polled too seldom for a fast run: pruned past us.
+            check_kept(&run, self.last)?;
+        }
+        if !page.is_empty() {
+            self.phase = Phase::Poll;
+            return Ok(self.hand_on(page));
+        }
+        let run = runs::get(self.state.store.pool(), &self.run_id).await?;
+        let mut running = run.as_ref().is_some_and(|r| r.status == RunStatus::Running);
+        // Every 10 s or so, check that somebody still relays it.
+        if running
+            && self.lost_checked.elapsed() >= LOST_CHECK_INTERVAL
+            && let Some(r) = &run
+        {
+            self.lost_checked = std::time::Instant::now();
+            running = !crate::runs::lost::settle_if_lost(&self.state, r).await;
+        }
+        if !running {
+            // One last look: lines stored just before it ended.
+            let page = after(self.state.store.pool(), &self.run_id, self.last).await?;
+            self.phase = Phase::Done;
+            return Ok(self.hand_on(page));
+        }
+        match self.announced.as_mut() {
+            Some(rx) => {
+                let _ = tokio::time::timeout(
+                    self.state.config.replay_safety_poll,
+                    crate::notify::announced(rx, &self.run_id),
+                )
+                .await;
+            }
+            None => tokio::time::sleep(POLL_INTERVAL).await,
+        }
+        self.phase = Phase::Poll;
+        Ok(None)
+    }
+
+    /// `page` to hand on, the last line given moved to its end; `None` when
+    /// it is empty.
+    fn hand_on(&mut self, page: Vec<Kept>) -> Option<Vec<Kept>> {
+        self.last = page.last()?.seq;
+        Some(page)
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,10 @@
 //! run is asked about it, it asks the runner (`GET /v1/sessions/{id}`), and
 //! settles the run as failed `runner_lost` when the runner does not know the
 //! session, the session ended a while ago, or the runner cannot be reached.
+//! Chat turns ask the runner the same question ([`ask_session`]) before
+//! they are marked lost (`chats::lease::takeover`), with answers of their own.
+
+use std::time::Duration;
 
 use asbx_protocol::session::{SessionInfo, SessionStatus};
 
@@ -33,33 +37,16 @@ pub(crate) async fn settle_if_lost(state: &AppState, run: &RunRow) -> bool {
     let Some(sandbox_url) = run.sandbox_url.as_deref() else {
         return false;
     };
-    let why = match dispatch::runner_request(
-        state,
-        reqwest::Method::GET,
-        sandbox_url,
-        &["v1", "sessions", &run.id],
-    ) {
-        Err(_) => return false,
-        Ok(req) => match req.send().await {
-            Err(_) => Some("the runner cannot be reached"),
-            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
-                Some("the runner no longer knows the session")
-            }
-            Ok(r) if r.status().is_success() => {
-                match crate::runner_url::read_json::<SessionInfo>(r).await {
-                    Some(info)
-                        if info.status == SessionStatus::Ended
-                            && info.ended_at.is_some_and(|t| {
-                                asbx_protocol::now_ms().saturating_sub(t) > SETTLE_GRACE_MS
-                            }) =>
-                    {
-                        Some("the session ended while no workspace node relayed it")
-                    }
-                    _ => None,
-                }
-            }
-            Ok(_) => None,
-        },
+    let why = match ask_session(state, sandbox_url, &run.id, None).await {
+        SessionAnswer::Unasked => return false,
+        SessionAnswer::Unreachable(_) => Some("the runner cannot be reached"),
+        SessionAnswer::Unknown => Some("the runner no longer knows the session"),
+        SessionAnswer::Known(Some(info))
+            if ended_before(&info, asbx_protocol::now_ms(), SETTLE_GRACE_MS) =>
+        {
+            Some("the session ended while no workspace node relayed it")
+        }
+        SessionAnswer::Known(_) | SessionAnswer::Other => None,
     };
     let Some(why) = why else {
         return false;
@@ -70,4 +57,53 @@ pub(crate) async fn settle_if_lost(state: &AppState, run: &RunRow) -> bool {
     };
     dispatch::settle(state, &run.id, &outcome).await;
     true
+}
+
+/// What a runner says of one of its sessions (`GET /v1/sessions/{id}`).
+pub(crate) enum SessionAnswer {
+    /// Not asked: the stored URL is unusable or no longer allowed.
+    Unasked,
+    /// The request failed (nothing listens there, a timeout, ...).
+    Unreachable(reqwest::Error),
+    /// `404`: the runner does not know the session.
+    Unknown,
+    /// A success: the session's info, `None` when unreadable.
+    Known(Option<SessionInfo>),
+    /// Any other status.
+    Other,
+}
+
+/// Asks the runner at `sandbox_url` about `session_id`, within `timeout`
+/// when given.
+pub(crate) async fn ask_session(
+    state: &AppState,
+    sandbox_url: &str,
+    session_id: &str,
+    timeout: Option<Duration>,
+) -> SessionAnswer {
+    let path = ["v1", "sessions", session_id];
+    let request = match dispatch::runner_request(state, reqwest::Method::GET, sandbox_url, &path) {
+        Ok(r) => match timeout {
+            Some(t) => r.timeout(t),
+            None => r,
+        },
+        Err(_) => return SessionAnswer::Unasked,
+    };
+    match request.send().await {
+        Err(e) => SessionAnswer::Unreachable(e),
+        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => SessionAnswer::Unknown,
+        Ok(r) if r.status().is_success() => {
+            SessionAnswer::Known(crate::runner_url::read_json::<SessionInfo>(r).await)
+        }
+        Ok(_) => SessionAnswer::Other,
+    }
+}
+
+/// Whether the session ended more than `grace_ms` before `now_ms`: long
+/// enough for any relay that still read it to have settled it.
+pub(crate) fn ended_before(info: &SessionInfo, now_ms: u64, grace_ms: u64) -> bool {
+    info.status == SessionStatus::Ended
+        && info
+            .ended_at
+            .is_some_and(|t| now_ms.saturating_sub(t) > grace_ms)
 }

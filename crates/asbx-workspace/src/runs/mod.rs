@@ -1,7 +1,7 @@
 //! Runs: one dispatch to the runner each. `POST /api/runs`, the dispatch
 //! (tokens minted, run recorded, `POST {SANDBOX_URL}/stream`), the NDJSON
-//! relay, the kept lines (`events`: replay and live tail), and the public
-//! view `GET /api/runs/{id}`.
+//! relay, the outcome tap that reads how a run ended (`tap`), the kept lines
+//! (`events`: replay and live tail), and the public view `GET /api/runs/{id}`.
 //!
 //! Chats and stored agents are runs of another kind: they build a
 //! [`dispatch::RunSpec`] and use this feature; it uses only `files`.
@@ -14,4 +14,5 @@ pub(crate) mod lost;
 pub(crate) mod relay;
 pub(crate) mod request;
 pub(crate) mod store;
+pub(crate) mod tap;
 pub(crate) mod view;

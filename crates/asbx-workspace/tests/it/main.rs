@@ -18,5 +18,6 @@ mod runs_api;
 mod sandbox_api;
 mod secrets;
 mod security;
+mod streams;
 mod support;
 mod tokens;

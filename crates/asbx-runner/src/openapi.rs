@@ -83,6 +83,7 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
         }
     }
     asbx_protocol::schema::sse_envelopes(&mut doc);
+    asbx_protocol::schema::name_variants(&mut doc);
     asbx_protocol::schema::prune_components(&mut doc);
     doc
 }

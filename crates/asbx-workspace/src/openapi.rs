@@ -164,6 +164,7 @@ fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
     open_flattened(&mut doc);
     guard_responses(&mut doc);
     asbx_protocol::schema::sse_envelopes(&mut doc);
+    asbx_protocol::schema::name_variants(&mut doc);
     asbx_protocol::schema::prune_components(&mut doc);
     doc
 }
@@ -336,15 +337,16 @@ mod tests {
         let mut answered: std::collections::BTreeSet<String> =
             errors.iter().map(|e| e.problem().code).collect();
         // A runner's refusals of a run or a tool result, passed through.
+        use asbx_protocol::ProblemCode as C;
         for code in [
-            "at_capacity",
-            "not_protocol_2",
-            "unknown_call",
-            "already_answered",
-            "session_ended",
-            "decryption_failed",
+            C::AtCapacity,
+            C::NotProtocol2,
+            C::UnknownCall,
+            C::AlreadyAnswered,
+            C::SessionEnded,
+            C::DecryptionFailed,
         ] {
-            answered.insert(code.to_owned());
+            answered.insert(code.as_str().to_owned());
         }
         // `405 method_not_allowed` is the router's answer to a method no
         // operation has, so no operation lists it.

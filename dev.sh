@@ -79,6 +79,9 @@ case "${1:-}" in
     # Both OpenAPI documents against a live `asbx up` (schemathesis, bounded):
     # no 5xx, every answer as documented.
     bash openapi/schemathesis.sh
+    # The workspace's document through openapi-python-client: no schema
+    # warning, and every read route's real answer parses into its model.
+    bash openapi/python-client.sh
     ;;
   *)
     echo "usage: bash dev.sh up [--listen ADDR] | bash dev.sh test" >&2

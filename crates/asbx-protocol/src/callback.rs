@@ -95,6 +95,7 @@ pub struct Skill {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum McpServer {
+    #[schemars(title = "McpStdioServer")]
     Stdio {
         name: String,
         command: String,
@@ -103,6 +104,7 @@ pub enum McpServer {
         #[serde(default)]
         env: BTreeMap<String, String>,
     },
+    #[schemars(title = "McpHttpServer")]
     Http {
         name: String,
         url: String,

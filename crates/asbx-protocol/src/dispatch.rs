@@ -105,7 +105,9 @@ impl From<Protocol> for u8 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Filter {
+    #[schemars(title = "AllowFilter")]
     Allow { types: Vec<EventKind> },
+    #[schemars(title = "BlockFilter")]
     Block { blocked_types: Vec<EventKind> },
 }
 

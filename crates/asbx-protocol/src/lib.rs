@@ -25,7 +25,7 @@ pub mod sse;
 pub use decode::{DecodeError, LineDecoder};
 pub use dispatch::{DispatchRequest, FieldError, Filter, Protocol};
 pub use line::{Event, EventKind, Line, LogLevel, StepStatus};
-pub use problem::Problem;
+pub use problem::{Problem, ProblemCode};
 
 /// Error codes of `error` lines (docs/protocol.md §2): stable snake_case.
 #[derive(

@@ -15,6 +15,7 @@ pub fn all() -> Vec<(&'static str, Schema)> {
         ("error-code", s::<crate::ErrorCode>()),
         ("dispatch-request", s::<crate::dispatch::DispatchRequest>()),
         ("problem", s::<crate::problem::Problem>()),
+        ("problem-code", s::<crate::problem::ProblemCode>()),
         ("env-response", s::<crate::callback::EnvResponse>()),
         ("config-response", s::<crate::callback::ConfigResponse>()),
         ("results-request", s::<crate::callback::ResultsRequest>()),
@@ -159,6 +160,91 @@ pub fn sse_envelopes(doc: &mut serde_json::Value) {
     }
 }
 
+/// Moves every inline object member of a component's `oneOf` or `anyOf`
+/// into a component of its own and references it, so a client generator
+/// names each variant (`LineLog`, `McpStdioServer`) instead of numbering
+/// them (`Line_type_0`), which some generators cannot do for nested
+/// members (openapi-python-client's duplicate `McpServerType0Env`).
+///
+/// A member is named by its `title` (an untagged enum's variants carry
+/// one), else by its parent and its tag, the one property holding a single
+/// constant (`Line` + `type: "session_init"` = `LineSessionInit`), else by
+/// its parent and position. The wire is unchanged: only where the schema
+/// is written moves.
+pub fn name_variants(doc: &mut serde_json::Value) {
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    else {
+        return;
+    };
+    let mut hoisted = Vec::new();
+    for (parent, schema) in schemas.iter_mut() {
+        for key in ["oneOf", "anyOf"] {
+            let Some(members) = schema.get_mut(key).and_then(|m| m.as_array_mut()) else {
+                continue;
+            };
+            for (i, member) in members.iter_mut().enumerate() {
+                let inline_object = member.get("$ref").is_none()
+                    && (member.get("type").and_then(|t| t.as_str()) == Some("object")
+                        || member.get("properties").is_some());
+                if !inline_object {
+                    continue;
+                }
+                let name = variant_name(parent, i, member);
+                let body = member.take();
+                *member = serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
+                hoisted.push((name, body));
+            }
+        }
+    }
+    for (name, body) in hoisted {
+        // Names are the parent's plus a tag or title: a clash would be two
+        // variants of one enum with the same tag, which serde refuses.
+        schemas.insert(name, body);
+    }
+    schemas.sort_keys();
+}
+
+/// The component name of the `i`th variant of `parent` (see [`name_variants`]).
+fn variant_name(parent: &str, i: usize, member: &serde_json::Value) -> String {
+    if let Some(title) = member.get("title").and_then(|t| t.as_str())
+        && !title.is_empty()
+    {
+        return title.to_owned();
+    }
+    let tag = member
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .and_then(|props| {
+            props.values().find_map(|p| {
+                p.get("const").and_then(|c| c.as_str()).or_else(|| {
+                    match p.get("enum").and_then(|e| e.as_array()).map(Vec::as_slice) {
+                        Some([only]) => only.as_str(),
+                        _ => None,
+                    }
+                })
+            })
+        });
+    match tag {
+        Some(tag) => format!("{parent}{}", pascal_case(tag)),
+        None => format!("{parent}{i}"),
+    }
+}
+
+/// `session_init` → `SessionInit`.
+fn pascal_case(s: &str) -> String {
+    s.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 fn rewrite_refs(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(obj) => {
@@ -217,6 +303,47 @@ mod tests {
                 ["$ref"],
             "#/components/schemas/Line"
         );
+    }
+
+    #[test]
+    fn union_variants_become_named_components() {
+        let mut doc = serde_json::json!({"components": {"schemas": {
+            "Line": {"oneOf": [
+                {"type": "object", "properties": {"type": {"type": "string", "const": "session_init"}, "n": {"type": "integer"}}},
+                {"type": "object", "properties": {"type": {"type": "string", "enum": ["log"]}}},
+                {"$ref": "#/components/schemas/Other"},
+                {"type": "string"}
+            ]},
+            "McpServer": {"anyOf": [
+                {"type": "object", "title": "McpStdioServer", "properties": {"command": {"type": "string"}}},
+                {"type": "object", "properties": {"url": {"type": "string"}}}
+            ]},
+            "Other": {"type": "object"}
+        }}});
+        super::name_variants(&mut doc);
+        let s = &doc["components"]["schemas"];
+        let refs = |name: &str, key: &str| -> Vec<serde_json::Value> {
+            s[name][key].as_array().unwrap().iter().map(|m| m["$ref"].clone()).collect()
+        };
+        assert_eq!(
+            refs("Line", "oneOf"),
+            [
+                "#/components/schemas/LineSessionInit".into(),
+                "#/components/schemas/LineLog".into(),
+                "#/components/schemas/Other".into(),
+                serde_json::Value::Null,
+            ]
+        );
+        assert_eq!(s["LineSessionInit"]["properties"]["n"]["type"], "integer");
+        assert_eq!(s["Line"]["oneOf"][3]["type"], "string");
+        assert_eq!(
+            refs("McpServer", "anyOf"),
+            [
+                serde_json::Value::from("#/components/schemas/McpStdioServer"),
+                "#/components/schemas/McpServer1".into()
+            ]
+        );
+        assert_eq!(s["McpServer1"]["properties"]["url"]["type"], "string");
     }
 
     #[test]

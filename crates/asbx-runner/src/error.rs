@@ -1,6 +1,6 @@
 //! The runner's error type and its one mapping to `application/problem+json`.
 
-use asbx_protocol::{FieldError, Problem};
+use asbx_protocol::{FieldError, Problem, ProblemCode};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -64,74 +64,74 @@ impl RunnerError {
         match self {
             RunnerError::InvalidRequest(errors) => {
                 let names: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
-                Problem::new(
+                Problem::of(
                     400,
-                    "invalid_request",
+                    ProblemCode::InvalidRequest,
                     "Invalid request",
                     format!("bad fields: {}", names.join(", ")),
                 )
                 .with_errors(errors.clone())
             }
             RunnerError::Unauthorized => {
-                Problem::new(401, "unauthorized", "Unauthorized", self.to_string())
+                Problem::of(401, ProblemCode::Unauthorized, "Unauthorized", self.to_string())
             }
             RunnerError::SessionTaken(id) => {
-                Problem::new(409, "session_exists", "Session exists", self.to_string())
+                Problem::of(409, ProblemCode::SessionExists, "Session exists", self.to_string())
                     .with("sessionId", id.clone())
             }
             RunnerError::SessionNotFound(_) | RunnerError::NoRoute(_) => {
-                Problem::new(404, "not_found", "Not found", self.to_string())
+                Problem::of(404, ProblemCode::NotFound, "Not found", self.to_string())
             }
-            RunnerError::MethodNotAllowed(_) => Problem::new(
+            RunnerError::MethodNotAllowed(_) => Problem::of(
                 405,
-                "method_not_allowed",
+                ProblemCode::MethodNotAllowed,
                 "Method not allowed",
                 self.to_string(),
             ),
-            RunnerError::NotProtocol2(_) => Problem::new(
+            RunnerError::NotProtocol2(_) => Problem::of(
                 409,
-                "not_protocol_2",
+                ProblemCode::NotProtocol2,
                 "Not a protocol 2 session",
                 self.to_string(),
             ),
             RunnerError::UnknownCall(_) => {
-                Problem::new(404, "unknown_call", "Unknown tool call", self.to_string())
+                Problem::of(404, ProblemCode::UnknownCall, "Unknown tool call", self.to_string())
             }
-            RunnerError::AlreadyAnswered(_) => Problem::new(
+            RunnerError::AlreadyAnswered(_) => Problem::of(
                 409,
-                "already_answered",
+                ProblemCode::AlreadyAnswered,
                 "Tool call already answered",
                 self.to_string(),
             ),
             RunnerError::CallClosed(_) => {
-                Problem::new(409, "session_ended", "Session ended", self.to_string())
+                Problem::of(409, ProblemCode::SessionEnded, "Session ended", self.to_string())
             }
-            RunnerError::Undecryptable(_) => Problem::new(
+            RunnerError::Undecryptable(_) => Problem::of(
                 400,
-                "decryption_failed",
+                ProblemCode::DecryptionFailed,
                 "Decryption failed",
                 self.to_string(),
             ),
-            RunnerError::TooLarge(_) => Problem::new(
+            RunnerError::TooLarge(_) => Problem::of(
                 413,
-                asbx_protocol::problem::BODY_TOO_LARGE,
+                ProblemCode::BodyTooLarge,
                 "Request body too large",
                 self.to_string(),
             ),
             RunnerError::AtCapacity(_) => {
-                Problem::new(503, "at_capacity", "Runner at capacity", self.to_string())
+                Problem::of(503, ProblemCode::AtCapacity, "Runner at capacity", self.to_string())
             }
-            RunnerError::EventsGone { oldest, .. } => Problem::new(
+            RunnerError::EventsGone { oldest, .. } => Problem::of(
                 410,
-                "events_gone",
+                ProblemCode::EventsGone,
                 "Events no longer retained",
                 self.to_string(),
             )
             .with("oldestSeq", *oldest),
             RunnerError::TokenRequired(_) | RunnerError::Spawn(_) | RunnerError::Io { .. } => {
-                Problem::new(
+                Problem::of(
                     500,
-                    asbx_protocol::codes::INTERNAL,
+                    ProblemCode::Internal,
                     "Internal error",
                     "the runner could not start the sandbox; see the runner's log",
                 )

@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use asbx_protocol::Problem;
+use asbx_protocol::{Problem, ProblemCode};
 use asbx_protocol::gateway::{
     CALLBACK_CONFIG, CALLBACK_ENV, CALLBACK_RESULTS, CLIENT_TOOL_PREFIX, MCP_PREFIX, MODEL_PREFIX,
     ProviderKind, USAGE, WORKSPACE_PREFIX,
@@ -106,32 +106,32 @@ pub(crate) enum GatewayError {
 impl GatewayError {
     fn problem(&self) -> Problem {
         let (status, code, title) = match self {
-            GatewayError::NoRoute => (404, "not_found", "Not found"),
-            GatewayError::UnknownProvider(_) => (404, "unknown_provider", "Unknown provider"),
-            GatewayError::ModelPath { .. } => (403, "model_path_not_allowed", "Path not allowed"),
-            GatewayError::ModelNotAllowed { .. } => (403, "model_not_allowed", "Model not allowed"),
+            GatewayError::NoRoute => (404, ProblemCode::NotFound, "Not found"),
+            GatewayError::UnknownProvider(_) => (404, ProblemCode::UnknownProvider, "Unknown provider"),
+            GatewayError::ModelPath { .. } => (403, ProblemCode::ModelPathNotAllowed, "Path not allowed"),
+            GatewayError::ModelNotAllowed { .. } => (403, ProblemCode::ModelNotAllowed, "Model not allowed"),
             GatewayError::BadModelRequest(_) | GatewayError::BadUsage(_) => {
-                (400, "invalid_request", "Invalid request")
+                (400, ProblemCode::InvalidRequest, "Invalid request")
             }
-            GatewayError::UnknownMcpServer(_) => (404, "unknown_mcp_server", "Unknown MCP server"),
+            GatewayError::UnknownMcpServer(_) => (404, ProblemCode::UnknownMcpServer, "Unknown MCP server"),
             GatewayError::McpRefused { refusal, .. } => {
                 let p = refusal.problem();
                 return Problem::new(p.status, &p.code, &p.title, self.to_string());
             }
-            GatewayError::SessionEnded => (410, "session_ended", "Session ended"),
-            GatewayError::TooManyCalls => (429, "too_many_calls", "Too many open calls"),
+            GatewayError::SessionEnded => (410, ProblemCode::SessionEnded, "Session ended"),
+            GatewayError::TooManyCalls => (429, ProblemCode::TooManyCalls, "Too many open calls"),
             GatewayError::AnswerTooLarge(_) | GatewayError::UpstreamInvalid => {
-                (502, "upstream_invalid", "Invalid upstream answer")
+                (502, ProblemCode::UpstreamInvalid, "Invalid upstream answer")
             }
-            GatewayError::Unreachable(_) => (502, "upstream_unreachable", "Upstream unreachable"),
-            GatewayError::BadWorkspacePath(_) => (400, "invalid_request", "Invalid request"),
+            GatewayError::Unreachable(_) => (502, ProblemCode::UpstreamUnreachable, "Upstream unreachable"),
+            GatewayError::BadWorkspacePath(_) => (400, ProblemCode::InvalidRequest, "Invalid request"),
             GatewayError::TooLarge(_) => (
                 413,
-                asbx_protocol::problem::BODY_TOO_LARGE,
+                ProblemCode::BodyTooLarge,
                 "Request body too large",
             ),
         };
-        Problem::new(status, code, title, self.to_string())
+        Problem::of(status, code, title, self.to_string())
     }
 }
 

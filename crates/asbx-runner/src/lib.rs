@@ -150,7 +150,6 @@ impl Runner {
 
     pub fn router(&self) -> Router {
         let router = routes::router(Arc::clone(&self.inner))
-            .route("/openapi.json", axum::routing::get(openapi::openapi_json))
             .method_not_allowed_fallback(routes::method_not_allowed)
             .fallback(routes::no_route);
         // Traces on: each handler runs in its caller's `traceparent` context.

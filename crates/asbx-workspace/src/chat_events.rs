@@ -92,7 +92,7 @@ impl ChatEvents {
     security((), ("api_key" = []), ("session_cookie" = [])),
     responses(
         (status = 200, description = "Chats' turns starting and ending, deletions and settings changes, as SSE (`event: chat`, `data`: a ChatEvent)", body = ChatEvent, content_type = "text/event-stream"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn serve(State(state): State<Arc<AppState>>, caller: Caller) -> Response {

@@ -10,56 +10,9 @@ use asbx_protocol::{FieldError, Problem};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-/// The workspace's stable problem `code`s.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ProblemCode {
-    InvalidRequest,
-    Unauthorized,
-    OtpRejected,
-    Forbidden,
-    CrossOrigin,
-    HostNotAllowed,
-    NotFound,
-    MethodNotAllowed,
-    BodyTooLarge,
-    UnsupportedMediaType,
-    TurnInFlight,
-    Conflict,
-    SandboxUrlMissing,
-    SandboxUrlNotAllowed,
-    ModelNotAllowed,
-    UpstreamFailed,
-    EventsGone,
-    DatabaseUnavailable,
-    Internal,
-}
-
-impl ProblemCode {
-    /// The code on the wire.
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            ProblemCode::InvalidRequest => "invalid_request",
-            ProblemCode::Unauthorized => "unauthorized",
-            ProblemCode::OtpRejected => asbx_protocol::codes::OTP_REJECTED,
-            ProblemCode::Forbidden => "forbidden",
-            ProblemCode::CrossOrigin => "cross_origin",
-            ProblemCode::HostNotAllowed => "host_not_allowed",
-            ProblemCode::NotFound => "not_found",
-            ProblemCode::MethodNotAllowed => "method_not_allowed",
-            ProblemCode::BodyTooLarge => asbx_protocol::problem::BODY_TOO_LARGE,
-            ProblemCode::UnsupportedMediaType => "unsupported_media_type",
-            ProblemCode::TurnInFlight => "turn_in_flight",
-            ProblemCode::Conflict => "conflict",
-            ProblemCode::SandboxUrlMissing => "sandbox_url_missing",
-            ProblemCode::SandboxUrlNotAllowed => "sandbox_url_not_allowed",
-            ProblemCode::ModelNotAllowed => "model_not_allowed",
-            ProblemCode::UpstreamFailed => "upstream_failed",
-            ProblemCode::EventsGone => "events_gone",
-            ProblemCode::DatabaseUnavailable => "database_unavailable",
-            ProblemCode::Internal => asbx_protocol::codes::INTERNAL,
-        }
-    }
-}
+/// The stable problem `code`s, one list for the workspace and its runners
+/// (a runner's refusal passes through with its own code).
+pub(crate) use asbx_protocol::ProblemCode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {

@@ -51,7 +51,8 @@ pub use otel::enable as enable_traces;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::routes;
 
 use crate::callbacks::writeback::MAX_RESULTS_BODY;
 use crate::chats::live::TurnHub;
@@ -267,100 +268,8 @@ async fn reseal_stored_secrets(state: &AppState) -> Result<(), WorkspaceError> {
 /// no feature depends on another through it), with the guards of
 /// [`guard`] around all of it.
 fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/", get(pages::index))
-        .route("/assets/app.js", get(pages::app_js))
-        .route("/assets/app.css", get(pages::app_css))
-        .route("/assets/vendor/marked.js", get(pages::marked_js))
-        .route("/assets/vendor/purify.js", get(pages::purify_js))
-        .route("/healthz", get(pages::healthz))
-        .route("/readyz", get(pages::readyz))
-        .route("/openapi.json", get(openapi::openapi_json))
-        .route("/metrics", get(metrics::serve))
-        .route("/api/runs", post(runs::api::create))
-        .route(
-            "/api/agents",
-            get(agents::api::list).post(agents::api::create),
-        )
-        .route(
-            "/api/agents/{id}",
-            get(agents::api::get)
-                .put(agents::api::update)
-                .delete(agents::api::delete),
-        )
-        .route("/api/agents/{id}/runs", post(agents::api::run))
-        .route(
-            "/api/environments",
-            get(environments::api::list).post(environments::api::create),
-        )
-        .route(
-            "/api/environments/{id}",
-            get(environments::api::get)
-                .put(environments::api::update)
-                .delete(environments::api::delete),
-        )
-        .route("/api/models", get(environments::api::models))
-        .route(
-            "/api/runs/{id}",
-            get(runs::api::get).delete(runs::api::cancel),
-        )
-        .route("/api/runs/{id}/events", get(runs::api::events))
-        .route("/api/runs/{id}/tool-result", post(runs::api::tool_result))
-        .route(
-            "/api/files/{id}",
-            get(files::api::download).delete(files::api::delete),
-        )
-        .route(
-            "/api/session",
-            get(auth::api::current)
-                .post(auth::api::sign_in)
-                .delete(auth::api::sign_out),
-        )
-        .route("/api/assistant/chat/stream", post(chats::api::turn))
-        .route("/api/assistant/chats", get(chats::api::list))
-        .route("/api/assistant/events", get(chat_events::serve))
-        .route(
-            "/api/assistant/chats/{id}",
-            get(chats::api::detail).delete(chats::api::delete),
-        )
-        .route("/api/assistant/chats/{id}/stream", get(chats::api::resume))
-        .route("/api/assistant/chats/{id}/cancel", post(chats::api::cancel))
-        .route(
-            "/api/assistant/chats/{id}/settings",
-            axum::routing::put(environments::api::put_chat_settings),
-        )
-        .route(
-            "/api/assistant/files",
-            post(chats::api::upload).layer(DefaultBodyLimit::max(chats::view::MAX_UPLOAD_BYTES)),
-        )
-        .route(
-            "/api/assistant/sandbox/{session_id}/env",
-            get(callbacks::api::env),
-        )
-        .route(
-            "/api/assistant/sandbox/{session_id}/config",
-            get(callbacks::api::config),
-        )
-        .route(
-            "/api/assistant/sandbox/{session_id}/results",
-            post(callbacks::api::results).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
-        )
-        .route(
-            "/api/assistant/sandbox/{session_id}/assets/writeback",
-            post(callbacks::api::assets_writeback).layer(DefaultBodyLimit::max(MAX_RESULTS_BODY)),
-        )
-        .route(
-            "/api/assistant/sandbox/{session_id}/workspace/files",
-            get(sandbox_api::api::list_files).post(sandbox_api::api::create_file),
-        )
-        .route(
-            "/api/assistant/sandbox/{session_id}/workspace/files/{id}",
-            get(sandbox_api::api::read_file),
-        )
-        .route(
-            "/api/assistant/sandbox/{session_id}/workspace/history",
-            get(sandbox_api::api::history),
-        )
+    let (routes, _) = api().split_for_parts();
+    routes
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
         .layer(middleware::from_fn_with_state(
@@ -370,4 +279,73 @@ fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::map_response(guard::problem_errors))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Every route with its OpenAPI operation: `routes!` registers a handler
+/// at the path and methods of its `#[utoipa::path]`, so no route is served
+/// undocumented and none documented unserved. One `routes!` per path.
+/// The document (`openapi::document`) is built from this list too.
+pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
+    let limited = |(schemas, paths, method_router): UtoipaMethodRouter<Arc<AppState>>,
+                   limit: usize| {
+        (schemas, paths, method_router.layer(DefaultBodyLimit::max(limit)))
+    };
+    OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(pages::index))
+        .routes(routes!(pages::app_js))
+        .routes(routes!(pages::app_css))
+        .routes(routes!(pages::marked_js))
+        .routes(routes!(pages::purify_js))
+        .routes(routes!(pages::healthz))
+        .routes(routes!(pages::readyz))
+        .routes(routes!(metrics::serve))
+        .routes(routes!(openapi::openapi_json))
+        .routes(routes!(runs::api::create))
+        .routes(routes!(runs::api::get, runs::api::cancel))
+        .routes(routes!(runs::api::events))
+        .routes(routes!(runs::api::tool_result))
+        .routes(routes!(agents::api::list, agents::api::create))
+        .routes(routes!(
+            agents::api::get,
+            agents::api::update,
+            agents::api::delete
+        ))
+        .routes(routes!(agents::api::run))
+        .routes(routes!(environments::api::list, environments::api::create))
+        .routes(routes!(
+            environments::api::get,
+            environments::api::update,
+            environments::api::delete
+        ))
+        .routes(routes!(environments::api::models))
+        .routes(routes!(files::api::download, files::api::delete))
+        .routes(routes!(
+            auth::api::current,
+            auth::api::sign_in,
+            auth::api::sign_out
+        ))
+        .routes(routes!(chats::api::turn))
+        .routes(routes!(chats::api::list))
+        .routes(routes!(chat_events::serve))
+        .routes(routes!(chats::api::detail, chats::api::delete))
+        .routes(routes!(chats::api::resume))
+        .routes(routes!(chats::api::cancel))
+        .routes(routes!(environments::api::put_chat_settings))
+        .routes(limited(
+            routes!(chats::api::upload),
+            chats::view::MAX_UPLOAD_BYTES,
+        ))
+        .routes(routes!(callbacks::api::env))
+        .routes(routes!(callbacks::api::config))
+        .routes(limited(routes!(callbacks::api::results), MAX_RESULTS_BODY))
+        .routes(limited(
+            routes!(callbacks::api::assets_writeback),
+            MAX_RESULTS_BODY,
+        ))
+        .routes(routes!(
+            sandbox_api::api::list_files,
+            sandbox_api::api::create_file
+        ))
+        .routes(routes!(sandbox_api::api::read_file))
+        .routes(routes!(sandbox_api::api::history))
 }

@@ -538,9 +538,9 @@ fn refusal_response(refusal: Refusal) -> &'static [u8] {
         Refusal::PeerFull => (&PEER_FULL, "your address holds its most connections"),
     };
     cell.get_or_init(|| {
-        let problem = asbx_protocol::Problem::new(
+        let problem = asbx_protocol::Problem::of(
             503,
-            "too_many_connections",
+            asbx_protocol::ProblemCode::TooManyConnections,
             "Too many connections",
             detail,
         );

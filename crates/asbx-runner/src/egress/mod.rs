@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use asbx_protocol::Problem;
+use asbx_protocol::{Problem, ProblemCode};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
@@ -328,15 +328,15 @@ pub(crate) enum Refusal {
 impl Refusal {
     pub(crate) fn problem(&self) -> Problem {
         let (status, code, title) = match self {
-            Refusal::NotAllowed(_) => (403, "egress_host_not_allowed", "Host not allowed"),
-            Refusal::PortNotAllowed(..) => (403, "egress_port_not_allowed", "Port not allowed"),
-            Refusal::Internal(..) => (403, "egress_internal_address", "Internal address"),
-            Refusal::HostMismatch { .. } => (403, "egress_host_mismatch", "Host header mismatch"),
-            Refusal::Bad(_) => (400, "invalid_request", "Bad proxy request"),
-            Refusal::Resolve(_) => (502, "upstream_unresolvable", "Upstream not resolvable"),
-            Refusal::Connect(..) => (502, "upstream_unreachable", "Upstream unreachable"),
+            Refusal::NotAllowed(_) => (403, ProblemCode::EgressHostNotAllowed, "Host not allowed"),
+            Refusal::PortNotAllowed(..) => (403, ProblemCode::EgressPortNotAllowed, "Port not allowed"),
+            Refusal::Internal(..) => (403, ProblemCode::EgressInternalAddress, "Internal address"),
+            Refusal::HostMismatch { .. } => (403, ProblemCode::EgressHostMismatch, "Host header mismatch"),
+            Refusal::Bad(_) => (400, ProblemCode::InvalidRequest, "Bad proxy request"),
+            Refusal::Resolve(_) => (502, ProblemCode::UpstreamUnresolvable, "Upstream not resolvable"),
+            Refusal::Connect(..) => (502, ProblemCode::UpstreamUnreachable, "Upstream unreachable"),
         };
-        Problem::new(status, code, title, self.to_string())
+        Problem::of(status, code, title, self.to_string())
     }
 }
 

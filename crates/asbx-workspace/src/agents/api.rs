@@ -24,11 +24,11 @@ use crate::wire::{AGENT_ID_HEADER, AgentDefinition, AgentList, AgentRecord, Agen
     request_body(content = AgentDefinition, content_type = "application/json"),
     responses(
         (status = 201, description = "The stored agent", body = AgentRecord),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadRunSettings)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 409, response = inline(doc::NamedEnvironmentMissing)),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn create(
@@ -47,7 +47,7 @@ pub(crate) async fn create(
     security((), ("api_key" = []), ("session_cookie" = [])),
     responses(
         (status = 200, description = "The stored agents", body = AgentList),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn list(
@@ -66,8 +66,8 @@ pub(crate) async fn list(
     params(("id" = String, Path, description = "The agent id")),
     responses(
         (status = 200, description = "The agent", body = AgentRecord),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::AgentNotFound)),
     ),
 )]
 pub(crate) async fn get(
@@ -87,12 +87,12 @@ pub(crate) async fn get(
     request_body(content = AgentDefinition, content_type = "application/json"),
     responses(
         (status = 200, description = "The agent as stored now", body = AgentRecord),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`conflict`: the named environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadRunSettings)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::AgentNotFound)),
+        (status = 409, response = inline(doc::NamedEnvironmentMissing)),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn update(
@@ -113,8 +113,8 @@ pub(crate) async fn update(
     params(("id" = String, Path, description = "The agent id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::AgentNotFound)),
     ),
 )]
 pub(crate) async fn delete(
@@ -135,14 +135,14 @@ pub(crate) async fn delete(
     request_body(content = AgentRunRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The run's lines as the runner streams them", body = doc::Line, content_type = "application/x-ndjson", headers(("x-asbx-run-id" = String, description = "The run id"))),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such agent in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadRunSettings)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::AgentNotFound)),
         (status = 409, description = "`conflict`: the agent's environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`sandbox_url_missing`: no runner is configured; `at_capacity`: the runner's refusal passed through (a runner's other refusals pass through with their status and code too)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
+        (status = 502, response = inline(doc::UpstreamFailed)),
+        (status = 503, response = inline(doc::RunnerUnavailable)),
     ),
 )]
 pub(crate) async fn run(

@@ -27,7 +27,7 @@ use crate::wire::{SessionInfo, SignIn};
             headers(("Set-Cookie" = String, description = "The `asbx_session` cookie"))),
         (status = 400, description = "`invalid_request`: not a sign-in body", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: the API key is wrong", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn sign_in(
@@ -71,7 +71,7 @@ pub(crate) async fn sign_out(
     security((), ("api_key" = []), ("session_cookie" = [])),
     responses(
         (status = 200, description = "The workspace the caller acts in", body = SessionInfo),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn current(

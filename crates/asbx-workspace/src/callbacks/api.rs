@@ -26,7 +26,7 @@ use crate::tokens::{TokenKind, bearer};
     params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
     responses(
         (status = 200, description = "The sandbox's environment", body = doc::EnvResponse),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
     ),
 )]
 pub(crate) async fn env(
@@ -47,7 +47,7 @@ pub(crate) async fn env(
     params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
     responses(
         (status = 200, description = "The agent's configuration", body = doc::ConfigResponse),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
     ),
 )]
 pub(crate) async fn config(
@@ -71,10 +71,10 @@ pub(crate) async fn config(
     request_body(content = doc::ResultsRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The stored result files", body = doc::ResultsResponse),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the results are over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadFields)),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
+        (status = 413, response = inline(doc::ResultsTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn assets_writeback(
@@ -98,10 +98,10 @@ pub(crate) async fn assets_writeback(
     request_body(content = doc::ResultsRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The stored result files", body = doc::ResultsResponse),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each)", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the results are over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadFields)),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
+        (status = 413, response = inline(doc::ResultsTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn results(

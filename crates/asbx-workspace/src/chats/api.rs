@@ -36,13 +36,13 @@ use crate::wire::{
     request_body(content = TurnRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = crate::wire::TurnEvent, content_type = "text/event-stream"),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them)", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadFieldsOrModel)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::ChatNotFound)),
         (status = 409, description = "`turn_in_flight`: the chat has a turn running (`activeTurnId`); `conflict`: its environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
+        (status = 502, response = inline(doc::UpstreamFailed)),
         (status = 503, description = "`sandbox_url_missing`: no runner is configured", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -83,8 +83,8 @@ pub(crate) async fn turn(
     responses(
         (status = 200, description = "The turn in flight as SSE, from after the cursor (as the turn's own stream)", body = crate::wire::TurnEvent, content_type = "text/event-stream"),
         (status = 400, description = "`invalid_request`: `after` or `Last-Event-ID` is not a number", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no turn in flight in this chat", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::NoTurnInFlight)),
     ),
 )]
 pub(crate) async fn resume(
@@ -131,9 +131,9 @@ pub(crate) async fn resume(
     params(("id" = String, Path, description = "The chat id")),
     responses(
         (status = 202, description = "Cancellation started", body = CancelAccepted),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no turn in flight in this chat", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::NoTurnInFlight)),
+        (status = 502, response = inline(doc::UpstreamFailed)),
     ),
 )]
 pub(crate) async fn cancel(
@@ -163,7 +163,7 @@ pub(crate) async fn cancel(
     security((), ("api_key" = []), ("session_cookie" = [])),
     responses(
         (status = 200, description = "The chats, newest first", body = Vec<ChatSummary>),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn list(
@@ -184,8 +184,8 @@ pub(crate) async fn list(
     responses(
         (status = 200, description = "The chat and a page of its messages", body = ChatDetail),
         (status = 400, description = "`invalid_request`: a bad `limit` or `before`", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::ChatNotFound)),
     ),
 )]
 pub(crate) async fn detail(
@@ -220,8 +220,8 @@ pub(crate) async fn detail(
     params(("id" = String, Path, description = "The chat id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::ChatNotFound)),
         (status = 409, description = "`turn_in_flight`: the chat has a turn running", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -267,8 +267,8 @@ pub(crate) async fn delete(
     responses(
         (status = 201, description = "The stored file", body = FileInfo),
         (status = 400, description = "`invalid_request`: a bad name or chat", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::ChatNotFound)),
         (status = 413, description = "`body_too_large`: the file is over the upload limit", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]

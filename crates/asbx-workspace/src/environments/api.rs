@@ -25,11 +25,11 @@ use crate::wire::{
     request_body(content = EnvironmentBody, content_type = "application/json"),
     responses(
         (status = 201, description = "The environment (secrets by name only)", body = EnvironmentRecord),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`conflict`: the name is taken", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadEnvironment)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 409, response = inline(doc::NameTaken)),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn create(
@@ -48,7 +48,7 @@ pub(crate) async fn create(
     security((), ("api_key" = []), ("session_cookie" = [])),
     responses(
         (status = 200, description = "The environments", body = EnvironmentList),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn list(
@@ -67,8 +67,8 @@ pub(crate) async fn list(
     params(("id" = String, Path, description = "The environment id")),
     responses(
         (status = 200, description = "The environment", body = EnvironmentRecord),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such environment in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::EnvironmentNotFound)),
     ),
 )]
 pub(crate) async fn get(
@@ -90,12 +90,12 @@ pub(crate) async fn get(
     request_body(content = EnvironmentBody, content_type = "application/json"),
     responses(
         (status = 200, description = "The environment as stored now", body = EnvironmentRecord),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such environment in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`conflict`: the name is taken", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadEnvironment)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::EnvironmentNotFound)),
+        (status = 409, response = inline(doc::NameTaken)),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn update(
@@ -116,8 +116,8 @@ pub(crate) async fn update(
     params(("id" = String, Path, description = "The environment id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such environment in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::EnvironmentNotFound)),
         (status = 409, description = "`conflict`: an agent or chat still names it", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -138,7 +138,7 @@ pub(crate) async fn delete(
     security((), ("api_key" = []), ("session_cookie" = [])),
     responses(
         (status = 200, description = "The models a chat may choose, the default first", body = ModelList),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn models(State(state): State<Arc<AppState>>, _caller: Caller) -> Json<ModelList> {
@@ -155,12 +155,12 @@ pub(crate) async fn models(State(state): State<Arc<AppState>>, _caller: Caller) 
     request_body(content = ChatSettings, content_type = "application/json"),
     responses(
         (status = 200, description = "The chat's settings as stored now, with the effective model and prompt", body = ChatSettingsView),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them)", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such chat in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadFieldsOrModel)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::ChatNotFound)),
         (status = 409, description = "`conflict`: the environment does not exist", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
     ),
 )]
 pub(crate) async fn put_chat_settings(

@@ -23,8 +23,8 @@ use crate::files::store as files;
     params(("id" = String, Path, description = "The file id")),
     responses(
         (status = 200, description = "The file's bytes, with its stored content type", body = Vec<u8>, content_type = "*/*"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::FileNotFound)),
     ),
 )]
 pub(crate) async fn download(
@@ -71,8 +71,8 @@ pub(crate) async fn download(
     params(("id" = String, Path, description = "The file id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::FileNotFound)),
     ),
 )]
 pub(crate) async fn delete(

@@ -34,13 +34,13 @@ use crate::wire::{
     request_body(content = CreateRunRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The run's lines as the runner streams them", body = doc::Line, content_type = "application/x-ndjson", headers(("x-asbx-run-id" = String, description = "The run id"))),
-        (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them); `sandbox_url_not_allowed`: a `SANDBOX_URL` that is not one of the operator's runners", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 400, response = inline(doc::BadRunSettings)),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
         (status = 409, description = "`conflict`: a named environment was deleted meanwhile", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`sandbox_url_missing`: no runner is configured; `at_capacity`: the runner's refusal passed through (a runner's other refusals pass through with their status and code too)", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 502, response = inline(doc::UpstreamFailed)),
+        (status = 503, response = inline(doc::RunnerUnavailable)),
     ),
 )]
 pub(crate) async fn create(
@@ -114,8 +114,8 @@ pub(crate) async fn stream_response(
     params(("id" = String, Path, description = "The run id")),
     responses(
         (status = 200, description = "The run", body = RunRecord),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such run in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::RunNotFound)),
     ),
 )]
 pub(crate) async fn get(
@@ -149,8 +149,8 @@ async fn own_run(state: &AppState, workspace_id: &str, id: &str) -> Result<RunRo
     responses(
         (status = 200, description = "The stored lines after the cursor, then the live tail: NDJSON, or SSE with `Accept: text/event-stream`", content((doc::Line = "application/x-ndjson"), (doc::Line = "text/event-stream"))),
         (status = 400, description = "`invalid_request`: an unknown query parameter, `after` or `Last-Event-ID` not a number", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such run in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::RunNotFound)),
         (status = 410, description = "`events_gone`: the lines after the cursor are no longer kept (`oldestSeq`)", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -253,12 +253,12 @@ fn type_of(raw: &[u8]) -> &'static str {
     responses(
         (status = 200, description = "The runner's answer, relayed as it is: `{callId, status: applied}`", body = Object),
         (status = 400, description = "`invalid_request`: the body or a field is wrong (`errors` names each); the runner's `decryption_failed`, passed through", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, description = "`not_found`: no such run in the caller's workspace, or it has no client tools; the runner's `unknown_call`, passed through", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The runner's `not_protocol_2`, `already_answered` or `session_ended`, passed through", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`: the body is over the limit", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not `application/json`", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 413, response = inline(doc::BodyTooLarge)),
+        (status = 415, response = inline(doc::NotJson)),
+        (status = 502, response = inline(doc::UpstreamFailed)),
     ),
 )]
 pub(crate) async fn tool_result(
@@ -336,9 +336,9 @@ pub(crate) async fn tool_result(
     responses(
         (status = 202, description = "Cancellation sent to the runner"),
         (status = 204, description = "The run had already ended"),
-        (status = 401, description = "`unauthorized`: a wrong API key, or none where the workspace requires one", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such run in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 502, description = "`upstream_failed`: the runner refused or could not be reached", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::RunNotFound)),
+        (status = 502, response = inline(doc::UpstreamFailed)),
     ),
 )]
 pub(crate) async fn cancel(

@@ -27,7 +27,7 @@ use crate::sandbox_api::{self as sandbox, BagFile, DEFAULT_HISTORY, MAX_FILE_BYT
     params(("session_id" = String, Path, description = "The sandbox session id (the run id)")),
     responses(
         (status = 200, description = "The chat's files", body = Object),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
     ),
 )]
 pub(crate) async fn list_files(
@@ -53,8 +53,8 @@ pub(crate) async fn list_files(
     params(("session_id" = String, Path, description = "The sandbox session id (the run id)"), ("id" = String, Path, description = "The file id")),
     responses(
         (status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "*/*"),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such file in the caller's workspace", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
+        (status = 404, response = inline(doc::FileNotFound)),
     ),
 )]
 pub(crate) async fn read_file(
@@ -97,7 +97,7 @@ pub(crate) async fn read_file(
     responses(
         (status = 201, description = "The stored file", body = Object),
         (status = 400, description = "`invalid_request`: a bad path or content type", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
         (status = 413, description = "`body_too_large`: the file is over the limit", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -142,7 +142,7 @@ pub(crate) async fn create_file(
     responses(
         (status = 200, description = "The chat's history", body = Object),
         (status = 400, description = "`invalid_request`: a bad `limit`", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::SandboxTokenRejected)),
     ),
 )]
 pub(crate) async fn history(

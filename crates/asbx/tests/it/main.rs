@@ -9,6 +9,7 @@ mod agent_features;
 mod chat_live;
 mod conns;
 mod dispatch;
+mod doctor;
 mod docs;
 mod egress;
 mod encryption;

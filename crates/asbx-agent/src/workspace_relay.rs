@@ -39,8 +39,7 @@ use tokio::task::JoinHandle;
 use crate::gateway_client::GatewayClient;
 
 /// Most connections served at once.
-pub(crate) const MAX_CONNECTIONS: usize =
-    asbx_protocol::rules::limits::MAX_SANDBOX_CONNECTIONS / 4;
+pub(crate) const MAX_CONNECTIONS: usize = asbx_protocol::rules::limits::MAX_SANDBOX_CONNECTIONS / 4;
 /// The variable holding the API's base URL.
 pub(crate) const URL_ENV: &str = "ASBX_WORKSPACE_URL";
 /// The variable holding the session's bearer.
@@ -125,7 +124,11 @@ async fn serve(listener: TcpListener, gw: GatewayClient) {
 async fn relay(gw: &GatewayClient, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     if !path.starts_with(WORKSPACE_PREFIX) {
-        return problem(StatusCode::NOT_FOUND, "not_found", "only /workspace/ is served here");
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "only /workspace/ is served here",
+        );
     }
     if !matches!(
         *req.method(),
@@ -154,10 +157,7 @@ async fn relay(gw: &GatewayClient, req: Request<Incoming>) -> Response<Body> {
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    match gw
-        .send_body(method, &target, &pairs, req.into_body())
-        .await
-    {
+    match gw.send_body(method, &target, &pairs, req.into_body()).await {
         Ok(answer) => {
             let (parts, body) = answer.into_parts();
             let mut out = Response::new(body.boxed());
@@ -211,7 +211,10 @@ mod tests {
     /// `200 {"ok": true}`.
     async fn recording_gateway(
         dir: &std::path::Path,
-    ) -> (GatewayClient, Arc<Mutex<Vec<(String, String, Option<String>)>>>) {
+    ) -> (
+        GatewayClient,
+        Arc<Mutex<Vec<(String, String, Option<String>)>>>,
+    ) {
         let path = dir.join("gw.sock");
         let listener = UnixListener::bind(&path).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));

@@ -74,7 +74,9 @@ pub(crate) fn run(args: &DoctorArgs) -> ExitCode {
     match IsolationProfile::parse(chosen) {
         Some(_) => {}
         None => {
-            eprintln!("asbx doctor: unknown profile {chosen:?}: use strict, namespaces or unconfined");
+            eprintln!(
+                "asbx doctor: unknown profile {chosen:?}: use strict, namespaces or unconfined"
+            );
             return ExitCode::from(2);
         }
     }
@@ -82,9 +84,11 @@ pub(crate) fn run(args: &DoctorArgs) -> ExitCode {
     for profile in [JailProfile::Strict, JailProfile::Namespaces] {
         let name = IsolationProfile::Jail(profile).as_str();
         let fatal = name == chosen;
-        let rows = match exe.as_ref().map_err(|e| format!("{e:#}")).and_then(|exe| {
-            layer_report(exe, name).map_err(|e| format!("{e:#}"))
-        }) {
+        let rows = match exe
+            .as_ref()
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|exe| layer_report(exe, name).map_err(|e| format!("{e:#}")))
+        {
             Ok(report) => layer_rows(&report, fatal),
             Err(e) => vec![Row::fail(
                 format!("the layer probe: {e}"),
@@ -95,7 +99,9 @@ pub(crate) fn run(args: &DoctorArgs) -> ExitCode {
         let title = match (name == chosen, profile) {
             (true, _) => format!("profile {name} (the one chosen)"),
             (false, JailProfile::Strict) => format!("profile {name} (the strongest)"),
-            (false, JailProfile::Namespaces) => format!("profile {name} (weaker: no cgroups, no Landlock)"),
+            (false, JailProfile::Namespaces) => {
+                format!("profile {name} (weaker: no cgroups, no Landlock)")
+            }
         };
         sections.push(Section { title, rows });
     }
@@ -265,7 +271,9 @@ fn userns_rows() -> Vec<Row> {
 
 /// `kernel.pid_max` against the most processes the sandboxes may hold.
 fn pid_max_row(max_sandboxes: usize, pids: u64) -> Row {
-    let want = (max_sandboxes as u64).saturating_mul(pids).saturating_add(OWN_FDS);
+    let want = (max_sandboxes as u64)
+        .saturating_mul(pids)
+        .saturating_add(OWN_FDS);
     match read_sysctl("kernel/pid_max").and_then(|v| v.parse::<u64>().ok()) {
         Some(n) if n >= want => Row::pass(format!(
             "kernel.pid_max = {n} (room for {max_sandboxes} sandboxes × {pids} processes)"
@@ -300,16 +308,18 @@ fn nofile_row(max_sandboxes: usize) -> Row {
              {max_sandboxes} sandboxes need {want})"
         )),
         Ok((soft, hard)) => Row::fail(
-            format!(
-                "open files: soft {soft}, hard {hard}: {max_sandboxes} sandboxes need {want}"
-            ),
+            format!("open files: soft {soft}, hard {hard}: {max_sandboxes} sandboxes need {want}"),
             format!(
                 "`ulimit -Hn {want}` before starting (systemd: `LimitNOFILE={want}`; \
                  containers: `--ulimit nofile={want}`), or fewer sandboxes (ASBX_MAX_SANDBOXES)"
             ),
             false,
         ),
-        Err(e) => Row::fail(format!("open files: {e}"), "check the process limits", false),
+        Err(e) => Row::fail(
+            format!("open files: {e}"),
+            "check the process limits",
+            false,
+        ),
     }
 }
 
@@ -332,10 +342,18 @@ fn data_row(data: &Path) -> Row {
         "`sudo mkdir -p {shown} && sudo chown $(id -u) {shown}`, or point ASBX_DATA (--data) at a writable local folder"
     );
     let Some(dir) = existing_ancestor(data) else {
-        return Row::fail(format!("data folder {shown}: no folder of it exists"), fix_owner, true);
+        return Row::fail(
+            format!("data folder {shown}: no folder of it exists"),
+            fix_owner,
+            true,
+        );
     };
     if data.exists() && !data.is_dir() {
-        return Row::fail(format!("data folder {shown}: not a folder"), fix_owner, true);
+        return Row::fail(
+            format!("data folder {shown}: not a folder"),
+            fix_owner,
+            true,
+        );
     }
     if access(dir.as_path(), AccessFlags::W_OK | AccessFlags::X_OK).is_err() {
         return Row::fail(
@@ -503,7 +521,11 @@ mod tests {
 
     #[test]
     fn a_missing_needed_layer_of_the_chosen_profile_is_fatal_with_its_fix() {
-        let r = report(&[("seccomp", true, true), ("landlock", false, true), ("cgroups", false, false)]);
+        let r = report(&[
+            ("seccomp", true, true),
+            ("landlock", false, true),
+            ("cgroups", false, false),
+        ]);
         let rows = layer_rows(&r, true);
         assert!(rows[0].ok);
         assert!(!rows[1].ok && rows[1].fatal);

@@ -248,7 +248,9 @@ pub(crate) async fn post(
     route: Route,
     recorded: Recorded,
 ) -> Result<Started, WorkspaceError> {
-    let Route { candidates, fleet } = route;
+    let Route {
+        candidates, fleet, ..
+    } = route;
     let [(_, setup), (_, run), (_, upload)] = recorded.minted;
     let request = DispatchRequest {
         agent_url: agent_url(&state.config.public_url, &spec.id),

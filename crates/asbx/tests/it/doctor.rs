@@ -84,21 +84,40 @@ async fn an_unreachable_runner_fails_naming_it_and_the_fix() {
     let url = format!("http://127.0.0.1:{port}/");
     // Positive control: a runner that answers `/healthz` passes.
     let runner = FakeRunner::start(Mode::Hold).await;
-    runner.set_health(serde_json::json!({"status": "ok", "profile": "strict", "free": 3, "capacity": 4}));
+    runner.set_health(
+        serde_json::json!({"status": "ok", "profile": "strict", "free": 3, "capacity": 4}),
+    );
     let good = runner.url.to_string();
     let d = data.path().to_str().unwrap().to_owned();
     let (ok, text) = tokio::task::spawn_blocking(move || {
-        doctor(&["--profile", "unconfined", "--data", &d, "--sandbox-url", &good])
+        doctor(&[
+            "--profile",
+            "unconfined",
+            "--data",
+            &d,
+            "--sandbox-url",
+            &good,
+        ])
     })
     .await
     .unwrap();
     assert!(ok.status.success(), "{text}");
     assert!(text.contains("✓ runner http://127.0.0.1:"), "{text}");
-    assert!(text.contains("reachable (profile strict, 3 free of 4)"), "{text}");
+    assert!(
+        text.contains("reachable (profile strict, 3 free of 4)"),
+        "{text}"
+    );
     // The closed port: exit 1, the row and its fix.
     let d = data.path().to_str().unwrap().to_owned();
     let (bad, text) = tokio::task::spawn_blocking(move || {
-        doctor(&["--profile", "unconfined", "--data", &d, "--sandbox-url", &url])
+        doctor(&[
+            "--profile",
+            "unconfined",
+            "--data",
+            &d,
+            "--sandbox-url",
+            &url,
+        ])
     })
     .await
     .unwrap();
@@ -122,6 +141,11 @@ fn an_unusable_data_folder_fails_naming_it_and_the_fix() {
     assert!(text.contains("not a folder (needed)"), "{text}");
     assert!(text.contains("fix: `sudo mkdir -p"), "{text}");
     // Positive control: its folder is fine.
-    let (out, text) = doctor(&["--profile", "unconfined", "--data", dir.path().to_str().unwrap()]);
+    let (out, text) = doctor(&[
+        "--profile",
+        "unconfined",
+        "--data",
+        dir.path().to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{text}");
 }

@@ -7,7 +7,8 @@
 //! gateway's Unix socket; the agent holds no provider key.
 //!
 //! A turn is three calls: `prepare` (`/callback/env` with the setup
-//! token, the egress relay, the setup script, `/callback/config` with the
+//! token, the egress relay, the workspace relay (`ASBX_WORKSPACE_URL` for
+//! tools), the setup script, `/callback/config` with the
 //! run token, the limits, the provider and the conversation ending with the
 //! prompt), `Toolbox::assemble` (skills written into the sandbox, MCP
 //! servers started, client tools picked), and the loop
@@ -30,6 +31,7 @@ mod gateway_client;
 mod orphans;
 mod providers;
 mod tools;
+mod workspace_relay;
 mod writeback;
 
 use std::io::Read;
@@ -53,6 +55,7 @@ use crate::gateway_client::GatewayClient;
 use crate::providers::{Message, ModelRequest, Provider};
 use crate::tools::process::CgroupRoot;
 use crate::tools::{Sources, ToolContext, Toolbox};
+use crate::workspace_relay::WorkspaceRelay;
 use crate::writeback::WritebackError;
 
 /// The environment variable naming the model stall timeout in ms.
@@ -204,6 +207,8 @@ struct Prepared {
     workspace: Option<asbx_protocol::callback::WorkspaceAccess>,
     /// Held until the turn ends; dropping it stops the relay.
     _relay: Option<EgressRelay>,
+    /// The workspace API for tools (`ASBX_WORKSPACE_URL`), held likewise.
+    _workspace_relay: Option<WorkspaceRelay>,
 }
 
 async fn turn(
@@ -333,6 +338,27 @@ async fn prepare(
         },
         None => None,
     };
+    // Tools and skill scripts reach this session's workspace API with
+    // `ASBX_WORKSPACE_URL` and `ASBX_WORKSPACE_TOKEN` (docs/protocol.md §3).
+    let workspace_relay = match &env.workspace {
+        Some(ws) => match WorkspaceRelay::start(gw.clone()).await {
+            Ok(relay) => {
+                variables.extend(relay.env(&ws.token));
+                Some(relay)
+            }
+            Err(e) => {
+                emitter
+                    .log(
+                        LogLevel::Warn,
+                        format!("no workspace API for tools: cannot start its relay: {e}"),
+                    )
+                    .await
+                    .map_err(AgentError::Output)?;
+                None
+            }
+        },
+        None => None,
+    };
     let mut ctx = ToolContext {
         workdir: PathBuf::from(&b.workdir),
         variables,
@@ -411,5 +437,6 @@ async fn prepare(
         request,
         workspace: env.workspace,
         _relay: relay,
+        _workspace_relay: workspace_relay,
     })
 }

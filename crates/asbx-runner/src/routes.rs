@@ -62,7 +62,9 @@ pub(crate) async fn method_not_allowed(method: axum::http::Method) -> RunnerErro
 /// `GET /healthz`: up, and how much room is left, which a workspace with a
 /// runner fleet ranks runners by: `sessions` live, `warm` sandboxes booted
 /// ahead, `capacity` (the most sandboxes at once) and `free` (how many more
-/// dispatches fit now).
+/// dispatches fit now), `max_duration_ms` (the longest a run may last here,
+/// bounded by `ASBX_MAX_RUNTIME_SEC`: a workspace lets a dispatch's tokens
+/// live that long plus the grace, docs/protocol.md §3).
 #[utoipa::path(
     get,
     path = "/healthz",
@@ -77,6 +79,7 @@ pub(crate) async fn healthz(State(inner): State<Arc<Inner>>) -> Json<Health> {
         warm: inner.pool.warm(),
         capacity: inner.config.max_sandboxes,
         free: inner.capacity.available_permits(),
+        max_duration_ms: inner.config.limits.max_duration_ms,
     })
 }
 
@@ -97,6 +100,8 @@ pub(crate) struct Health {
     capacity: usize,
     /// How many more dispatches fit now.
     free: usize,
+    /// The longest a run may last on this runner, in ms (its runtime cap).
+    max_duration_ms: u64,
 }
 
 /// `GET /v1/identity`: the runner's long-term public key, which signs every

@@ -31,6 +31,9 @@ pub(crate) enum Command {
     /// Free the file bytes no file refers to any more (a running workspace
     /// also does it hourly).
     Gc(GcArgs),
+    /// Check what this host offers each isolation profile, and print the
+    /// command or setting that fixes what is missing.
+    Doctor(DoctorArgs),
     /// The agent loop; runs inside a sandbox (internal).
     #[command(hide = true)]
     Agent,
@@ -305,6 +308,26 @@ pub(crate) struct RunArgs {
     /// Print the raw NDJSON lines instead of rendering them.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// The profile that must be able to run (the exit status says).
+    #[arg(long, env = "ASBX_PROFILE", default_value = "strict")]
+    pub(crate) profile: String,
+    /// The data folder whose file system is checked.
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    /// Runners the workspace dispatches to, checked for reachability
+    /// (comma-separated); none: `asbx up` runs its own.
+    #[arg(long, env = "SANDBOX_URL", value_delimiter = ',')]
+    pub(crate) sandbox_url: Vec<String>,
+    /// Most sandboxes alive at once (for `pid_max` and the open-file limit).
+    #[arg(long, env = "ASBX_MAX_SANDBOXES", default_value_t = 1024)]
+    pub(crate) max_sandboxes: usize,
+    /// Most processes in one sandbox.
+    #[arg(long, env = "ASBX_SANDBOX_PIDS", default_value_t = 256)]
+    pub(crate) pids: u64,
 }
 
 #[derive(Debug, Args)]

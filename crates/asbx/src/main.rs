@@ -5,6 +5,7 @@
 //! single-threaded process when it creates namespaces.
 
 mod cli;
+mod doctor;
 mod listen;
 mod otel;
 mod providers;
@@ -24,6 +25,8 @@ fn main() -> ExitCode {
         Command::Agent => sandbox_cmd::agent(),
         Command::Jail(args) if args.zygote => sandbox_cmd::zygote(),
         Command::Jail(args) => sandbox_cmd::jail(args.policy, args.check, &args.profile),
+        // Before any runtime: the layer probes run as a child process.
+        Command::Doctor(args) => doctor::run(&args),
         Command::EnvVars => {
             use std::io::Write;
             let mut out = std::io::stdout().lock();

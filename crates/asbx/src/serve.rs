@@ -182,7 +182,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
             print_line(&format!("freed {freed} blobs no file refers to"));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Agent | Command::Jail(_) | Command::EnvVars => {
+        Command::Agent | Command::Jail(_) | Command::EnvVars | Command::Doctor(_) => {
             bail!("internal subcommand reached the runtime")
         }
     }
@@ -289,7 +289,7 @@ fn default_model(explicit: Option<&str>, opts: &RunnerOpts) -> String {
 
 /// The binary sandboxes run: the lean `asbx-sandbox` beside this one when it
 /// is there, else this binary (its hidden `jail` and `agent` subcommands).
-fn sandbox_exe() -> anyhow::Result<PathBuf> {
+pub(crate) fn sandbox_exe() -> anyhow::Result<PathBuf> {
     let me = std::env::current_exe().context("locating the asbx binary")?;
     let lean = me.with_file_name("asbx-sandbox");
     Ok(if lean.is_file() { lean } else { me })
@@ -297,7 +297,7 @@ fn sandbox_exe() -> anyhow::Result<PathBuf> {
 
 /// Descriptors the runner holds per live sandbox (pipes, sockets, the
 /// client's connection: about eight), with room.
-const FDS_PER_SANDBOX: u64 = 10;
+pub(crate) const FDS_PER_SANDBOX: u64 = 10;
 
 /// Descriptors the runner's sandboxes may hold: kept out of the
 /// connection budget.
@@ -401,18 +401,25 @@ fn start_runner(
     Runner::new(config).context("starting the runner")
 }
 
-/// Fails closed: every layer the profile needs must be present.
-fn check_isolation(exe: &Path, profile: JailProfile, name: &str) -> anyhow::Result<()> {
+/// The layers this host offers `name` (`asbx jail --check`, run from the
+/// sandbox binary: the probes fork and unshare, which a process with
+/// threads must not do).
+pub(crate) fn layer_report(exe: &Path, name: &str) -> anyhow::Result<LayerReport> {
     let out = std::process::Command::new(exe)
         .args(["jail", "--check", "--profile", name])
         .output()
         .context("running `asbx jail --check`")?;
-    let report: LayerReport = serde_json::from_slice(&out.stdout).with_context(|| {
+    serde_json::from_slice(&out.stdout).with_context(|| {
         format!(
             "reading the layer report: {}",
             String::from_utf8_lossy(&out.stderr)
         )
-    })?;
+    })
+}
+
+/// Fails closed: every layer the profile needs must be present.
+fn check_isolation(exe: &Path, profile: JailProfile, name: &str) -> anyhow::Result<()> {
+    let report = layer_report(exe, name)?;
     let missing: Vec<String> = report
         .missing()
         .into_iter()
@@ -424,7 +431,8 @@ fn check_isolation(exe: &Path, profile: JailProfile, name: &str) -> anyhow::Resu
     if !missing.is_empty() {
         bail!(
             "isolation profile `{name}` needs layers this host lacks: {}. Refusing to start. \
-             Pick a weaker profile by name (--profile namespaces, or --profile unconfined) if you accept that.",
+             Run `asbx doctor` for what each layer needs and the command that fixes it, \
+             or pick a weaker profile by name (--profile namespaces, or --profile unconfined) if you accept that.",
             missing.join(", ")
         );
     }

@@ -426,7 +426,63 @@ pub(crate) async fn fetch_attachments(
     Ok(total)
 }
 
-/// The `asbx_files` skill: how to use the workspace tools.
+/// The `asbx_files` skill's scripts: the same API with plain `curl`, from
+/// `ASBX_WORKSPACE_URL` and `ASBX_WORKSPACE_TOKEN` (`crate::workspace_relay`),
+/// so a shell step or another skill's script can use the bag too.
+const SKILL_SCRIPTS: [(&str, &str); 5] = [
+    (
+        "scripts/common.sh",
+        "# Sourced by the other scripts: the workspace API of this session.\n\
+: \"${ASBX_WORKSPACE_URL:?no workspace API in this session}\"\n\
+: \"${ASBX_WORKSPACE_TOKEN:?no workspace API in this session}\"\n\
+ws_curl() { curl -sS --fail-with-body -H \"Authorization: Bearer $ASBX_WORKSPACE_TOKEN\" \"$@\"; }\n\
+urlencode() {\n\
+  local LC_ALL=C s=\"$1\" out='' c i\n\
+  for ((i = 0; i < ${#s}; i++)); do\n\
+    c=\"${s:i:1}\"\n\
+    case \"$c\" in [A-Za-z0-9._~/-]) out+=\"$c\" ;; *) out+=$(printf '%%%02X' \"'$c\") ;; esac\n\
+  done\n\
+  printf '%s' \"$out\"\n\
+}\n",
+    ),
+    (
+        "scripts/list.sh",
+        "#!/bin/bash\n\
+# Lists the bag's files as JSON: {\"files\": [{id, path, mimeType, size, sha256}]}.\n\
+set -euo pipefail\n\
+. \"$(dirname \"$0\")/common.sh\"\n\
+ws_curl \"$ASBX_WORKSPACE_URL/files\"\n",
+    ),
+    (
+        "scripts/get.sh",
+        "#!/bin/bash\n\
+# get.sh ID [OUT]: a bag file's bytes, to OUT (default: standard output).\n\
+set -euo pipefail\n\
+. \"$(dirname \"$0\")/common.sh\"\n\
+ws_curl -o \"${2:-/dev/stdout}\" \"$ASBX_WORKSPACE_URL/files/$1\"\n",
+    ),
+    (
+        "scripts/put.sh",
+        "#!/bin/bash\n\
+# put.sh FILE [NAME [MIME]]: puts FILE into the bag as NAME (default: FILE).\n\
+set -euo pipefail\n\
+. \"$(dirname \"$0\")/common.sh\"\n\
+name=\"${2:-$1}\"\n\
+mime=\"${3:-application/octet-stream}\"\n\
+ws_curl -X POST -H \"Content-Type: $mime\" --data-binary \"@$1\" \\\n\
+  \"$ASBX_WORKSPACE_URL/files?path=$(urlencode \"$name\")\"\n",
+    ),
+    (
+        "scripts/history.sh",
+        "#!/bin/bash\n\
+# history.sh [LIMIT]: the chat's latest messages as JSON, oldest first.\n\
+set -euo pipefail\n\
+. \"$(dirname \"$0\")/common.sh\"\n\
+ws_curl \"$ASBX_WORKSPACE_URL/history?limit=${1:-20}\"\n",
+    ),
+];
+
+/// The `asbx_files` skill: how to use the workspace tools and its scripts.
 pub(crate) fn default_skill() -> Skill {
     let text = "# Files of this chat\n\n\
 The user's files live in the chat's file bag in the workspace. Tools:\n\n\
@@ -437,18 +493,27 @@ with `\"saveAs\": \"relative/path\"` the bytes are saved in the working director
 - `workspace_create_file {\"path\", \"content\"}` or `{\"path\", \"fromPath\"}`: puts a \
 file into the bag, where the user sees it at once; `mimeType` is optional.\n\
 - `chat_history {\"limit\"}`: the chat's latest messages, oldest first.\n\n\
+The same API from `shell` (and from any script): `$ASBX_WORKSPACE_URL` with the bearer \
+`$ASBX_WORKSPACE_TOKEN`, e.g. `curl -H \"Authorization: Bearer $ASBX_WORKSPACE_TOKEN\" \
+\"$ASBX_WORKSPACE_URL/files\"`. Scripts of this skill (`.skills/asbx_files/`): \
+`scripts/list.sh`, `scripts/get.sh ID [OUT]`, `scripts/put.sh FILE [NAME [MIME]]`, \
+`scripts/history.sh [LIMIT]`.\n\n\
 Files the user attached to this message are already in the working directory under \
 `attachments/`. A file the user should get goes into the bag with \
 `workspace_create_file`; files left under `out/` are also stored when the turn ends.\n";
+    let mut files = BTreeMap::from([(
+        asbx_protocol::rules::skills::INSTRUCTIONS.to_owned(),
+        text.to_owned(),
+    )]);
+    for (path, script) in SKILL_SCRIPTS {
+        files.insert(path.to_owned(), script.to_owned());
+    }
     Skill {
         name: SKILL_NAME.into(),
         description: "How to read the user's files and attachments and hand files back \
-                      (the chat's file bag)."
+                      (the chat's file bag), with tools or with curl."
             .into(),
-        files: BTreeMap::from([(
-            asbx_protocol::rules::skills::INSTRUCTIONS.to_owned(),
-            text.to_owned(),
-        )]),
+        files,
     }
 }
 

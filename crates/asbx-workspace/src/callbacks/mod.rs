@@ -70,7 +70,8 @@ pub(crate) async fn redeem_payload<P: Payload>(
 /// minted workspace API bearer in `workspace.token` (docs/protocol.md §3):
 /// the redemption and the bearer's hash are stored in one transaction, and
 /// the plaintext exists only in this answer. The bearer lives for the run's
-/// runtime cap + 60 s and is revoked when the run settles.
+/// runtime cap (clamped by its runner's, `runs::caps`) + 60 s and is
+/// revoked when the run settles.
 pub(crate) async fn redeem_env(
     state: &AppState,
     session_id: &str,
@@ -103,7 +104,14 @@ pub(crate) async fn redeem_env(
     }
     if let Some(access) = env.workspace.as_mut() {
         let config: ConfigResponse = serde_json::from_str(&run.config_json).map_err(corrupt)?;
-        let cap_ms = tokens::runtime_cap_ms(config.limits.as_ref());
+        // The runner's cap as this node last learnt it (no request inside
+        // the transaction); unknown, the default's.
+        let runner_cap = run
+            .sandbox_url
+            .as_deref()
+            .and_then(|u| url::Url::parse(u).ok())
+            .and_then(|u| state.dispatcher.caps.cached(&u));
+        let cap_ms = tokens::runtime_cap_ms(config.limits.as_ref(), runner_cap);
         let minted = tokens::mint(WORKSPACE_PREFIX);
         token_store::insert(
             &mut *tx,

@@ -38,6 +38,7 @@ use crate::AppState;
 use crate::environments::SecretRefs;
 use crate::error::WorkspaceError;
 use crate::runner_url;
+use crate::runs::caps::RunnerCaps;
 use crate::runs::fleet::Fleet;
 use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::tokens::store as token_store;
@@ -58,6 +59,8 @@ pub(crate) struct Dispatcher {
     runner_token: Option<String>,
     /// The operator's runners, built on first use from the configuration.
     fleet: OnceLock<Arc<Fleet>>,
+    /// Each runner's runtime cap, for token lifetimes.
+    pub(crate) caps: Arc<RunnerCaps>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -85,6 +88,7 @@ impl Dispatcher {
             client,
             runner_token: runner_token.filter(|t| !t.is_empty()).map(str::to_owned),
             fleet: OnceLock::new(),
+            caps: Arc::default(),
         })
     }
 
@@ -154,24 +158,27 @@ pub(crate) async fn start_with(
 pub(crate) struct Route {
     candidates: Vec<Url>,
     fleet: Option<Arc<Fleet>>,
+    /// The runtime cap of the runners it may go to (`None`: unknown).
+    runner_cap_ms: Option<u64>,
 }
 
 /// The runners to try for a run of `sandbox_url`, in order: the fleet's
 /// when it goes to the operator's runner and there are several, else that
 /// runner alone.
 pub(crate) async fn route(state: &AppState, sandbox_url: &Url) -> Route {
-    if state.config.sandbox_url.as_ref() == Some(sandbox_url) {
-        let fleet = state.dispatcher.fleet(&state.config);
-        if fleet.len() > 1 {
-            return Route {
-                candidates: fleet.order().await,
-                fleet: Some(Arc::clone(fleet)),
-            };
-        }
-    }
+    let fleet = (state.config.sandbox_url.as_ref() == Some(sandbox_url))
+        .then(|| state.dispatcher.fleet(&state.config))
+        .filter(|fleet| fleet.len() > 1);
+    let (candidates, fleet) = match fleet {
+        Some(fleet) => (fleet.order().await, Some(Arc::clone(fleet))),
+        None => (vec![sandbox_url.clone()], None),
+    };
+    let d = &state.dispatcher;
+    let runner_cap_ms = d.caps.of(&d.client, &candidates).await;
     Route {
-        candidates: vec![sandbox_url.clone()],
-        fleet: None,
+        candidates,
+        fleet,
+        runner_cap_ms,
     }
 }
 
@@ -204,7 +211,7 @@ pub(crate) async fn record(
         .map(serde_json::to_string)
         .transpose()
         .map_err(|e| WorkspaceError::Corrupt(format!("env secrets: {e}")))?;
-    let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref());
+    let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref(), route.runner_cap_ms);
     let config_json = serde_json::to_string(&spec.config)
         .map_err(|e| WorkspaceError::Corrupt(format!("config: {e}")))?;
     let minted = TokenKind::ONE_TIME.map(|kind| (kind, tokens::mint(OTP_PREFIX)));
@@ -241,7 +248,9 @@ pub(crate) async fn post(
     route: Route,
     recorded: Recorded,
 ) -> Result<Started, WorkspaceError> {
-    let Route { candidates, fleet } = route;
+    let Route {
+        candidates, fleet, ..
+    } = route;
     let [(_, setup), (_, run), (_, upload)] = recorded.minted;
     let request = DispatchRequest {
         agent_url: agent_url(&state.config.public_url, &spec.id),

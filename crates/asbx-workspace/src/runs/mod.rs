@@ -7,6 +7,7 @@
 //! [`dispatch::RunSpec`] and use this feature; it uses only `files`.
 
 pub(crate) mod api;
+pub(crate) mod caps;
 pub(crate) mod dispatch;
 pub(crate) mod events;
 pub(crate) mod fleet;

@@ -7,9 +7,7 @@
 
 pub(crate) mod store;
 
-use asbx_protocol::callback::{
-    RUN_TOKEN_TTL_SECS, RunLimits, SETUP_TOKEN_TTL_SECS, UPLOAD_TOKEN_TTL_SECS,
-};
+use asbx_protocol::callback::{RunLimits, SETUP_TOKEN_TTL_SECS};
 use axum::http::{HeaderMap, header};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -55,29 +53,31 @@ impl TokenKind {
     }
 
     /// The token's lifetime in milliseconds for a run whose runtime cap is
-    /// `cap_ms` ([`runtime_cap_ms`]). The setup token is redeemed first
-    /// thing, so its contract TTL stands; every token used later lives as
-    /// long as the run can: the run token (redeemed right after `/env`, but
-    /// never cut short by a slow start), the upload token (writeback comes
-    /// last, after the longest turn) and the workspace bearer.
+    /// `cap_ms` ([`runtime_cap_ms`]): as long as its dispatch may live, the
+    /// cap plus the grace after it (docs/protocol.md §3), so no token
+    /// outlives its dispatch and a long setup script never outlives the run
+    /// token. The setup token is redeemed first thing: at most its contract
+    /// TTL (10 min) within that.
     pub(crate) fn ttl_ms(self, cap_ms: u64) -> i64 {
         let run_can = cap_ms.saturating_add(CAP_GRACE_MS);
         let ms = match self {
-            TokenKind::Setup => SETUP_TOKEN_TTL_SECS.saturating_mul(1000),
-            TokenKind::Run => RUN_TOKEN_TTL_SECS.saturating_mul(1000).max(run_can),
-            TokenKind::Upload => UPLOAD_TOKEN_TTL_SECS.saturating_mul(1000).max(run_can),
-            TokenKind::Workspace => run_can,
+            TokenKind::Setup => SETUP_TOKEN_TTL_SECS.saturating_mul(1000).min(run_can),
+            TokenKind::Run | TokenKind::Upload | TokenKind::Workspace => run_can,
         };
         i64::try_from(ms).unwrap_or(i64::MAX)
     }
 }
 
-/// A run's runtime cap: its `limits.maxDurationMs`, else the runner's
-/// default cap (the runner clamps both to its own maximum).
-pub(crate) fn runtime_cap_ms(limits: Option<&RunLimits>) -> u64 {
+/// A run's runtime cap: its `limits.maxDurationMs` clamped by its runner's
+/// cap (`runner_cap_ms`, from the runner's `/healthz`, `runs::caps`), which
+/// stands alone when the run names none. A runner whose cap is unknown
+/// counts as the protocol's default (8 h), the longest any run may last.
+pub(crate) fn runtime_cap_ms(limits: Option<&RunLimits>, runner_cap_ms: Option<u64>) -> u64 {
+    let runner = runner_cap_ms
+        .unwrap_or_else(|| asbx_protocol::gateway::MaxLimits::default().max_duration_ms);
     limits
         .and_then(|l| l.max_duration_ms)
-        .unwrap_or(asbx_protocol::gateway::MaxLimits::default().max_duration_ms)
+        .map_or(runner, |ms| ms.min(runner))
 }
 
 /// A freshly minted secret: the plaintext to hand out and the hash to store.
@@ -162,10 +162,10 @@ mod tests {
 
     #[test]
     fn ttls_follow_the_contract_and_the_runtime_cap() {
-        // A short run: the contract's TTLs, the bearer for the cap + 60 s.
-        assert_eq!(TokenKind::Setup.ttl_ms(60_000), 600_000);
-        assert_eq!(TokenKind::Run.ttl_ms(60_000), 600_000);
-        assert_eq!(TokenKind::Upload.ttl_ms(60_000), 3_600_000);
+        // A short run: every token for the cap + 60 s.
+        assert_eq!(TokenKind::Setup.ttl_ms(60_000), 120_000);
+        assert_eq!(TokenKind::Run.ttl_ms(60_000), 120_000);
+        assert_eq!(TokenKind::Upload.ttl_ms(60_000), 120_000);
         assert_eq!(TokenKind::Workspace.ttl_ms(60_000), 120_000);
         // A two-hour run: everything used late lives as long as the run can.
         let cap = 2 * 3_600_000;
@@ -175,11 +175,15 @@ mod tests {
         assert_eq!(TokenKind::Workspace.ttl_ms(cap), 7_260_000);
         assert_eq!(TokenKind::Workspace.ttl_ms(u64::MAX), i64::MAX);
         // No cap named: the runner's default (8 h).
-        assert_eq!(runtime_cap_ms(None), 28_800_000);
+        assert_eq!(runtime_cap_ms(None, None), 28_800_000);
         let limits = RunLimits {
             max_duration_ms: Some(5_000),
             ..RunLimits::default()
         };
-        assert_eq!(runtime_cap_ms(Some(&limits)), 5_000);
+        assert_eq!(runtime_cap_ms(Some(&limits), None), 5_000);
+        // The runner's cap stands alone, and clamps a longer run's.
+        assert_eq!(runtime_cap_ms(None, Some(2_000)), 2_000);
+        assert_eq!(runtime_cap_ms(Some(&limits), Some(2_000)), 2_000);
+        assert_eq!(runtime_cap_ms(Some(&limits), Some(9_000)), 5_000);
     }
 }

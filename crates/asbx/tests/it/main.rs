@@ -10,6 +10,7 @@ mod chat_live;
 mod conns;
 mod dispatch;
 mod docs;
+mod doctor;
 mod egress;
 mod encryption;
 mod fleet;

@@ -301,3 +301,130 @@ async fn files_written_before_a_model_error_still_reach_the_workspace() {
         .unwrap();
     assert_eq!(body, "half the work");
 }
+
+/// Issue 28 (seed 001: skills call back the workspace API): a shell step
+/// runs the `asbx_files` skill's scripts and plain `curl` with
+/// `$ASBX_WORKSPACE_URL` and `$ASBX_WORKSPACE_TOKEN`: it creates a file in
+/// the chat's bag and lists it; the URL serves nothing but the workspace
+/// API (the gateway's other routes are `404`, a dot segment `400`, no
+/// bearer `401`, the workspace itself is out of the egress proxy's reach);
+/// once the turn has ended, the token is refused.
+#[tokio::test]
+async fn skill_scripts_reach_the_chats_bag_with_the_workspace_variables() {
+    if !can_jail("skill_scripts_reach_the_chats_bag_with_the_workspace_variables") {
+        return;
+    }
+    let up = UpProc::start(&[]);
+    let command = r#"set -u
+printf 'written by a skill script\n' > note.txt
+.skills/asbx_files/scripts/put.sh note.txt 'from curl.txt' text/plain; echo
+.skills/asbx_files/scripts/list.sh; echo
+echo "url=$ASBX_WORKSPACE_URL"
+echo "token=$ASBX_WORKSPACE_TOKEN"
+base="${ASBX_WORKSPACE_URL%/workspace}"
+auth="Authorization: Bearer $ASBX_WORKSPACE_TOKEN"
+for route in callback/env callback/config usage mcp/x; do
+  echo "$route=$(curl -s -o /dev/null -w '%{http_code}' -H "$auth" "$base/$route")"
+done
+echo "dotdot=$(curl -s --path-as-is -o /dev/null -w '%{http_code}' -H "$auth" "$ASBX_WORKSPACE_URL/../callback/env")"
+echo "nobearer=$(curl -s -o /dev/null -w '%{http_code}' "$ASBX_WORKSPACE_URL/files")"
+echo "direct=$(curl -s -o /dev/null -w '%{http_code}' --noproxy '*' --max-time 10 -H "$auth" "$WS_PUBLIC/api/assistant/chats")"
+echo "proxied=$(curl -s -o /dev/null -w '%{http_code}' --noproxy '' --proxy "$HTTP_PROXY" --max-time 10 -H "$auth" "$WS_PUBLIC/api/assistant/chats")"
+"#
+    .replace("$WS_PUBLIC", &up.url);
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/assistant/chat/stream", up.url))
+        .json(&json!({"message": script(json!([
+            {"tool": "shell", "args": {"command": command}},
+            {"say": "filed with curl"}
+        ]))}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{:?}", res.text().await);
+    let chat_id = res.headers()["x-asbx-chat-id"].to_str().unwrap().to_owned();
+    let session = res.headers()["x-asbx-turn-id"].to_str().unwrap().to_owned();
+    let text = tokio::time::timeout(Duration::from_secs(120), res.bytes())
+        .await
+        .expect("the turn ended")
+        .unwrap();
+    let events: Vec<(SseEvent, Value)> = Parser::new()
+        .push(&text)
+        .into_iter()
+        .map(|e| {
+            let data = serde_json::from_str(&e.data).unwrap_or(Value::Null);
+            (e, data)
+        })
+        .collect();
+    let steps = finished_steps(&events);
+    assert_eq!(steps.len(), 1, "{events:#?}");
+    let stdout = steps[0].1["result"]["stdout"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{:?}", steps[0]))
+        .to_owned();
+    let field = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name}= in {stdout}"))
+            .to_owned()
+    };
+    // The file went in and the listing shows it.
+    let created: Value = serde_json::from_str(stdout.lines().next().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let id = created["id"].as_str().unwrap_or_else(|| panic!("{stdout}"));
+    let listed: Value = serde_json::from_str(stdout.lines().nth(1).unwrap()).unwrap();
+    assert!(
+        listed["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["id"] == id && f["path"] == "from curl.txt"),
+        "{stdout}"
+    );
+    let url = field("url");
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.ends_with("/workspace"),
+        "{url}"
+    );
+    let token = field("token");
+    assert!(token.starts_with("asbx_ws_"), "{token}");
+    // Nothing but the workspace API behind the URL, even with the bearer.
+    for route in ["callback/env", "callback/config", "usage", "mcp/x"] {
+        assert_eq!(field(route), "404", "{route}: {stdout}");
+    }
+    assert_eq!(field("dotdot"), "400", "{stdout}");
+    assert_eq!(field("nobearer"), "401", "{stdout}");
+    // The workspace itself: unreachable directly (the sandbox's loopback is
+    // its own) and refused by the egress proxy (no allowed host, an
+    // internal address).
+    assert_eq!(field("direct"), "000", "{stdout}");
+    assert_eq!(field("proxied"), "403", "{stdout}");
+    // The bag of the chat holds it, as the API sees it.
+    let d = chat(&up, &chat_id).await;
+    let files = d["files"].as_array().unwrap_or_else(|| panic!("{d}"));
+    assert!(
+        files
+            .iter()
+            .any(|f| f["id"] == id && f["path"] == "from curl.txt"),
+        "{d}"
+    );
+    let body = reqwest::get(format!("{}/api/files/{id}", up.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, "written by a skill script\n");
+    // The session has ended: its token is refused.
+    let res = reqwest::Client::new()
+        .get(format!(
+            "{}/api/assistant/sandbox/{session}/workspace/files",
+            up.url
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401, "{:?}", res.text().await);
+}

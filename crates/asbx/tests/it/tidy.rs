@@ -603,7 +603,6 @@ fn file_cycles() -> Vec<String> {
 const KNOWN_FILE_CYCLES: &[&str] = &[
     "asbx-workspace: chats::live, chats::takeover",
     "asbx-workspace: runs::events, runs::relay",
-    "asbx-agent: providers, providers::anthropic, providers::openai, providers::retry, providers::scripted, providers::sse",
 ];
 
 #[test]

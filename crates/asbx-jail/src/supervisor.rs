@@ -205,7 +205,12 @@ pub(crate) fn run_in(
     let (set, _mask) = block_signals()?;
     let (mut cgroups, mut guard) = plan_cgroups(policy, made_ahead)?;
     let (requests, mut status) = open_channels(&mut plan, policy, cgroups.as_ref(), report)?;
-    let (Init { pid: init, up, down }, parent) = clone_init(&mut plan, namespaces, parent)?;
+    let (init, parent) = clone_init(&mut plan, namespaces, parent)?;
+    let Init {
+        pid: init,
+        up,
+        down,
+    } = init;
     if let Err(e) = set_up(init, up, &down, policy, &plan, &mut cgroups) {
         let _ = kill(init, Signal::SIGKILL);
         let _ = waitpid(init, None);

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
 use crate::drive::Drive;
-use crate::stderr::{StderrReader, capture_stderr};
 use crate::error::RunnerError;
 use crate::pool::{Booted, Pool, Slot};
+use crate::stderr::{StderrReader, capture_stderr};
 
 /// A fresh session id when the request names none.
 pub(crate) fn random_id() -> String {

@@ -328,14 +328,7 @@ async fn full(
     call_back(shared, d, "config", &d.otp_run, None).await;
     if !files.is_empty() {
         let upload = d.otp_upload.clone().unwrap_or_default();
-        call_back(
-            shared,
-            d,
-            "results",
-            &upload,
-            Some(json!({"files": files})),
-        )
-        .await;
+        call_back(shared, d, "results", &upload, Some(json!({"files": files}))).await;
     }
     let lines = [
         line(

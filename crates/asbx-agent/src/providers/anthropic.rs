@@ -13,13 +13,12 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::openai::parse_args;
-use super::sse;
 use super::model::{
-    DeltaSink, Message, ModelError, ModelRequest, ModelTurn, Provider,
-    ToolCallRequest, Usage,
+    DeltaSink, Message, ModelError, ModelRequest, ModelTurn, Provider, ToolCallRequest, Usage,
 };
+use super::openai::parse_args;
 use super::settings::HttpSettings;
+use super::sse;
 use crate::gateway_client::GatewayClient;
 
 /// The `anthropic-version` header sent with each call.

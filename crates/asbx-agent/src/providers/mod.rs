@@ -23,8 +23,7 @@ use asbx_protocol::gateway::{ProviderInfo, ProviderKind};
 use crate::gateway_client::GatewayClient;
 
 pub(crate) use model::{
-    DeltaSink, Message, ModelError, ModelRequest, ModelTurn, Provider, ToolCallRequest, ToolSpec,
-    Usage,
+    DeltaSink, Message, ModelError, ModelRequest, Provider, ToolCallRequest, ToolSpec, Usage,
 };
 pub use retry::RetryPolicy;
 pub use settings::HttpSettings;

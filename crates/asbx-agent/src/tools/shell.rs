@@ -161,7 +161,10 @@ async fn wait_or_kill(
     child: &mut tokio::process::Child,
     reaper: &mut Reaper,
     timeout: Duration,
-) -> (Option<std::io::Result<std::process::ExitStatus>>, Option<Killed>) {
+) -> (
+    Option<std::io::Result<std::process::ExitStatus>>,
+    Option<Killed>,
+) {
     let status = tokio::select! {
         s = child.wait() => Some(s),
         _ = tokio::time::sleep(timeout) => None,
@@ -197,7 +200,6 @@ async fn drain(readers: &mut [tokio::task::JoinHandle<()>]) {
         }
     }
 }
-
 
 async fn pump(
     mut r: impl AsyncRead + Unpin,

@@ -114,7 +114,9 @@ pub(super) fn metric_code(code: Option<&str>) -> &'static str {
 pub(super) const OTHER_CODE: &str = "other";
 
 /// The exit code and signal of the sandbox's supervisor.
-pub(super) fn decode_status(status: Option<std::process::ExitStatus>) -> (Option<i32>, Option<i32>) {
+pub(super) fn decode_status(
+    status: Option<std::process::ExitStatus>,
+) -> (Option<i32>, Option<i32>) {
     match status {
         None => (None, None),
         Some(s) => match (s.code(), s.signal()) {

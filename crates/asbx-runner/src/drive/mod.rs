@@ -275,6 +275,5 @@ async fn flush(st: &mut State, tx: &mpsc::Sender<Bytes>) {
     }
 }
 
-
 #[cfg(test)]
 mod tests;

@@ -148,7 +148,6 @@ fn default_model(explicit: Option<&str>, opts: &RunnerOpts) -> String {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;

@@ -319,46 +319,9 @@ async fn prepare(
     );
     let (env, config) = (env?, config?);
     let mut variables = env.variables.clone();
-    let relay = match &b.proxy_socket {
-        Some(sock) => match EgressRelay::start(sock).await {
-            Ok(relay) => {
-                variables.extend(relay.env());
-                Some(relay)
-            }
-            Err(e) => {
-                emitter
-                    .log(
-                        LogLevel::Warn,
-                        format!("no network for tools: cannot start the egress relay: {e}"),
-                    )
-                    .await
-                    .map_err(AgentError::Output)?;
-                None
-            }
-        },
-        None => None,
-    };
-    // Tools and skill scripts reach this session's workspace API with
-    // `ASBX_WORKSPACE_URL` and `ASBX_WORKSPACE_TOKEN` (docs/protocol.md §3).
-    let workspace_relay = match &env.workspace {
-        Some(ws) => match WorkspaceRelay::start(gw.clone()).await {
-            Ok(relay) => {
-                variables.extend(relay.env(&ws.token));
-                Some(relay)
-            }
-            Err(e) => {
-                emitter
-                    .log(
-                        LogLevel::Warn,
-                        format!("no workspace API for tools: cannot start its relay: {e}"),
-                    )
-                    .await
-                    .map_err(AgentError::Output)?;
-                None
-            }
-        },
-        None => None,
-    };
+    let relay = start_relay(b, emitter, &mut variables).await?;
+    let workspace_relay =
+        start_workspace_relay(&gw, env.workspace.as_ref(), emitter, &mut variables).await?;
     let mut ctx = ToolContext {
         workdir: PathBuf::from(&b.workdir),
         variables,
@@ -369,47 +332,144 @@ async fn prepare(
         cgroup_root: CgroupRoot::default(),
     };
     if let Some(ws) = env.workspace.as_ref().filter(|w| !w.attachments.is_empty()) {
-        let api = tools::workspace::WorkspaceApi::new(gw.clone(), ws);
-        let t = Instant::now();
-        let total = tools::workspace::fetch_attachments(&api, &ctx, &ws.attachments)
-            .await
-            .map_err(|(path, reason)| AgentError::Attachment { path, reason })?;
-        emitter
-            .log(
-                LogLevel::Info,
-                format!(
-                    "fetched {} attachment(s), {total} bytes, in {} ms",
-                    ws.attachments.len(),
-                    t.elapsed().as_millis()
-                ),
-            )
-            .await
-            .map_err(AgentError::Output)?;
+        fetch_attachments(&gw, ws, &ctx).await?;
     }
     if let Some(script) = env.setup_script.as_deref().filter(|s| !s.trim().is_empty()) {
-        emitter
-            .log(LogLevel::Info, "running setup script")
-            .await
-            .map_err(AgentError::Output)?;
-        let t = Instant::now();
-        bootstrap::run_setup(
-            &ctx,
-            script,
-            Duration::from_millis(b.max_limits.max_duration_ms),
-        )
-        .await?;
-        emitter
-            .log(
-                LogLevel::Info,
-                format!("setup script finished in {} ms", t.elapsed().as_millis()),
-            )
-            .await
-            .map_err(AgentError::Output)?;
+        run_setup_script(b, &ctx, script).await?;
     }
     let limits = bootstrap::clamp_limits(&b.max_limits, config.limits.as_ref());
     ctx.timeout = limits.tool_timeout;
     ctx.output_bytes = limits.tool_output_bytes;
     let (provider, model) = providers::build(&config.model, &b.providers, &gw, &options.http)?;
+    let request = first_request(b, &config, model);
+    Ok(Prepared {
+        gw,
+        ctx,
+        config,
+        limits,
+        provider,
+        request,
+        workspace: env.workspace,
+        _relay: relay,
+        _workspace_relay: workspace_relay,
+    })
+}
+
+/// Starts the egress relay when the runner gave a proxy socket, its
+/// variables added to the tools' environment; without it tools have no
+/// network (a warning, not an error).
+async fn start_relay(
+    b: &AgentBootstrap,
+    emitter: &Emitter,
+    variables: &mut std::collections::BTreeMap<String, String>,
+) -> Result<Option<EgressRelay>, AgentError> {
+    let Some(sock) = &b.proxy_socket else {
+        return Ok(None);
+    };
+    match EgressRelay::start(sock).await {
+        Ok(relay) => {
+            variables.extend(relay.env());
+            Ok(Some(relay))
+        }
+        Err(e) => {
+            emitter
+                .log(
+                    LogLevel::Warn,
+                    format!("no network for tools: cannot start the egress relay: {e}"),
+                )
+                .await
+                .map_err(AgentError::Output)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Tools and skill scripts reach this session's workspace API with
+/// `ASBX_WORKSPACE_URL` and `ASBX_WORKSPACE_TOKEN` (docs/protocol.md §3).
+async fn start_workspace_relay(
+    gw: &GatewayClient,
+    workspace: Option<&asbx_protocol::callback::WorkspaceAccess>,
+    emitter: &Emitter,
+    variables: &mut std::collections::BTreeMap<String, String>,
+) -> Result<Option<WorkspaceRelay>, AgentError> {
+    let Some(ws) = workspace else {
+        return Ok(None);
+    };
+    match WorkspaceRelay::start(gw.clone()).await {
+        Ok(relay) => {
+            variables.extend(relay.env(&ws.token));
+            Ok(Some(relay))
+        }
+        Err(e) => {
+            emitter
+                .log(
+                    LogLevel::Warn,
+                    format!("no workspace API for tools: cannot start its relay: {e}"),
+                )
+                .await
+                .map_err(AgentError::Output)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Fetches the turn's attachments into the working directory.
+async fn fetch_attachments(
+    gw: &GatewayClient,
+    ws: &asbx_protocol::callback::WorkspaceAccess,
+    ctx: &ToolContext,
+) -> Result<(), AgentError> {
+    let api = tools::workspace::WorkspaceApi::new(gw.clone(), ws);
+    let t = Instant::now();
+    let total = tools::workspace::fetch_attachments(&api, ctx, &ws.attachments)
+        .await
+        .map_err(|(path, reason)| AgentError::Attachment { path, reason })?;
+    ctx.emitter
+        .log(
+            LogLevel::Info,
+            format!(
+                "fetched {} attachment(s), {total} bytes, in {} ms",
+                ws.attachments.len(),
+                t.elapsed().as_millis()
+            ),
+        )
+        .await
+        .map_err(AgentError::Output)
+}
+
+/// Runs the environment's setup script, bounded by the run's duration.
+async fn run_setup_script(
+    b: &AgentBootstrap,
+    ctx: &ToolContext,
+    script: &str,
+) -> Result<(), AgentError> {
+    let emitter = &ctx.emitter;
+    emitter
+        .log(LogLevel::Info, "running setup script")
+        .await
+        .map_err(AgentError::Output)?;
+    let t = Instant::now();
+    bootstrap::run_setup(
+        ctx,
+        script,
+        Duration::from_millis(b.max_limits.max_duration_ms),
+    )
+    .await?;
+    emitter
+        .log(
+            LogLevel::Info,
+            format!("setup script finished in {} ms", t.elapsed().as_millis()),
+        )
+        .await
+        .map_err(AgentError::Output)
+}
+
+/// The first model request: the earlier conversation, then the prompt.
+fn first_request(
+    b: &AgentBootstrap,
+    config: &asbx_protocol::callback::ConfigResponse,
+    model: String,
+) -> ModelRequest {
     let mut messages: Vec<Message> = config
         .conversation
         .iter()
@@ -422,21 +482,10 @@ async fn prepare(
         })
         .collect();
     messages.push(Message::User(b.prompt.clone()));
-    let request = ModelRequest {
+    ModelRequest {
         model,
         system: config.system_prompt.clone().filter(|s| !s.is_empty()),
         messages,
         tools: Vec::new(),
-    };
-    Ok(Prepared {
-        gw,
-        ctx,
-        config,
-        limits,
-        provider,
-        request,
-        workspace: env.workspace,
-        _relay: relay,
-        _workspace_relay: workspace_relay,
-    })
+    }
 }

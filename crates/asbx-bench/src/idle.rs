@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use futures::StreamExt;
 
 use crate::{
     body, cgroup_usage_bytes, is_zygote, mem_used_kib, meminfo_parts, pss_kib, rss_kib, sibling,
@@ -239,32 +238,8 @@ async fn hold(n: usize, runners: &[IdleRunner], callbacks: &str) -> anyhow::Resu
     // Host memory is counted from each runner's first sandbox on: the first
     // boot makes what a runner keeps for all (the copy of the binary
     // sandboxes run, about 55 MiB of tmpfs, and the zygote).
-    let (mut before, mut parts_before) = (0, Vec::new());
-    let mut streams = Vec::with_capacity(n);
     let starting = Instant::now();
-    for i in 0..n {
-        let runner = &runners[i % runners.len()];
-        let res = client
-            .post(format!("{}/stream", runner.url))
-            .json(&body(callbacks, "hi"))
-            .send()
-            .await?;
-        if !res.status().is_success() {
-            let status = res.status();
-            bail!(
-                "sandbox {} of {n} refused ({status}): {}",
-                streams.len() + 1,
-                res.text().await.unwrap_or_default()
-            );
-        }
-        let mut s = res.bytes_stream();
-        let _ = s.next().await;
-        streams.push(s);
-        if i + 1 == runners.len() {
-            before = mem_used_kib()?;
-            parts_before = meminfo_parts()?;
-        }
-    }
+    let (streams, before, parts_before) = open_streams(n, runners, callbacks, &client).await?;
     println!(
         "idle: {n} sandboxes started one after another (each to its first line) in {:.1} s",
         starting.elapsed().as_secs_f64()
@@ -277,29 +252,7 @@ async fn hold(n: usize, runners: &[IdleRunner], callbacks: &str) -> anyhow::Resu
     let runner_after: u64 = runners.iter().filter_map(|r| rss_kib(r.pid).ok()).sum();
     let descendants: Vec<u32> = runners.iter().flat_map(IdleRunner::descendants).collect();
     let pss: u64 = descendants.iter().filter_map(|p| pss_kib(*p)).sum();
-    let mut kinds: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
-    for p in &descendants {
-        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd);
-        let kind = if is_zygote(*p) {
-            "zygote (asbx jail --zygote, one per runner)"
-        } else if cmd.contains("jail") {
-            "supervisor or guard (asbx jail)"
-        } else if cmd.contains("agent") {
-            "agent (asbx agent)"
-        } else {
-            "init and others"
-        };
-        let e = kinds.entry(kind).or_default();
-        e.0 += 1;
-        e.1 += pss_kib(*p).unwrap_or(0);
-    }
-    for (kind, (count, kib)) in &kinds {
-        println!(
-            "  {kind}: {count} processes, PSS {:.0} KiB each",
-            *kib as f64 / *count as f64
-        );
-    }
+    print_processes(&descendants);
     println!(
         "idle: {n} sandboxes alive ({} processes): PSS of all sandbox processes {:.2} MiB per sandbox",
         descendants.len(),
@@ -343,12 +296,85 @@ async fn hold(n: usize, runners: &[IdleRunner], callbacks: &str) -> anyhow::Resu
     // Hang up and let the runners end every sandbox and remove its cgroups
     // before they stop (SIGTERM): killing one while thousands of sandboxes
     // are ending would leave their cgroups to the next runner's sweep.
+    // Hang up and let the runners end every sandbox and remove its cgroups
+    // before they stop (SIGTERM): killing one while thousands of sandboxes
+    // are ending would leave their cgroups to the next runner's sweep.
     drop(streams);
+    hang_up(runners, &client, n).await;
+    Ok(())
+}
+
+/// Opens `n` streams spread over the runners, each read to its first line;
+/// the host's memory is measured once every runner has its first sandbox.
+async fn open_streams(
+    n: usize,
+    runners: &[IdleRunner],
+    callbacks: &str,
+    client: &reqwest::Client,
+) -> anyhow::Result<(Vec<reqwest::Response>, u64, Vec<(&'static str, u64)>)> {
+    let (mut before, mut parts_before) = (0, Vec::new());
+    let mut streams = Vec::with_capacity(n);
+    for i in 0..n {
+        let runner = &runners[i % runners.len()];
+        let res = client
+            .post(format!("{}/stream", runner.url))
+            .json(&body(callbacks, "hi"))
+            .send()
+            .await?;
+        if !res.status().is_success() {
+            let status = res.status();
+            bail!(
+                "sandbox {} of {n} refused ({status}): {}",
+                streams.len() + 1,
+                res.text().await.unwrap_or_default()
+            );
+        }
+        let mut res = res;
+        let _ = res.chunk().await;
+        streams.push(res);
+        if i + 1 == runners.len() {
+            before = mem_used_kib()?;
+            parts_before = meminfo_parts()?;
+        }
+    }
+    Ok((streams, before, parts_before))
+}
+
+/// The sandboxes' processes by kind: how many, and each one's PSS.
+fn print_processes(descendants: &[u32]) {
+    let mut kinds: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for p in descendants {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        let kind = if is_zygote(*p) {
+            "zygote (asbx jail --zygote, one per runner)"
+        } else if cmd.contains("jail") {
+            "supervisor or guard (asbx jail)"
+        } else if cmd.contains("agent") {
+            "agent (asbx agent)"
+        } else {
+            "init and others"
+        };
+        let e = kinds.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += pss_kib(*p).unwrap_or(0);
+    }
+    for (kind, (count, kib)) in &kinds {
+        println!(
+            "  {kind}: {count} processes, PSS {:.0} KiB each",
+            *kib as f64 / *count as f64
+        );
+    }
+}
+
+/// Waits (at most 3 minutes) until every runner ended its sandboxes and
+/// removed their cgroups, the client having hung up.
+async fn hang_up(runners: &[IdleRunner], client: &reqwest::Client, n: usize) {
     let ending = Instant::now();
     while ending.elapsed() < Duration::from_secs(180) {
         let mut all = true;
         for r in runners {
-            all &= r.done(&client).await;
+            all &= r.done(client).await;
         }
         if all {
             break;
@@ -359,7 +385,6 @@ async fn hold(n: usize, runners: &[IdleRunner], callbacks: &str) -> anyhow::Resu
         "idle: {n} sandboxes ended and cleaned up (client hung up) in {:.1} s",
         ending.elapsed().as_secs_f64()
     );
-    Ok(())
 }
 
 /// SUnreclaim, in KiB, that one more empty memory cgroup costs now (cgroup

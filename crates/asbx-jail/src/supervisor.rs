@@ -179,7 +179,8 @@ pub(crate) struct MadeAhead {
     pub(crate) report: Option<OwnedFd>,
 }
 
-/// [`run`], with what the zygote made ahead.
+/// [`run`], with what the zygote made ahead. The stages of the module
+/// docs, in order.
 pub(crate) fn run_in(
     policy: &JailPolicy,
     agent: Option<crate::AgentEntry>,
@@ -201,8 +202,37 @@ pub(crate) fn run_in(
     if !nix::unistd::geteuid().is_root() {
         return Err(JailError::NotRoot);
     }
-    // Signals wait until `wait` reads them, also while the cgroups and the
-    // guard are made (the guard inherits the mask until it detaches).
+    let (set, _mask) = block_signals()?;
+    let (mut cgroups, mut guard) = plan_cgroups(policy, made_ahead)?;
+    let (requests, mut status) = open_channels(&mut plan, policy, cgroups.as_ref(), report)?;
+    let (init, parent) = clone_init(&mut plan, namespaces, parent)?;
+    let Init {
+        pid: init,
+        up,
+        down,
+    } = init;
+    if let Err(e) = set_up(init, up, &down, policy, &plan, &mut cgroups) {
+        let _ = kill(init, Signal::SIGKILL);
+        let _ = waitpid(init, None);
+        drop(down);
+        if let Some(cg) = cgroups.as_mut() {
+            let _ = cg.destroy();
+        }
+        if let Some(g) = guard.as_mut() {
+            g.dismiss();
+        }
+        return Err(e);
+    }
+    let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref(), &mut status);
+    drop(down);
+    tear_down(policy, code, parent_gone, ppid, status, cgroups, guard);
+    Ok(code)
+}
+
+/// Blocks the termination signals and `SIGCHLD` until `wait` reads them,
+/// also while the cgroups and the guard are made (the guard inherits the
+/// mask until it detaches); the guard restores the old mask.
+fn block_signals() -> Result<(SigSet, MaskGuard), JailError> {
     let mut set = SigSet::empty();
     for s in [
         Signal::SIGTERM,
@@ -215,14 +245,22 @@ pub(crate) fn run_in(
     let mut old = SigSet::empty();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut old))
         .map_err(|e| JailError::Host(format!("sigprocmask: {e}")))?;
-    let _mask = MaskGuard(old);
+    let mask = MaskGuard(old);
     // A SIGCHLD inherited as "ignore" would make the kernel reap init behind our back.
     sys::default_sigchld().map_err(|e| JailError::Host(format!("signal: {e}")))?;
+    Ok((set, mask))
+}
 
-    // The guard starts before the first cgroup directory exists: a
-    // supervisor killed while creating them (a client that hung up at once)
-    // must leave none behind.
-    let (mut cgroups, mut guard) = match policy.profile {
+/// Plans the sandbox's cgroups (the strict profile's; paths only: they are
+/// made, or given limits, after `clone`, beside init's first steps) and
+/// starts the cleanup guard. The guard starts before the first cgroup
+/// directory exists: a supervisor killed while creating them (a client
+/// that hung up at once) must leave none behind.
+fn plan_cgroups(
+    policy: &JailPolicy,
+    made_ahead: bool,
+) -> Result<(Option<Cgroups>, Option<Guard>), JailError> {
+    match policy.profile {
         JailProfile::Strict => {
             let layout =
                 Layout::detect(std::path::Path::new(CGROUP_ROOT)).map_err(JailError::Cgroup)?;
@@ -235,47 +273,48 @@ pub(crate) fn run_in(
             } else {
                 None
             };
-            // Only planned: made (or given limits) after `clone`, beside
-            // init's first steps.
             let planned = match made_ahead {
                 true => Cgroups::plan_made_ahead(layout, &policy.cgroup),
                 false => Cgroups::plan(layout, &policy.cgroup),
             };
             match planned {
-                Ok(cg) => (Some(cg), guard),
+                Ok(cg) => Ok((Some(cg), guard)),
                 Err(e) => {
                     if let Some(g) = guard.as_mut() {
                         g.dismiss();
                     }
-                    return Err(e);
+                    Err(e)
                 }
             }
         }
-        JailProfile::Namespaces => (None, None),
-    };
-    plan.cgroup_procs = cgroups
-        .as_ref()
-        .map(Cgroups::procs_files)
-        .unwrap_or_default();
+        JailProfile::Namespaces => Ok((None, None)),
+    }
+}
+
+/// Puts in `plan` what init needs of the cgroups (their `cgroup.procs`
+/// files, the child mounts) and the ends of the channels the sandbox talks
+/// on: the main process asks for its child memory cgroups on a socket of
+/// its own ([`Requests`]); init tells the main process's end on a pipe of
+/// its own when there is someone to report it to ([`Status`]). That pipe
+/// (and with it the caller's socket) lives until the supervisor returns:
+/// its end-of-file tells the caller this process is exiting.
+fn open_channels(
+    plan: &mut Plan,
+    policy: &JailPolicy,
+    cgroups: Option<&Cgroups>,
+    report: Option<OwnedFd>,
+) -> Result<(Option<Requests>, Option<Status>), JailError> {
+    plan.cgroup_procs = cgroups.map(Cgroups::procs_files).unwrap_or_default();
     plan.set_child_cgroups(
         cgroups
-            .as_ref()
             .map(|c| c.child_mounts().to_vec())
             .unwrap_or_default(),
     );
-
-    // The main process asks for its child memory cgroups on a socket of its
-    // own (`Requests`).
-    let requests = match cgroups.as_ref().filter(|c| c.has_on_request()) {
-        Some(_) => Some(Requests::socket(&mut plan, policy)?),
+    let requests = match cgroups.filter(|c| c.has_on_request()) {
+        Some(_) => Some(Requests::socket(plan, policy)?),
         None => None,
     };
-
-    // Init tells the main process's end on a pipe of its own when there is
-    // someone to report it to. It (and with it the caller's socket) lives
-    // until this returns: its end-of-file tells the caller this process is
-    // exiting.
-    let mut status = match report {
+    let status = match report {
         Some(report) => {
             let (r, w) = pipe()?;
             plan.status = Some(OwnedFd::from(w));
@@ -286,7 +325,26 @@ pub(crate) fn run_in(
         }
         None => None,
     };
+    Ok((requests, status))
+}
 
+/// The sandbox's init as the supervisor holds it: its pid and the two
+/// ends of the set-up channel (init's word `up`, the supervisor's `down`).
+struct Init {
+    pid: Pid,
+    up: File,
+    down: File,
+}
+
+/// `clone`s the sandbox's init into its namespaces (it never returns in
+/// the child), then drops every descriptor meant for the sandbox alone.
+/// The parent's pidfd goes in and comes back: the child drops it, so the
+/// sandbox holds no descriptor of a host process.
+fn clone_init(
+    plan: &mut Plan,
+    namespaces: libc::c_int,
+    parent: OwnedFd,
+) -> Result<(Init, OwnedFd), JailError> {
     let (up_r, up_w) = pipe()?;
     let (down_r, down_w) = pipe()?;
     let pid =
@@ -294,9 +352,8 @@ pub(crate) fn run_in(
             Forked::Child => {
                 drop(up_r);
                 drop(down_w);
-                // The sandbox holds no descriptor of a host process.
                 drop(parent);
-                init::run(&plan, up_w, down_r)
+                init::run(plan, up_w, down_r)
             }
             Forked::Parent(pid) => pid,
         };
@@ -306,52 +363,67 @@ pub(crate) fn run_in(
     drop(plan.cgroup_request.take());
     drop(plan.status.take());
     plan.root.release_trees();
-    let init = Pid::from_raw(pid);
+    let init = Init {
+        pid: Pid::from_raw(pid),
+        up: up_r,
+        down: down_w,
+    };
+    Ok((init, parent))
+}
 
-    // Make the cgroups and move init into them while it builds the first
-    // half of its root (on cgroup v1 each move may wait for an RCU grace
-    // period, and a memory cgroup takes a while to make), let it go on, and
-    // make the child cgroups while it builds the second half.
+/// Makes the cgroups and moves init into them while it builds the first
+/// half of its root (on cgroup v1 each move may wait for an RCU grace
+/// period, and a memory cgroup takes a while to make), lets it go on, and
+/// makes the child cgroups while it builds the second half; then the
+/// uid/gid maps and the wait for the main process's `exec`.
+fn set_up(
+    init: Pid,
+    up: File,
+    down: &File,
+    policy: &JailPolicy,
+    plan: &Plan,
+    cgroups: &mut Option<Cgroups>,
+) -> Result<(), JailError> {
+    let pid = init.as_raw();
     let made = match cgroups.as_mut() {
         Some(cg) => cg.make(&policy.limits, policy.background),
         None => Ok(()),
     };
+    let cgroups = &*cgroups;
     let children = || match cgroups.as_ref() {
         Some(cg) => cg.create_children(&policy.limits, policy.host_uid),
         None => Ok(()),
     };
-    let attached = made.and_then(|()| attach(pid, &plan.cgroup_procs, children, &down_w));
-    let ready = match attached {
-        Ok(()) => handshake(pid, policy.host_uid, up_r, &down_w),
+    match made.and_then(|()| attach(pid, &plan.cgroup_procs, children, down)) {
+        Ok(()) => handshake(pid, policy.host_uid, up, down),
         // Init may have failed first (and left for that reason): its
         // message says more than ours.
         Err(e) => {
             let _ = kill(init, Signal::SIGKILL);
             let mut told = Vec::new();
-            let mut up_r = up_r;
-            let _ = up_r.read_to_end(&mut told);
+            let mut up = up;
+            let _ = up.read_to_end(&mut told);
             Err(if told.is_empty() {
                 e
             } else {
                 child_error(&told)
             })
         }
-    };
-    if let Err(e) = ready {
-        let _ = kill(init, Signal::SIGKILL);
-        let _ = waitpid(init, None);
-        drop(down_w);
-        if let Some(cg) = cgroups.as_mut() {
-            let _ = cg.destroy();
-        }
-        if let Some(g) = guard.as_mut() {
-            g.dismiss();
-        }
-        return Err(e);
     }
+}
 
-    let (code, parent_gone) = wait(init, &set, &parent, requests, cgroups.as_ref(), &mut status);
-    drop(down_w);
+/// After init's end: removes the cgroups (or leaves them to the caller,
+/// see the module docs) and stops the guard; then the report channel
+/// closes (its end-of-file tells the caller this process is exiting).
+fn tear_down(
+    policy: &JailPolicy,
+    code: i32,
+    parent_gone: bool,
+    ppid: Pid,
+    status: Option<Status>,
+    mut cgroups: Option<Cgroups>,
+    mut guard: Option<Guard>,
+) {
     if !policy.guard && code == 0 && !parent_gone && nix::unistd::getppid() == ppid {
         // The caller removes the cgroups (now empty: init was reaped, and
         // the pid namespace with it); see the module docs. Forgotten, not
@@ -359,7 +431,9 @@ pub(crate) fn run_in(
         if let Some(cg) = cgroups.take() {
             std::mem::forget(cg);
         }
-        return Ok(code);
+        drop(status);
+        drop(guard);
+        return;
     }
     // With the parent gone no one else removes them: wait as long as the
     // host needs to let the sandbox's processes go.
@@ -379,7 +453,7 @@ pub(crate) fn run_in(
     if let Some(g) = guard.as_mut() {
         if cleaned { g.dismiss() } else { g.hand_over() }
     }
-    Ok(code)
+    drop(status);
 }
 
 /// Write init's pid into each `cgroup.procs` and tell init (`C`), then make

@@ -144,14 +144,27 @@ pub struct ResourceLimits {
     pub nofile: Option<u64>,
 }
 
+impl ResourceLimits {
+    /// The default memory cap, in MiB (`ASBX_SANDBOX_MEMORY_MB`).
+    pub const DEFAULT_MEMORY_MB: u64 = 512;
+    /// The default most processes (`ASBX_SANDBOX_PIDS`).
+    pub const DEFAULT_PIDS: u64 = 256;
+    /// The default CPU quota, in percent of one core (`ASBX_SANDBOX_CPU_PERCENT`).
+    pub const DEFAULT_CPU_PERCENT: u32 = 100;
+    /// The default disk cap, in MiB (`ASBX_SANDBOX_DISK_MB`).
+    pub const DEFAULT_DISK_MB: u64 = 256;
+    /// The default most open files per process.
+    pub const DEFAULT_NOFILE: u64 = 1024;
+}
+
 impl Default for ResourceLimits {
     fn default() -> Self {
         ResourceLimits {
-            memory_bytes: Some(512 << 20),
-            pids: Some(256),
-            cpu_percent: Some(100),
-            disk_bytes: Some(256 << 20),
-            nofile: Some(1024),
+            memory_bytes: Some(Self::DEFAULT_MEMORY_MB << 20),
+            pids: Some(Self::DEFAULT_PIDS),
+            cpu_percent: Some(Self::DEFAULT_CPU_PERCENT),
+            disk_bytes: Some(Self::DEFAULT_DISK_MB << 20),
+            nofile: Some(Self::DEFAULT_NOFILE),
         }
     }
 }

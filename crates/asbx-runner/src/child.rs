@@ -9,11 +9,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
+
+/// How long a supervisor gets between SIGTERM and SIGKILL.
+const KILL_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 #[derive(Debug)]
 pub(crate) struct SandboxChild {
@@ -179,6 +182,21 @@ impl SandboxChild {
             How::Spawned(c) => c.try_wait(),
             How::Forked(f) => f.try_wait(),
         }
+    }
+
+    /// Kills the sandbox: SIGTERM lets `asbx jail` tear the whole pid
+    /// namespace down and remove its cgroups; SIGKILL on the process group
+    /// follows if it does not finish in time.
+    pub(crate) async fn kill_tree(&mut self) -> Option<ExitStatus> {
+        if let Some(pid) = self.id() {
+            let pid = Pid::from_raw(pid as i32);
+            let _ = kill(pid, Signal::SIGTERM);
+            if let Ok(s) = tokio::time::timeout(KILL_GRACE, self.wait()).await {
+                return s.ok();
+            }
+            let _ = killpg(pid, Signal::SIGKILL);
+        }
+        self.wait().await.ok()
     }
 }
 

@@ -73,18 +73,33 @@ pub struct RunnerConfig {
 }
 
 impl RunnerConfig {
+    /// The default isolation profile (`ASBX_PROFILE`).
+    pub const DEFAULT_ISOLATION: IsolationProfile = IsolationProfile::Jail(JailProfile::Strict);
+    /// The default most sandboxes alive at once (`ASBX_MAX_SANDBOXES`).
+    pub const DEFAULT_MAX_SANDBOXES: usize = 1024;
+    /// The default warm pool (`ASBX_WARM_POOL`).
+    pub const DEFAULT_WARM_POOL: usize = 2;
+    /// The default most the warm pool grows to (`ASBX_WARM_POOL_MAX`).
+    pub const DEFAULT_WARM_POOL_MAX: usize = 64;
+    /// The default runtime cap, in seconds: 8 hours (`ASBX_MAX_RUNTIME_SEC`).
+    pub const DEFAULT_MAX_RUNTIME_SEC: u64 = 28_800;
+    /// The default grace past the cap, in seconds (`ASBX_RUNTIME_GRACE_SEC`).
+    pub const DEFAULT_RUNTIME_GRACE_SEC: u64 = 60;
+
+    /// The defaults, for sandboxes run by `asbx_exe` with their state under
+    /// `state_dir`.
     pub fn new(asbx_exe: PathBuf, state_dir: PathBuf) -> Self {
         RunnerConfig {
             asbx_exe,
             state_dir,
-            isolation: IsolationProfile::Jail(JailProfile::Strict),
+            isolation: Self::DEFAULT_ISOLATION,
             token: None,
             providers: Vec::new(),
-            max_sandboxes: 1024,
-            warm_pool: 2,
-            warm_pool_max: 64,
-            max_runtime: Duration::from_secs(28_800),
-            runtime_grace: Duration::from_secs(60),
+            max_sandboxes: Self::DEFAULT_MAX_SANDBOXES,
+            warm_pool: Self::DEFAULT_WARM_POOL,
+            warm_pool_max: Self::DEFAULT_WARM_POOL_MAX,
+            max_runtime: Duration::from_secs(Self::DEFAULT_MAX_RUNTIME_SEC),
+            runtime_grace: Duration::from_secs(Self::DEFAULT_RUNTIME_GRACE_SEC),
             limits: MaxLimits::default(),
             resources: ResourceLimits::default(),
             uid_base: 1_000_000,

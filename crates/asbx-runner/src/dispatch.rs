@@ -17,9 +17,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
-use crate::drive::{Drive, capture_stderr};
+use crate::drive::Drive;
 use crate::error::RunnerError;
 use crate::pool::{Booted, Pool, Slot};
+use crate::stderr::{StderrReader, capture_stderr};
 
 /// A fresh session id when the request names none.
 pub(crate) fn random_id() -> String {
@@ -52,14 +53,14 @@ pub(crate) async fn start(
     let gateway_stop = match connect(inner, session, req, &slot, &mut child, &trace) {
         Ok(g) => g,
         Err(e) => {
-            crate::drive::kill_tree(&mut child).await;
+            child.kill_tree().await;
             let _ = slot.cleanup(inner).await;
             return Err(e);
         }
     };
     let stderr = match child.stderr.take() {
         Some(e) => capture_stderr(e),
-        None => crate::drive::StderrReader::none(),
+        None => StderrReader::none(),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let limits = inner.config.limits;

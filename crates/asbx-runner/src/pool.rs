@@ -467,7 +467,7 @@ impl Pool {
         for mut b in warm {
             // Closing stdin ends a waiting agent; SIGTERM ends the jail.
             drop(b.child.stdin.take());
-            crate::drive::kill_tree(&mut b.child).await;
+            b.child.kill_tree().await;
             let _ = b.slot.cleanup(inner).await;
         }
     }

@@ -1,12 +1,16 @@
-//! Head and tail capture of a sandbox's stderr (`session_ended`, docs/protocol.md §4).
+//! A sandbox's stderr: read while it runs ([`capture_stderr`]) into a head
+//! and tail capture (`session_ended`, docs/protocol.md §4).
 //!
 //! Keeps the first 50 and the last 50 lines, each cut to 500 bytes on a
 //! UTF-8 boundary, and counts every line, in bounded memory whatever the
 //! process writes.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use asbx_protocol::session::StderrOutput;
+use tokio::io::AsyncReadExt;
+use tokio::task::JoinHandle;
 
 pub(crate) const KEEP_LINES: usize = 50;
 pub(crate) const MAX_LINE_BYTES: usize = 500;
@@ -90,6 +94,74 @@ fn cut_utf8(bytes: &[u8], max: usize) -> String {
         end -= 1;
     }
     s[..end].to_owned()
+}
+
+/// A sandbox's stderr, read into a head/tail capture until it closes or
+/// the sandbox is known to have ended ([`StderrReader::finish`]).
+pub(crate) struct StderrReader {
+    task: JoinHandle<StderrCapture>,
+    done: tokio_util::sync::CancellationToken,
+}
+
+impl StderrReader {
+    /// Nothing to read (no pipe).
+    pub(crate) fn none() -> StderrReader {
+        StderrReader {
+            task: tokio::spawn(async { StderrCapture::default() }),
+            done: tokio_util::sync::CancellationToken::new(),
+        }
+    }
+
+    /// The capture, once the sandbox ended: what the pipe holds now is
+    /// read (without waiting for its end-of-file, which a supervisor still
+    /// tearing the sandbox down holds back), then the reading stops.
+    pub(crate) async fn finish(self) -> StderrCapture {
+        self.done.cancel();
+        match tokio::time::timeout(Duration::from_secs(1), self.task).await {
+            Ok(Ok(c)) => c,
+            _ => StderrCapture::default(),
+        }
+    }
+}
+
+/// Reads a sandbox's stderr into a head/tail capture; see [`StderrReader`].
+pub(crate) fn capture_stderr(mut stderr: tokio::net::unix::pipe::Receiver) -> StderrReader {
+    let done = tokio_util::sync::CancellationToken::new();
+    let finish = done.clone();
+    let task = tokio::spawn(async move {
+        let mut cap = StderrCapture::default();
+        // Most sandboxes write little or nothing there while they idle:
+        // start small, and read big once a read fills the buffer.
+        let mut buf = vec![0u8; 256];
+        loop {
+            tokio::select! {
+                biased;
+                read = stderr.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        cap.push(&buf[..n]);
+                        if n == buf.len() && buf.len() < 8192 {
+                            buf.resize(8192, 0);
+                        }
+                    }
+                },
+                _ = finish.cancelled() => {
+                    // What is in the pipe now, read directly (the pipe does
+                    // not block), whether or not the reactor saw it yet.
+                    buf.resize(8192, 0);
+                    while let Ok(n) = nix::unistd::read(&stderr, &mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        cap.push(&buf[..n]);
+                    }
+                    break;
+                }
+            }
+        }
+        cap
+    });
+    StderrReader { task, done }
 }
 
 #[cfg(test)]

@@ -279,17 +279,7 @@ async fn stream(
             return (StatusCode::BAD_REQUEST, format!("{errors:?}")).into_response();
         }
     };
-    shared
-        .authorizations
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(authorization);
-    shared
-        .dispatches
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(d.clone());
-    shared.dispatched.notify_waiters();
+    record(&shared, authorization, &d);
     let mode = shared
         .mode
         .lock()
@@ -305,118 +295,143 @@ async fn stream(
                 .body(Body::from(problem.to_string()))
                 .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
         }
-        Mode::Full { files } => {
-            call_back(&shared, &d, "env", &d.otp_setup, None).await;
-            call_back(&shared, &d, "config", &d.otp_run, None).await;
-            if !files.is_empty() {
-                let upload = d.otp_upload.clone().unwrap_or_default();
-                call_back(
-                    &shared,
-                    &d,
-                    "results",
-                    &upload,
-                    Some(json!({"files": files})),
-                )
-                .await;
-            }
-            let lines = [
-                line(
-                    1,
-                    &session,
-                    json!({"type":"step","id":"s1","name":"shell","status":"running","args":{"command":"ls"}}),
-                ),
-                line(
-                    2,
-                    &session,
-                    json!({"type":"log","level":"info","message":"hello"}),
-                ),
-                line(
-                    3,
-                    &session,
-                    json!({"type":"step","id":"s1","name":"shell","status":"succeeded","result":{"exitCode":0},"durationMs":5}),
-                ),
-                line(
-                    4,
-                    &session,
-                    json!({"type":"result","message":format!("done: {}", d.prompt)}),
-                ),
-            ];
-            let shared2 = shared.clone();
-            tokio::spawn(async move {
-                for l in lines {
-                    // Split each line in two chunks to exercise reassembly.
-                    let (a, b) = l.as_bytes().split_at(l.len() / 2);
-                    for part in [a, b] {
-                        shared2
-                            .sent
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .extend_from_slice(part);
-                        if tx.send(Ok(Bytes::copy_from_slice(part))).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-        Mode::Hold => {
-            let shared2 = shared.clone();
-            tokio::spawn(async move {
-                let before = [
-                    line(
-                        1,
-                        &session,
-                        json!({"type":"step","id":"s1","name":"shell","status":"running"}),
-                    ),
-                    line(
-                        2,
-                        &session,
-                        json!({"type":"log","level":"info","message":"working"}),
-                    ),
-                    line(
-                        3,
-                        &session,
-                        json!({"type":"step","id":"s1","name":"shell","status":"succeeded","durationMs":1}),
-                    ),
-                    line(
-                        4,
-                        &session,
-                        json!({"type":"step","id":"s2","name":"shell","status":"running"}),
-                    ),
-                ];
-                for l in before {
-                    shared2
-                        .sent
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .extend_from_slice(l.as_bytes());
-                    if tx.send(Ok(Bytes::from(l))).await.is_err() {
-                        return;
-                    }
-                }
-                tokio::select! {
-                    _ = shared2.release.notified() => {}
-                    _ = tx.closed() => return,
-                }
-                let after = [
-                    line(
-                        5,
-                        &session,
-                        json!({"type":"step","id":"s2","name":"shell","status":"succeeded","durationMs":1}),
-                    ),
-                    line(6, &session, json!({"type":"result","message":"released"})),
-                ];
-                for l in after {
-                    shared2
-                        .sent
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .extend_from_slice(l.as_bytes());
-                    let _ = tx.send(Ok(Bytes::from(l))).await;
-                }
-            });
-        }
+        Mode::Full { files } => full(&shared, &d, files, session, tx).await,
+        Mode::Hold => hold(&shared, session, tx),
     }
+    ndjson(&shared, rx)
+}
+
+/// Keeps the dispatch and its `authorization` for the test to read.
+fn record(shared: &Arc<Shared>, authorization: Option<String>, d: &DispatchRequest) {
+    shared
+        .authorizations
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(authorization);
+    shared
+        .dispatches
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(d.clone());
+    shared.dispatched.notify_waiters();
+}
+
+/// [`Mode::Full`]: the callbacks, then a whole turn, each line in two chunks.
+async fn full(
+    shared: &Arc<Shared>,
+    d: &DispatchRequest,
+    files: Vec<Value>,
+    session: String,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    call_back(shared, d, "env", &d.otp_setup, None).await;
+    call_back(shared, d, "config", &d.otp_run, None).await;
+    if !files.is_empty() {
+        let upload = d.otp_upload.clone().unwrap_or_default();
+        call_back(shared, d, "results", &upload, Some(json!({"files": files}))).await;
+    }
+    let lines = [
+        line(
+            1,
+            &session,
+            json!({"type":"step","id":"s1","name":"shell","status":"running","args":{"command":"ls"}}),
+        ),
+        line(
+            2,
+            &session,
+            json!({"type":"log","level":"info","message":"hello"}),
+        ),
+        line(
+            3,
+            &session,
+            json!({"type":"step","id":"s1","name":"shell","status":"succeeded","result":{"exitCode":0},"durationMs":5}),
+        ),
+        line(
+            4,
+            &session,
+            json!({"type":"result","message":format!("done: {}", d.prompt)}),
+        ),
+    ];
+    let shared2 = shared.clone();
+    tokio::spawn(async move {
+        for l in lines {
+            // Split each line in two chunks to exercise reassembly.
+            let (a, b) = l.as_bytes().split_at(l.len() / 2);
+            for part in [a, b] {
+                shared2
+                    .sent
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend_from_slice(part);
+                if tx.send(Ok(Bytes::copy_from_slice(part))).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// [`Mode::Hold`]: a turn that stops in a running step until released.
+fn hold(shared: &Arc<Shared>, session: String, tx: mpsc::Sender<Result<Bytes, std::io::Error>>) {
+    let shared2 = shared.clone();
+    tokio::spawn(async move {
+        let before = [
+            line(
+                1,
+                &session,
+                json!({"type":"step","id":"s1","name":"shell","status":"running"}),
+            ),
+            line(
+                2,
+                &session,
+                json!({"type":"log","level":"info","message":"working"}),
+            ),
+            line(
+                3,
+                &session,
+                json!({"type":"step","id":"s1","name":"shell","status":"succeeded","durationMs":1}),
+            ),
+            line(
+                4,
+                &session,
+                json!({"type":"step","id":"s2","name":"shell","status":"running"}),
+            ),
+        ];
+        for l in before {
+            shared2
+                .sent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend_from_slice(l.as_bytes());
+            if tx.send(Ok(Bytes::from(l))).await.is_err() {
+                return;
+            }
+        }
+        tokio::select! {
+            _ = shared2.release.notified() => {}
+            _ = tx.closed() => return,
+        }
+        let after = [
+            line(
+                5,
+                &session,
+                json!({"type":"step","id":"s2","name":"shell","status":"succeeded","durationMs":1}),
+            ),
+            line(6, &session, json!({"type":"result","message":"released"})),
+        ];
+        for l in after {
+            shared2
+                .sent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend_from_slice(l.as_bytes());
+            let _ = tx.send(Ok(Bytes::from(l))).await;
+        }
+    });
+}
+
+/// The stream's response; its end (the client gone) is signalled.
+fn ndjson(shared: &Arc<Shared>, rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response {
     let signal = DropSignal(shared.clone());
     let body = tokio_stream::wrappers::ReceiverStream::new(rx);
     let body = futures::StreamExt::map(body, move |item| {

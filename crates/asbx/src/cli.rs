@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use asbx_protocol::jail::ResourceLimits;
+use asbx_runner::RunnerConfig;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -66,7 +68,7 @@ pub(crate) fn env_vars() -> Vec<String> {
 #[derive(Debug, Args)]
 pub(crate) struct RunnerOpts {
     /// Isolation profile: strict, namespaces (weaker), or unconfined (none).
-    #[arg(long, env = "ASBX_PROFILE", default_value = "strict")]
+    #[arg(long, env = "ASBX_PROFILE", default_value = RunnerConfig::DEFAULT_ISOLATION.as_str())]
     pub(crate) profile: String,
     /// Bearer token required on every runner route.
     #[arg(long, env = "ASBX_RUNNER_TOKEN", hide_env_values = true)]
@@ -78,17 +80,17 @@ pub(crate) struct RunnerOpts {
     #[arg(long, env = "ASSISTANT_SANDBOX_MAX_RUNTIME_SEC", hide = true)]
     pub(crate) assistant_sandbox_max_runtime_sec: Option<u64>,
     /// Grace past the runtime cap, in seconds.
-    #[arg(long, env = "ASBX_RUNTIME_GRACE_SEC", default_value_t = 60)]
+    #[arg(long, env = "ASBX_RUNTIME_GRACE_SEC", default_value_t = RunnerConfig::DEFAULT_RUNTIME_GRACE_SEC)]
     pub(crate) runtime_grace_sec: u64,
     /// Most sandboxes alive at once.
-    #[arg(long, env = "ASBX_MAX_SANDBOXES", default_value_t = 1024)]
+    #[arg(long, env = "ASBX_MAX_SANDBOXES", default_value_t = RunnerConfig::DEFAULT_MAX_SANDBOXES)]
     pub(crate) max_sandboxes: usize,
     /// Sandboxes kept booted ahead of dispatches (0 boots each on demand).
-    #[arg(long, env = "ASBX_WARM_POOL", default_value_t = 2)]
+    #[arg(long, env = "ASBX_WARM_POOL", default_value_t = RunnerConfig::DEFAULT_WARM_POOL)]
     pub(crate) warm_pool: usize,
     /// The most sandboxes the warm pool keeps when recent demand is higher
     /// (its memory budget, about 1 MiB of host memory each).
-    #[arg(long, env = "ASBX_WARM_POOL_MAX", default_value_t = 64)]
+    #[arg(long, env = "ASBX_WARM_POOL_MAX", default_value_t = RunnerConfig::DEFAULT_WARM_POOL_MAX)]
     pub(crate) warm_pool_max: usize,
     /// Origins a dispatch's `agent_url` may point at, comma-separated
     /// (`https://ws.example.com`); loopback origins only when unset.
@@ -99,16 +101,16 @@ pub(crate) struct RunnerOpts {
     #[arg(long, env = "ASBX_ALLOW_INTERNAL", value_delimiter = ',')]
     pub(crate) allow_internal: Vec<String>,
     /// Memory cap of one sandbox, in MiB.
-    #[arg(long, env = "ASBX_SANDBOX_MEMORY_MB", default_value_t = 512)]
+    #[arg(long, env = "ASBX_SANDBOX_MEMORY_MB", default_value_t = ResourceLimits::DEFAULT_MEMORY_MB)]
     pub(crate) memory_mb: u64,
     /// Most processes in one sandbox.
-    #[arg(long, env = "ASBX_SANDBOX_PIDS", default_value_t = 256)]
+    #[arg(long, env = "ASBX_SANDBOX_PIDS", default_value_t = ResourceLimits::DEFAULT_PIDS)]
     pub(crate) pids: u64,
     /// CPU quota of one sandbox, in percent of one core.
-    #[arg(long, env = "ASBX_SANDBOX_CPU_PERCENT", default_value_t = 100)]
+    #[arg(long, env = "ASBX_SANDBOX_CPU_PERCENT", default_value_t = ResourceLimits::DEFAULT_CPU_PERCENT)]
     pub(crate) cpu_percent: u32,
     /// Disk cap of a sandbox's working directory, /tmp and /dev/shm together, in MiB.
-    #[arg(long, env = "ASBX_SANDBOX_DISK_MB", default_value_t = 256)]
+    #[arg(long, env = "ASBX_SANDBOX_DISK_MB", default_value_t = ResourceLimits::DEFAULT_DISK_MB)]
     pub(crate) disk_mb: u64,
     /// OpenAI-compatible endpoint (any server speaking chat completions).
     #[arg(long, env = "OPENAI_BASE_URL")]
@@ -227,16 +229,13 @@ pub(crate) struct UpArgs {
     pub(crate) conns: crate::listen::ConnOpts,
 }
 
-/// The runtime cap when neither of its names is set: 8 hours.
-const DEFAULT_MAX_RUNTIME_SEC: u64 = 28_800;
-
 impl RunnerOpts {
     /// The runtime cap: `ASBX_MAX_RUNTIME_SEC`, else the seed's
     /// `ASSISTANT_SANDBOX_MAX_RUNTIME_SEC`, else 8 hours.
     pub(crate) fn max_runtime_sec(&self) -> u64 {
         self.max_runtime_sec
             .or(self.assistant_sandbox_max_runtime_sec)
-            .unwrap_or(DEFAULT_MAX_RUNTIME_SEC)
+            .unwrap_or(RunnerConfig::DEFAULT_MAX_RUNTIME_SEC)
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use asbx_protocol::jail::{IsolationProfile, JailProfile, Layer, LayerReport};
 
 use crate::cli::DoctorArgs;
-use crate::serve::{FDS_PER_SANDBOX, layer_report, sandbox_exe};
+use crate::cmd::{FDS_PER_SANDBOX, layer_report, sandbox_exe};
 
 /// How long a runner may take to answer `/healthz`.
 const RUNNER_TIMEOUT: Duration = Duration::from_secs(3);

@@ -5,13 +5,12 @@
 //! single-threaded process when it creates namespaces.
 
 mod cli;
+mod cmd;
 mod doctor;
 mod listen;
 mod otel;
 mod providers;
-mod render;
 mod sandbox_cmd;
-mod serve;
 
 use std::process::ExitCode;
 
@@ -55,7 +54,7 @@ fn main() -> ExitCode {
                 _ => None,
             };
             let traces = init_tracing(rt.handle(), service);
-            let code = match rt.block_on(serve::run(command)) {
+            let code = match rt.block_on(cmd::run(command)) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("asbx: {e}");

@@ -13,12 +13,12 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::openai::parse_args;
-use super::sse;
-use super::{
-    DeltaSink, HttpSettings, Message, ModelError, ModelRequest, ModelTurn, Provider,
-    ToolCallRequest, Usage,
+use super::model::{
+    DeltaSink, Message, ModelError, ModelRequest, ModelTurn, Provider, ToolCallRequest, Usage,
 };
+use super::openai::parse_args;
+use super::settings::HttpSettings;
+use super::sse;
 use crate::gateway_client::GatewayClient;
 
 /// The `anthropic-version` header sent with each call.
@@ -271,20 +271,39 @@ async fn attempt(p: &Anthropic, body: Bytes, sink: &DeltaSink) -> Result<ModelTu
         p.settings.stall_timeout,
     )
     .await?;
-    let mut blocks: BTreeMap<usize, Partial> = BTreeMap::new();
-    let mut usage = Usage::default();
-    let mut stopped = false;
+    let mut answer = Answer::default();
     while let Some(ev) = reader.next_event().await? {
         if ev.data.trim().is_empty() {
             continue;
         }
         let parsed: StreamEvent = serde_json::from_str(&ev.data)
             .map_err(|e| ModelError::Protocol(format!("bad event: {e}")))?;
-        match parsed {
+        answer.apply(parsed, sink).await?;
+        if answer.stopped {
+            break;
+        }
+    }
+    answer.finish()
+}
+
+/// One streamed answer as its events arrive: the content blocks by index,
+/// the usage, whether `message_stop` came.
+#[derive(Default)]
+struct Answer {
+    blocks: BTreeMap<usize, Partial>,
+    usage: Usage,
+    stopped: bool,
+}
+
+impl Answer {
+    /// Takes one event in (text deltas go to `sink` too); an `error` event
+    /// ends the attempt.
+    async fn apply(&mut self, event: StreamEvent, sink: &DeltaSink) -> Result<(), ModelError> {
+        match event {
             StreamEvent::MessageStart { message } => {
                 if let Some(u) = message.usage {
-                    usage.input_tokens = u.input_tokens.unwrap_or(0);
-                    usage.output_tokens = u.output_tokens.unwrap_or(0);
+                    self.usage.input_tokens = u.input_tokens.unwrap_or(0);
+                    self.usage.output_tokens = u.output_tokens.unwrap_or(0);
                 }
             }
             StreamEvent::ContentBlockStart {
@@ -303,10 +322,10 @@ async fn attempt(p: &Anthropic, body: Bytes, sink: &DeltaSink) -> Result<ModelTu
                     },
                     StartBlock::Other => Partial::Other,
                 };
-                blocks.insert(index, part);
+                self.blocks.insert(index, part);
             }
             StreamEvent::ContentBlockDelta { index, delta } => {
-                match (blocks.get_mut(&index), delta) {
+                match (self.blocks.get_mut(&index), delta) {
                     (Some(Partial::Text(t)), BlockDelta::TextDelta { text }) => {
                         sink.delta(&text).await;
                         t.push_str(&text);
@@ -322,16 +341,13 @@ async fn attempt(p: &Anthropic, body: Bytes, sink: &DeltaSink) -> Result<ModelTu
             }
             StreamEvent::MessageDelta { usage: Some(u) } => {
                 if let Some(i) = u.input_tokens {
-                    usage.input_tokens = i;
+                    self.usage.input_tokens = i;
                 }
                 if let Some(o) = u.output_tokens {
-                    usage.output_tokens = o;
+                    self.usage.output_tokens = o;
                 }
             }
-            StreamEvent::MessageStop => {
-                stopped = true;
-                break;
-            }
+            StreamEvent::MessageStop => self.stopped = true,
             StreamEvent::Error { error } => {
                 let retryable = matches!(error.kind.as_str(), "overloaded_error" | "api_error");
                 let message = if error.message.is_empty() {
@@ -350,30 +366,35 @@ async fn attempt(p: &Anthropic, body: Bytes, sink: &DeltaSink) -> Result<ModelTu
             | StreamEvent::Ping
             | StreamEvent::Other => {}
         }
+        Ok(())
     }
-    if !stopped {
-        return Err(ModelError::StreamCut(
-            "the response ended before message_stop".into(),
-        ));
-    }
-    let mut text = String::new();
-    let mut tool_calls = Vec::new();
-    for (_, b) in blocks {
-        match b {
-            Partial::Text(t) => text.push_str(&t),
-            Partial::Tool { id, name, json } => tool_calls.push(ToolCallRequest {
-                id,
-                name,
-                args: parse_args(&json),
-            }),
-            Partial::Other => {}
+
+    /// The complete turn, once `message_stop` came.
+    fn finish(self) -> Result<ModelTurn, ModelError> {
+        if !self.stopped {
+            return Err(ModelError::StreamCut(
+                "the response ended before message_stop".into(),
+            ));
         }
+        let mut text = String::new();
+        let mut tool_calls = Vec::new();
+        for (_, b) in self.blocks {
+            match b {
+                Partial::Text(t) => text.push_str(&t),
+                Partial::Tool { id, name, json } => tool_calls.push(ToolCallRequest {
+                    id,
+                    name,
+                    args: parse_args(&json),
+                }),
+                Partial::Other => {}
+            }
+        }
+        Ok(ModelTurn {
+            text,
+            tool_calls,
+            usage: self.usage,
+        })
     }
-    Ok(ModelTurn {
-        text,
-        tool_calls,
-        usage,
-    })
 }
 
 impl Provider for Anthropic {

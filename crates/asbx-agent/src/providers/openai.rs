@@ -13,11 +13,11 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::sse;
-use super::{
-    DeltaSink, HttpSettings, Message, ModelError, ModelRequest, ModelTurn, Provider,
-    ToolCallRequest, Usage,
+use super::model::{
+    DeltaSink, Message, ModelError, ModelRequest, ModelTurn, Provider, ToolCallRequest, Usage,
 };
+use super::settings::HttpSettings;
+use super::sse;
 use crate::gateway_client::GatewayClient;
 
 /// An OpenAI-compatible provider reached at `/model/{name}/chat/completions`.

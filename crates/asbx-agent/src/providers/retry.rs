@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use super::ModelError;
+use super::model::ModelError;
 
 /// How model calls are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

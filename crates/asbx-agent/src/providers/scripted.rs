@@ -32,7 +32,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::{
+use super::model::{
     DeltaSink, Message, ModelError, ModelRequest, ModelTurn, Provider, ToolCallRequest, Usage,
 };
 

@@ -12,7 +12,8 @@ use http::Method;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::{ModelError, error_message, retry::parse_retry_after};
+use super::model::{ModelError, error_message};
+use super::retry::parse_retry_after;
 use crate::gateway_client::{GatewayClient, GatewayError, read_body};
 
 /// Longest SSE line accepted, so a broken provider cannot exhaust memory.

@@ -74,29 +74,7 @@ pub(crate) async fn run_process(
     (cap, keep_tail): (usize, bool),
     stream_to: Option<(Emitter, String)>,
 ) -> Result<ProcessOutput, SpawnError> {
-    let args = ["-c".to_owned(), script.to_owned()];
-    let (mut cmd, cgroup) =
-        process::command("bash", &args, Slot::Tools, ctx.tool_user, &ctx.cgroup_root)
-            .map_err(SpawnError::Cgroup)?;
-    cmd.current_dir(&ctx.workdir)
-        .env_clear()
-        .envs(process::base_env(&ctx.workdir))
-        .envs(&ctx.variables)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child =
-        crate::orphans::spawn(|| cmd.spawn(), tokio::process::Child::id).map_err(|source| {
-            if let Some(why) = process::join_failure(&source, cgroup.as_ref()) {
-                return SpawnError::Cgroup(why);
-            }
-            match ctx.tool_user {
-                Some((uid, gid)) if source.kind() == std::io::ErrorKind::PermissionDenied => {
-                    SpawnError::User { uid, gid, source }
-                }
-                Some(_) | None => SpawnError::Spawn(source),
-            }
-        })?;
+    let (mut child, cgroup) = spawn_bash(ctx, script)?;
     let mut reaper = Reaper::new(child.id(), cgroup, ctx.tool_user.map(|(uid, _)| uid));
     let out = Arc::new(Mutex::new(Capture::default()));
     let err = Arc::new(Mutex::new(Capture::default()));
@@ -119,34 +97,8 @@ pub(crate) async fn run_process(
             OutputStream::Stderr,
         )));
     }
-    let status = tokio::select! {
-        s = child.wait() => Some(s),
-        _ = tokio::time::sleep(timeout) => None,
-    };
-    let killed = match status {
-        None => {
-            let killed = reaper.kill().await;
-            let _ = child.wait().await;
-            if killed.left > 0 || killed.error.is_some() || killed.blind {
-                tracing::warn!("timed-out tool: {killed}");
-            }
-            Some(killed)
-        }
-        Some(_) => {
-            reaper.disarm();
-            None
-        }
-    };
-    let drain = async {
-        for r in &mut readers {
-            let _ = r.await;
-        }
-    };
-    if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
-        for r in &readers {
-            r.abort();
-        }
-    }
+    let (status, killed) = wait_or_kill(&mut child, &mut reaper, timeout).await;
+    drain(&mut readers).await;
     let (exit_code, signal) = match status {
         Some(Ok(s)) => {
             use std::os::unix::process::ExitStatusExt;
@@ -169,6 +121,84 @@ pub(crate) async fn run_process(
         stderr_total,
         killed,
     })
+}
+
+/// Starts `bash -c script` under the tool rules: its own uid and cgroup,
+/// the tool environment, stdout and stderr piped.
+fn spawn_bash(
+    ctx: &ToolContext,
+    script: &str,
+) -> Result<(tokio::process::Child, Option<process::ChildCgroup>), SpawnError> {
+    let args = ["-c".to_owned(), script.to_owned()];
+    let (mut cmd, cgroup) =
+        process::command("bash", &args, Slot::Tools, ctx.tool_user, &ctx.cgroup_root)
+            .map_err(SpawnError::Cgroup)?;
+    cmd.current_dir(&ctx.workdir)
+        .env_clear()
+        .envs(process::base_env(&ctx.workdir))
+        .envs(&ctx.variables)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child =
+        crate::orphans::spawn(|| cmd.spawn(), tokio::process::Child::id).map_err(|source| {
+            if let Some(why) = process::join_failure(&source, cgroup.as_ref()) {
+                return SpawnError::Cgroup(why);
+            }
+            match ctx.tool_user {
+                Some((uid, gid)) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                    SpawnError::User { uid, gid, source }
+                }
+                Some(_) | None => SpawnError::Spawn(source),
+            }
+        })?;
+    Ok((child, cgroup))
+}
+
+/// Waits for the process until `timeout`, then kills its whole tree; the
+/// exit status (none after a kill) and what the kill found.
+async fn wait_or_kill(
+    child: &mut tokio::process::Child,
+    reaper: &mut Reaper,
+    timeout: Duration,
+) -> (
+    Option<std::io::Result<std::process::ExitStatus>>,
+    Option<Killed>,
+) {
+    let status = tokio::select! {
+        s = child.wait() => Some(s),
+        _ = tokio::time::sleep(timeout) => None,
+    };
+    let killed = match status {
+        None => {
+            let killed = reaper.kill().await;
+            let _ = child.wait().await;
+            if killed.left > 0 || killed.error.is_some() || killed.blind {
+                tracing::warn!("timed-out tool: {killed}");
+            }
+            Some(killed)
+        }
+        Some(_) => {
+            reaper.disarm();
+            None
+        }
+    };
+    (status, killed)
+}
+
+/// Lets the readers finish, at most for [`DRAIN_TIMEOUT`]: grandchildren
+/// may hold the pipes open.
+async fn drain(readers: &mut [tokio::task::JoinHandle<()>]) {
+    let drain = async {
+        for r in readers.iter_mut() {
+            let _ = r.await;
+        }
+    };
+    if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
+        for r in readers.iter() {
+            r.abort();
+        }
+    }
 }
 
 async fn pump(

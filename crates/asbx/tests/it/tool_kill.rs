@@ -38,6 +38,31 @@ fn marker() -> String {
     format!("1000.{}", rand::random::<u32>())
 }
 
+/// Runs a turn of three tools whose second times out leaving `orphan`
+/// behind and whose answer is `checked`, watching from the host that the
+/// orphan ran before the timeout (the positive control); its finished
+/// steps.
+async fn run_with_orphan(url: &str, body: serde_json::Value, orphan: &str) -> Vec<Step> {
+    let url = url.to_owned();
+    let run = tokio::spawn(async move { dispatch(&url, &body).await });
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut orphan_ran = false;
+    while !orphan_ran && !run.is_finished() && std::time::Instant::now() < until {
+        orphan_ran = !pids_with(orphan).is_empty();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, lines, _) = run.await.unwrap();
+    assert!(orphan_ran, "the orphan never ran (no positive control)");
+    assert_well_formed(&lines);
+    assert!(
+        matches!(terminal(&lines), Event::Result(r) if r.message == "checked"),
+        "{lines:?}"
+    );
+    let steps = finished(&lines);
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    steps
+}
+
 /// Lists the command lines of the sandbox's `sleep` processes; the command
 /// itself names no marker.
 const LIST_SLEEPS: &str = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep '^sleep' || true";
@@ -80,25 +105,7 @@ async fn timed_out_tool_dies_with_everything(profile: &str) {
         {"tool": "shell", "args": {"command": LIST_SLEEPS}},
         {"say": "checked"}
     ]));
-    let url = runner.url.clone();
-    let body = ws.body(&t, &prompt);
-    let run = tokio::spawn(async move { dispatch(&url, &body).await });
-    // Positive control from the host: the orphan ran before the timeout.
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut orphan_ran = false;
-    while !orphan_ran && !run.is_finished() && std::time::Instant::now() < until {
-        orphan_ran = !pids_with(&orphan).is_empty();
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    let (_, lines, _) = run.await.unwrap();
-    assert!(orphan_ran, "the orphan never ran (no positive control)");
-    assert_well_formed(&lines);
-    assert!(
-        matches!(terminal(&lines), Event::Result(r) if r.message == "checked"),
-        "{lines:?}"
-    );
-    let steps = finished(&lines);
-    assert_eq!(steps.len(), 3, "{steps:?}");
+    let steps = run_with_orphan(&runner.url, ws.body(&t, &prompt), &orphan).await;
     assert!(
         text_of(&steps[0]).contains(&format!("sleep {early}")),
         "the listing must see a tool's background sleep: {:?}",
@@ -312,25 +319,7 @@ async fn a_tool_cannot_move_into_another_cgroup_and_dies_at_its_timeout() {
         {"tool": "shell", "args": {"command": format!("cat /tmp/escape.txt; {LIST_SLEEPS}")}},
         {"say": "checked"}
     ]));
-    let url = runner.url.clone();
-    let body = ws.body(&t, &prompt);
-    let run = tokio::spawn(async move { dispatch(&url, &body).await });
-    // Positive control from the host: the orphan ran before the timeout.
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut orphan_ran = false;
-    while !orphan_ran && !run.is_finished() && std::time::Instant::now() < until {
-        orphan_ran = !pids_with(&orphan).is_empty();
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    let (_, lines, _) = run.await.unwrap();
-    assert!(orphan_ran, "the orphan never ran (no positive control)");
-    assert_well_formed(&lines);
-    assert!(
-        matches!(terminal(&lines), Event::Result(r) if r.message == "checked"),
-        "{lines:?}"
-    );
-    let steps = finished(&lines);
-    assert_eq!(steps.len(), 3, "{steps:?}");
+    let steps = run_with_orphan(&runner.url, ws.body(&t, &prompt), &orphan).await;
     assert_eq!(
         steps[0].status,
         StepStatus::Succeeded,

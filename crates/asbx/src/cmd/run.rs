@@ -25,7 +25,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::RunArgs;
 
-pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let url = args.url.join("api/runs").context("building the runs URL")?;
     // Protocol 2: the answer as it streams (`delta`) and each tool's output
     // while it runs (`stdout`), docs/protocol.md §4.
@@ -123,71 +123,11 @@ impl Ui {
     fn show(&mut self, event: &Event, quiet: bool) -> Option<ExitCode> {
         match event {
             Event::Step(step) => {
-                let args = step.args.as_ref().map(summarize).unwrap_or_default();
-                let name = escape_controls(&step.name, false);
-                match step.status {
-                    StepStatus::Running => {
-                        let bar = self.multi.add(ProgressBar::new_spinner());
-                        bar.set_style(self.style_running.clone());
-                        bar.set_message(format!("{name} {args}"));
-                        bar.enable_steady_tick(Duration::from_millis(80));
-                        if self.multi.is_hidden() && !quiet {
-                            eprintln!("… {name} {args}");
-                        }
-                        self.bars.insert(step.id.clone(), bar);
-                    }
-                    StepStatus::Succeeded | StepStatus::Failed => {
-                        let ms = step.duration_ms.unwrap_or(0);
-                        let line = match (&step.status, &step.error) {
-                            (StepStatus::Failed, err) => format!(
-                                "✗ {name} ({ms} ms): {}",
-                                escape_controls(err.as_deref().unwrap_or("failed"), false)
-                            ),
-                            _ => format!("✓ {name} ({ms} ms)"),
-                        };
-                        match self.bars.remove(&step.id) {
-                            Some(bar) => {
-                                bar.set_style(self.style_done.clone());
-                                bar.finish_with_message(line.clone());
-                            }
-                            None => self.note(&line),
-                        }
-                        if self.multi.is_hidden() && !quiet {
-                            eprintln!("{line}");
-                        }
-                    }
-                }
+                self.step(step, quiet);
                 None
             }
-            Event::Result(r) => {
-                if !quiet {
-                    let rest = r.message.strip_prefix(self.streamed.as_str());
-                    let text = match rest {
-                        // What the deltas already showed is not printed twice.
-                        Some(rest) => rest,
-                        None if self.streamed.is_empty() => r.message.as_str(),
-                        None => {
-                            println!();
-                            r.message.as_str()
-                        }
-                    };
-                    println!("{}", escape_controls(text, true));
-                }
-                Some(ExitCode::SUCCESS)
-            }
-            Event::Error(e) => {
-                if !quiet {
-                    if !self.streamed.is_empty() {
-                        println!();
-                    }
-                    eprintln!(
-                        "error [{}]: {}",
-                        escape_controls(&e.code, false),
-                        escape_controls(&e.message, false)
-                    );
-                }
-                Some(ExitCode::from(1))
-            }
+            Event::Result(r) => self.result(r, quiet),
+            Event::Error(e) => self.error(e, quiet),
             Event::Delta(d) => {
                 if !quiet {
                     use std::io::Write;
@@ -222,6 +162,77 @@ impl Ui {
             Event::Log(_) | Event::Heartbeat(_) | Event::SessionInit(_) => None,
             Event::ToolCall(_) | Event::ToolResultApplied(_) => None,
         }
+    }
+
+    /// A step: a spinner while it runs, a line once it ended.
+    fn step(&mut self, step: &asbx_protocol::line::Step, quiet: bool) {
+        let args = step.args.as_ref().map(summarize).unwrap_or_default();
+        let name = escape_controls(&step.name, false);
+        match step.status {
+            StepStatus::Running => {
+                let bar = self.multi.add(ProgressBar::new_spinner());
+                bar.set_style(self.style_running.clone());
+                bar.set_message(format!("{name} {args}"));
+                bar.enable_steady_tick(Duration::from_millis(80));
+                if self.multi.is_hidden() && !quiet {
+                    eprintln!("… {name} {args}");
+                }
+                self.bars.insert(step.id.clone(), bar);
+            }
+            StepStatus::Succeeded | StepStatus::Failed => {
+                let ms = step.duration_ms.unwrap_or(0);
+                let line = match (&step.status, &step.error) {
+                    (StepStatus::Failed, err) => format!(
+                        "✗ {name} ({ms} ms): {}",
+                        escape_controls(err.as_deref().unwrap_or("failed"), false)
+                    ),
+                    _ => format!("✓ {name} ({ms} ms)"),
+                };
+                match self.bars.remove(&step.id) {
+                    Some(bar) => {
+                        bar.set_style(self.style_done.clone());
+                        bar.finish_with_message(line.clone());
+                    }
+                    None => self.note(&line),
+                }
+                if self.multi.is_hidden() && !quiet {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+
+    /// The answer, without what the deltas already showed.
+    fn result(&self, r: &asbx_protocol::line::ResultLine, quiet: bool) -> Option<ExitCode> {
+        if !quiet {
+            let rest = r.message.strip_prefix(self.streamed.as_str());
+            let text = match rest {
+                // What the deltas already showed is not printed twice.
+                Some(rest) => rest,
+                None if self.streamed.is_empty() => r.message.as_str(),
+                None => {
+                    println!();
+                    r.message.as_str()
+                }
+            };
+            println!("{}", escape_controls(text, true));
+        }
+        Some(ExitCode::SUCCESS)
+    }
+
+    /// The turn's error, on stderr.
+    fn error(&self, e: &asbx_protocol::line::ErrorLine, quiet: bool) -> Option<ExitCode> {
+        if !quiet {
+            if !self.streamed.is_empty() {
+                println!();
+            }
+            eprintln!(
+                "error [{}]: {}",
+                escape_controls(&e.code, false),
+                escape_controls(&e.message, false)
+            );
+        }
+        Some(ExitCode::from(1))
     }
 }
 

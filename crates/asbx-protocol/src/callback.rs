@@ -11,6 +11,25 @@ pub const SETUP_TOKEN_TTL_SECS: u64 = 600;
 pub const RUN_TOKEN_TTL_SECS: u64 = 600;
 pub const UPLOAD_TOKEN_TTL_SECS: u64 = 3600;
 
+/// The header the runner's gateway sends on every callback: one random id
+/// per logical callback, the same on its retry (docs/protocol.md §3). The
+/// workspace answers a retry of a redeemed token once more when it carries
+/// the id the redemption carried, within [`CALLBACK_REPLAY_WINDOW_MS`].
+pub const REQUEST_ID_HEADER: &str = "x-asbx-request-id";
+
+/// How long after a redemption its retry (same token, same request id) is
+/// answered once more, in milliseconds.
+pub const CALLBACK_REPLAY_WINDOW_MS: u64 = 120_000;
+
+/// Whether `id` is a well-formed callback request id: 16 to 64 characters
+/// of `[A-Za-z0-9_-]` (the gateway sends 32 lowercase hex characters).
+pub fn is_valid_request_id(id: &str) -> bool {
+    (16..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Turns of history sent to the sandbox (docs/protocol.md §3).
 pub const REPLAY_TURN_LIMIT: usize = 20;
 

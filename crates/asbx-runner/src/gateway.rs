@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
+use asbx_protocol::callback::REQUEST_ID_HEADER;
 use asbx_protocol::{Problem, ProblemCode};
 use asbx_protocol::gateway::{
     CALLBACK_CONFIG, CALLBACK_ENV, CALLBACK_RESULTS, CLIENT_TOOL_PREFIX, MCP_PREFIX, MODEL_PREFIX,
@@ -420,7 +421,9 @@ async fn callback_results(Extension(s): Extension<Arc<GatewayState>>, req: Reque
     forward_callback(&s, CALLBACK_RESULTS, req).await
 }
 
-/// Forwards to this dispatch's own `agent_url` and nowhere else.
+/// Forwards to this dispatch's own `agent_url` and nowhere else, with a
+/// fresh request id ([`REQUEST_ID_HEADER`]): one per callback the agent
+/// makes, the same on its retry, never one of the sandbox's.
 async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Response {
     let name = route.rsplit('/').next().unwrap_or(route);
     let url = format!("{}/{name}", s.agent_url);
@@ -430,6 +433,9 @@ async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Respon
             headers.insert(h, v.clone());
         }
     }
+    if let Ok(id) = HeaderValue::from_str(&hex::encode(rand::random::<[u8; 16]>())) {
+        headers.insert(REQUEST_ID_HEADER, id);
+    }
     // The workspace's handler joins the dispatch's trace.
     crate::otel::inject(&mut headers);
     let method = req.method().clone();
@@ -438,28 +444,43 @@ async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Respon
             .await
             .unwrap_or_else(IntoResponse::into_response);
     }
-    // `/env` and `/config` carry no body, so one that could not reach the
-    // workspace is tried once more: behind a load balancer the node that
-    // took it may have died mid-request, and another node answers. (A token
-    // that node had already redeemed is refused the second time, as it
-    // should be.)
-    match forward(
-        &s.client,
-        Method::GET,
-        url.clone(),
-        headers.clone(),
-        Body::empty(),
-    )
-    .await
-    {
+    // `/env` and `/config` carry no body, so one whose connection was lost
+    // before its whole answer came (none sent, or the answer broken off) is
+    // tried once more: behind a load balancer the node that took it may have
+    // died mid-request, and another node answers. If that node had already
+    // redeemed the token, the workspace knows the retry by its request id
+    // and answers it once more (docs/protocol.md §3).
+    match get_whole(s, url.clone(), headers.clone()).await {
         Err(GatewayError::Unreachable(first)) => {
             tracing::info!(route, error = %first, "callback could not reach the workspace; trying once more");
             tokio::time::sleep(CALLBACK_RETRY_AFTER).await;
-            forward(&s.client, Method::GET, url, headers, Body::empty())
+            get_whole(s, url, headers)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
         answered => answered.unwrap_or_else(IntoResponse::into_response),
+    }
+}
+
+/// `GET url` with its whole answer read (at most [`MAX_CONFIG_BODY`], the
+/// largest callback answer): an answer that broke off is
+/// [`GatewayError::Unreachable`], like a request that got none.
+async fn get_whole(
+    s: &GatewayState,
+    url: String,
+    headers: HeaderMap,
+) -> Result<Response, GatewayError> {
+    let res = forward(&s.client, Method::GET, url, headers, Body::empty()).await?;
+    let (parts, body) = res.into_parts();
+    match axum::body::to_bytes(body, MAX_CONFIG_BODY).await {
+        Ok(bytes) => Ok(Response::from_parts(parts, Body::from(bytes))),
+        Err(e)
+            if std::error::Error::source(&e)
+                .is_some_and(|src| src.is::<http_body_util::LengthLimitError>()) =>
+        {
+            Err(GatewayError::AnswerTooLarge("callback"))
+        }
+        Err(e) => Err(GatewayError::Unreachable(format!("answer broke off: {e}"))),
     }
 }
 

@@ -621,3 +621,118 @@ async fn a_callback_that_loses_its_connection_is_tried_once_more() {
     assert_eq!(body["code"], "upstream_unreachable");
     assert_eq!(taken.load(Ordering::SeqCst), 2);
 }
+
+/// A raw HTTP front that records each request's [`REQUEST_ID_HEADER`] and
+/// answers its connections in turn as `plan` says: `Drop` closes the
+/// connection once the request is read (a node that redeemed the token and
+/// died before answering), `Cut` sends the headers and half the body, then
+/// closes, `Answer` answers `{"model": "openai:m"}` in full.
+#[derive(Clone, Copy)]
+enum Turn {
+    Drop,
+    Cut,
+    Answer,
+}
+
+async fn recording_front(plan: Vec<Turn>) -> (String, Arc<Mutex<Vec<Option<String>>>>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let ids: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let seen = Arc::clone(&ids);
+    tokio::spawn(async move {
+        for turn in plan {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+            let id = head
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{REQUEST_ID_HEADER}: ")))
+                .map(|v| v.trim().to_owned());
+            seen.lock().unwrap().push(id);
+            let body = br#"{"model": "openai:m"}"#;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            match turn {
+                Turn::Drop => {}
+                Turn::Cut => {
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    let _ = conn.write_all(&body[..body.len() / 2]).await;
+                }
+                Turn::Answer => {
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    let _ = conn.write_all(body).await;
+                }
+            }
+            let _ = conn.shutdown().await;
+        }
+    });
+    (base, ids)
+}
+
+#[tokio::test]
+async fn a_callbacks_retry_carries_its_request_id_and_no_other_callback_does() {
+    // Lost before any answer, then answered: one id, sent twice.
+    let (front, ids) = recording_front(vec![Turn::Drop, Turn::Answer, Turn::Answer]).await;
+    let app = gateway(&front, &[]);
+    let (status, body) = call(&app, "GET", CALLBACK_CONFIG, "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "openai:m");
+    // The next callback is another request: another id.
+    let (status, body) = call(&app, "GET", CALLBACK_ENV, "").await;
+    assert_eq!(status, 200, "{body}");
+    let ids = ids.lock().unwrap().clone();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let first = ids[0].clone().expect("the first try carries a request id");
+    assert!(
+        asbx_protocol::callback::is_valid_request_id(&first),
+        "{first}"
+    );
+    assert_eq!(ids[1].as_deref(), Some(first.as_str()), "the retry's id");
+    let other = ids[2].clone().expect("every callback carries one");
+    assert_ne!(other, first);
+
+    // An answer broken off after its headers is tried once more, with the
+    // same id; the sandbox gets the whole answer.
+    let (front, ids) = recording_front(vec![Turn::Cut, Turn::Answer]).await;
+    let app = gateway(&front, &[]);
+    let (status, body) = call(&app, "GET", CALLBACK_CONFIG, "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "openai:m");
+    let ids = ids.lock().unwrap().clone();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids[0].is_some());
+    assert_eq!(ids[0], ids[1]);
+
+    // The sandbox can't choose the id: its own header is not passed on.
+    let (front, ids) = recording_front(vec![Turn::Answer]).await;
+    let app = gateway(&front, &[]);
+    let res = app
+        .clone()
+        .oneshot(
+            HttpRequest::builder()
+                .method("GET")
+                .uri(CALLBACK_CONFIG)
+                .header(REQUEST_ID_HEADER, "chosen-by-the-sandbox-0000")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let ids = ids.lock().unwrap().clone();
+    assert_eq!(ids.len(), 1);
+    assert_ne!(ids[0].as_deref(), Some("chosen-by-the-sandbox-0000"));
+    assert!(ids[0].is_some());
+}

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, header};
 use crate::AppState;
 use crate::apidoc as doc;
 use crate::callbacks;
+use crate::callbacks::replay::RequestId;
 use crate::callbacks::writeback::{self, MAX_RESULTS_BODY};
 use crate::error::WorkspaceError;
 use crate::http::require_json;
@@ -35,7 +36,8 @@ pub(crate) async fn env(
     headers: HeaderMap,
 ) -> Result<Json<EnvResponse>, WorkspaceError> {
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
-    let env = callbacks::redeem_env(&state, &session_id, token).await?;
+    let request = RequestId::from_headers(&headers)?;
+    let env = callbacks::redeem_env(&state, &session_id, token, request.as_ref()).await?;
     Ok(Json(env))
 }
 
@@ -56,7 +58,10 @@ pub(crate) async fn config(
     headers: HeaderMap,
 ) -> Result<Json<ConfigResponse>, WorkspaceError> {
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
-    let config = callbacks::redeem_payload(&state, &session_id, token, TokenKind::Run).await?;
+    let request = RequestId::from_headers(&headers)?;
+    let config =
+        callbacks::redeem_payload(&state, &session_id, token, TokenKind::Run, request.as_ref())
+            .await?;
     Ok(Json(config))
 }
 
@@ -111,7 +116,14 @@ pub(crate) async fn results(
     body: Body,
 ) -> Result<Json<ResultsResponse>, WorkspaceError> {
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
-    writeback::check_upload_token(&state, &session_id, token).await?;
+    let request = RequestId::from_headers(&headers)?;
+    if let Some(answer) =
+        writeback::check_upload_token(&state, &session_id, token, request.as_ref()).await?
+    {
+        // The retry of a redemption whose answer was lost: the files it
+        // stored, once more; its body is not read.
+        return Ok(Json(answer));
+    }
     require_json(&headers)?;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -135,6 +147,7 @@ pub(crate) async fn results(
                 WorkspaceError::invalid(format!("could not read the body: {e}"))
             }
         })?;
-    let stored = writeback::store_results(&state, &session_id, token, &body).await?;
+    let stored =
+        writeback::store_results(&state, &session_id, token, request.as_ref(), &body).await?;
     Ok(Json(stored))
 }

@@ -3,15 +3,21 @@
 //! also mints the session's workspace API bearer); `/results` (the
 //! `writeback` module) stores the files a run sends back.
 //!
-//! Uses `runs` (the run row), `files` (where written-back files go) and
-//! `environments` (the secrets `/env` adds, read when it is redeemed).
+//! A redemption that carries the gateway's request id can be answered once
+//! more to that request's retry, on any node (the `replay` module).
+//!
+//! Uses `runs` (the run row), `files` (where written-back files go),
+//! `environments` (the secrets `/env` adds, read when it is redeemed) and
+//! `callback_replays` (what a retry is answered with).
 
 pub(crate) mod api;
+pub(crate) mod replay;
 pub(crate) mod writeback;
 
 use asbx_protocol::callback::{ConfigResponse, EnvResponse};
 use serde::de::DeserializeOwned;
 
+use self::replay::{EnvReplay, RequestId};
 use crate::AppState;
 use crate::environments::{self, SecretRefs};
 use crate::error::WorkspaceError;
@@ -39,27 +45,29 @@ impl Payload for ConfigResponse {
 }
 
 /// Redeems `token` (which must be of `kind`, for `session_id`, unused and
-/// unexpired) and returns the payload of that session.
+/// unexpired) and returns the payload of that session; or answers the retry
+/// of `request` once more ([`replay`]).
 pub(crate) async fn redeem_payload<P: Payload>(
     state: &AppState,
     session_id: &str,
     token: &str,
     kind: TokenKind,
+    request: Option<&RequestId>,
 ) -> Result<P, WorkspaceError> {
     if kind != P::KIND || !asbx_protocol::dispatch::is_valid_session_id(session_id) {
         return Err(WorkspaceError::OtpRejected);
     }
-    token_store::redeem(
-        state.store.pool(),
-        &tokens::hash(token),
-        kind,
-        session_id,
-        state.now_ms(),
-    )
-    .await?;
-    let run = runs::get(state.store.pool(), session_id)
+    let now = state.now_ms();
+    let hash = tokens::hash(token);
+    let mut tx = state.store.pool().begin().await?;
+    let replayed = replay::redeem_or_take(&mut tx, &hash, kind, session_id, request, now).await?;
+    if let (None, Some(request)) = (&replayed, request) {
+        replay::record(&mut tx, &hash, request, "{}", now).await?;
+    }
+    let run = runs::get(&mut *tx, session_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
+    tx.commit().await?;
     let mut payload: P = serde_json::from_str(P::stored(&run))
         .map_err(|e| WorkspaceError::Corrupt(format!("stored payload of run {session_id}: {e}")))?;
     payload.open(&state.sealer)?;
@@ -72,24 +80,23 @@ pub(crate) async fn redeem_payload<P: Payload>(
 /// the plaintext exists only in this answer. The bearer lives for the run's
 /// runtime cap (clamped by its runner's, `runs::caps`) + 60 s and is
 /// revoked when the run settles.
+///
+/// The retry of `request` is answered once more ([`replay`]): the same
+/// payload, with a fresh bearer; the lost answer's bearer is revoked.
 pub(crate) async fn redeem_env(
     state: &AppState,
     session_id: &str,
     token: &str,
+    request: Option<&RequestId>,
 ) -> Result<EnvResponse, WorkspaceError> {
     if !asbx_protocol::dispatch::is_valid_session_id(session_id) {
         return Err(WorkspaceError::OtpRejected);
     }
     let now = state.now_ms();
+    let hash = tokens::hash(token);
     let mut tx = state.store.pool().begin().await?;
-    token_store::redeem(
-        &mut *tx,
-        &tokens::hash(token),
-        TokenKind::Setup,
-        session_id,
-        now,
-    )
-    .await?;
+    let replayed =
+        replay::redeem_or_take(&mut tx, &hash, TokenKind::Setup, session_id, request, now).await?;
     let run = runs::get(&mut *tx, session_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
@@ -102,6 +109,7 @@ pub(crate) async fn redeem_env(
         environments::with_secrets(&mut tx, &state.sealer, &run.workspace_id, &refs, &mut env)
             .await?;
     }
+    let mut new_bearer = None;
     if let Some(access) = env.workspace.as_mut() {
         let config: ConfigResponse = serde_json::from_str(&run.config_json).map_err(corrupt)?;
         // The runner's cap as this node last learnt it (no request inside
@@ -123,6 +131,23 @@ pub(crate) async fn redeem_env(
         )
         .await?;
         access.token = minted.plaintext;
+        new_bearer = Some(minted.hash);
+    }
+    match (replayed, request) {
+        (Some(answer), _) => {
+            let lost: EnvReplay = serde_json::from_str(&answer).map_err(corrupt)?;
+            if let Some(lost) = lost.bearer_hash {
+                replay::revoke_bearer(&mut *tx, &lost, session_id, now).await?;
+            }
+        }
+        (None, Some(request)) => {
+            let answer = EnvReplay {
+                bearer_hash: new_bearer,
+            };
+            let answer = serde_json::to_string(&answer).map_err(corrupt)?;
+            replay::record(&mut tx, &hash, request, &answer, now).await?;
+        }
+        (None, None) => {}
     }
     tx.commit().await?;
     Ok(env)

@@ -2,7 +2,9 @@
 //!
 //! The upload token is checked before the body is read, and redeemed only
 //! after the body has been validated in full, so a malformed body is answered
-//! with 400 and leaves the token usable for a corrected retry.
+//! with 400 and leaves the token usable for a corrected retry. The
+//! redemption and the file rows are one transaction, so a node that dies
+//! between them leaves either both or neither.
 
 use std::collections::BTreeSet;
 
@@ -11,6 +13,7 @@ use asbx_protocol::callback::{ResultsRequest, ResultsResponse, StoredFile};
 use base64::Engine as _;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
+use super::replay::{self, RequestId};
 use crate::AppState;
 use crate::error::WorkspaceError;
 use crate::files::store::{self as files, FileOrigin, FileRow};
@@ -37,55 +40,115 @@ struct Decoded {
 }
 
 /// Refuses an upload token that could not be redeemed now, without
-/// redeeming it: called before the body is read.
+/// redeeming it: called before the body is read. A retry of `request`
+/// whose redemption's answer was lost is answered here, once more, with
+/// the files that redemption stored (`Some`), its body never read.
 pub(crate) async fn check_upload_token(
     state: &AppState,
     session_id: &str,
     bearer: &str,
-) -> Result<(), WorkspaceError> {
+    request: Option<&RequestId>,
+) -> Result<Option<ResultsResponse>, WorkspaceError> {
     let hash = tokens::hash(bearer);
-    if !asbx_protocol::dispatch::is_valid_session_id(session_id)
-        || !token_store::is_redeemable(
-            state.store.pool(),
-            &hash,
-            TokenKind::Upload,
-            session_id,
-            state.now_ms(),
-        )
-        .await?
-    {
+    if !asbx_protocol::dispatch::is_valid_session_id(session_id) {
         return Err(WorkspaceError::OtpRejected);
     }
-    Ok(())
-}
-
-/// Validates a `/results` body in full, then redeems the upload token (the
-/// redemption alone decides) and stores the files.
-pub(crate) async fn store_results(
-    state: &AppState,
-    session_id: &str,
-    bearer: &str,
-    body: &[u8],
-) -> Result<ResultsResponse, WorkspaceError> {
-    let hash = tokens::hash(bearer);
-    let decoded = parse(body)?;
-    token_store::redeem(
+    let now = state.now_ms();
+    if token_store::is_redeemable(
         state.store.pool(),
         &hash,
         TokenKind::Upload,
         session_id,
-        state.now_ms(),
+        now,
+    )
+    .await?
+    {
+        return Ok(None);
+    }
+    let answer = replay::take(
+        state.store.pool(),
+        &hash,
+        TokenKind::Upload,
+        session_id,
+        request,
+        now,
     )
     .await?;
-    let run = runs::get(state.store.pool(), session_id)
+    stored_answer(&answer, session_id).map(Some)
+}
+
+/// A recorded `/results` answer.
+fn stored_answer(answer: &str, session_id: &str) -> Result<ResultsResponse, WorkspaceError> {
+    serde_json::from_str(answer).map_err(|e| {
+        WorkspaceError::Corrupt(format!("recorded results of run {session_id}: {e}"))
+    })
+}
+
+/// Validates a `/results` body in full, stores the bytes, then redeems the
+/// upload token (the redemption alone decides) and stores the file rows in
+/// one transaction, with what a retry of `request` is answered
+/// ([`replay`]). A redemption the `UPDATE` refuses is that retry's, or
+/// `401`; either way no file row is stored.
+pub(crate) async fn store_results(
+    state: &AppState,
+    session_id: &str,
+    bearer: &str,
+    request: Option<&RequestId>,
+    body: &[u8],
+) -> Result<ResultsResponse, WorkspaceError> {
+    let hash = tokens::hash(bearer);
+    let decoded = parse(body)?;
+    // The bytes first, pinned, outside the transaction: writing up to
+    // 64 MiB must not hold SQLite's one writer.
+    let mut blobs = Vec::with_capacity(decoded.len());
+    for file in &decoded {
+        match state.blobs.put(&file.bytes).await {
+            Ok(blob) => blobs.push(blob),
+            Err(e) => {
+                release_all(state, blobs).await;
+                return Err(e);
+            }
+        }
+    }
+    let stored = store_rows(state, session_id, &hash, request, decoded, &blobs).await;
+    release_all(state, blobs).await;
+    stored
+}
+
+/// Unpins what an upload stored (its rows stored, or not to be).
+async fn release_all(state: &AppState, blobs: Vec<crate::files::blobs::Stored>) {
+    for blob in blobs {
+        state.blobs.release(blob).await;
+    }
+}
+
+/// The redemption and the file rows of [`store_results`], in one
+/// transaction.
+async fn store_rows(
+    state: &AppState,
+    session_id: &str,
+    token_hash: &str,
+    request: Option<&RequestId>,
+    decoded: Vec<Decoded>,
+    blobs: &[crate::files::blobs::Stored],
+) -> Result<ResultsResponse, WorkspaceError> {
+    let now = state.now_ms();
+    let mut tx = state.store.pool().begin().await?;
+    let replayed =
+        replay::redeem_or_take(&mut tx, token_hash, TokenKind::Upload, session_id, request, now)
+            .await?;
+    if let Some(answer) = replayed {
+        tx.commit().await?;
+        return stored_answer(&answer, session_id);
+    }
+    let run = runs::get(&mut *tx, session_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
     let mut stored = Vec::with_capacity(decoded.len());
-    for file in decoded {
-        let blob = state.blobs.put(&file.bytes).await?;
+    for (file, blob) in decoded.into_iter().zip(blobs) {
         let id = tokens::random_id();
-        let inserted = files::insert(
-            state.store.pool(),
+        files::insert(
+            &mut *tx,
             &FileRow {
                 id: id.clone(),
                 workspace_id: run.workspace_id.clone(),
@@ -96,18 +159,23 @@ pub(crate) async fn store_results(
                 mime_type: file.mime_type,
                 size: i64::try_from(file.bytes.len()).unwrap_or(i64::MAX),
                 sha256: blob.sha256.clone(),
-                created_at: state.now_ms(),
+                created_at: now,
             },
         )
-        .await;
-        state.blobs.release(blob).await;
-        inserted?;
+        .await?;
         stored.push(StoredFile {
             path: file.path,
             id,
         });
     }
-    Ok(ResultsResponse { files: stored })
+    let answer = ResultsResponse { files: stored };
+    if let Some(request) = request {
+        let recorded = serde_json::to_string(&answer)
+            .map_err(|e| WorkspaceError::Corrupt(format!("results of run {session_id}: {e}")))?;
+        replay::record(&mut tx, token_hash, request, &recorded, now).await?;
+    }
+    tx.commit().await?;
+    Ok(answer)
 }
 
 /// Parses and validates a body, naming every bad field.

@@ -6,6 +6,7 @@
 mod access;
 mod agents;
 mod blobs;
+mod callback_replays;
 mod callbacks;
 mod chat_nodes;
 mod chat_pages;

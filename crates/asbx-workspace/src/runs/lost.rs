@@ -68,7 +68,7 @@ pub(crate) enum SessionAnswer {
     /// `404`: the runner does not know the session.
     Unknown,
     /// A success: the session's info, `None` when unreadable.
-    Known(Option<SessionInfo>),
+    Known(Option<Box<SessionInfo>>),
     /// Any other status.
     Other,
 }
@@ -93,7 +93,8 @@ pub(crate) async fn ask_session(
         Err(e) => SessionAnswer::Unreachable(e),
         Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => SessionAnswer::Unknown,
         Ok(r) if r.status().is_success() => {
-            SessionAnswer::Known(crate::runner_url::read_json::<SessionInfo>(r).await)
+            let info = crate::runner_url::read_json::<SessionInfo>(r).await;
+            SessionAnswer::Known(info.map(Box::new))
         }
         Ok(_) => SessionAnswer::Other,
     }

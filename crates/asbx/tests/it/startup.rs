@@ -50,6 +50,7 @@ async fn without_its_layers_the_runner_refuses_to_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Refusing to start"), "{err}");
     assert!(err.contains("--profile"), "names the way out: {err}");
+    assert!(err.contains("asbx doctor"), "points at the doctor: {err}");
 }
 
 #[tokio::test]

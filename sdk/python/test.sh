@@ -14,7 +14,7 @@ python="${PYTHON:-python3}"
 venv="$(mktemp -d "${TMPDIR:-/tmp}/asbx-sdk-py-venv.XXXXXX")"
 trap 'rm -rf "$venv"' EXIT
 "$python" -m venv "$venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$here" "pytest>=7"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$here[websocket]" "pytest>=7"
 
 cd "$here"
 "$venv/bin/python" -m pytest -p no:cacheprovider -rs -q tests "$@"

@@ -21,6 +21,7 @@ use utoipa::{Modify, OpenApi};
     ),
     paths(
         crate::routes::stream,
+        crate::ws::upgrade,
         crate::routes::healthz,
         crate::routes::metrics,
         crate::routes::identity,

@@ -278,6 +278,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/metrics", get(metrics::serve))
         .route("/api/runs", post(runs::api::create))
+        .route("/api/runs/ws", get(runs::ws::upgrade))
         .route(
             "/api/agents",
             get(agents::api::list).post(agents::api::create),

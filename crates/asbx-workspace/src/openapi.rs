@@ -30,6 +30,7 @@ use utoipa::{Modify, OpenApi};
         crate::metrics::serve,
         openapi_json,
         crate::runs::api::create,
+        crate::runs::ws::upgrade,
         crate::runs::api::get,
         crate::runs::api::cancel,
         crate::runs::api::events,

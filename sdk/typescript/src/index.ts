@@ -9,6 +9,7 @@ export { ChatTurn, type ChatOptions } from "./chat.js";
 export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";
 export { ClientKeyPair, SessionCipher, verifySessionInit, type Sealed } from "./crypto.js";
 export type { RetryOptions, RetryPolicy } from "./resume.js";
+export { RunSocket, type Transport } from "./ws.js";
 export type * from "./types.js";
 export type { paths as WorkspacePaths, components as WorkspaceComponents } from "./openapi/workspace.js";
 export type { paths as RunnerPaths, components as RunnerComponents } from "./openapi/runner.js";

@@ -15,3 +15,4 @@ pub(crate) mod relay;
 pub(crate) mod request;
 pub(crate) mod store;
 pub(crate) mod view;
+pub(crate) mod ws;

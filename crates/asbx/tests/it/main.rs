@@ -31,3 +31,4 @@ mod tidy;
 mod tool_kill;
 mod traces;
 mod web_security;
+mod ws;

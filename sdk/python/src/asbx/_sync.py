@@ -499,11 +499,18 @@ class Client:
         blocked_types: Sequence[str] | None = None,
         environment: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        transport: str = "http",
     ) -> RunStream:
-        """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's); iterate it for its events."""
+        """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's); iterate it for its events.
+
+        `transport="websocket"` streams over `GET /api/runs/ws` (needs `asbx[websocket]`)."""
         tool_map = _core.normalize_tools(tools)
         crypto = ClientSession(self.runner_public_key) if encrypt else None
         body = _core.run_body(prompt, tool_map, crypto, filter_types, blocked_types, environment, extra)
+        if transport == "websocket" and agent_id is None:
+            from . import _ws
+
+            return _ws.run(self, body, StreamState(crypto=crypto), tool_map)
         path = f"/api/agents/{agent_id}/runs" if agent_id else "/api/runs"
         resp = self._open("POST", path, json=body, headers={"accept": "application/x-ndjson"})
         run_id = resp.headers.get("x-asbx-run-id")
@@ -519,8 +526,14 @@ class Client:
         *,
         tools: Sequence[ClientTool] | Mapping[str, Any] | None = None,
         crypto: ClientSession | None = None,
+        transport: str = "http",
     ) -> RunStream:
         """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
+        if transport == "websocket":
+            from . import _ws
+
+            state = StreamState(crypto=crypto, last_seq=after)
+            return _ws.events(self, run_id, after, state, _core.normalize_tools(tools))
         resp = self._open(
             "GET",
             f"/api/runs/{run_id}/events",

@@ -57,7 +57,10 @@ pub enum ClientMessage {
     /// The dispatch body, without `type`.
     Dispatch(Map<String, Value>),
     /// Resume the session (or run) `id` after `after`.
-    Attach { id: String, after: u64 },
+    Attach {
+        id: String,
+        after: u64,
+    },
     /// The tool-result body, without `type`.
     ToolResult(Map<String, Value>),
     Cancel,
@@ -93,9 +96,9 @@ impl ClientMessage {
                 };
                 let after = match map.remove("after") {
                     None | Some(Value::Null) => 0,
-                    Some(v) => v
-                        .as_u64()
-                        .ok_or_else(|| FieldError::new("after", "must be a seq (an integer >= 0)"))?,
+                    Some(v) => v.as_u64().ok_or_else(|| {
+                        FieldError::new("after", "must be a seq (an integer >= 0)")
+                    })?,
                 };
                 match map.keys().next() {
                     Some(k) => Err(FieldError::new(k, "unknown field")),

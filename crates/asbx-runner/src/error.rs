@@ -10,7 +10,9 @@ pub enum RunnerError {
     InvalidRequest(Vec<FieldError>),
     #[error("runner token missing or wrong")]
     Unauthorized,
-    #[error("a WebSocket upgrade from a web page (Origin {0}) is refused: the runner serves servers and SDKs")]
+    #[error(
+        "a WebSocket upgrade from a web page (Origin {0}) is refused: the runner serves servers and SDKs"
+    )]
     CrossOrigin(String),
     #[error(
         "refusing to listen on {0} without a runner token (set ASBX_RUNNER_TOKEN, or listen on loopback)"
@@ -77,9 +79,12 @@ impl RunnerError {
             RunnerError::Unauthorized => {
                 Problem::new(401, "unauthorized", "Unauthorized", self.to_string())
             }
-            RunnerError::CrossOrigin(_) => {
-                Problem::new(403, "cross_origin", "Cross-origin request", self.to_string())
-            }
+            RunnerError::CrossOrigin(_) => Problem::new(
+                403,
+                "cross_origin",
+                "Cross-origin request",
+                self.to_string(),
+            ),
             RunnerError::SessionTaken(id) => {
                 Problem::new(409, "session_exists", "Session exists", self.to_string())
                     .with("sessionId", id.clone())

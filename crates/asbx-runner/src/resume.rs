@@ -132,7 +132,11 @@ pub(crate) struct Reader {
 impl Reader {
     /// The lines of `session` after `after` (`410` when some are gone), as
     /// NDJSON lines or SSE events.
-    pub(crate) fn open(session: Arc<Session>, after: u64, sse: bool) -> Result<Reader, RunnerError> {
+    pub(crate) fn open(
+        session: Arc<Session>,
+        after: u64,
+        sse: bool,
+    ) -> Result<Reader, RunnerError> {
         // Subscribe before reading the backlog, so no line falls in between.
         let rx = session.subscribe();
         let pending = match session.backlog(after) {

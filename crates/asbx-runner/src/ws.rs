@@ -230,9 +230,7 @@ async fn handle(inner: &Arc<Inner>, source: &mut Source, text: &str) -> Result<(
                 return Err(already(s));
             }
             // A socket carries protocol 2 lines: it is the default here.
-            let protocol = body
-                .entry("protocol")
-                .or_insert(serde_json::Value::from(2));
+            let protocol = body.entry("protocol").or_insert(serde_json::Value::from(2));
             if protocol.as_u64() != Some(2) {
                 return Err(Refusal::new(
                     &invalid("protocol", "a WebSocket carries protocol 2 only"),

@@ -1,6 +1,7 @@
 /**
- * `@asbx/sdk`: a client of an asbx workspace for Node 20+ and browsers,
- * with no dependency beyond the platform's `fetch` and WebCrypto.
+ * `@asbx/sdk`: a client of an asbx workspace for Node 20+ and browsers:
+ * the platform's `fetch` and WebCrypto, and the `ws` package for the
+ * WebSocket transport in Node.
  */
 
 export { AsbxClient, Runs, Chats, Environments, type AsbxClientOptions } from "./client.js";

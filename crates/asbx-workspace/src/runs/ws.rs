@@ -221,9 +221,7 @@ async fn handle(
             if let Some(f) = following {
                 return Err(already(&f.run_id));
             }
-            let protocol = body
-                .entry("protocol")
-                .or_insert(serde_json::Value::from(2));
+            let protocol = body.entry("protocol").or_insert(serde_json::Value::from(2));
             if protocol.as_u64() != Some(2) {
                 let e = WorkspaceError::invalid("a WebSocket carries protocol 2 only");
                 return Err(Refusal::error(e, true).await);
@@ -316,13 +314,14 @@ async fn accepted(res: Result<Response, WorkspaceError>, close: bool) -> Result<
 }
 
 fn attached(following: &Option<Following>) -> Result<String, Refusal> {
-    following.as_ref().map(|f| f.run_id.clone()).ok_or_else(|| {
-        Refusal {
+    following
+        .as_ref()
+        .map(|f| f.run_id.clone())
+        .ok_or_else(|| Refusal {
             code: wire::NOT_ATTACHED.to_owned(),
             message: "send dispatch or attach first: this socket carries no run yet".to_owned(),
             close: false,
-        }
-    })
+        })
 }
 
 fn already(run_id: &str) -> Refusal {

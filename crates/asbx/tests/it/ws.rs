@@ -236,9 +236,7 @@ async fn with_a_zero_grace_a_dropped_socket_cancels_the_session() {
     let ws = FakeWorkspace::start(scripted("scripted:test")).await;
     let t = ws.mint(&session_id("ws-grace0"));
     let prompt = script(json!([{"tool": "shell", "args": {"command": "sleep 30"}}]));
-    let mut sock = connect(&ws_url(&runner.url, "/v1/ws"), &[])
-        .await
-        .unwrap();
+    let mut sock = connect(&ws_url(&runner.url, "/v1/ws"), &[]).await.unwrap();
     send(
         &mut sock,
         v2(ws.body(&t, &prompt), json!({"detach_grace_ms": 0})),
@@ -246,7 +244,8 @@ async fn with_a_zero_grace_a_dropped_socket_cancels_the_session() {
     .await;
     loop {
         match next(&mut sock).await {
-            Frame::Line(_, l) if matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running) => {
+            Frame::Line(_, l) if matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running) =>
+            {
                 break;
             }
             Frame::Line(..) => {}
@@ -288,9 +287,7 @@ async fn a_client_tool_call_round_trips_over_the_socket() {
         "description": "Ask the user for a color",
         "parameters": {"type": "object", "properties": {"palette": {"type": "string"}}}
     }]);
-    let mut sock = connect(&ws_url(&runner.url, "/v1/ws"), &[])
-        .await
-        .unwrap();
+    let mut sock = connect(&ws_url(&runner.url, "/v1/ws"), &[]).await.unwrap();
     send(
         &mut sock,
         v2(ws.body(&t, &prompt), json!({"client_tools": tools})),
@@ -364,13 +361,12 @@ async fn cancel_over_the_socket_ends_the_session_terminated_by_the_daemon() {
     let ws = FakeWorkspace::start(scripted("scripted:test")).await;
     let t = ws.mint(&session_id("ws-cancel"));
     let prompt = script(json!([{"tool": "shell", "args": {"command": "sleep 30"}}]));
-    let mut sock = connect(&ws_url(&runner.url, "/v1/ws"), &[])
-        .await
-        .unwrap();
+    let mut sock = connect(&ws_url(&runner.url, "/v1/ws"), &[]).await.unwrap();
     send(&mut sock, v2(ws.body(&t, &prompt), json!({}))).await;
     loop {
         match next(&mut sock).await {
-            Frame::Line(_, l) if matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running) => {
+            Frame::Line(_, l) if matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running) =>
+            {
                 break;
             }
             Frame::Line(..) => {}
@@ -490,7 +486,10 @@ async fn the_upgrade_needs_the_runners_bearer_and_bad_messages_get_coded_errors(
     let _ = sock.send(Message::text(big.to_string())).await;
     match next(&mut sock).await {
         Frame::Line(_, l) => {
-            assert!(matches!(&l.event, Event::Error(e) if e.code == "body_too_large"), "{l:?}");
+            assert!(
+                matches!(&l.event, Event::Error(e) if e.code == "body_too_large"),
+                "{l:?}"
+            );
             assert!(matches!(
                 next(&mut sock).await,
                 Frame::Closed(Some(1008) | None)
@@ -578,7 +577,9 @@ async fn a_workspace_socket_answers_client_tools_resumes_and_keeps_every_line() 
         rest.iter()
             .any(|l| matches!(&l.event, Event::Result(r) if r.message == "the client picked"))
     );
-    assert!(matches!(&rest.last().unwrap().event, Event::SessionEnded(e) if e.reason == EndReason::Completed));
+    assert!(
+        matches!(&rest.last().unwrap().event, Event::SessionEnded(e) if e.reason == EndReason::Completed)
+    );
     // The relay stored every line: the NDJSON replay is the same run.
     let stored = reqwest::get(format!("{}/api/runs/{run_id}/events?after=0", up.url))
         .await
@@ -607,10 +608,7 @@ async fn a_workspace_socket_needs_the_key_and_its_origin_cancels_and_codes_refus
     let key = crate::runs_api::new_workspace_key(&up, "ws-team");
     let bearer = format!("Bearer {key}");
     let url = ws_url(&up.url, "/api/runs/ws");
-    for headers in [
-        vec![],
-        vec![("authorization", "Bearer asbx_key_wrong")],
-    ] {
+    for headers in [vec![], vec![("authorization", "Bearer asbx_key_wrong")]] {
         match connect(&url, &headers).await {
             Err(WsError::Http(res)) => {
                 assert_eq!(res.status(), 401);
@@ -637,7 +635,10 @@ async fn a_workspace_socket_needs_the_key_and_its_origin_cancels_and_codes_refus
                 serde_json::from_slice(res.body().as_deref().unwrap()).unwrap();
             assert_eq!(p["code"], "cross_origin");
         }
-        other => panic!("a cross-origin upgrade went through: {:?}", other.map(|_| ())),
+        other => panic!(
+            "a cross-origin upgrade went through: {:?}",
+            other.map(|_| ())
+        ),
     }
     let auth = [("authorization", bearer.as_str())];
     let mut sock = connect(&url, &auth).await.unwrap();
@@ -645,11 +646,19 @@ async fn a_workspace_socket_needs_the_key_and_its_origin_cancels_and_codes_refus
     assert_eq!(message_error(&mut sock).await, "invalid_request");
     send(&mut sock, json!({"type": "cancel"})).await;
     assert_eq!(message_error(&mut sock).await, "not_attached");
-    send(&mut sock, json!({"type": "dispatch", "prompt": "x", "filter": {"types": ["nope"]}})).await;
+    send(
+        &mut sock,
+        json!({"type": "dispatch", "prompt": "x", "filter": {"types": ["nope"]}}),
+    )
+    .await;
     assert_eq!(message_error(&mut sock).await, "invalid_request");
     assert!(matches!(next(&mut sock).await, Frame::Closed(Some(1008))));
     let mut sock = connect(&url, &auth).await.unwrap();
-    send(&mut sock, json!({"type": "attach", "runId": "0".repeat(32), "after": 0})).await;
+    send(
+        &mut sock,
+        json!({"type": "attach", "runId": "0".repeat(32), "after": 0}),
+    )
+    .await;
     assert_eq!(message_error(&mut sock).await, "not_found");
     assert!(matches!(next(&mut sock).await, Frame::Closed(Some(1008))));
 
@@ -659,7 +668,8 @@ async fn a_workspace_socket_needs_the_key_and_its_origin_cancels_and_codes_refus
     send(&mut sock, json!({"type": "dispatch", "prompt": prompt})).await;
     loop {
         match next(&mut sock).await {
-            Frame::Line(_, l) if matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running) => {
+            Frame::Line(_, l) if matches!(&l.event, Event::Step(s) if s.status == StepStatus::Running) =>
+            {
                 break;
             }
             Frame::Line(..) => {}

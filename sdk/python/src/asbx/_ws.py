@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from ._errors import AsbxError, StreamError
-from ._events import StreamState
+from ._core import StreamState
 
 if TYPE_CHECKING:
     from ._models import ClientTool

@@ -16,7 +16,7 @@ python="${PYTHON:-python3}"
 venv="$(mktemp -d "${TMPDIR:-/tmp}/asbx-sdk-py-venv.XXXXXX")"
 trap 'rm -rf "$venv"' EXIT
 "$python" -m venv "$venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$here" "pytest>=7" "mypy>=1.8"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$here[websocket]" "pytest>=7" "mypy>=1.8"
 
 cd "$here"
 "$venv/bin/python" -m pytest -p no:cacheprovider -rs -q tests "$@"

@@ -21,6 +21,7 @@ pub mod rules;
 pub mod schema;
 pub mod session;
 pub mod sse;
+pub mod ws;
 
 pub use decode::{DecodeError, LineDecoder};
 pub use dispatch::{DispatchRequest, FieldError, Filter, Protocol};

@@ -28,12 +28,17 @@ pub(crate) fn random_id() -> String {
     hex::encode(bytes)
 }
 
+/// A session's lines as the drive task sends them (chunks of whole NDJSON
+/// lines), holding the session attached until dropped. `POST /stream` sends
+/// it as the response body; `GET /v1/ws` splits it into messages.
+pub(crate) type Lines = crate::pool::UntilFirstLine<crate::session::GuardedStream>;
+
 /// Takes a warm sandbox (or boots one), connects it and returns the stream.
 pub(crate) async fn start(
     inner: &Arc<Inner>,
     session: &Arc<crate::session::Session>,
     req: &DispatchRequest,
-) -> Result<Response, RunnerError> {
+) -> Result<Lines, RunnerError> {
     let permit = Arc::clone(&inner.capacity)
         .try_acquire_owned()
         .map_err(|_| RunnerError::AtCapacity(inner.config.max_sandboxes))?;
@@ -98,13 +103,18 @@ pub(crate) async fn start(
         drop(permit);
     });
 
-    let body = Body::from_stream(crate::pool::UntilFirstLine {
+    Ok(crate::pool::UntilFirstLine {
         body: crate::session::GuardedStream {
             rx,
             _guard: crate::session::CancelOnDrop(Arc::clone(session)).into_guard(),
         },
         starting: Some(starting),
-    });
+    })
+}
+
+/// The `POST /stream` answer: `lines` as an NDJSON body.
+pub(crate) fn ndjson_response(session_id: &str, lines: Lines) -> Response {
+    let body = Body::from_stream(lines);
     let mut res = (StatusCode::OK, body).into_response();
     let h = res.headers_mut();
     h.insert(
@@ -116,10 +126,10 @@ pub(crate) async fn start(
         "x-content-type-options",
         HeaderValue::from_static("nosniff"),
     );
-    if let Ok(v) = HeaderValue::from_str(&session.id) {
+    if let Ok(v) = HeaderValue::from_str(session_id) {
         h.insert("asbx-session-id", v);
     }
-    Ok(res)
+    res
 }
 
 /// Binds this dispatch's gateway and egress proxy into the sandbox's run

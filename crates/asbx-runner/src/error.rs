@@ -11,6 +11,10 @@ pub enum RunnerError {
     #[error("runner token missing or wrong")]
     Unauthorized,
     #[error(
+        "a WebSocket upgrade from a web page (Origin {0}) is refused: the runner serves servers and SDKs"
+    )]
+    CrossOrigin(String),
+    #[error(
         "refusing to listen on {0} without a runner token (set ASBX_RUNNER_TOKEN, or listen on loopback)"
     )]
     TokenRequired(std::net::SocketAddr),
@@ -75,6 +79,12 @@ impl RunnerError {
             RunnerError::Unauthorized => {
                 Problem::of(401, ProblemCode::Unauthorized, "Unauthorized", self.to_string())
             }
+            RunnerError::CrossOrigin(_) => Problem::new(
+                403,
+                "cross_origin",
+                "Cross-origin request",
+                self.to_string(),
+            ),
             RunnerError::SessionTaken(id) => {
                 Problem::of(409, ProblemCode::SessionExists, "Session exists", self.to_string())
                     .with("sessionId", id.clone())

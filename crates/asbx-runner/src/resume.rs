@@ -41,7 +41,7 @@ pub(crate) struct EventsQuery {
     after: Option<u64>,
 }
 
-fn v2_session(inner: &Inner, id: String) -> Result<Arc<Session>, RunnerError> {
+pub(crate) fn v2_session(inner: &Inner, id: String) -> Result<Arc<Session>, RunnerError> {
     let s = inner
         .sessions
         .get(&id)
@@ -99,21 +99,7 @@ pub(crate) async fn events(
         q.after
     }
     .unwrap_or(0);
-    // Subscribe before reading the backlog, so no line falls in between.
-    let rx = session.subscribe();
-    let pending = match session.backlog(after) {
-        Backlog::Lines(lines) => VecDeque::from(lines),
-        Backlog::Gone { oldest } => return Err(RunnerError::EventsGone { after, oldest }),
-    };
-    session.attach();
-    let reader = Reader {
-        session: Arc::clone(&session),
-        cursor: after,
-        pending,
-        rx,
-        sse,
-        _guard: SessionGuard(Some(session)),
-    };
+    let reader = Reader::open(session, after, sse)?;
     let stream = futures::stream::unfold(reader, |mut r| async move {
         r.next()
             .await
@@ -132,8 +118,9 @@ pub(crate) async fn events(
     Ok(res)
 }
 
-/// One resuming reader: the backlog first, then the live tail.
-struct Reader {
+/// One resuming reader: the backlog first, then the live tail. It counts
+/// as an attached client until dropped.
+pub(crate) struct Reader {
     session: Arc<Session>,
     cursor: u64,
     pending: VecDeque<LoggedLine>,
@@ -143,7 +130,33 @@ struct Reader {
 }
 
 impl Reader {
-    async fn next(&mut self) -> Option<Bytes> {
+    /// The lines of `session` after `after` (`410` when some are gone), as
+    /// NDJSON lines or SSE events.
+    pub(crate) fn open(
+        session: Arc<Session>,
+        after: u64,
+        sse: bool,
+    ) -> Result<Reader, RunnerError> {
+        // Subscribe before reading the backlog, so no line falls in between.
+        let rx = session.subscribe();
+        let pending = match session.backlog(after) {
+            Backlog::Lines(lines) => VecDeque::from(lines),
+            Backlog::Gone { oldest } => return Err(RunnerError::EventsGone { after, oldest }),
+        };
+        session.attach();
+        Ok(Reader {
+            session: Arc::clone(&session),
+            cursor: after,
+            pending,
+            rx,
+            sse,
+            _guard: SessionGuard(Some(session)),
+        })
+    }
+
+    /// The next line (or event), `None` once the session ended and all was
+    /// given.
+    pub(crate) async fn next(&mut self) -> Option<Bytes> {
         loop {
             if let Some(line) = self.pending.pop_front() {
                 self.cursor = line.seq;
@@ -252,7 +265,16 @@ pub(crate) async fn tool_result(
     body: Bytes,
 ) -> Result<Response, RunnerError> {
     let session = v2_session(&inner, id)?;
-    let parsed: ToolResultBody = serde_json::from_slice(&body).map_err(|e| {
+    let applied = answer(&session, &body)?;
+    Ok((StatusCode::OK, axum::Json(applied)).into_response())
+}
+
+/// Hands a tool-result body (`{"callId", "result" | "error" | "encrypted"}`)
+/// to the agent waiting on that call: the one path of
+/// `POST /v1/sessions/{id}/tool-result` and of a `tool_result` message on
+/// `GET /v1/ws`.
+pub(crate) fn answer(session: &Session, body: &[u8]) -> Result<ToolResultApplied, RunnerError> {
+    let parsed: ToolResultBody = serde_json::from_slice(body).map_err(|e| {
         RunnerError::InvalidRequest(vec![FieldError::new("", format!("invalid body: {e}"))])
     })?;
     let (result, error) = match (session.crypto(), parsed.encrypted) {
@@ -293,14 +315,10 @@ pub(crate) async fn tool_result(
         }
     };
     match session.answer_call(&parsed.call_id, answer) {
-        Ok(()) => Ok((
-            StatusCode::OK,
-            axum::Json(ToolResultApplied {
-                call_id: parsed.call_id,
-                status: "applied",
-            }),
-        )
-            .into_response()),
+        Ok(()) => Ok(ToolResultApplied {
+            call_id: parsed.call_id,
+            status: "applied",
+        }),
         Err(AnswerError::Unknown) => Err(RunnerError::UnknownCall(parsed.call_id)),
         Err(AnswerError::AlreadyAnswered) => Err(RunnerError::AlreadyAnswered(parsed.call_id)),
         Err(AnswerError::SessionEnded) => Err(RunnerError::CallClosed(parsed.call_id)),

@@ -20,7 +20,7 @@ use crate::error::RunnerError;
 use crate::session::CancelCause;
 
 /// Largest `POST /stream` body.
-const MAX_BODY: usize = 2 << 20;
+pub(crate) const MAX_BODY: usize = 2 << 20;
 
 /// The routes, served as `api` declares them.
 pub(crate) fn router(inner: Arc<Inner>) -> Router {
@@ -35,6 +35,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
 pub(crate) fn api() -> OpenApiRouter<Arc<Inner>> {
     OpenApiRouter::with_openapi(crate::openapi::base())
         .routes(routes!(stream))
+        .routes(routes!(crate::ws::upgrade))
         .routes(routes!(healthz))
         .routes(routes!(metrics))
         .routes(routes!(identity))
@@ -276,7 +277,17 @@ async fn start_stream(
             )])
         }
     })?;
-    let req = DispatchRequest::parse(&bytes).map_err(RunnerError::InvalidRequest)?;
+    let (session, lines) = open_session(&inner, &bytes).await?;
+    Ok(crate::dispatch::ndjson_response(&session.id, lines))
+}
+
+/// Validates a dispatch body, registers its session and starts it: the one
+/// path of `POST /stream` and of a `dispatch` message on `GET /v1/ws`.
+pub(crate) async fn open_session(
+    inner: &Arc<Inner>,
+    bytes: &[u8],
+) -> Result<(Arc<crate::session::Session>, crate::dispatch::Lines), RunnerError> {
+    let req = DispatchRequest::parse(bytes).map_err(RunnerError::InvalidRequest)?;
     inner
         .config
         .check_agent_url(&req.agent_url)
@@ -307,8 +318,8 @@ async fn start_stream(
     if let Some(c) = crypto {
         session.set_crypto(c);
     }
-    match crate::dispatch::start(&inner, &session, &req).await {
-        Ok(res) => Ok(res),
+    match crate::dispatch::start(inner, &session, &req).await {
+        Ok(lines) => Ok((session, lines)),
         Err(e) => {
             inner.sessions.remove(&session_id);
             Err(e)

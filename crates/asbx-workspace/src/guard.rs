@@ -14,7 +14,9 @@
 //!   `DELETE`) whose `Origin` is present and is neither the request's own
 //!   origin (`http://` + its `Host`, so a tunnelled page can post) nor the
 //!   public URL's origin is refused with `403` `cross_origin`, before any
-//!   handler runs.
+//!   handler runs. A WebSocket upgrade (`GET /api/runs/ws`) counts as
+//!   state-changing: a page of another origin could otherwise open one
+//!   with the user's session cookie.
 //! - **Content type**: JSON routes take only `Content-Type:
 //!   application/json` (`415`); that check is the [`crate::http::JsonBody`]
 //!   extractor, so a refused request never reaches its handler.
@@ -154,6 +156,16 @@ fn is_state_changing(method: &Method) -> bool {
     )
 }
 
+/// A WebSocket upgrade is a `GET` that changes state (its messages start
+/// and cancel runs), and browsers let any page open one to any host with
+/// the cookies of that host: its `Origin` is checked like a `POST`'s.
+fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
 /// The `Host` of a request: the header (HTTP/1.1) or the URI's authority
 /// (HTTP/2).
 fn request_host(req: &Request) -> Option<String> {
@@ -182,7 +194,7 @@ pub(crate) async fn host_and_origin(
         }
         .into_response();
     }
-    if is_state_changing(req.method())
+    if (is_state_changing(req.method()) || is_websocket_upgrade(req.headers()))
         && let Some(origin) = req.headers().get(header::ORIGIN)
     {
         let origin = origin.to_str().unwrap_or("(not text)");

@@ -301,6 +301,7 @@ pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(metrics::serve))
         .routes(routes!(openapi::openapi_json))
         .routes(routes!(runs::api::create))
+        .routes(routes!(runs::ws::upgrade))
         .routes(routes!(runs::api::get, runs::api::cancel))
         .routes(routes!(runs::api::events))
         .routes(routes!(runs::api::tool_result))

@@ -46,6 +46,8 @@ WORDS = [
     (r"\bAsyncGenerator\[([^\]]+), None\]", r"Generator[\1, None, None]"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bStopAsyncIteration\b", "StopIteration"),
+    (r"\b_ws\.arun\b", "_ws.run"),
+    (r"\b_ws\.aevents\b", "_ws.events"),
     (r"\basync def\b", "def"),
     (r"\basync for\b", "for"),
     (r"\basync with\b", "with"),

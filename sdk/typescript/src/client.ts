@@ -7,6 +7,7 @@
 
 import { AsbxError } from "./errors.js";
 import { delayOf, retryPolicy, type RetryOptions, type RetryPolicy } from "./resume.js";
+import type { Transport } from "./ws.js";
 import { Run, type CreateRunOptions, type ToolAnswer } from "./run.js";
 import { ChatTurn, type ChatOptions } from "./chat.js";
 import { AbortLink } from "./abort.js";
@@ -48,6 +49,8 @@ export interface AsbxClientOptions {
    * sign fails with `AsbxError` `signature_invalid` (docs/protocol.md §4).
    */
   runnerPublicKey?: string;
+  /** How runs stream: `"http"` (NDJSON, default) or `"websocket"` (`GET /api/runs/ws`, docs/protocol.md §13). */
+  transport?: Transport;
 }
 
 interface RequestInit2 {
@@ -106,6 +109,8 @@ export class AsbxClient {
   readonly maxRetries: number;
   /** The pinned runner identity key, if any. */
   readonly runnerPublicKey: string | undefined;
+  /** How runs stream unless a run says otherwise. */
+  readonly transport: Transport;
   readonly #apiKey: string | undefined;
   readonly #fetch: typeof fetch;
 
@@ -119,10 +124,16 @@ export class AsbxClient {
     this.maxRetries = options.maxRetries ?? 2;
     if (!(this.maxRetries >= 0)) throw new RangeError("AsbxClient: maxRetries must be >= 0");
     this.runnerPublicKey = options.runnerPublicKey;
+    this.transport = options.transport ?? "http";
     this.runs = new Runs(this);
     this.agents = new Agents(this);
     this.chats = new Chats(this);
     this.environments = new Environments(this);
+  }
+
+  /** @internal The headers a WebSocket upgrade carries (the API key). */
+  socketHeaders(): Record<string, string> {
+    return this.#apiKey ? { authorization: `Bearer ${this.#apiKey}` } : {};
   }
 
   /** `GET /api/models`: the models a chat or run can name. */
@@ -233,8 +244,8 @@ export class Runs {
   }
 
   /** Follows an existing run from after `after` (`GET /api/runs/{id}/events`). */
-  attach(id: string, options: { after?: number; signal?: AbortSignal } = {}): Run {
-    return Run.attach(this.client, id, options.after ?? 0, options.signal);
+  attach(id: string, options: { after?: number; signal?: AbortSignal; transport?: Transport } = {}): Run {
+    return Run.attach(this.client, id, options.after ?? 0, options.signal, options.transport);
   }
 
   /** `GET /api/runs/{id}`: status, result or error, and `termination` once ended. */

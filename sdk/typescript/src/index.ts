@@ -1,6 +1,7 @@
 /**
- * `@asbx/sdk`: a client of an asbx workspace for Node 20+ and browsers,
- * with no dependency beyond the platform's `fetch` and WebCrypto.
+ * `@asbx/sdk`: a client of an asbx workspace for Node 20+ and browsers:
+ * the platform's `fetch` and WebCrypto, and the `ws` package for the
+ * WebSocket transport in Node.
  */
 
 export { AsbxClient, Runs, Agents, Chats, Environments, type AsbxClientOptions, type AgentRunOptions } from "./client.js";
@@ -9,6 +10,7 @@ export { ChatTurn, type ChatOptions } from "./chat.js";
 export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";
 export { ClientKeyPair, SessionCipher, verifySessionInit, type Sealed } from "./crypto.js";
 export type { RetryOptions, RetryPolicy } from "./resume.js";
+export { RunSocket, type Transport } from "./ws.js";
 export type * from "./types.js";
 export {
   END_REASONS,

@@ -10,6 +10,7 @@ import { ClientKeyPair, type Sealed, type SessionCipher } from "./crypto.js";
 import { AsbxError } from "./errors.js";
 import { delayOf, resumable, type Frame } from "./resume.js";
 import { ndjsonLines } from "./streams.js";
+import { RunSocket, type Transport } from "./ws.js";
 import type {
   ClientToolSpec,
   CreateRunBody,
@@ -45,6 +46,8 @@ export interface CreateRunOptions extends CreateRunBody {
   agentId?: string;
   /** Aborting it cancels the run (`DELETE /api/runs/{id}`) and ends the iteration. */
   signal?: AbortSignal;
+  /** `"websocket"`: stream over `GET /api/runs/ws` (default: the client's `transport`). */
+  transport?: Transport;
 }
 
 export class Run implements AsyncIterable<RunEvent> {
@@ -72,6 +75,9 @@ export class Run implements AsyncIterable<RunEvent> {
   #observed = 0;
   /** Lines at or below this are read but not yielded (an attach after N). */
   readonly #skipUpTo: number;
+  /** The socket carrying the run (transport `websocket`). */
+  #socket: RunSocket | undefined;
+  #transport: Transport = "http";
 
   private constructor(
     client: AsbxClient,
@@ -93,7 +99,9 @@ export class Run implements AsyncIterable<RunEvent> {
 
   /** @internal */
   static create(client: AsbxClient, options: CreateRunOptions): Run {
-    const { tools = {}, clientTools = [], encrypt, agentId, signal, ...body } = options;
+    const { tools = {}, clientTools = [], encrypt, agentId, signal, transport, ...body } = options;
+    const viaSocket = (transport ?? client.transport) === "websocket";
+    if (viaSocket && agentId) throw new TypeError("transport websocket runs POST /api/runs bodies, not agentId");
     const keys = encrypt ? ClientKeyPair.generate() : undefined;
     const specs: ClientToolSpec[] = [
       ...clientTools,
@@ -108,6 +116,14 @@ export class Run implements AsyncIterable<RunEvent> {
       const json: Record<string, unknown> = { ...body, protocol: 2 };
       if (specs.length) json.clientTools = specs;
       if (keys) json.encryption = { clientPublicKey: (await keys).publicKey };
+      if (viaSocket) {
+        self.#transport = "websocket";
+        self.#socket = RunSocket.open(client.baseUrl, client.socketHeaders(), { type: "dispatch", ...json }, undefined, link.controller.signal);
+        const res = await self.#socket.response;
+        self.id = res.headers.get("x-asbx-run-id") ?? undefined;
+        if (!self.id) throw new AsbxError({ status: 0, code: "protocol_error", detail: "no line names the run" });
+        return res;
+      }
       // The POST is not tied to the signal until its headers arrive, so an
       // abort still learns the run id and cancels the run.
       const res = await client.request("POST", path, {
@@ -124,9 +140,13 @@ export class Run implements AsyncIterable<RunEvent> {
   }
 
   /** @internal */
-  static attach(client: AsbxClient, id: string, after: number, signal?: AbortSignal): Run {
+  static attach(client: AsbxClient, id: string, after: number, signal?: AbortSignal, transport?: Transport): Run {
     return new Run(client, {}, undefined, signal, async (self, link) => {
       self.id = id;
+      if ((transport ?? client.transport) === "websocket") {
+        self.#transport = "websocket";
+        return self.#attachSocket(after);
+      }
       return client.request("GET", `/api/runs/${encodeURIComponent(id)}/events?after=${after}`, {
         accept: "application/x-ndjson",
         signal: link.controller.signal,
@@ -156,12 +176,28 @@ export class Run implements AsyncIterable<RunEvent> {
       }
       json = { callId, encrypted: await this.#cipher.sealToolResult(callId, answer) };
     }
+    if (this.#socket?.send({ type: "tool_result", ...json })) return;
     await this.#client.request("POST", `/api/runs/${encodeURIComponent(id)}/tool-result`, { json });
   }
 
   /** Cancels the run (`DELETE /api/runs/{id}`); the iteration goes on to `session_ended`. */
   async cancel(): Promise<void> {
-    await this.#client.runs.cancel(await this.ready);
+    const id = await this.ready;
+    if (this.#socket?.send({ type: "cancel" })) return;
+    await this.#client.runs.cancel(id);
+  }
+
+  /** Opens a socket attached to this run after `after` (transport `websocket`). */
+  #attachSocket(after: number): Promise<Response> {
+    this.#socket?.close();
+    this.#socket = RunSocket.open(
+      this.#client.baseUrl,
+      this.#client.socketHeaders(),
+      { type: "attach", runId: this.id, after },
+      this.id,
+      this.#link.controller.signal,
+    );
+    return this.#socket.response;
   }
 
   /** `GET /api/runs/{id}`. */
@@ -193,6 +229,7 @@ export class Run implements AsyncIterable<RunEvent> {
       reopen: async (after) => {
         // Lines of an encrypted run need session_init's key: replay from 0.
         const from = this.#keys && !this.#cipher ? 0 : after;
+        if (this.#transport === "websocket") return this.#attachSocket(from);
         return this.#client.request("GET", `/api/runs/${encodeURIComponent(this.id!)}/events?after=${from}`, {
           accept: "application/x-ndjson",
           signal: this.#link.controller.signal,

@@ -17,3 +17,4 @@ pub(crate) mod request;
 pub(crate) mod store;
 pub(crate) mod tap;
 pub(crate) mod view;
+pub(crate) mod ws;

@@ -32,3 +32,4 @@ mod tidy;
 mod tool_kill;
 mod traces;
 mod web_security;
+mod ws;

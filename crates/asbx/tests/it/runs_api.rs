@@ -584,7 +584,7 @@ async fn an_encrypted_run_is_kept_and_relayed_as_ciphertext_only() {
     );
 }
 
-fn new_workspace_key(up: &UpProc, name: &str) -> String {
+pub(crate) fn new_workspace_key(up: &UpProc, name: &str) -> String {
     let out = Command::new(ASBX)
         .args(["key", "--new-workspace", name])
         .env("ASBX_DATA", up.data.path())

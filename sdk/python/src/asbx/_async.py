@@ -390,9 +390,11 @@ class AsyncRuns:
         skills: Sequence[Skill] | None = None,
         mcp_servers: Sequence[McpServer] | None = None,
         extra: Mapping[str, Any] | None = None,
+        transport: str = "http",
     ) -> AsyncRunStream:
         """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's with `agent_id`);
-        iterate the result for its events."""
+        iterate the result for its events. `transport="websocket"` streams it over
+        `GET /api/runs/ws` (the blocking client only; needs `asbx[websocket]`)."""
         body = _api.run_body(
             prompt,
             model=model,
@@ -406,7 +408,14 @@ class AsyncRuns:
             environment=environment,
         )
         return await self._client._run(
-            body, tools, encrypt, filter_types, blocked_types, agent_id=agent_id, extra=extra
+            body,
+            tools,
+            encrypt,
+            filter_types,
+            blocked_types,
+            agent_id=agent_id,
+            extra=extra,
+            transport=transport,
         )
 
     async def attach(
@@ -416,8 +425,14 @@ class AsyncRuns:
         *,
         tools: Tools | None = None,
         crypto: ClientSession | None = None,
+        transport: str = "http",
     ) -> AsyncRunStream:
         """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
+        if transport == "websocket":
+            from . import _ws
+
+            state = StreamState(crypto=crypto, last_seq=after)
+            return await _ws.aevents(self._client, run_id, after, state, _api.normalize_tools(tools))
         resp = await self._client._start(_api.open_run_events(run_id, after))
         state = StreamState(crypto=crypto, last_seq=after)
         return AsyncRunStream(self._client, resp, run_id, state, _api.normalize_tools(tools))
@@ -678,6 +693,7 @@ class AsyncClient:
         *,
         agent_id: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        transport: str = "http",
     ) -> AsyncRunStream:
         """Starts a run (a stored agent's with `agent_id`) and follows its lines."""
         tool_map = _api.normalize_tools(tools)
@@ -685,6 +701,10 @@ class AsyncClient:
         _api.run_options(body, tool_map, crypto, filter_types, blocked_types)
         if extra:
             body.update(extra)  # type: ignore[typeddict-item]
+        if transport == "websocket" and agent_id is None:
+            from . import _ws
+
+            return await _ws.arun(self, dict(body), StreamState(crypto=crypto), tool_map)
         resp = await self._start(_api.open_run(body, agent_id))
         run_id = resp.headers.get("x-asbx-run-id")
         if not run_id:

@@ -385,9 +385,11 @@ class Runs:
         skills: Sequence[Skill] | None = None,
         mcp_servers: Sequence[McpServer] | None = None,
         extra: Mapping[str, Any] | None = None,
+        transport: str = "http",
     ) -> RunStream:
         """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's with `agent_id`);
-        iterate the result for its events."""
+        iterate the result for its events. `transport="websocket"` streams it over
+        `GET /api/runs/ws` (the blocking client only; needs `asbx[websocket]`)."""
         body = _api.run_body(
             prompt,
             model=model,
@@ -401,7 +403,14 @@ class Runs:
             environment=environment,
         )
         return self._client._run(
-            body, tools, encrypt, filter_types, blocked_types, agent_id=agent_id, extra=extra
+            body,
+            tools,
+            encrypt,
+            filter_types,
+            blocked_types,
+            agent_id=agent_id,
+            extra=extra,
+            transport=transport,
         )
 
     def attach(
@@ -411,8 +420,14 @@ class Runs:
         *,
         tools: Tools | None = None,
         crypto: ClientSession | None = None,
+        transport: str = "http",
     ) -> RunStream:
         """Replays a run's lines after `seq` `after`, then follows it (`crypto`: an encrypted run's key)."""
+        if transport == "websocket":
+            from . import _ws
+
+            state = StreamState(crypto=crypto, last_seq=after)
+            return _ws.events(self._client, run_id, after, state, _api.normalize_tools(tools))
         resp = self._client._start(_api.open_run_events(run_id, after))
         state = StreamState(crypto=crypto, last_seq=after)
         return RunStream(self._client, resp, run_id, state, _api.normalize_tools(tools))
@@ -673,6 +688,7 @@ class Client:
         *,
         agent_id: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        transport: str = "http",
     ) -> RunStream:
         """Starts a run (a stored agent's with `agent_id`) and follows its lines."""
         tool_map = _api.normalize_tools(tools)
@@ -680,6 +696,10 @@ class Client:
         _api.run_options(body, tool_map, crypto, filter_types, blocked_types)
         if extra:
             body.update(extra)  # type: ignore[typeddict-item]
+        if transport == "websocket" and agent_id is None:
+            from . import _ws
+
+            return _ws.run(self, dict(body), StreamState(crypto=crypto), tool_map)
         resp = self._start(_api.open_run(body, agent_id))
         run_id = resp.headers.get("x-asbx-run-id")
         if not run_id:

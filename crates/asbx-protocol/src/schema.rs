@@ -328,7 +328,12 @@ mod tests {
         super::name_variants(&mut doc);
         let s = &doc["components"]["schemas"];
         let refs = |name: &str, key: &str| -> Vec<serde_json::Value> {
-            s[name][key].as_array().unwrap().iter().map(|m| m["$ref"].clone()).collect()
+            s[name][key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["$ref"].clone())
+                .collect()
         };
         assert_eq!(
             refs("Line", "oneOf"),

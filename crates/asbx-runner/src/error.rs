@@ -72,13 +72,19 @@ impl RunnerError {
                 )
                 .with_errors(errors.clone())
             }
-            RunnerError::Unauthorized => {
-                Problem::of(401, ProblemCode::Unauthorized, "Unauthorized", self.to_string())
-            }
-            RunnerError::SessionTaken(id) => {
-                Problem::of(409, ProblemCode::SessionExists, "Session exists", self.to_string())
-                    .with("sessionId", id.clone())
-            }
+            RunnerError::Unauthorized => Problem::of(
+                401,
+                ProblemCode::Unauthorized,
+                "Unauthorized",
+                self.to_string(),
+            ),
+            RunnerError::SessionTaken(id) => Problem::of(
+                409,
+                ProblemCode::SessionExists,
+                "Session exists",
+                self.to_string(),
+            )
+            .with("sessionId", id.clone()),
             RunnerError::SessionNotFound(_) | RunnerError::NoRoute(_) => {
                 Problem::of(404, ProblemCode::NotFound, "Not found", self.to_string())
             }
@@ -94,18 +100,24 @@ impl RunnerError {
                 "Not a protocol 2 session",
                 self.to_string(),
             ),
-            RunnerError::UnknownCall(_) => {
-                Problem::of(404, ProblemCode::UnknownCall, "Unknown tool call", self.to_string())
-            }
+            RunnerError::UnknownCall(_) => Problem::of(
+                404,
+                ProblemCode::UnknownCall,
+                "Unknown tool call",
+                self.to_string(),
+            ),
             RunnerError::AlreadyAnswered(_) => Problem::of(
                 409,
                 ProblemCode::AlreadyAnswered,
                 "Tool call already answered",
                 self.to_string(),
             ),
-            RunnerError::CallClosed(_) => {
-                Problem::of(409, ProblemCode::SessionEnded, "Session ended", self.to_string())
-            }
+            RunnerError::CallClosed(_) => Problem::of(
+                409,
+                ProblemCode::SessionEnded,
+                "Session ended",
+                self.to_string(),
+            ),
             RunnerError::Undecryptable(_) => Problem::of(
                 400,
                 ProblemCode::DecryptionFailed,
@@ -118,9 +130,12 @@ impl RunnerError {
                 "Request body too large",
                 self.to_string(),
             ),
-            RunnerError::AtCapacity(_) => {
-                Problem::of(503, ProblemCode::AtCapacity, "Runner at capacity", self.to_string())
-            }
+            RunnerError::AtCapacity(_) => Problem::of(
+                503,
+                ProblemCode::AtCapacity,
+                "Runner at capacity",
+                self.to_string(),
+            ),
             RunnerError::EventsGone { oldest, .. } => Problem::of(
                 410,
                 ProblemCode::EventsGone,

@@ -124,10 +124,7 @@ pub enum McpServer {
         env: BTreeMap<String, String>,
     },
     #[schemars(title = "McpHttpServer")]
-    Http {
-        name: String,
-        url: String,
-    },
+    Http { name: String, url: String },
 }
 
 impl McpServer {

@@ -287,7 +287,11 @@ mod tests {
         let schema = serde_json::to_value(schemars::schema_for!(ProblemCode)).unwrap();
         let mut names: Vec<String> = schema["enum"]
             .as_array()
-            .map(|all| all.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .map(|all| {
+                all.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default();
         names.sort();
         let mut want: Vec<String> = seen.into_iter().map(str::to_owned).collect();

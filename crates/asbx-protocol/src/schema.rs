@@ -69,6 +69,7 @@ pub fn components() -> Result<serde_json::Map<String, serde_json::Value>, String
             }
         }
     }
+    hoist_variants(&mut out);
     Ok(out)
 }
 
@@ -172,12 +173,17 @@ pub fn sse_envelopes(doc: &mut serde_json::Value) {
 /// its parent and position. The wire is unchanged: only where the schema
 /// is written moves.
 pub fn name_variants(doc: &mut serde_json::Value) {
-    let Some(schemas) = doc
+    if let Some(schemas) = doc
         .pointer_mut("/components/schemas")
         .and_then(|s| s.as_object_mut())
-    else {
-        return;
-    };
+    {
+        hoist_variants(schemas);
+    }
+}
+
+/// [`name_variants`] over a map of schemas by name ([`components`] gives
+/// the protocol's schemas with their variants named already).
+fn hoist_variants(schemas: &mut serde_json::Map<String, serde_json::Value>) {
     let mut hoisted = Vec::new();
     for (parent, schema) in schemas.iter_mut() {
         for key in ["oneOf", "anyOf"] {
@@ -323,7 +329,12 @@ mod tests {
         super::name_variants(&mut doc);
         let s = &doc["components"]["schemas"];
         let refs = |name: &str, key: &str| -> Vec<serde_json::Value> {
-            s[name][key].as_array().unwrap().iter().map(|m| m["$ref"].clone()).collect()
+            s[name][key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["$ref"].clone())
+                .collect()
         };
         assert_eq!(
             refs("Line", "oneOf"),

@@ -79,9 +79,9 @@ impl RunnerError {
             RunnerError::Unauthorized => {
                 Problem::of(401, ProblemCode::Unauthorized, "Unauthorized", self.to_string())
             }
-            RunnerError::CrossOrigin(_) => Problem::new(
+            RunnerError::CrossOrigin(_) => Problem::of(
                 403,
-                "cross_origin",
+                ProblemCode::CrossOrigin,
                 "Cross-origin request",
                 self.to_string(),
             ),
@@ -104,18 +104,24 @@ impl RunnerError {
                 "Not a protocol 2 session",
                 self.to_string(),
             ),
-            RunnerError::UnknownCall(_) => {
-                Problem::of(404, ProblemCode::UnknownCall, "Unknown tool call", self.to_string())
-            }
+            RunnerError::UnknownCall(_) => Problem::of(
+                404,
+                ProblemCode::UnknownCall,
+                "Unknown tool call",
+                self.to_string(),
+            ),
             RunnerError::AlreadyAnswered(_) => Problem::of(
                 409,
                 ProblemCode::AlreadyAnswered,
                 "Tool call already answered",
                 self.to_string(),
             ),
-            RunnerError::CallClosed(_) => {
-                Problem::of(409, ProblemCode::SessionEnded, "Session ended", self.to_string())
-            }
+            RunnerError::CallClosed(_) => Problem::of(
+                409,
+                ProblemCode::SessionEnded,
+                "Session ended",
+                self.to_string(),
+            ),
             RunnerError::Undecryptable(_) => Problem::of(
                 400,
                 ProblemCode::DecryptionFailed,
@@ -128,9 +134,12 @@ impl RunnerError {
                 "Request body too large",
                 self.to_string(),
             ),
-            RunnerError::AtCapacity(_) => {
-                Problem::of(503, ProblemCode::AtCapacity, "Runner at capacity", self.to_string())
-            }
+            RunnerError::AtCapacity(_) => Problem::of(
+                503,
+                ProblemCode::AtCapacity,
+                "Runner at capacity",
+                self.to_string(),
+            ),
             RunnerError::EventsGone { oldest, .. } => Problem::of(
                 410,
                 ProblemCode::EventsGone,

@@ -28,11 +28,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use asbx_protocol::callback::REQUEST_ID_HEADER;
-use asbx_protocol::{Problem, ProblemCode};
 use asbx_protocol::gateway::{
     CALLBACK_CONFIG, CALLBACK_ENV, CALLBACK_RESULTS, CLIENT_TOOL_PREFIX, MCP_PREFIX, MODEL_PREFIX,
     ProviderKind, USAGE, WORKSPACE_PREFIX,
 };
+use asbx_protocol::{Problem, ProblemCode};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, Path, Request};
@@ -108,13 +108,21 @@ impl GatewayError {
     fn problem(&self) -> Problem {
         let (status, code, title) = match self {
             GatewayError::NoRoute => (404, ProblemCode::NotFound, "Not found"),
-            GatewayError::UnknownProvider(_) => (404, ProblemCode::UnknownProvider, "Unknown provider"),
-            GatewayError::ModelPath { .. } => (403, ProblemCode::ModelPathNotAllowed, "Path not allowed"),
-            GatewayError::ModelNotAllowed { .. } => (403, ProblemCode::ModelNotAllowed, "Model not allowed"),
+            GatewayError::UnknownProvider(_) => {
+                (404, ProblemCode::UnknownProvider, "Unknown provider")
+            }
+            GatewayError::ModelPath { .. } => {
+                (403, ProblemCode::ModelPathNotAllowed, "Path not allowed")
+            }
+            GatewayError::ModelNotAllowed { .. } => {
+                (403, ProblemCode::ModelNotAllowed, "Model not allowed")
+            }
             GatewayError::BadModelRequest(_) | GatewayError::BadUsage(_) => {
                 (400, ProblemCode::InvalidRequest, "Invalid request")
             }
-            GatewayError::UnknownMcpServer(_) => (404, ProblemCode::UnknownMcpServer, "Unknown MCP server"),
+            GatewayError::UnknownMcpServer(_) => {
+                (404, ProblemCode::UnknownMcpServer, "Unknown MCP server")
+            }
             GatewayError::McpRefused { refusal, .. } => {
                 let p = refusal.problem();
                 return Problem::new(p.status, &p.code, &p.title, self.to_string());
@@ -124,13 +132,15 @@ impl GatewayError {
             GatewayError::AnswerTooLarge(_) | GatewayError::UpstreamInvalid => {
                 (502, ProblemCode::UpstreamInvalid, "Invalid upstream answer")
             }
-            GatewayError::Unreachable(_) => (502, ProblemCode::UpstreamUnreachable, "Upstream unreachable"),
-            GatewayError::BadWorkspacePath(_) => (400, ProblemCode::InvalidRequest, "Invalid request"),
-            GatewayError::TooLarge(_) => (
-                413,
-                ProblemCode::BodyTooLarge,
-                "Request body too large",
+            GatewayError::Unreachable(_) => (
+                502,
+                ProblemCode::UpstreamUnreachable,
+                "Upstream unreachable",
             ),
+            GatewayError::BadWorkspacePath(_) => {
+                (400, ProblemCode::InvalidRequest, "Invalid request")
+            }
+            GatewayError::TooLarge(_) => (413, ProblemCode::BodyTooLarge, "Request body too large"),
         };
         Problem::of(status, code, title, self.to_string())
     }

@@ -8,9 +8,7 @@
 //! ...), written once here and named in the annotations as
 //! `(status = 401, response = inline(doc::Unauthorized))`.
 
-use utoipa::openapi::{
-    ContentBuilder, Ref, RefOr, Response, ResponseBuilder, schema::Schema,
-};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder, schema::Schema};
 
 macro_rules! by_reference {
     ($($name:ident),* $(,)?) => {$(

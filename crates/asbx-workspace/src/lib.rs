@@ -288,7 +288,11 @@ fn router(state: Arc<AppState>) -> Router {
 pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
     let limited = |(schemas, paths, method_router): UtoipaMethodRouter<Arc<AppState>>,
                    limit: usize| {
-        (schemas, paths, method_router.layer(DefaultBodyLimit::max(limit)))
+        (
+            schemas,
+            paths,
+            method_router.layer(DefaultBodyLimit::max(limit)),
+        )
     };
     OpenApiRouter::with_openapi(openapi::base())
         .routes(routes!(pages::index))

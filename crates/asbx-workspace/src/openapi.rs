@@ -316,8 +316,10 @@ mod tests {
         use axum::http::Request;
         use tower::ServiceExt;
         let dir = tempfile::tempdir().unwrap();
-        let config =
-            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1:9/").unwrap());
+        let config = crate::WorkspaceConfig::new(
+            dir.path(),
+            url::Url::parse("http://127.0.0.1:9/").unwrap(),
+        );
         let router = crate::Workspace::open(config).await.unwrap().router();
         for (method, path) in operations(super::document()) {
             let uri = path.replace('{', "x-").replace('}', "");

@@ -329,12 +329,24 @@ impl Refusal {
     pub(crate) fn problem(&self) -> Problem {
         let (status, code, title) = match self {
             Refusal::NotAllowed(_) => (403, ProblemCode::EgressHostNotAllowed, "Host not allowed"),
-            Refusal::PortNotAllowed(..) => (403, ProblemCode::EgressPortNotAllowed, "Port not allowed"),
+            Refusal::PortNotAllowed(..) => {
+                (403, ProblemCode::EgressPortNotAllowed, "Port not allowed")
+            }
             Refusal::Internal(..) => (403, ProblemCode::EgressInternalAddress, "Internal address"),
-            Refusal::HostMismatch { .. } => (403, ProblemCode::EgressHostMismatch, "Host header mismatch"),
+            Refusal::HostMismatch { .. } => {
+                (403, ProblemCode::EgressHostMismatch, "Host header mismatch")
+            }
             Refusal::Bad(_) => (400, ProblemCode::InvalidRequest, "Bad proxy request"),
-            Refusal::Resolve(_) => (502, ProblemCode::UpstreamUnresolvable, "Upstream not resolvable"),
-            Refusal::Connect(..) => (502, ProblemCode::UpstreamUnreachable, "Upstream unreachable"),
+            Refusal::Resolve(_) => (
+                502,
+                ProblemCode::UpstreamUnresolvable,
+                "Upstream not resolvable",
+            ),
+            Refusal::Connect(..) => (
+                502,
+                ProblemCode::UpstreamUnreachable,
+                "Upstream unreachable",
+            ),
         };
         Problem::of(status, code, title, self.to_string())
     }

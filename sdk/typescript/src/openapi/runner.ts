@@ -184,6 +184,14 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** AllowFilter */
+        AllowFilter: {
+            types: components["schemas"]["EventKind"][];
+        };
+        /** BlockFilter */
+        BlockFilter: {
+            blocked_types: components["schemas"]["EventKind"][];
+        };
         /** @description A tool the client executes (protocol 2). */
         ClientTool: {
             /** @default  */
@@ -263,11 +271,7 @@ export interface components {
             message: string;
         };
         /** @description A protocol 2 line filter. `result`, `error` and `session_ended` always pass. */
-        Filter: {
-            types: components["schemas"]["EventKind"][];
-        } | {
-            blocked_types: components["schemas"]["EventKind"][];
-        };
+        Filter: components["schemas"]["AllowFilter"] | components["schemas"]["BlockFilter"];
         /** @description The body of `GET /healthz`. */
         Health: {
             /** @description The most sandboxes at once. */
@@ -311,62 +315,49 @@ export interface components {
             sessionId: string;
             /** Format: uint64 */
             ts: number;
-        } & ({
-            level: components["schemas"]["LogLevel"];
-            message: string;
+        } & (components["schemas"]["LineLog"] | components["schemas"]["LineStep"] | components["schemas"]["LineResult"] | components["schemas"]["LineError"] | components["schemas"]["LineSessionInit"] | components["schemas"]["LineDelta"] | components["schemas"]["LineStdout"] | components["schemas"]["LineToolCall"] | components["schemas"]["LineToolResultApplied"] | components["schemas"]["LineHeartbeat"] | components["schemas"]["LineSessionEnded"]);
+        /** @description `delta` (protocol 2): assistant text as the model streams it. */
+        LineDelta: {
+            text: string;
             /** @constant */
-            type: "log";
-        } | {
-            args?: unknown;
-            /** Format: uint64 */
-            durationMs?: number | null;
-            error?: string | null;
-            id: string;
-            name: string;
-            result?: unknown;
-            status: components["schemas"]["StepStatus"];
-            /** @constant */
-            type: "step";
-        } | {
-            message: string;
-            /** @constant */
-            type: "result";
-        } | {
+            type: "delta";
+        };
+        /** @description `error`: terminal failure in place of `result`; `code` is one of [`crate::codes`]. */
+        LineError: {
             code: string;
             message: string;
             /** @constant */
             type: "error";
-        } | {
-            encryption?: components["schemas"]["EncryptionInit"] | null;
-            limits: components["schemas"]["SessionLimits"];
-            /** Format: uint8 */
-            protocolVersion: number;
-            /** @constant */
-            type: "session_init";
-        } | {
-            text: string;
-            /** @constant */
-            type: "delta";
-        } | {
-            chunk: string;
-            stepId: string;
-            stream: components["schemas"]["OutputStream"];
-            /** @constant */
-            type: "stdout";
-        } | {
-            args: unknown;
-            callId: string;
-            toolName: string;
-            /** @constant */
-            type: "tool_call";
-        } | {
-            callId: string;
-            /** @constant */
-            type: "tool_result_applied";
-        } | {
+        };
+        /** @description `heartbeat` (protocol 2): no payload. */
+        LineHeartbeat: {
             /** @constant */
             type: "heartbeat";
-        } | {
+        };
+        /** @description `log`: free-form diagnostics; not shown in a chat thread. */
+        LineLog: {
+            level: components["schemas"]["LogLevel"];
+            message: string;
+            /** @constant */
+            type: "log";
+        };
+        /** @description `result`: the final assistant message, exactly once per successful turn. */
+        LineResult: {
+            message: string;
+            /** @constant */
+            type: "result";
+        };
+        /**
+         * @description The `session_ended` payload, also kept as a session's `termination`.
+         *
+         *     - `reason`: `completed`, `error` or `terminated`.
+         *     - `terminatedBy`: `agent` (the agent process ended it) or `daemon` (the runner did).
+         *     - `message`: why, when not completed.
+         *     - `exitCode` / `signal`: how the sandbox process ended, when known.
+         *     - `stderr`: head and tail of that process's stderr.
+         *     - `stats`: counters of the session.
+         */
+        LineSessionEnded: {
             /** Format: int32 */
             exitCode?: number | null;
             message?: string | null;
@@ -378,7 +369,60 @@ export interface components {
             terminatedBy: components["schemas"]["TerminatedBy"];
             /** @constant */
             type: "session_ended";
-        });
+        };
+        /** @description `session_init` (protocol 2): the first line. */
+        LineSessionInit: {
+            encryption?: components["schemas"]["EncryptionInit"] | null;
+            limits: components["schemas"]["SessionLimits"];
+            /** Format: uint8 */
+            protocolVersion: number;
+            /** @constant */
+            type: "session_init";
+        };
+        /** @description `stdout` (protocol 2): a tool's output while it runs. */
+        LineStdout: {
+            chunk: string;
+            stepId: string;
+            stream: components["schemas"]["OutputStream"];
+            /** @constant */
+            type: "stdout";
+        };
+        /**
+         * @description `step`: one tool call of the agent loop.
+         *
+         *     - `id`: correlates the `running` line with its single `succeeded`/`failed` line.
+         *     - `name`: what ran (`shell`, `recipes/add-node.sh`, `server/tool`, ...).
+         *     - `args`: the model's arguments (on `running`).
+         *     - `result`: the tool's return value, truncated for display (on `succeeded`).
+         *     - `error`: the failure message (on `failed`).
+         *     - `durationMs`: on `succeeded` and `failed`.
+         */
+        LineStep: {
+            args?: unknown;
+            /** Format: uint64 */
+            durationMs?: number | null;
+            error?: string | null;
+            id: string;
+            name: string;
+            result?: unknown;
+            status: components["schemas"]["StepStatus"];
+            /** @constant */
+            type: "step";
+        };
+        /** @description `tool_call` (protocol 2): the agent calls a client tool and waits. */
+        LineToolCall: {
+            args: unknown;
+            callId: string;
+            toolName: string;
+            /** @constant */
+            type: "tool_call";
+        };
+        /** @description `tool_result_applied` (protocol 2): the client's result reached the agent. */
+        LineToolResultApplied: {
+            callId: string;
+            /** @constant */
+            type: "tool_result_applied";
+        };
         /** @enum {string} */
         LogLevel: "debug" | "info" | "warn" | "error";
         /** @enum {string} */

@@ -848,11 +848,16 @@ export interface components {
          *       (docs/protocol.md §4), `interrupted` is set when the workspace lost the
          *       turn (restarted or lost its runner) before it ended.
          */
-        ContentBlock: {
-            text: string;
+        ContentBlock: components["schemas"]["ContentBlockText"] | components["schemas"]["ContentBlockStep"] | components["schemas"]["ContentBlockError"];
+        ContentBlockError: {
+            code: string;
+            interrupted?: boolean;
+            message: string;
+            termination?: components["schemas"]["Termination"] | null;
             /** @enum {string} */
-            type: "text";
-        } | {
+            type: "error";
+        };
+        ContentBlockStep: {
             args?: unknown;
             /** Format: int64 */
             duration_ms?: number | null;
@@ -864,13 +869,11 @@ export interface components {
             status: components["schemas"]["StepStatus"];
             /** @enum {string} */
             type: "step";
-        } | {
-            code: string;
-            interrupted?: boolean;
-            message: string;
-            termination?: components["schemas"]["Termination"] | null;
+        };
+        ContentBlockText: {
+            text: string;
             /** @enum {string} */
-            type: "error";
+            type: "text";
         };
         /**
          * @description `POST /api/runs`.
@@ -1070,62 +1073,49 @@ export interface components {
             sessionId: string;
             /** Format: uint64 */
             ts: number;
-        } & ({
-            level: components["schemas"]["LogLevel"];
-            message: string;
+        } & (components["schemas"]["LineLog"] | components["schemas"]["LineStep"] | components["schemas"]["LineResult"] | components["schemas"]["LineError"] | components["schemas"]["LineSessionInit"] | components["schemas"]["LineDelta"] | components["schemas"]["LineStdout"] | components["schemas"]["LineToolCall"] | components["schemas"]["LineToolResultApplied"] | components["schemas"]["LineHeartbeat"] | components["schemas"]["LineSessionEnded"]);
+        /** @description `delta` (protocol 2): assistant text as the model streams it. */
+        LineDelta: {
+            text: string;
             /** @constant */
-            type: "log";
-        } | {
-            args?: unknown;
-            /** Format: uint64 */
-            durationMs?: number | null;
-            error?: string | null;
-            id: string;
-            name: string;
-            result?: unknown;
-            status: components["schemas"]["StepStatus"];
-            /** @constant */
-            type: "step";
-        } | {
-            message: string;
-            /** @constant */
-            type: "result";
-        } | {
+            type: "delta";
+        };
+        /** @description `error`: terminal failure in place of `result`; `code` is one of [`crate::codes`]. */
+        LineError: {
             code: string;
             message: string;
             /** @constant */
             type: "error";
-        } | {
-            encryption?: components["schemas"]["EncryptionInit"] | null;
-            limits: components["schemas"]["SessionLimits"];
-            /** Format: uint8 */
-            protocolVersion: number;
-            /** @constant */
-            type: "session_init";
-        } | {
-            text: string;
-            /** @constant */
-            type: "delta";
-        } | {
-            chunk: string;
-            stepId: string;
-            stream: components["schemas"]["OutputStream"];
-            /** @constant */
-            type: "stdout";
-        } | {
-            args: unknown;
-            callId: string;
-            toolName: string;
-            /** @constant */
-            type: "tool_call";
-        } | {
-            callId: string;
-            /** @constant */
-            type: "tool_result_applied";
-        } | {
+        };
+        /** @description `heartbeat` (protocol 2): no payload. */
+        LineHeartbeat: {
             /** @constant */
             type: "heartbeat";
-        } | {
+        };
+        /** @description `log`: free-form diagnostics; not shown in a chat thread. */
+        LineLog: {
+            level: components["schemas"]["LogLevel"];
+            message: string;
+            /** @constant */
+            type: "log";
+        };
+        /** @description `result`: the final assistant message, exactly once per successful turn. */
+        LineResult: {
+            message: string;
+            /** @constant */
+            type: "result";
+        };
+        /**
+         * @description The `session_ended` payload, also kept as a session's `termination`.
+         *
+         *     - `reason`: `completed`, `error` or `terminated`.
+         *     - `terminatedBy`: `agent` (the agent process ended it) or `daemon` (the runner did).
+         *     - `message`: why, when not completed.
+         *     - `exitCode` / `signal`: how the sandbox process ended, when known.
+         *     - `stderr`: head and tail of that process's stderr.
+         *     - `stats`: counters of the session.
+         */
+        LineSessionEnded: {
             /** Format: int32 */
             exitCode?: number | null;
             message?: string | null;
@@ -1137,11 +1127,71 @@ export interface components {
             terminatedBy: components["schemas"]["TerminatedBy"];
             /** @constant */
             type: "session_ended";
-        });
+        };
+        /** @description `session_init` (protocol 2): the first line. */
+        LineSessionInit: {
+            encryption?: components["schemas"]["EncryptionInit"] | null;
+            limits: components["schemas"]["SessionLimits"];
+            /** Format: uint8 */
+            protocolVersion: number;
+            /** @constant */
+            type: "session_init";
+        };
+        /** @description `stdout` (protocol 2): a tool's output while it runs. */
+        LineStdout: {
+            chunk: string;
+            stepId: string;
+            stream: components["schemas"]["OutputStream"];
+            /** @constant */
+            type: "stdout";
+        };
+        /**
+         * @description `step`: one tool call of the agent loop.
+         *
+         *     - `id`: correlates the `running` line with its single `succeeded`/`failed` line.
+         *     - `name`: what ran (`shell`, `recipes/add-node.sh`, `server/tool`, ...).
+         *     - `args`: the model's arguments (on `running`).
+         *     - `result`: the tool's return value, truncated for display (on `succeeded`).
+         *     - `error`: the failure message (on `failed`).
+         *     - `durationMs`: on `succeeded` and `failed`.
+         */
+        LineStep: {
+            args?: unknown;
+            /** Format: uint64 */
+            durationMs?: number | null;
+            error?: string | null;
+            id: string;
+            name: string;
+            result?: unknown;
+            status: components["schemas"]["StepStatus"];
+            /** @constant */
+            type: "step";
+        };
+        /** @description `tool_call` (protocol 2): the agent calls a client tool and waits. */
+        LineToolCall: {
+            args: unknown;
+            callId: string;
+            toolName: string;
+            /** @constant */
+            type: "tool_call";
+        };
+        /** @description `tool_result_applied` (protocol 2): the client's result reached the agent. */
+        LineToolResultApplied: {
+            callId: string;
+            /** @constant */
+            type: "tool_result_applied";
+        };
         /** @enum {string} */
         LogLevel: "debug" | "info" | "warn" | "error";
+        /** McpHttpServer */
+        McpHttpServer: {
+            name: string;
+            url: string;
+        };
         /** @description An MCP server: a stdio command started in the sandbox, or a streamable-HTTP URL. */
-        McpServer: {
+        McpServer: components["schemas"]["McpStdioServer"] | components["schemas"]["McpHttpServer"];
+        /** McpStdioServer */
+        McpStdioServer: {
             /** @default [] */
             args: string[];
             command: string;
@@ -1150,9 +1200,6 @@ export interface components {
                 [key: string]: string;
             };
             name: string;
-        } | {
-            name: string;
-            url: string;
         };
         /** @description One model: `id` is `provider:model`. */
         ModelInfo: {

@@ -190,3 +190,19 @@ pub struct StoredFile {
     pub path: String,
     pub id: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_16_to_64_url_safe_characters() {
+        assert!(is_valid_request_id("0123456789abcdef0123456789abcdef"));
+        assert!(is_valid_request_id(&"A_-9".repeat(4)));
+        assert!(is_valid_request_id(&"a".repeat(64)));
+        assert!(!is_valid_request_id(&"a".repeat(15)));
+        assert!(!is_valid_request_id(&"a".repeat(65)));
+        assert!(!is_valid_request_id("0123456789abcdef 0123"));
+        assert!(!is_valid_request_id("0123456789abcdef/0123"));
+    }
+}

@@ -20,8 +20,8 @@
 //! in plaintext only in its answer, is minted afresh and the lost one
 //! revoked ([`EnvReplay`]).
 
-use asbx_protocol::callback::{CALLBACK_REPLAY_WINDOW_MS, REQUEST_ID_HEADER, is_valid_request_id};
 use asbx_protocol::FieldError;
+use asbx_protocol::callback::{CALLBACK_REPLAY_WINDOW_MS, REQUEST_ID_HEADER, is_valid_request_id};
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use sqlx::{Any, Executor, Row as _};

@@ -79,9 +79,8 @@ pub(crate) async fn check_upload_token(
 
 /// A recorded `/results` answer.
 fn stored_answer(answer: &str, session_id: &str) -> Result<ResultsResponse, WorkspaceError> {
-    serde_json::from_str(answer).map_err(|e| {
-        WorkspaceError::Corrupt(format!("recorded results of run {session_id}: {e}"))
-    })
+    serde_json::from_str(answer)
+        .map_err(|e| WorkspaceError::Corrupt(format!("recorded results of run {session_id}: {e}")))
 }
 
 /// Validates a `/results` body in full, stores the bytes, then redeems the
@@ -134,9 +133,15 @@ async fn store_rows(
 ) -> Result<ResultsResponse, WorkspaceError> {
     let now = state.now_ms();
     let mut tx = state.store.pool().begin().await?;
-    let replayed =
-        replay::redeem_or_take(&mut tx, token_hash, TokenKind::Upload, session_id, request, now)
-            .await?;
+    let replayed = replay::redeem_or_take(
+        &mut tx,
+        token_hash,
+        TokenKind::Upload,
+        session_id,
+        request,
+        now,
+    )
+    .await?;
     if let Some(answer) = replayed {
         tx.commit().await?;
         return stored_answer(&answer, session_id);

@@ -79,7 +79,10 @@ async fn env_is_answered_once_more_to_its_retry_with_a_fresh_bearer(db: Db) {
         get(&files, fresh.as_str().unwrap(), None).await.status(),
         200
     );
-    assert_eq!(get(&files, lost.as_str().unwrap(), None).await.status(), 401);
+    assert_eq!(
+        get(&files, lost.as_str().unwrap(), None).await.status(),
+        401
+    );
     // Once more only: a third try with the same id is refused.
     rejected(get(&url, &d.otp_setup, Some(&id)).await).await;
 }
@@ -227,6 +230,14 @@ async fn concurrent_retries_have_one_winner(db: Db) {
         statuses.push(a.await.unwrap());
     }
     // The redemption and its one retry; everything else refused.
-    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 2, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 10, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        2,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        10,
+        "{statuses:?}"
+    );
 }

@@ -109,6 +109,7 @@ mod tests {
         let errors = [
             E::InvalidRequest(Vec::new()),
             E::Unauthorized,
+            E::CrossOrigin("https://page.example".into()),
             E::SessionTaken("s".into()),
             E::SessionNotFound("s".into()),
             E::TooLarge(1),

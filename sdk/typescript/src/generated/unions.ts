@@ -130,3 +130,86 @@ export const ERROR_CODES: readonly ErrorCode[] = [
   "internal",
   "attachment_failed",
 ] as const;
+
+/** Every stable `code` a problem body of asbx carries, the runner's (its routes, gateway and egress proxy) and the workspace's in one list, so a code the workspace passes through from a runner is the same value on both sides, and one condition has one name (`body_too_large`). (schemas/problem-code.json) */
+export type ProblemCode =
+  | "invalid_request"
+  | "unauthorized"
+  | "otp_rejected"
+  | "forbidden"
+  | "cross_origin"
+  | "host_not_allowed"
+  | "not_found"
+  | "method_not_allowed"
+  | "body_too_large"
+  | "unsupported_media_type"
+  | "turn_in_flight"
+  | "conflict"
+  | "sandbox_url_missing"
+  | "sandbox_url_not_allowed"
+  | "model_not_allowed"
+  | "upstream_failed"
+  | "events_gone"
+  | "database_unavailable"
+  | "internal"
+  | "session_exists"
+  | "not_protocol_2"
+  | "unknown_call"
+  | "already_answered"
+  | "session_ended"
+  | "decryption_failed"
+  | "at_capacity"
+  | "unknown_provider"
+  | "model_path_not_allowed"
+  | "unknown_mcp_server"
+  | "too_many_calls"
+  | "upstream_invalid"
+  | "upstream_unreachable"
+  | "upstream_unresolvable"
+  | "egress_host_not_allowed"
+  | "egress_port_not_allowed"
+  | "egress_internal_address"
+  | "egress_host_mismatch"
+  | "too_many_connections";
+
+/** Every `ProblemCode`, in schema order. */
+export const PROBLEM_CODES: readonly ProblemCode[] = [
+  "invalid_request",
+  "unauthorized",
+  "otp_rejected",
+  "forbidden",
+  "cross_origin",
+  "host_not_allowed",
+  "not_found",
+  "method_not_allowed",
+  "body_too_large",
+  "unsupported_media_type",
+  "turn_in_flight",
+  "conflict",
+  "sandbox_url_missing",
+  "sandbox_url_not_allowed",
+  "model_not_allowed",
+  "upstream_failed",
+  "events_gone",
+  "database_unavailable",
+  "internal",
+  "session_exists",
+  "not_protocol_2",
+  "unknown_call",
+  "already_answered",
+  "session_ended",
+  "decryption_failed",
+  "at_capacity",
+  "unknown_provider",
+  "model_path_not_allowed",
+  "unknown_mcp_server",
+  "too_many_calls",
+  "upstream_invalid",
+  "upstream_unreachable",
+  "upstream_unresolvable",
+  "egress_host_not_allowed",
+  "egress_port_not_allowed",
+  "egress_internal_address",
+  "egress_host_mismatch",
+  "too_many_connections",
+] as const;

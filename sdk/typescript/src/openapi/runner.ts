@@ -15,7 +15,9 @@ export interface paths {
          * `GET /healthz`: up, and how much room is left, which a workspace with a
          *     runner fleet ranks runners by: `sessions` live, `warm` sandboxes booted
          *     ahead, `capacity` (the most sandboxes at once) and `free` (how many more
-         *     dispatches fit now).
+         *     dispatches fit now), `max_duration_ms` (the longest a run may last here,
+         *     bounded by `ASBX_MAX_RUNTIME_SEC`: a workspace lets a dispatch's tokens
+         *     live that long plus the grace, docs/protocol.md §3).
          */
         get: operations["healthz"];
         put?: never;
@@ -180,6 +182,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/ws": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["upgrade"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -278,6 +296,11 @@ export interface components {
             capacity: number;
             /** @description How many more dispatches fit now. */
             free: number;
+            /**
+             * Format: int64
+             * @description The longest a run may last on this runner, in ms (its runtime cap).
+             */
+            max_duration_ms: number;
             /** @description The isolation profile in force. */
             profile: string;
             /** @description Sessions live now. */
@@ -984,6 +1007,51 @@ export interface operations {
             };
             /** @description `not_protocol_2`: a protocol 1 session; `already_answered`: the call has its answer; `session_ended`: the session ended before the answer */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    upgrade: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switched to the WebSocket protocol. Client text messages: `{"type":"dispatch", ...body of POST /stream}` (protocol 2; `protocol` may be left out), `{"type":"attach","sessionId","after"}`, `{"type":"tool_result","callId","result"|"error"|"encrypted"}`, `{"type":"cancel"}`, each at most 2 MiB. Server text messages: one protocol 2 line each, as NDJSON carries it; a bad message gets an `error` line with `seq` 0 and a stable `code` (then a close with 1008 when the socket can't go on); the socket closes with 1000 after `session_ended` */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: not a WebSocket upgrade */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized`: the runner token is missing or wrong (checked before the upgrade) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `cross_origin`: the upgrade carries an `Origin` (a web page's); the runner serves servers and SDKs */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -421,6 +421,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/runs/ws": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["runs_upgrade"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/runs/{id}": {
         parameters: {
             query?: never;
@@ -4085,6 +4101,69 @@ export interface operations {
                 };
             };
             /** @description `sandbox_url_missing`: no runner is configured; `at_capacity`: the runner's refusal passed through (a runner's other refusals pass through with their status and code too); `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    runs_upgrade: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switched to the WebSocket protocol. Client text messages: `{"type":"dispatch", ...body of POST /api/runs}` (protocol 2; `protocol` may be left out), `{"type":"attach","runId","after"}`, `{"type":"tool_result","callId","result"|"error"|"encrypted"}`, `{"type":"cancel"}`. Server text messages: one protocol 2 line each, as the NDJSON routes carry it; a refused message gets an `error` line with `seq` 0 and the route's problem `code` (then a close with 1008 for a refused dispatch or attach); the socket closes with 1000 once the run has ended */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: not a WebSocket upgrade */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed` or `cross_origin`: the upgrade's `Host` or `Origin` is not this workspace's */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -76,19 +76,25 @@ impl RunnerError {
                 )
                 .with_errors(errors.clone())
             }
-            RunnerError::Unauthorized => {
-                Problem::of(401, ProblemCode::Unauthorized, "Unauthorized", self.to_string())
-            }
+            RunnerError::Unauthorized => Problem::of(
+                401,
+                ProblemCode::Unauthorized,
+                "Unauthorized",
+                self.to_string(),
+            ),
             RunnerError::CrossOrigin(_) => Problem::of(
                 403,
                 ProblemCode::CrossOrigin,
                 "Cross-origin request",
                 self.to_string(),
             ),
-            RunnerError::SessionTaken(id) => {
-                Problem::of(409, ProblemCode::SessionExists, "Session exists", self.to_string())
-                    .with("sessionId", id.clone())
-            }
+            RunnerError::SessionTaken(id) => Problem::of(
+                409,
+                ProblemCode::SessionExists,
+                "Session exists",
+                self.to_string(),
+            )
+            .with("sessionId", id.clone()),
             RunnerError::SessionNotFound(_) | RunnerError::NoRoute(_) => {
                 Problem::of(404, ProblemCode::NotFound, "Not found", self.to_string())
             }

@@ -600,8 +600,7 @@ fn file_cycles() -> Vec<String> {
 /// connected set of files), to be broken so that this list empties. A new
 /// cycle fails the test below, and so does a line here that no longer is
 /// one.
-const KNOWN_FILE_CYCLES: &[&str] = &[
-];
+const KNOWN_FILE_CYCLES: &[&str] = &[];
 
 #[test]
 fn no_import_cycle_between_the_files_of_a_crate() {

@@ -20,8 +20,10 @@ use crate::harness::*;
 pub(crate) type Sock =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// What the server sent next.
+/// What the server sent next (a test's value, read once: its size is no
+/// concern).
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Frame {
     /// A line (its text and its parse).
     Line(String, Line),

@@ -379,6 +379,11 @@ fn start_runner(
             })?,
         );
     }
+    if let Some(path) = &opts.egress_extra_ca {
+        std::fs::metadata(path)
+            .with_context(|| format!("ASBX_EGRESS_EXTRA_CA: cannot read {}", path.display()))?;
+    }
+    config.egress_extra_ca = opts.egress_extra_ca.clone();
     config.token = opts.token.clone();
     config.max_runtime = Duration::from_secs(opts.max_runtime_sec());
     config.runtime_grace = Duration::from_secs(opts.runtime_grace_sec);

@@ -35,7 +35,8 @@ pub(crate) async fn env(
     headers: HeaderMap,
 ) -> Result<Json<EnvResponse>, WorkspaceError> {
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
-    let env = callbacks::redeem_env(&state, &session_id, token).await?;
+    let strips = headers.contains_key(asbx_protocol::gateway::STRIPS_INJECTED_SECRETS);
+    let env = callbacks::redeem_env(&state, &session_id, token, strips).await?;
     Ok(Json(env))
 }
 

@@ -71,10 +71,14 @@ pub(crate) async fn redeem_payload<P: Payload>(
 /// the redemption and the bearer's hash are stored in one transaction, and
 /// the plaintext exists only in this answer. The bearer lives for the run's
 /// runtime cap + 60 s and is revoked when the run settles.
+///
+/// `strips`: the gateway relaying the answer removes `injected_secrets`
+/// before the sandbox sees it (its `STRIPS_INJECTED_SECRETS` header).
 pub(crate) async fn redeem_env(
     state: &AppState,
     session_id: &str,
     token: &str,
+    strips: bool,
 ) -> Result<EnvResponse, WorkspaceError> {
     if !asbx_protocol::dispatch::is_valid_session_id(session_id) {
         return Err(WorkspaceError::OtpRejected);
@@ -98,8 +102,15 @@ pub(crate) async fn redeem_env(
     let mut env: EnvResponse = serde_json::from_str(&run.env_json).map_err(corrupt)?;
     if let Some(refs) = run.env_secrets.as_deref() {
         let refs: SecretRefs = serde_json::from_str(refs).map_err(corrupt)?;
-        environments::with_secrets(&mut tx, &state.sealer, &run.workspace_id, &refs, &mut env)
-            .await?;
+        environments::with_secrets(
+            &mut tx,
+            &state.sealer,
+            &run.workspace_id,
+            &refs,
+            strips,
+            &mut env,
+        )
+        .await?;
     }
     if let Some(access) = env.workspace.as_mut() {
         let config: ConfigResponse = serde_json::from_str(&run.config_json).map_err(corrupt)?;

@@ -11,6 +11,7 @@ mod conns;
 mod dispatch;
 mod docs;
 mod egress;
+mod egress_secrets;
 mod encryption;
 mod fleet;
 mod hostile;

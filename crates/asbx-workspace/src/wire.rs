@@ -609,7 +609,9 @@ pub(crate) struct EnvironmentBody {
     pub name: String,
     #[serde(default)]
     pub variables: BTreeMap<String, String>,
+    /// A name with `null` deletes that secret (`PUT`).
     #[serde(default)]
+    #[schema(value_type = Option<BTreeMap<String, SecretInput>>)]
     pub secrets: Option<BTreeMap<String, Option<SecretInput>>>,
     #[serde(default)]
     pub setup_script: Option<String>,

@@ -237,7 +237,7 @@ pub(crate) async fn update(
     state: &AppState,
     workspace_id: &str,
     id: &str,
-    mut body: EnvironmentBody,
+    body: EnvironmentBody,
 ) -> Result<EnvironmentRecord, WorkspaceError> {
     let old = env_store::get(state.store.pool(), workspace_id, id)
         .await?

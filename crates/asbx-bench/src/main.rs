@@ -19,6 +19,9 @@
 //! - `nodes`: chat turns per second through two workspace nodes and two
 //!   runners on one PostgreSQL, beside one of each.
 //! - `chat-append`: a turn on a chat of 100,000 messages beside one of 10.
+//! - `egress`: the egress proxy for a host a secret is bound to (TLS ended
+//!   at the proxy, the header set) beside the plain `CONNECT` tunnel: MB/s
+//!   of a 100 MB HTTPS download and first-byte time of a fresh connection.
 //! - `relay`: a run's lines through the workspace to an SSE client, beside
 //!   raw chunked HTTP, on SQLite and (with `ASBX_BENCH_PG_URL`) PostgreSQL.
 //!
@@ -36,6 +39,7 @@ use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
 
 mod burst;
+mod egress;
 mod idle;
 mod jail;
 mod link;
@@ -63,6 +67,10 @@ fn main() -> anyhow::Result<()> {
             "throughput" => throughput().await,
             "first-line" => first_line(n).await,
             "idle" => idle::idle(n.min(10_000)).await,
+            "egress" => {
+                let mb = args.get(2).and_then(|v| v.parse().ok());
+                egress::egress(mb.unwrap_or(100)).await
+            }
             "idle-workspace" => idle::serve_idle_workspace().await,
             "jail-startup" => jail::startup(n),
             "burst" => burst::burst(n.min(1000)).await,

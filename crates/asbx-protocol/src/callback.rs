@@ -38,6 +38,12 @@ pub const REPLAY_TURN_LIMIT: usize = 20;
 /// - `variables`: set in the sandbox before the setup script.
 /// - `setup_script`: bash, run in the working directory before the first model call.
 /// - `allowed_hosts`: what tools may reach through the egress proxy (default none).
+/// - `injected_secrets`: runner-only (docs/protocol.md §3, "Secrets set at
+///   the egress proxy"): secrets the egress proxy sets as headers on
+///   requests to their hosts. The workspace sends them only to a gateway
+///   that says it strips them ([`crate::gateway::STRIPS_INJECTED_SECRETS`]);
+///   the gateway removes the field before the agent sees the answer, so the
+///   sandbox never holds a value (its variable holds the placeholder).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct EnvResponse {
     #[serde(default)]
@@ -49,6 +55,31 @@ pub struct EnvResponse {
     /// The in-sandbox workspace API of this session (docs/protocol.md §3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceAccess>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injected_secrets: Vec<InjectedSecret>,
+}
+
+/// `EnvResponse.injected_secrets`: one secret the egress proxy sets as
+/// `header` = `format` (its `{value}` replaced) on requests to `hosts`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InjectedSecret {
+    pub name: String,
+    pub value: String,
+    pub hosts: Vec<String>,
+    pub header: String,
+    pub format: String,
+}
+
+impl std::fmt::Debug for InjectedSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the value.
+        f.debug_struct("InjectedSecret")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `EnvResponse.workspace`: the in-sandbox workspace API of this session.

@@ -126,3 +126,10 @@ impl Default for MaxLimits {
         }
     }
 }
+
+/// The header the gateway adds when it relays `/env`: it removes
+/// `injected_secrets` from the answer before the agent sees it. The
+/// workspace sends a run's bound secrets only when it is present (a gateway
+/// that predates them would pass the values into the sandbox), and a
+/// sandbox can't set it: the gateway forwards only its own headers.
+pub const STRIPS_INJECTED_SECRETS: &str = "x-asbx-strips-injected-secrets";

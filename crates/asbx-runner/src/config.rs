@@ -67,6 +67,10 @@ pub struct RunnerConfig {
     /// egress proxy and as MCP servers (`ASBX_ALLOW_INTERNAL`); empty by
     /// default.
     pub allow_internal: Vec<crate::Cidr>,
+    /// A PEM file of CAs the egress proxy also trusts when it opens TLS to
+    /// a host a secret is bound to (`ASBX_EGRESS_EXTRA_CA`), beside the
+    /// host's trust store: private registries, tests.
+    pub egress_extra_ca: Option<PathBuf>,
     /// Origins (`scheme://host[:port]`) a dispatch's `agent_url` may point
     /// at (`ASBX_WORKSPACE_ORIGINS`); empty means loopback origins only.
     pub workspace_origins: Vec<String>,
@@ -107,6 +111,7 @@ impl RunnerConfig {
             max_line_bytes: 1 << 20,
             agent_env: Vec::new(),
             allow_internal: Vec::new(),
+            egress_extra_ca: None,
             workspace_origins: Vec::new(),
         }
     }

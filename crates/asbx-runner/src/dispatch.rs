@@ -149,8 +149,10 @@ fn connect(
     let proxy_listener = bind_socket(&slot.dirs.proxy_socket(), agent_uid)?;
     let gateway_stop = CancellationToken::new();
     let allow = Arc::new(crate::egress::AllowList::default());
+    let inject = Arc::new(std::sync::OnceLock::new());
     let egress = Arc::new(crate::egress::Egress {
         allow: Arc::clone(&allow),
+        inject: Arc::clone(&inject),
         settings: inner.egress.clone(),
         stop: gateway_stop.clone(),
     });
@@ -162,6 +164,8 @@ fn connect(
             providers: Arc::clone(&inner.providers),
             client: inner.client.clone(),
             allow: Arc::clone(&allow),
+            inject,
+            ca_file: ca_file(slot),
             egress: inner.egress.clone(),
         },
         gateway_stop.clone(),
@@ -199,6 +203,17 @@ fn connect(
         });
     }
     Ok(gateway_stop)
+}
+
+/// Where the sandbox's CA bundle goes (its run folder, beside the
+/// gateway's socket), on the host and as the sandbox sees it.
+fn ca_file(slot: &Slot) -> Option<crate::gateway::CaFile> {
+    let file = crate::egress::inject::CA_FILE;
+    let dir = std::path::Path::new(&slot.gateway_socket).parent()?;
+    Some(crate::gateway::CaFile {
+        host: slot.dirs.run.join(file),
+        sandbox: dir.join(file).to_str()?.to_owned(),
+    })
 }
 
 /// Binds a Unix socket for the sandbox's agent.

@@ -44,6 +44,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProviderConfig;
+use crate::egress::inject::{CA_VARIABLES, Injections};
 use crate::egress::{AllowList, EgressSettings, Refusal};
 use crate::session::{Session, ToolAnswer, WaitError};
 
@@ -178,6 +179,8 @@ struct GatewayState {
     providers: Arc<Vec<ProviderConfig>>,
     client: reqwest::Client,
     allow: Arc<AllowList>,
+    inject: Arc<OnceLock<Injections>>,
+    ca_file: Option<CaFile>,
     egress: EgressSettings,
     /// Streamable-HTTP MCP servers by name, from the `/config` answer.
     mcp: OnceLock<HashMap<String, McpTarget>>,
@@ -191,7 +194,19 @@ pub(crate) struct GatewaySpec {
     pub(crate) providers: Arc<Vec<ProviderConfig>>,
     pub(crate) client: reqwest::Client,
     pub(crate) allow: Arc<AllowList>,
+    /// The secrets bound to hosts, for the egress proxy.
+    pub(crate) inject: Arc<OnceLock<Injections>>,
+    /// Where the sandbox's CA bundle goes, when it has bound secrets.
+    pub(crate) ca_file: Option<CaFile>,
     pub(crate) egress: EgressSettings,
+}
+
+/// The sandbox's CA bundle (`inject::CA_FILE` in its run folder): its path
+/// on the host, and as the sandbox sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct CaFile {
+    pub(crate) host: std::path::PathBuf,
+    pub(crate) sandbox: String,
 }
 
 fn state(spec: GatewaySpec) -> Arc<GatewayState> {
@@ -201,6 +216,8 @@ fn state(spec: GatewaySpec) -> Arc<GatewayState> {
         providers: spec.providers,
         client: spec.client,
         allow: spec.allow,
+        inject: spec.inject,
+        ca_file: spec.ca_file,
         egress: spec.egress,
         mcp: OnceLock::new(),
         model: OnceLock::new(),
@@ -278,19 +295,115 @@ pub(crate) fn spawn(
 
 /// Relays `/env` and keeps its `allowed_hosts` for the egress proxy: the list
 /// comes from the workspace's answer, never from the sandbox.
+///
+/// The answer's runner-only `injected_secrets` (docs/protocol.md §3) go to
+/// the egress proxy and are removed before the agent sees the answer; with
+/// any, the sandbox's CA bundle is written and named by the usual
+/// variables. An answer that names them and can't be rewritten is not
+/// passed on (fails closed).
 async fn callback_env(Extension(s): Extension<Arc<GatewayState>>, req: Request) -> Response {
     let res = forward_callback(&s, CALLBACK_ENV, req).await;
     if !res.status().is_success() {
         return res;
     }
-    let (parts, body) = res.into_parts();
+    let (mut parts, body) = res.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, MAX_ENV_BODY).await else {
         return GatewayError::AnswerTooLarge("/env").into_response();
     };
-    if let Ok(env) = serde_json::from_slice::<asbx_protocol::callback::EnvResponse>(&bytes) {
-        s.allow.set(env.allowed_hosts);
+    // Without the field's name (nor an escape that could spell it), the
+    // answer passes as it came.
+    if memchr::memmem::find(&bytes, b"injected_secrets").is_none()
+        && memchr::memmem::find(&bytes, b"\\u").is_none()
+    {
+        if let Ok(env) = serde_json::from_slice::<asbx_protocol::callback::EnvResponse>(&bytes) {
+            s.allow.set(env.allowed_hosts);
+        }
+        return Response::from_parts(parts, Body::from(bytes));
     }
-    Response::from_parts(parts, Body::from(bytes))
+    // As a map, so fields this runner doesn't know pass unchanged.
+    let Ok(mut env) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes)
+    else {
+        return GatewayError::UpstreamInvalid.into_response();
+    };
+    let secrets: Vec<asbx_protocol::callback::InjectedSecret> = match env
+        .remove("injected_secrets")
+        .map(serde_json::from_value)
+        .transpose()
+    {
+        Ok(list) => list.unwrap_or_default(),
+        Err(_) => return GatewayError::UpstreamInvalid.into_response(),
+    };
+    let mut hosts: Vec<String> = env
+        .get("allowed_hosts")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    match bind_secrets(&s, &secrets, &mut env) {
+        Ok(Some(inj)) => {
+            // A bound host is also an allowed host.
+            for h in inj.hosts() {
+                if !hosts.iter().any(|x| x == h) {
+                    hosts.push(h.to_owned());
+                }
+            }
+            let _ = s.inject.set(inj);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not set up secrets at the egress proxy");
+            return GatewayError::Unreachable("egress secrets: could not set up".into())
+                .into_response();
+        }
+    }
+    s.allow.set(hosts);
+    drop(secrets);
+    let Ok(out) = serde_json::to_vec(&env) else {
+        return GatewayError::UpstreamInvalid.into_response();
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(out))
+}
+
+/// The bindings of `secrets` and this sandbox's CA; writes its bundle and
+/// points the CA variables of `env` at it.
+fn bind_secrets(
+    s: &GatewayState,
+    secrets: &[asbx_protocol::callback::InjectedSecret],
+    env: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<Option<Injections>, String> {
+    let Some(inj) = Injections::new(secrets)? else {
+        return Ok(None);
+    };
+    let Some(ca) = &s.ca_file else {
+        return Err("no run folder for the CA bundle".to_owned());
+    };
+    let tls = s.egress.upstream_tls()?;
+    write_ca_bundle(&ca.host, &tls.bundle(inj.ca_pem()))?;
+    let vars = env
+        .entry("variables")
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    let serde_json::Value::Object(vars) = vars else {
+        return Err("variables is not an object".to_owned());
+    };
+    for k in CA_VARIABLES {
+        vars.insert(k.to_owned(), serde_json::Value::String(ca.sandbox.clone()));
+    }
+    Ok(Some(inj))
+}
+
+/// Writes the CA bundle, readable by every uid of the sandbox (it holds no
+/// secret: certificates only).
+fn write_ca_bundle(path: &std::path::Path, pem: &[u8]) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(pem)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Relays `/config`; keeps the model it names and pins the URLs of its
@@ -445,6 +558,13 @@ async fn forward_callback(s: &GatewayState, route: &str, req: Request) -> Respon
     }
     if let Ok(id) = HeaderValue::from_str(&hex::encode(rand::random::<[u8; 16]>())) {
         headers.insert(REQUEST_ID_HEADER, id);
+    }
+    if route == CALLBACK_ENV {
+        // This gateway removes `injected_secrets` before the agent sees them.
+        headers.insert(
+            asbx_protocol::gateway::STRIPS_INJECTED_SECRETS,
+            HeaderValue::from_static("1"),
+        );
     }
     // The workspace's handler joins the dispatch's trace.
     crate::otel::inject(&mut headers);

@@ -20,6 +20,9 @@ mod egress;
 /// The egress proxy's pure parsing, for the fuzz targets.
 #[doc(hidden)]
 pub use egress::parse as egress_parse;
+/// One egress proxy on its own, for `asbx-bench`.
+#[doc(hidden)]
+pub use egress::standalone as egress_standalone;
 mod error;
 mod gateway;
 mod identity;
@@ -125,7 +128,8 @@ impl Runner {
                 pool: pool::Pool::new(config.warm_pool, config.warm_pool_max),
                 providers: Arc::new(config.providers.clone()),
                 sessions: Sessions::default(),
-                egress: egress::EgressSettings::new(config.allow_internal.clone()),
+                egress: egress::EgressSettings::new(config.allow_internal.clone())
+                    .with_extra_ca(config.egress_extra_ca.clone()),
                 identity,
                 sandbox,
                 client,

@@ -34,6 +34,7 @@ pub mod otlp;
 pub mod procs;
 pub mod skip;
 pub mod snapshot;
+pub mod tls_server;
 
 pub use fake_gateway::{
     ClientToolAnswer, FakeFile, FakeGateway, FakeWorkspaceApi, GatewayConfig, GatewayProvider,

@@ -368,6 +368,15 @@ function renderEnvironments() {
     li.dataset.envId = env.id;
     const secrets = env.secretNames.length ? " · secrets set: " + env.secretNames.join(", ") : "";
     li.append(el("span", null, env.name + secrets + " "));
+    // Secrets set at the egress proxy: where, never the value.
+    const injected = Object.entries(env.injectedSecrets || {});
+    if (injected.length) {
+      const ul = el("ul", "env-injected");
+      injected.forEach(([name, i]) => {
+        ul.append(el("li", null, name + " → " + i.header + " on " + i.hosts.join(", ") + " (set at the egress proxy; the sandbox sees asbx-secret:" + name + ")"));
+      });
+      li.append(ul);
+    }
     const edit = el("button", "link", "Edit");
     edit.type = "button";
     edit.onclick = () => {

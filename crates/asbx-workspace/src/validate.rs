@@ -121,6 +121,19 @@ pub(crate) fn named_environment(
             format!("more than {MAX_VARIABLES} variables and secrets"),
         ));
     }
+    for (name, input) in body.secrets.iter().flatten() {
+        let Some(crate::wire::SecretInput::Bound(b)) = input else {
+            continue;
+        };
+        let field = format!("secrets.{name}");
+        let spec = inject_spec(&b.inject);
+        for (sub, msg) in asbx_protocol::rules::inject::check_binding(&spec) {
+            errors.push(FieldError::new(&format!("{field}.inject.{sub}"), msg));
+        }
+        if let Err(msg) = asbx_protocol::rules::inject::check_value(&b.value) {
+            errors.push(FieldError::new(&format!("{field}.value"), msg));
+        }
+    }
     for (name, value) in secrets {
         let field = format!("secrets.{name}");
         if let Err(msg) = names::check_env_name(name) {
@@ -134,6 +147,17 @@ pub(crate) fn named_environment(
         }
     }
     errors
+}
+
+/// The protocol's form of a stored binding.
+pub(crate) fn inject_spec(
+    i: &crate::wire::SecretInject,
+) -> asbx_protocol::rules::inject::InjectSpec {
+    asbx_protocol::rules::inject::InjectSpec {
+        hosts: i.hosts.clone(),
+        header: i.header.clone(),
+        format: i.format.clone(),
+    }
 }
 
 /// A chat's settings (fields `settings.*`). Whether the model is one of

@@ -594,7 +594,11 @@ pub(crate) struct Health {
 /// - `variables`: set in the sandbox, returned by the API.
 /// - `secrets`: set in the sandbox like variables, never returned (only
 ///   their names, `secretNames`). On `PUT`: absent keeps every secret, a
-///   name with `null` deletes that one, a name with a string sets it.
+///   name with `null` deletes that one, a name with a string sets it. A
+///   secret given as `{"value", "inject": {"hosts", "header", "format"}}`
+///   is bound to hosts instead: the sandbox's variable holds the
+///   placeholder `asbx-secret:NAME` and the runner's egress proxy sets the
+///   header on requests to those hosts only (`injectedSecrets`).
 /// - `setupScript`: bash, run before the first model call.
 /// - `allowedHosts`: what the sandbox's tools may reach.
 ///
@@ -605,12 +609,54 @@ pub(crate) struct EnvironmentBody {
     pub name: String,
     #[serde(default)]
     pub variables: BTreeMap<String, String>,
+    /// A name with `null` deletes that secret (`PUT`).
     #[serde(default)]
-    pub secrets: Option<BTreeMap<String, Option<String>>>,
+    #[schema(value_type = Option<BTreeMap<String, SecretInput>>)]
+    pub secrets: Option<BTreeMap<String, Option<SecretInput>>>,
     #[serde(default)]
     pub setup_script: Option<String>,
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+}
+
+/// One secret of an [`EnvironmentBody`]: its value, or its value bound to
+/// hosts. Never returned, never in `Debug`.
+#[derive(Clone, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub(crate) enum SecretInput {
+    Value(String),
+    Bound(BoundSecret),
+}
+
+impl SecretInput {
+    pub(crate) fn into_parts(self) -> (String, Option<SecretInject>) {
+        match self {
+            SecretInput::Value(v) => (v, None),
+            SecretInput::Bound(b) => (b.value, Some(b.inject)),
+        }
+    }
+}
+
+/// `{"value", "inject"}`: a secret the egress proxy sets as a header.
+#[derive(Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BoundSecret {
+    pub value: String,
+    pub inject: SecretInject,
+}
+
+/// Where and how the egress proxy sets a bound secret
+/// (`asbx_protocol::rules::inject::InjectSpec`):
+///
+/// - `hosts`: as in `allowedHosts`; each is also an allowed host.
+/// - `header`: the header set (`Authorization`), replacing the request's own.
+/// - `format`: its value, `{value}` standing for the secret (`Bearer {value}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SecretInject {
+    pub hosts: Vec<String>,
+    pub header: String,
+    pub format: String,
 }
 
 impl std::fmt::Debug for EnvironmentBody {
@@ -634,6 +680,9 @@ pub(crate) struct EnvironmentRecord {
     pub name: String,
     pub variables: BTreeMap<String, String>,
     pub secret_names: Vec<String>,
+    /// The secrets bound to hosts, by name: where the egress proxy sets
+    /// them, never their values.
+    pub injected_secrets: BTreeMap<String, SecretInject>,
     pub setup_script: Option<String>,
     pub allowed_hosts: Vec<String>,
     pub created_at: i64,

@@ -100,6 +100,10 @@ pub(crate) struct RunnerOpts {
     /// anyway, through the egress proxy and as HTTP MCP servers.
     #[arg(long, env = "ASBX_ALLOW_INTERNAL", value_delimiter = ',')]
     pub(crate) allow_internal: Vec<String>,
+    /// A PEM file of CAs the egress proxy also trusts for TLS to hosts a
+    /// secret is bound to, beside the host's trust store.
+    #[arg(long, env = "ASBX_EGRESS_EXTRA_CA")]
+    pub(crate) egress_extra_ca: Option<std::path::PathBuf>,
     /// Memory cap of one sandbox, in MiB.
     #[arg(long, env = "ASBX_SANDBOX_MEMORY_MB", default_value_t = ResourceLimits::DEFAULT_MEMORY_MB)]
     pub(crate) memory_mb: u64,

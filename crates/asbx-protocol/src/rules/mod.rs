@@ -7,10 +7,12 @@
 //! - [`names`]: environment variable names, egress hosts, relative paths, model names.
 //! - [`skills`]: what a skill bundle may be, with its limits.
 //! - [`mcp`]: what an MCP server entry may be.
+//! - [`inject`]: secrets bound to hosts, set by the egress proxy.
 //! - [`limits`]: sizes and counts both sides of a wire enforce (bag files,
 //!   writeback, history, connections per sandbox).
 //! - [`truncate_with_marker`]: the one way a cut text says it was cut.
 
+pub mod inject;
 pub mod limits;
 pub mod mcp;
 pub mod names;

@@ -17,7 +17,13 @@
 //! that can't be reached is `502`. Connections get a connect timeout and an
 //! idle timeout and end with their session. The list comes from the
 //! workspace's `/env` answer as the gateway relays it, never from the sandbox.
+//!
+//! Secrets bound to hosts ([`inject`]): the proxy sets their headers on
+//! requests to those hosts (terminating TLS for them only) and refuses a
+//! request that carries their placeholder anywhere else.
 
+pub mod inject;
+mod intercept;
 pub mod parse;
 #[cfg(test)]
 mod tests;
@@ -53,7 +59,7 @@ struct Entry {
 }
 
 impl Entry {
-    fn parse(raw: &str) -> Option<Entry> {
+    pub(crate) fn parse(raw: &str) -> Option<Entry> {
         let raw = raw.trim();
         let (wild, rest) = match raw.strip_prefix("*.") {
             Some(r) => (true, r),
@@ -71,7 +77,7 @@ impl Entry {
         })
     }
 
-    fn matches_host(&self, host: &str) -> bool {
+    pub(crate) fn matches_host(&self, host: &str) -> bool {
         match self.pattern.strip_prefix("*.") {
             Some(suffix) => {
                 host.len() > suffix.len() + 1
@@ -82,7 +88,7 @@ impl Entry {
         }
     }
 
-    fn allows_port(&self, port: u16) -> bool {
+    pub(crate) fn allows_port(&self, port: u16) -> bool {
         match self.port {
             Some(p) => p == port,
             None => DEFAULT_PORTS.contains(&port),
@@ -190,6 +196,10 @@ pub(crate) struct EgressSettings {
     pub(crate) allow_internal: Arc<[Cidr]>,
     pub(crate) connect_timeout: Duration,
     pub(crate) idle_timeout: Duration,
+    /// The operator's extra CA for upstream TLS (`ASBX_EGRESS_EXTRA_CA`).
+    pub(crate) extra_ca: Option<std::path::PathBuf>,
+    /// Upstream TLS for bound hosts, loaded on first use.
+    tls: Arc<OnceLock<Result<inject::UpstreamTls, String>>>,
 }
 
 impl EgressSettings {
@@ -199,7 +209,25 @@ impl EgressSettings {
             allow_internal: allow_internal.into(),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            extra_ca: None,
+            tls: Arc::default(),
         }
+    }
+
+    /// With `ASBX_EGRESS_EXTRA_CA`.
+    pub(crate) fn with_extra_ca(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.extra_ca = path;
+        self.tls = Arc::default();
+        self
+    }
+
+    /// The TLS the proxy speaks to bound hosts (the host's trust store plus
+    /// the operator's extra CA), read once per runner.
+    pub(crate) fn upstream_tls(&self) -> Result<&inject::UpstreamTls, String> {
+        self.tls
+            .get_or_init(|| inject::UpstreamTls::load(self.extra_ca.as_deref()))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Refuses an address that is not public or is this host's own, unless
@@ -323,6 +351,10 @@ pub(crate) enum Refusal {
     Bad(String),
     #[error("could not connect to {0}: {1}")]
     Connect(String, String),
+    #[error("the request carries the placeholder of secret {name}, which is not bound to {host}")]
+    SecretPlaceholder { host: String, name: String },
+    #[error("TLS to {0} failed: {1}")]
+    UpstreamTls(String, String),
 }
 
 impl Refusal {
@@ -347,6 +379,12 @@ impl Refusal {
                 ProblemCode::UpstreamUnreachable,
                 "Upstream unreachable",
             ),
+            Refusal::SecretPlaceholder { .. } => (
+                403,
+                ProblemCode::SecretPlaceholder,
+                "Secret placeholder to another host",
+            ),
+            Refusal::UpstreamTls(..) => (502, ProblemCode::UpstreamTlsFailed, "Upstream TLS failed"),
         };
         Problem::of(status, code, title, self.to_string())
     }
@@ -366,6 +404,9 @@ pub(crate) const ALERT_ACCESS_DENIED: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0
 #[derive(Debug)]
 pub(crate) struct Egress {
     pub(crate) allow: Arc<AllowList>,
+    /// The secrets bound to hosts, set with the allow list (none: nothing
+    /// is intercepted or scanned).
+    pub(crate) inject: Arc<OnceLock<inject::Injections>>,
     pub(crate) settings: EgressSettings,
     pub(crate) stop: CancellationToken,
 }
@@ -411,13 +452,17 @@ impl Egress {
             .port
             .ok_or_else(|| Refusal::Bad("CONNECT needs a port".into()))?;
         let upstream = self.connect(&a.host, port).await?;
-        let host = a.host;
+        let host = parse::normalize_host(&a.host);
+        let bound = self.inject.get().is_some_and(|i| i.binds(&host, port));
         tokio::spawn(async move {
             let upgraded = tokio::select! {
                 u = hyper::upgrade::on(req) => u,
                 _ = self.stop.cancelled() => return,
             };
             match upgraded {
+                Ok(upgraded) if bound => {
+                    intercept::serve(self, TokioIo::new(upgraded), upstream, host, port).await
+                }
                 Ok(upgraded) => {
                     self.splice_tls(TokioIo::new(upgraded), upstream, &host)
                         .await
@@ -473,10 +518,8 @@ impl Egress {
         relay(client, upstream, self.settings.idle_timeout, &self.stop).await;
     }
 
-    async fn forward_plain(
-        self: Arc<Self>,
-        mut req: Request<Incoming>,
-    ) -> Result<Response, Refusal> {
+    async fn forward_plain(self: Arc<Self>, req: Request<Incoming>) -> Result<Response, Refusal> {
+        let mut req = req.map(Body::new);
         let uri = req.uri().clone();
         if uri.scheme_str() != Some("http") {
             return Err(Refusal::Bad("only absolute http:// URLs or CONNECT".into()));
@@ -499,6 +542,15 @@ impl Egress {
             }
         }
         let port = a.port.unwrap_or(80);
+        if let Some(inj) = self.inject.get() {
+            let host = parse::normalize_host(&a.host);
+            intercept::check_head(inj, &host, port, req.uri(), req.headers())?;
+            let body = std::mem::replace(req.body_mut(), Body::empty());
+            *req.body_mut() = intercept::scan_body(inj, &host, port, body).await?;
+            for name in inj.apply(&host, port, req.headers_mut()) {
+                tracing::debug!(host = %host, secret = name, "egress: secret header set");
+            }
+        }
         let stream = self.connect(&a.host, port).await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -622,4 +674,60 @@ pub(crate) fn spawn(listener: UnixListener, egress: Arc<Egress>) {
             });
         }
     });
+}
+
+/// One egress proxy outside any dispatch, for `asbx-bench`: the same code
+/// a sandbox's proxy runs, with its allow list and bound secrets given.
+pub mod standalone {
+    use std::path::PathBuf;
+    use std::sync::{Arc, OnceLock};
+
+    use asbx_protocol::callback::InjectedSecret;
+    use tokio::net::UnixListener;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{AllowList, Cidr, Egress, EgressSettings, inject::Injections};
+
+    /// A running proxy; dropping it stops it.
+    #[derive(Debug)]
+    pub struct Proxy {
+        stop: CancellationToken,
+        /// The proxy's CA certificate (PEM) when secrets are bound.
+        pub ca_pem: Option<String>,
+    }
+
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    /// Serves a proxy on `listener` (inside a Tokio runtime).
+    pub fn serve(
+        listener: UnixListener,
+        allowed_hosts: Vec<String>,
+        secrets: &[InjectedSecret],
+        allow_internal: Vec<Cidr>,
+        extra_ca: Option<PathBuf>,
+    ) -> Result<Proxy, String> {
+        let allow = Arc::new(AllowList::default());
+        let inject = Arc::new(OnceLock::new());
+        let mut hosts = allowed_hosts;
+        let mut ca_pem = None;
+        if let Some(inj) = Injections::new(secrets)? {
+            hosts.extend(inj.hosts().map(str::to_owned));
+            ca_pem = Some(inj.ca_pem().to_owned());
+            let _ = inject.set(inj);
+        }
+        allow.set(hosts);
+        let stop = CancellationToken::new();
+        let egress = Arc::new(Egress {
+            allow,
+            inject,
+            settings: EgressSettings::new(allow_internal).with_extra_ca(extra_ca),
+            stop: stop.clone(),
+        });
+        super::spawn(listener, egress);
+        Ok(Proxy { stop, ca_pem })
+    }
 }

@@ -237,6 +237,7 @@ fn proxy(allowed: &[&str], dns: &[(&str, IpAddr)], allow_internal: &[&str]) -> P
         listener,
         Arc::new(Egress {
             allow,
+            inject: Arc::default(),
             settings,
             stop: stop.clone(),
         }),

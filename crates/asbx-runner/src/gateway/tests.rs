@@ -65,6 +65,8 @@ fn gateway(base: &str, allow_internal: &[&str]) -> Router {
         }]),
         client,
         allow: Arc::default(),
+        inject: Arc::default(),
+        ca_file: None,
         egress: EgressSettings::new(
             allow_internal
                 .iter()

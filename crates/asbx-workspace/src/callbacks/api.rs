@@ -37,7 +37,8 @@ pub(crate) async fn env(
 ) -> Result<Json<EnvResponse>, WorkspaceError> {
     let token = bearer(&headers).ok_or(WorkspaceError::Unauthorized)?;
     let request = RequestId::from_headers(&headers)?;
-    let env = callbacks::redeem_env(&state, &session_id, token, request.as_ref()).await?;
+    let strips = headers.contains_key(asbx_protocol::gateway::STRIPS_INJECTED_SECRETS);
+    let env = callbacks::redeem_env(&state, &session_id, token, request.as_ref(), strips).await?;
     Ok(Json(env))
 }
 

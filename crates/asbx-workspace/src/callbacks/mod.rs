@@ -83,11 +83,14 @@ pub(crate) async fn redeem_payload<P: Payload>(
 ///
 /// The retry of `request` is answered once more ([`replay`]): the same
 /// payload, with a fresh bearer; the lost answer's bearer is revoked.
+/// `strips`: the gateway relaying the answer removes `injected_secrets`
+/// before the sandbox sees it (its `STRIPS_INJECTED_SECRETS` header).
 pub(crate) async fn redeem_env(
     state: &AppState,
     session_id: &str,
     token: &str,
     request: Option<&RequestId>,
+    strips: bool,
 ) -> Result<EnvResponse, WorkspaceError> {
     if !asbx_protocol::dispatch::is_valid_session_id(session_id) {
         return Err(WorkspaceError::OtpRejected);
@@ -106,8 +109,15 @@ pub(crate) async fn redeem_env(
     let mut env: EnvResponse = serde_json::from_str(&run.env_json).map_err(corrupt)?;
     if let Some(refs) = run.env_secrets.as_deref() {
         let refs: SecretRefs = serde_json::from_str(refs).map_err(corrupt)?;
-        environments::with_secrets(&mut tx, &state.sealer, &run.workspace_id, &refs, &mut env)
-            .await?;
+        environments::with_secrets(
+            &mut tx,
+            &state.sealer,
+            &run.workspace_id,
+            &refs,
+            strips,
+            &mut env,
+        )
+        .await?;
     }
     let mut new_bearer = None;
     if let Some(access) = env.workspace.as_mut() {

@@ -5,7 +5,11 @@
 //! run (`"environment"`), a stored agent (`"environmentId"`) or a chat's
 //! settings. Secret values are write-only: no response, log line or page
 //! carries them; they reach a sandbox only through `/env` (docs/protocol.md
-//! §3), as variables.
+//! §3), as variables. A secret bound to hosts (`inject`) never reaches the
+//! sandbox: its variable holds the placeholder `asbx-secret:NAME` and the
+//! value travels in `/env`'s runner-only `injected_secrets`, which the
+//! runner's gateway strips before the agent sees the answer (sent only
+//! when the gateway says it does so).
 //!
 //! A chat's settings (model, system prompt, environment, skills, MCP
 //! servers) are stored on the chat and turned into each turn's `/env` and
@@ -30,7 +34,7 @@ use crate::tokens;
 use crate::validate;
 use crate::wire::{
     ChatSettings, ChatSettingsView, EffectiveSettings, EnvironmentBody, EnvironmentRecord,
-    ModelInfo, ModelList,
+    ModelInfo, ModelList, SecretInject,
 };
 
 /// The Assistant's system prompt when a chat sets none.
@@ -88,6 +92,11 @@ fn secrets_of(row: &EnvironmentRow) -> Result<BTreeMap<String, String>, Workspac
     serde_json::from_str(&row.secrets).map_err(|e| corrupt(&row.id, e))
 }
 
+/// The stored bindings of a row: secret names to where they are injected.
+fn inject_of(row: &EnvironmentRow) -> Result<BTreeMap<String, SecretInject>, WorkspaceError> {
+    serde_json::from_str(&row.secret_inject).map_err(|e| corrupt(&row.id, e))
+}
+
 fn environment(sealer: &Sealer, row: EnvironmentRow) -> Result<Environment, WorkspaceError> {
     let mut secrets = secrets_of(&row)?;
     for value in secrets.values_mut() {
@@ -108,6 +117,7 @@ fn record(row: EnvironmentRow) -> Result<EnvironmentRecord, WorkspaceError> {
         variables: serde_json::from_str(&row.variables).map_err(|e| corrupt(&row.id, e))?,
         allowed_hosts: serde_json::from_str(&row.allowed_hosts).map_err(|e| corrupt(&row.id, e))?,
         secret_names,
+        injected_secrets: inject_of(&row)?,
         id: row.id,
         name: row.name,
         setup_script: row.setup_script,
@@ -130,6 +140,7 @@ fn checked_row(
     sealer: &Sealer,
     body: EnvironmentBody,
     mut secrets: BTreeMap<String, String>,
+    inject: BTreeMap<String, SecretInject>,
     fresh: &BTreeSet<String>,
     creating: bool,
     id: String,
@@ -152,6 +163,7 @@ fn checked_row(
         workspace_id: workspace_id.to_owned(),
         variables: json(&body.variables)?,
         secrets: json(&secrets)?,
+        secret_inject: json(&inject)?,
         allowed_hosts: json(&body.allowed_hosts)?,
         name: body.name,
         setup_script: body.setup_script,
@@ -166,12 +178,16 @@ pub(crate) async fn create(
     workspace_id: &str,
     body: EnvironmentBody,
 ) -> Result<EnvironmentRecord, WorkspaceError> {
-    let secrets: BTreeMap<String, String> = body
-        .secrets
-        .iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
-        .collect();
+    let mut secrets = BTreeMap::new();
+    let mut inject = BTreeMap::new();
+    for (name, input) in body.secrets.iter().flatten() {
+        let Some(input) = input.clone() else { continue };
+        let (value, binding) = input.into_parts();
+        if let Some(b) = binding {
+            inject.insert(name.clone(), b);
+        }
+        secrets.insert(name.clone(), value);
+    }
     let now = state.now_ms();
     let fresh = secrets.keys().cloned().collect();
     let row = checked_row(
@@ -179,6 +195,7 @@ pub(crate) async fn create(
         &state.sealer,
         body,
         secrets,
+        inject,
         &fresh,
         true,
         tokens::random_id(),
@@ -220,21 +237,28 @@ pub(crate) async fn update(
     state: &AppState,
     workspace_id: &str,
     id: &str,
-    mut body: EnvironmentBody,
+    body: EnvironmentBody,
 ) -> Result<EnvironmentRecord, WorkspaceError> {
     let old = env_store::get(state.store.pool(), workspace_id, id)
         .await?
         .ok_or_else(|| not_found(id))?;
     let mut secrets = secrets_of(&old)?;
+    let mut inject = inject_of(&old)?;
     let mut fresh = BTreeSet::new();
-    for (name, value) in body.secrets.take().into_iter().flatten() {
-        match value {
-            Some(v) => {
+    // Checked with the body: the bindings stay in it for `checked_row`.
+    for (name, value) in body.secrets.iter().flatten() {
+        match value.clone().map(crate::wire::SecretInput::into_parts) {
+            Some((v, binding)) => {
                 fresh.insert(name.clone());
-                secrets.insert(name, v);
+                secrets.insert(name.clone(), v);
+                match binding {
+                    Some(b) => inject.insert(name.clone(), b),
+                    None => inject.remove(name),
+                };
             }
             None => {
-                secrets.remove(&name);
+                secrets.remove(name);
+                inject.remove(name);
             }
         }
     }
@@ -243,6 +267,7 @@ pub(crate) async fn update(
         &state.sealer,
         body,
         secrets,
+        inject,
         &fresh,
         false,
         old.id,
@@ -373,12 +398,16 @@ pub(crate) fn merged_env(
 /// `env` with the secrets `refs` names, read now from the live environment
 /// of `workspace_id` on `conn`: a secret deleted (or an environment
 /// deleted) since the run was dispatched is left out; a value rotated
-/// since is the new one.
+/// since is the new one. A secret bound to hosts is a placeholder variable
+/// and, when the gateway relaying `/env` strips them (`strips`), one of
+/// `injected_secrets`; else the sandbox gets the placeholder only and no
+/// request carries the secret (fails closed).
 pub(crate) async fn with_secrets(
     conn: &mut sqlx::AnyConnection,
     sealer: &Sealer,
     workspace_id: &str,
     refs: &SecretRefs,
+    strips: bool,
     env: &mut EnvResponse,
 ) -> Result<(), WorkspaceError> {
     let Some(row) = env_store::get(&mut *conn, workspace_id, &refs.environment_id).await? else {
@@ -389,7 +418,29 @@ pub(crate) async fn with_secrets(
         return Ok(());
     };
     let stored = secrets_of(&row)?;
+    let inject = inject_of(&row)?;
     for name in &refs.names {
+        if let (Some(sealed), Some(b)) = (stored.get(name), inject.get(name)) {
+            let placeholder = asbx_protocol::rules::inject::placeholder(name);
+            env.variables.entry(name.clone()).or_insert(placeholder);
+            if !strips {
+                tracing::warn!(
+                    environment = %refs.environment_id,
+                    secret = %name,
+                    "the gateway relaying /env does not strip injected secrets (an older runner): the secret is not sent"
+                );
+                continue;
+            }
+            env.injected_secrets
+                .push(asbx_protocol::callback::InjectedSecret {
+                    name: name.clone(),
+                    value: sealer.open(sealed)?,
+                    hosts: b.hosts.clone(),
+                    header: b.header.clone(),
+                    format: b.format.clone(),
+                });
+            continue;
+        }
         match stored.get(name) {
             Some(sealed) => {
                 let value = sealer.open(sealed)?;

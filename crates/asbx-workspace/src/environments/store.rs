@@ -19,6 +19,8 @@ pub(crate) struct EnvironmentRow {
     pub variables: String,
     /// JSON object; write-only.
     pub secrets: String,
+    /// JSON object: secret name to its binding (`InjectSpec`), no value.
+    pub secret_inject: String,
     pub setup_script: Option<String>,
     /// JSON array.
     pub allowed_hosts: String,
@@ -36,8 +38,8 @@ impl std::fmt::Debug for EnvironmentRow {
     }
 }
 
-const COLUMNS: &str = "id, workspace_id, name, variables, secrets, setup_script, allowed_hosts, \
-                       created_at, updated_at";
+const COLUMNS: &str = "id, workspace_id, name, variables, secrets, secret_inject, setup_script, \
+                       allowed_hosts, created_at, updated_at";
 
 /// Inserts a new environment; [`WorkspaceError::Conflict`] when a live one
 /// of the workspace has its name.
@@ -47,8 +49,8 @@ where
 {
     sqlx::query(
         "INSERT INTO environments (id, workspace_id, name, variables, secrets, setup_script, \
-         allowed_hosts, created_at, updated_at, deleted_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL)",
+         allowed_hosts, created_at, updated_at, deleted_at, secret_inject) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, $10)",
     )
     .bind(&env.id)
     .bind(&env.workspace_id)
@@ -59,6 +61,7 @@ where
     .bind(&env.allowed_hosts)
     .bind(env.created_at)
     .bind(env.updated_at)
+    .bind(&env.secret_inject)
     .execute(db)
     .await
     .map_err(|e| name_taken(e, &env.name))?;
@@ -138,7 +141,7 @@ where
 {
     let done = sqlx::query(
         "UPDATE environments SET name = $1, variables = $2, secrets = $3, setup_script = $4, \
-         allowed_hosts = $5, updated_at = $6 \
+         allowed_hosts = $5, updated_at = $6, secret_inject = $9 \
          WHERE id = $7 AND workspace_id = $8 AND deleted_at IS NULL",
     )
     .bind(&env.name)
@@ -149,6 +152,7 @@ where
     .bind(env.updated_at)
     .bind(&env.id)
     .bind(&env.workspace_id)
+    .bind(&env.secret_inject)
     .execute(db)
     .await
     .map_err(|e| name_taken(e, &env.name))?;
@@ -239,6 +243,7 @@ fn from_row(r: &AnyRow) -> Result<EnvironmentRow, WorkspaceError> {
         name: r.try_get("name")?,
         variables: r.try_get("variables")?,
         secrets: r.try_get("secrets")?,
+        secret_inject: r.try_get("secret_inject")?,
         setup_script: r.try_get("setup_script")?,
         allowed_hosts: r.try_get("allowed_hosts")?,
         created_at: r.try_get("created_at")?,

@@ -112,6 +112,11 @@ fn apply_runner_opts(
             .agent_env
             .push(("ASBX_MODEL_STALL_TIMEOUT_MS".to_owned(), v));
     }
+    if let Some(path) = &opts.egress_extra_ca {
+        std::fs::metadata(path)
+            .with_context(|| format!("ASBX_EGRESS_EXTRA_CA: cannot read {}", path.display()))?;
+    }
+    config.egress_extra_ca = opts.egress_extra_ca.clone();
     Ok(())
 }
 

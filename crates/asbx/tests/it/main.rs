@@ -12,6 +12,7 @@ mod dispatch;
 mod docs;
 mod doctor;
 mod egress;
+mod egress_secrets;
 mod encryption;
 mod fleet;
 mod hostile;

@@ -84,6 +84,10 @@ pub enum ProblemCode {
     UpstreamUnreachable,
     // `502`: an upstream host name that did not resolve (egress proxy).
     UpstreamUnresolvable,
+    // `502`: the upstream's TLS failed the egress proxy's verification.
+    UpstreamTlsFailed,
+    // `403`: a secret's placeholder sent to a host it is not bound to.
+    SecretPlaceholder,
     // `403`: a host not in the sandbox's egress allow list.
     EgressHostNotAllowed,
     // `403`: a port the egress proxy does not connect to.
@@ -98,7 +102,7 @@ pub enum ProblemCode {
 
 impl ProblemCode {
     /// Every code.
-    pub const ALL: [ProblemCode; 38] = [
+    pub const ALL: [ProblemCode; 40] = [
         ProblemCode::InvalidRequest,
         ProblemCode::Unauthorized,
         ProblemCode::OtpRejected,
@@ -132,6 +136,8 @@ impl ProblemCode {
         ProblemCode::UpstreamInvalid,
         ProblemCode::UpstreamUnreachable,
         ProblemCode::UpstreamUnresolvable,
+        ProblemCode::UpstreamTlsFailed,
+        ProblemCode::SecretPlaceholder,
         ProblemCode::EgressHostNotAllowed,
         ProblemCode::EgressPortNotAllowed,
         ProblemCode::EgressInternalAddress,
@@ -175,6 +181,8 @@ impl ProblemCode {
             ProblemCode::UpstreamInvalid => "upstream_invalid",
             ProblemCode::UpstreamUnreachable => "upstream_unreachable",
             ProblemCode::UpstreamUnresolvable => "upstream_unresolvable",
+            ProblemCode::UpstreamTlsFailed => "upstream_tls_failed",
+            ProblemCode::SecretPlaceholder => "secret_placeholder",
             ProblemCode::EgressHostNotAllowed => "egress_host_not_allowed",
             ProblemCode::EgressPortNotAllowed => "egress_port_not_allowed",
             ProblemCode::EgressInternalAddress => "egress_internal_address",

@@ -45,6 +45,8 @@ use std::sync::Arc;
 use asbx_protocol::jail::IsolationProfile;
 use axum::Router;
 use tokio::sync::Semaphore;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use config::{ProviderConfig, RunnerConfig};
 pub use egress::Cidr;
@@ -154,7 +156,7 @@ impl Runner {
     }
 
     pub fn router(&self) -> Router {
-        let router = routes::router(Arc::clone(&self.inner))
+        let router = served_routes(Arc::clone(&self.inner))
             .method_not_allowed_fallback(routes::method_not_allowed)
             .fallback(routes::no_route);
         // Traces on: each handler runs in its caller's `traceparent` context.
@@ -188,4 +190,30 @@ impl Runner {
     pub async fn shutdown(&self) {
         pool::Pool::drain(&self.inner).await;
     }
+}
+
+/// The routes, served as `api` declares them.
+fn served_routes(inner: Arc<Inner>) -> Router {
+    let (routes, _) = api().split_for_parts();
+    routes.with_state(inner)
+}
+
+/// Every route with its OpenAPI operation: `routes!` registers a handler
+/// at the path and methods of its `#[utoipa::path]`, so no route is served
+/// undocumented and none documented unserved. One `routes!` per path.
+/// The document (`openapi::document`) is built from this list too. It
+/// lives at the crate's root so that the handlers' modules and `openapi`
+/// import no cycle.
+pub(crate) fn api() -> OpenApiRouter<Arc<Inner>> {
+    OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(routes::stream))
+        .routes(routes!(ws::upgrade))
+        .routes(routes!(routes::healthz))
+        .routes(routes!(routes::metrics))
+        .routes(routes!(routes::identity))
+        .routes(routes!(routes::list_sessions))
+        .routes(routes!(routes::get_session, routes::delete_session))
+        .routes(routes!(resume::events))
+        .routes(routes!(resume::tool_result))
+        .routes(routes!(openapi::openapi_json))
 }

@@ -43,7 +43,7 @@ impl Modify for Security {
 }
 
 /// The document's frame: its info and security scheme; the operations
-/// come with the routes (`routes::api`).
+/// come with the routes (`crate::api`).
 pub(crate) fn base() -> utoipa::openapi::OpenApi {
     RunnerApi::openapi()
 }
@@ -51,7 +51,7 @@ pub(crate) fn base() -> utoipa::openapi::OpenApi {
 /// The document, built once.
 pub(crate) fn document() -> &'static serde_json::Value {
     static DOC: OnceLock<serde_json::Value> = OnceLock::new();
-    DOC.get_or_init(|| build(crate::routes::api().into_openapi()))
+    DOC.get_or_init(|| build(crate::api().into_openapi()))
 }
 
 /// Serializes `api` and puts the protocol's schemas into its components.
@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn every_route_is_documented_and_nothing_else() {
-        // The runner serves only what `routes::api` registers with
+        // The runner serves only what `crate::api` registers with
         // `routes!`, which takes each route's path and methods from its
         // documentation: a route added with axum's own `.route(` would be
         // served undocumented.
@@ -148,7 +148,7 @@ mod tests {
             for call in [".route(", ".route_service(", ".nest(", ".merge("] {
                 assert!(
                     !src.contains(call),
-                    "{file} adds a route with {call}; register it in routes::api with routes!"
+                    "{file} adds a route with {call}; register it in crate::api with routes!"
                 );
             }
         }

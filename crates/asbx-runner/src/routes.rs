@@ -5,13 +5,11 @@ use std::sync::Arc;
 
 use asbx_protocol::DispatchRequest;
 use asbx_protocol::session::SessionInfo;
+use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::{Json, Router};
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use crate::Inner;
 use crate::apidoc as doc;
@@ -21,30 +19,6 @@ use crate::session::CancelCause;
 
 /// Largest `POST /stream` body.
 pub(crate) const MAX_BODY: usize = 2 << 20;
-
-/// The routes, served as `api` declares them.
-pub(crate) fn router(inner: Arc<Inner>) -> Router {
-    let (routes, _) = api().split_for_parts();
-    routes.with_state(inner)
-}
-
-/// Every route with its OpenAPI operation: `routes!` registers a handler
-/// at the path and methods of its `#[utoipa::path]`, so no route is served
-/// undocumented and none documented unserved. One `routes!` per path.
-/// The document (`openapi::document`) is built from this list too.
-pub(crate) fn api() -> OpenApiRouter<Arc<Inner>> {
-    OpenApiRouter::with_openapi(crate::openapi::base())
-        .routes(routes!(stream))
-        .routes(routes!(crate::ws::upgrade))
-        .routes(routes!(healthz))
-        .routes(routes!(metrics))
-        .routes(routes!(identity))
-        .routes(routes!(list_sessions))
-        .routes(routes!(get_session, delete_session))
-        .routes(routes!(crate::resume::events))
-        .routes(routes!(crate::resume::tool_result))
-        .routes(routes!(crate::openapi::openapi_json))
-}
 
 /// Longest part of a request's path or method an error message repeats.
 const MAX_ECHO: usize = 128;

@@ -23,6 +23,8 @@ pub struct RunnerProc {
     child: Child,
     pub url: String,
     pub data: tempfile::TempDir,
+    /// The runner's bearer, when the test started it with one.
+    token: Option<String>,
 }
 
 impl RunnerProc {
@@ -59,7 +61,16 @@ impl RunnerProc {
         }
         let mut child = cmd.spawn().expect("spawn asbx runner");
         let url = banner_url(&mut child, "runner");
-        RunnerProc { child, url, data }
+        let token = extra_env
+            .iter()
+            .find(|(k, _)| *k == "ASBX_RUNNER_TOKEN")
+            .map(|(_, v)| (*v).to_owned());
+        RunnerProc {
+            child,
+            url,
+            data,
+            token,
+        }
     }
 
     pub fn sessions_dir(&self) -> PathBuf {
@@ -89,7 +100,12 @@ impl RunnerProc {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let sessions: Vec<serde_json::Value> = reqwest::get(format!("{}/v1/sessions", self.url))
+        let mut list = reqwest::Client::new().get(format!("{}/v1/sessions", self.url));
+        if let Some(token) = &self.token {
+            list = list.bearer_auth(token);
+        }
+        let sessions: Vec<serde_json::Value> = list
+            .send()
             .await
             .expect("list sessions")
             .json()

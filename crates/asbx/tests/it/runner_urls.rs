@@ -271,7 +271,12 @@ async fn an_agent_whose_runner_is_no_longer_allowed_is_refused_at_run_time() {
     )
     .await;
     assert_eq!(run.0, 503, "{}", run.1);
-    assert_eq!(victim.requests(), ["POST /stream HTTP/1.1"]);
+    // The runner's runtime cap is asked once (`runs::caps`, cached), then
+    // the dispatch.
+    assert_eq!(
+        victim.requests(),
+        ["GET /healthz HTTP/1.1", "POST /stream HTTP/1.1"]
+    );
     drop(ws);
 
     // The operator takes the allowance back: the stored agent's runner
@@ -287,7 +292,7 @@ async fn an_agent_whose_runner_is_no_longer_allowed_is_refused_at_run_time() {
         "sandbox_url_not_allowed",
         "stored agent",
     );
-    assert_eq!(victim.requests().len(), 1, "{:?}", victim.requests());
+    assert_eq!(victim.requests().len(), 2, "{:?}", victim.requests());
     assert!(runner.dispatches().is_empty());
 }
 
@@ -346,6 +351,7 @@ async fn a_runner_redirect_is_not_followed_and_its_answers_are_cut_at_64_kib() {
     assert_eq!(
         runner.requests(),
         [
+            "GET /healthz HTTP/1.1".to_owned(),
             "POST /stream HTTP/1.1".to_owned(),
             "POST /stream HTTP/1.1".to_owned(),
             format!("POST /v1/sessions/{run_id}/tool-result HTTP/1.1"),

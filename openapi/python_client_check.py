@@ -38,6 +38,9 @@ SKIPPED = {
     "/api/assistant/events": "an endless event stream",
     # Answers only while a turn is in flight (a 404 after it ended).
     "/api/assistant/chats/{id}/stream": "only while a turn is in flight",
+    # A WebSocket upgrade (101): an HTTP client generator has nothing to
+    # call; the e2e `ws` tests and both SDKs drive it.
+    "/api/runs/ws": "a WebSocket upgrade",
 }
 
 

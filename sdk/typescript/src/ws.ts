@@ -110,14 +110,24 @@ export class RunSocket {
     this.#socket = socket;
     const encoder = new TextEncoder();
     let controller!: ReadableStreamDefaultController<Uint8Array>;
+    // Set once the body is closed, errored or cancelled by its reader:
+    // a socket's later messages and its close then have nowhere to go.
+    let ended = false;
     const body = new ReadableStream<Uint8Array>({
       start(c) {
         controller = c;
       },
       cancel() {
+        ended = true;
         socket.close(1000);
       },
     });
+    const end = (error?: AsbxError) => {
+      if (ended) return;
+      ended = true;
+      if (error) controller.error(error);
+      else controller.close();
+    };
     let started = false;
     let refused: AsbxError | undefined;
     let httpStatus: number | undefined;
@@ -174,7 +184,7 @@ export class RunSocket {
         return;
       }
       if (!started) start(runId ?? (typeof line.sessionId === "string" ? line.sessionId : undefined));
-      controller.enqueue(encoder.encode(`${text}\n`));
+      if (!ended) controller.enqueue(encoder.encode(`${text}\n`));
     });
     socket.addEventListener("error", () => {});
     socket.addEventListener("close", (ev: { code?: number; reason?: string }) => {
@@ -183,7 +193,7 @@ export class RunSocket {
         if (ev.code === 1000) {
           // The run had nothing more after `after`.
           start(runId);
-          controller.close();
+          end();
           return;
         }
         reject(
@@ -197,11 +207,9 @@ export class RunSocket {
         return;
       }
       if (ev.code === 1000) {
-        controller.close();
+        end();
       } else {
-        controller.error(
-          new AsbxError({ status: 0, code: "connection_lost", detail: `the socket closed (${ev.code ?? "no code"})` }),
-        );
+        end(new AsbxError({ status: 0, code: "connection_lost", detail: `the socket closed (${ev.code ?? "no code"})` }));
       }
     });
   }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
 
@@ -22,6 +22,7 @@ from ._errors import AsbxError, StreamError
 from ._core import StreamState
 
 if TYPE_CHECKING:
+    from ._types import ToolAnswer
     from ._models import ClientTool
     from ._sync import Client
 
@@ -140,11 +141,11 @@ class WebSocketRunStream(RunStream):
             self.run_id,
         )
 
-    def _post_answer(self, call_id: str, payload: dict[str, Any]) -> None:
+    def _post_answer(self, call_id: str, payload: ToolAnswer) -> None:
         body: dict[str, Any] = {"type": "tool_result", "callId": call_id}
         crypto = self._state.crypto
         if crypto is not None:
-            body["encrypted"] = crypto.seal_tool_result(call_id, payload)
+            body["encrypted"] = crypto.seal_tool_result(call_id, dict(payload))
         else:
             body.update(payload)
         if not self._socket().send(body):
@@ -175,11 +176,11 @@ def events(client: Client, run_id: str, after: int, state: StreamState, tools: d
 __all__ = ["SocketLines", "WebSocketRunStream", "run", "events"]
 
 
-async def arun(client: Any, body: dict[str, Any], state: StreamState, tools: dict[str, ClientTool]) -> Any:
+async def arun(client: Any, body: dict[str, Any], state: StreamState, tools: dict[str, ClientTool]) -> NoReturn:
     """The asyncio client's `transport="websocket"`: not built yet (the blocking `Client` has it)."""
     raise NotImplementedError('transport="websocket" is in the blocking Client only, for now')
 
 
-async def aevents(client: Any, run_id: str, after: int, state: StreamState, tools: dict[str, ClientTool]) -> Any:
+async def aevents(client: Any, run_id: str, after: int, state: StreamState, tools: dict[str, ClientTool]) -> NoReturn:
     """The asyncio client's `transport="websocket"` attach: not built yet (the blocking `Client` has it)."""
     raise NotImplementedError('transport="websocket" is in the blocking Client only, for now')

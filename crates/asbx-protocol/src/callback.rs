@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Token lifetimes (docs/protocol.md §3), in seconds.
+/// The setup token's longest life (docs/protocol.md §3), in seconds; every
+/// other token lives as long as its dispatch may.
 pub const SETUP_TOKEN_TTL_SECS: u64 = 600;
-pub const RUN_TOKEN_TTL_SECS: u64 = 600;
-pub const UPLOAD_TOKEN_TTL_SECS: u64 = 3600;
 
 /// The header the runner's gateway sends on every callback: one random id
 /// per logical callback, the same on its retry (docs/protocol.md §3). The

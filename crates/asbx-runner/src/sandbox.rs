@@ -281,10 +281,13 @@ fn warn_no_detached(what: &str, e: &asbx_jail::JailError) {
 }
 
 /// The run folders' tmpfs, one per runner process: a folder and two
-/// sockets per sandbox, no file data. One tmpfs for all, not one each: a
-/// superblock costs more than its pages (a memcg-aware shrinker, for which
-/// every memory cgroup on the host keeps state) and a descriptor.
-const RUN_DIR_BYTES: u64 = 64 << 10;
+/// sockets per sandbox, and for a sandbox with secrets bound at the egress
+/// its CA bundle (the host's bundle plus its own CA, about 220 KiB), which
+/// only the runner writes. One tmpfs for all, not one each: a superblock
+/// costs more than its pages (a memcg-aware shrinker, for which every
+/// memory cgroup on the host keeps state) and a descriptor. The size is a
+/// cap, not a reservation: room for every sandbox's bundle.
+const RUN_DIR_BYTES: u64 = 1 << 30;
 const RUN_DIR_INODES: u32 = 4 * (u16::MAX as u32) + 64;
 
 /// Where a jail binds the `asbx` binary from: a copy on one [`DetachedDir`]

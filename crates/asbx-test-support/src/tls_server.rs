@@ -29,7 +29,7 @@ pub struct TestCa {
 impl TestCa {
     /// A fresh CA named `name`.
     pub fn new(name: &str) -> TestCa {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        let mut params = CertificateParams::new(Vec::<String>::new()).must("params");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -37,8 +37,8 @@ impl TestCa {
             KeyUsagePurpose::DigitalSignature,
         ];
         params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().expect("key");
-        let cert = params.self_signed(&key).expect("CA");
+        let key = KeyPair::generate().must("key");
+        let cert = params.self_signed(&key).must("CA");
         TestCa { cert, key }
     }
 
@@ -49,21 +49,21 @@ impl TestCa {
 
     /// A server configuration with a certificate for `host` from this CA.
     pub fn server_config(&self, host: &str) -> Arc<rustls::ServerConfig> {
-        let mut params = CertificateParams::new(vec![host.to_owned()]).expect("params");
+        let mut params = CertificateParams::new(vec![host.to_owned()]).must("params");
         params.distinguished_name.push(DnType::CommonName, host);
         params.use_authority_key_identifier_extension = true;
-        let key = KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &self.cert, &self.key).expect("leaf");
+        let key = KeyPair::generate().must("key");
+        let cert = params.signed_by(&key, &self.cert, &self.key).must("leaf");
         let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone()];
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .expect("versions")
+        .must("versions")
         .with_no_client_auth()
         .with_single_cert(chain, der)
-        .expect("server config");
+        .must("server config");
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Arc::new(config)
     }
@@ -122,8 +122,8 @@ async fn handle(req: Request<hyper::body::Incoming>) -> Result<Response<Body>, I
 pub async fn https_server(config: Arc<rustls::ServerConfig>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
+        .must("bind");
+    let addr = listener.local_addr().must("addr");
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {
         loop {
@@ -143,4 +143,18 @@ pub async fn https_server(config: Arc<rustls::ServerConfig>) -> SocketAddr {
         }
     });
     addr
+}
+
+/// A test helper's `expect`: panics naming what failed.
+trait Must<T> {
+    fn must(self, what: &str) -> T;
+}
+
+impl<T, E: std::fmt::Display> Must<T> for Result<T, E> {
+    fn must(self, what: &str) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
 }

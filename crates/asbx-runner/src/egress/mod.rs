@@ -22,7 +22,7 @@
 //! requests to those hosts (terminating TLS for them only) and refuses a
 //! request that carries their placeholder anywhere else.
 
-pub mod inject;
+pub(crate) mod inject;
 mod intercept;
 pub mod parse;
 #[cfg(test)]
@@ -384,7 +384,9 @@ impl Refusal {
                 ProblemCode::SecretPlaceholder,
                 "Secret placeholder to another host",
             ),
-            Refusal::UpstreamTls(..) => (502, ProblemCode::UpstreamTlsFailed, "Upstream TLS failed"),
+            Refusal::UpstreamTls(..) => {
+                (502, ProblemCode::UpstreamTlsFailed, "Upstream TLS failed")
+            }
         };
         Problem::of(status, code, title, self.to_string())
     }

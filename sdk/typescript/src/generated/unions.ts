@@ -166,6 +166,8 @@ export type ProblemCode =
   | "upstream_invalid"
   | "upstream_unreachable"
   | "upstream_unresolvable"
+  | "upstream_tls_failed"
+  | "secret_placeholder"
   | "egress_host_not_allowed"
   | "egress_port_not_allowed"
   | "egress_internal_address"
@@ -207,6 +209,8 @@ export const PROBLEM_CODES: readonly ProblemCode[] = [
   "upstream_invalid",
   "upstream_unreachable",
   "upstream_unresolvable",
+  "upstream_tls_failed",
+  "secret_placeholder",
   "egress_host_not_allowed",
   "egress_port_not_allowed",
   "egress_internal_address",

@@ -758,6 +758,11 @@ export interface components {
              */
             size: number;
         };
+        /** @description `{"value", "inject"}`: a secret the egress proxy sets as a header. */
+        BoundSecret: {
+            inject: components["schemas"]["SecretInject"];
+            value: string;
+        };
         /** @description `POST /api/assistant/chats/{id}/cancel` (`202`). */
         CancelAccepted: {
             chatId: string;
@@ -982,10 +987,17 @@ export interface components {
          *     - `variables`: set in the sandbox before the setup script.
          *     - `setup_script`: bash, run in the working directory before the first model call.
          *     - `allowed_hosts`: what tools may reach through the egress proxy (default none).
+         *     - `injected_secrets`: runner-only (docs/protocol.md §3, "Secrets set at
+         *       the egress proxy"): secrets the egress proxy sets as headers on
+         *       requests to their hosts. The workspace sends them only to a gateway
+         *       that says it strips them ([`crate::gateway::STRIPS_INJECTED_SECRETS`]);
+         *       the gateway removes the field before the agent sees the answer, so the
+         *       sandbox never holds a value (its variable holds the placeholder).
          */
         EnvResponse: {
             /** @default [] */
             allowed_hosts: string[];
+            injected_secrets?: components["schemas"]["InjectedSecret"][];
             /** @default null */
             setup_script: string | null;
             /** @default {} */
@@ -1003,7 +1015,11 @@ export interface components {
          *     - `variables`: set in the sandbox, returned by the API.
          *     - `secrets`: set in the sandbox like variables, never returned (only
          *       their names, `secretNames`). On `PUT`: absent keeps every secret, a
-         *       name with `null` deletes that one, a name with a string sets it.
+         *       name with `null` deletes that one, a name with a string sets it. A
+         *       secret given as `{"value", "inject": {"hosts", "header", "format"}}`
+         *       is bound to hosts instead: the sandbox's variable holds the
+         *       placeholder `asbx-secret:NAME` and the runner's egress proxy sets the
+         *       header on requests to those hosts only (`injectedSecrets`).
          *     - `setupScript`: bash, run before the first model call.
          *     - `allowedHosts`: what the sandbox's tools may reach.
          *
@@ -1012,8 +1028,9 @@ export interface components {
         EnvironmentBody: {
             allowedHosts?: string[];
             name: string;
+            /** @description A name with `null` deletes that secret (`PUT`). */
             secrets?: {
-                [key: string]: string | null;
+                [key: string]: components["schemas"]["SecretInput"];
             } | null;
             setupScript?: string | null;
             variables?: {
@@ -1030,6 +1047,13 @@ export interface components {
             /** Format: int64 */
             createdAt: number;
             id: string;
+            /**
+             * @description The secrets bound to hosts, by name: where the egress proxy sets
+             *     them, never their values.
+             */
+            injectedSecrets: {
+                [key: string]: components["schemas"]["SecretInject"];
+            };
             name: string;
             secretNames: string[];
             setupScript?: string | null;
@@ -1073,6 +1097,17 @@ export interface components {
         /** @description `GET /healthz`. */
         Health: {
             status: string;
+        };
+        /**
+         * @description `EnvResponse.injected_secrets`: one secret the egress proxy sets as
+         *     `header` = `format` (its `{value}` replaced) on requests to `hosts`.
+         */
+        InjectedSecret: {
+            format: string;
+            header: string;
+            hosts: string[];
+            name: string;
+            value: string;
         };
         /**
          * Line
@@ -1359,6 +1394,24 @@ export interface components {
             ciphertext: string;
             iv: string;
         };
+        /**
+         * @description Where and how the egress proxy sets a bound secret
+         *     (`asbx_protocol::rules::inject::InjectSpec`):
+         *
+         *     - `hosts`: as in `allowedHosts`; each is also an allowed host.
+         *     - `header`: the header set (`Authorization`), replacing the request's own.
+         *     - `format`: its value, `{value}` standing for the secret (`Bearer {value}`).
+         */
+        SecretInject: {
+            format: string;
+            header: string;
+            hosts: string[];
+        };
+        /**
+         * @description One secret of an [`EnvironmentBody`]: its value, or its value bound to
+         *     hosts. Never returned, never in `Debug`.
+         */
+        SecretInput: string | components["schemas"]["BoundSecret"];
         SessionLimits: {
             /** Format: uint64 */
             heartbeatIntervalMs: number;

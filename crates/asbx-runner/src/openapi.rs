@@ -95,7 +95,6 @@ pub(crate) async fn openapi_json() -> Json<&'static serde_json::Value> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
 
     use asbx_test_support::openapi::{assert_self_contained, documented_codes, operations};
 
@@ -167,38 +166,17 @@ mod tests {
         assert!(schemas["Line"].get("oneOf").is_some());
         assert!(schemas["DispatchRequest"].get("properties").is_some());
         // Every operation but the public ones names the bearer.
-        for (path, item) in doc["paths"].as_object().unwrap() {
-            for (method, op) in item.as_object().unwrap() {
-                let public = ["/healthz", "/v1/identity", "/openapi.json"].contains(&path.as_str());
-                assert_eq!(
-                    op.get("security").is_none(),
-                    public,
-                    "{method} {path}: security"
-                );
-                if !public {
-                    assert!(
-                        op["responses"].get("401").is_some(),
-                        "{method} {path}: no 401"
-                    );
-                }
-            }
-        }
+        asbx_test_support::openapi::assert_bearer_documented(doc, |path, _| {
+            ["/healthz", "/v1/identity", "/openapi.json"].contains(&path)
+        });
     }
 
     #[test]
     fn checked_in_document_matches_the_code() {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi/runner.json");
-        let want = serde_json::to_string_pretty(super::document()).unwrap() + "\n";
-        if std::env::var_os("ASBX_UPDATE_OPENAPI").is_some() {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, &want).unwrap();
-            return;
-        }
-        let have = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            have == want,
-            "openapi/runner.json drifted from the code; rerun with ASBX_UPDATE_OPENAPI=1 \
-             (cargo test -p asbx-runner openapi) and commit it"
+        asbx_test_support::openapi::assert_checked_in(
+            env!("CARGO_MANIFEST_DIR"),
+            "../../openapi/runner.json",
+            super::document(),
         );
     }
 

@@ -120,3 +120,52 @@ pub fn assert_self_contained(doc: &Value) -> Value {
     }
     readable
 }
+
+/// Every operation but the public ones (`public(path, method)`) names the
+/// bearer and documents its `401`.
+pub fn assert_bearer_documented(doc: &Value, public: impl Fn(&str, &str) -> bool) {
+    let Some(paths) = doc["paths"].as_object() else {
+        panic!("the document has no paths");
+    };
+    for (path, item) in paths {
+        let Some(ops) = item.as_object() else {
+            continue;
+        };
+        for (method, op) in ops {
+            let public = public(path, method);
+            assert_eq!(
+                op.get("security").is_none(),
+                public,
+                "{method} {path}: security"
+            );
+            if !public {
+                assert!(
+                    op["responses"].get("401").is_some(),
+                    "{method} {path}: no 401"
+                );
+            }
+        }
+    }
+}
+
+/// The checked-in copy at `relative` (from the crate's manifest folder)
+/// is `doc`; with `ASBX_UPDATE_OPENAPI` set, writes it instead.
+pub fn assert_checked_in(manifest_dir: &str, relative: &str, doc: &Value) {
+    let path = std::path::Path::new(manifest_dir).join(relative);
+    let want = match serde_json::to_string_pretty(doc) {
+        Ok(s) => s + "\n",
+        Err(e) => panic!("serialising the document: {e}"),
+    };
+    if std::env::var_os("ASBX_UPDATE_OPENAPI").is_some() {
+        if let Err(e) = std::fs::write(&path, &want) {
+            panic!("writing {}: {e}", path.display());
+        }
+        return;
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{relative} drifted from the code; rerun with ASBX_UPDATE_OPENAPI=1 \
+         (cargo test --workspace --lib -- openapi) and commit it"
+    );
+}

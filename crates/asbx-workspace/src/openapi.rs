@@ -238,7 +238,6 @@ pub(crate) async fn openapi_json() -> Json<&'static serde_json::Value> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
 
     use asbx_test_support::openapi::{assert_self_contained, documented_codes, operations};
 
@@ -356,43 +355,22 @@ mod tests {
         assert!(schemas["Line"].get("oneOf").is_some());
         assert!(schemas["ConfigResponse"].get("properties").is_some());
         // Every operation but the public ones names the bearer.
-        for (path, item) in doc["paths"].as_object().unwrap() {
-            for (method, op) in item.as_object().unwrap() {
-                let public = path == "/healthz"
-                    || path == "/readyz"
-                    || path == "/openapi.json"
-                    || path == "/"
-                    || path.starts_with("/assets/")
-                    || (path == "/api/session" && method != "get");
-                assert_eq!(
-                    op.get("security").is_none(),
-                    public,
-                    "{method} {path}: security"
-                );
-                if !public {
-                    assert!(
-                        op["responses"].get("401").is_some(),
-                        "{method} {path}: no 401"
-                    );
-                }
-            }
-        }
+        asbx_test_support::openapi::assert_bearer_documented(doc, |path: &str, method: &str| {
+            path == "/healthz"
+                || path == "/readyz"
+                || path == "/openapi.json"
+                || path == "/"
+                || path.starts_with("/assets/")
+                || (path == "/api/session" && method != "get")
+        });
     }
 
     #[test]
     fn checked_in_document_matches_the_code() {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi/workspace.json");
-        let want = serde_json::to_string_pretty(super::document()).unwrap() + "\n";
-        if std::env::var_os("ASBX_UPDATE_OPENAPI").is_some() {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, &want).unwrap();
-            return;
-        }
-        let have = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            have == want,
-            "openapi/workspace.json drifted from the code; rerun with ASBX_UPDATE_OPENAPI=1 \
-             (cargo test -p asbx-workspace openapi) and commit it"
+        asbx_test_support::openapi::assert_checked_in(
+            env!("CARGO_MANIFEST_DIR"),
+            "../../openapi/workspace.json",
+            super::document(),
         );
     }
 

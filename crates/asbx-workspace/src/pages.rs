@@ -20,65 +20,57 @@ const PURIFY_JS: &str = include_str!("../assets/vendor/purify.min.js");
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
     connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'";
 
-#[utoipa::path(
-    get,
-    path = "/",
-    tag = "pages",
-    responses(
-        (status = 200, description = "The chat page", body = String, content_type = "text/html; charset=utf-8"),
-    ),
-)]
-pub(crate) async fn index() -> Response {
-    asset(INDEX_HTML, "text/html; charset=utf-8")
+/// A page asset's route: a handler serving `$body` as `$type`, documented
+/// at `$path`.
+macro_rules! asset_route {
+    ($name:ident, $path:literal, $what:literal, $body:expr, $type:literal) => {
+        #[utoipa::path(
+            get,
+            path = $path,
+            tag = "pages",
+            responses((status = 200, description = $what, body = String, content_type = $type)),
+        )]
+        pub(crate) async fn $name() -> Response {
+            asset($body, $type)
+        }
+    };
 }
 
-#[utoipa::path(
-    get,
-    path = "/assets/app.js",
-    tag = "pages",
-    responses(
-        (status = 200, description = "The page's script", body = String, content_type = "text/javascript; charset=utf-8"),
-    ),
-)]
-pub(crate) async fn app_js() -> Response {
-    asset(APP_JS, "text/javascript; charset=utf-8")
-}
-
-#[utoipa::path(
-    get,
-    path = "/assets/app.css",
-    tag = "pages",
-    responses(
-        (status = 200, description = "The page's styles", body = String, content_type = "text/css; charset=utf-8"),
-    ),
-)]
-pub(crate) async fn app_css() -> Response {
-    asset(APP_CSS, "text/css; charset=utf-8")
-}
-
-#[utoipa::path(
-    get,
-    path = "/assets/vendor/marked.js",
-    tag = "pages",
-    responses(
-        (status = 200, description = "Vendored marked", body = String, content_type = "text/javascript; charset=utf-8"),
-    ),
-)]
-pub(crate) async fn marked_js() -> Response {
-    asset(MARKED_JS, "text/javascript; charset=utf-8")
-}
-
-#[utoipa::path(
-    get,
-    path = "/assets/vendor/purify.js",
-    tag = "pages",
-    responses(
-        (status = 200, description = "Vendored DOMPurify", body = String, content_type = "text/javascript; charset=utf-8"),
-    ),
-)]
-pub(crate) async fn purify_js() -> Response {
-    asset(PURIFY_JS, "text/javascript; charset=utf-8")
-}
+asset_route!(
+    index,
+    "/",
+    "The chat page",
+    INDEX_HTML,
+    "text/html; charset=utf-8"
+);
+asset_route!(
+    app_js,
+    "/assets/app.js",
+    "The page's script",
+    APP_JS,
+    "text/javascript; charset=utf-8"
+);
+asset_route!(
+    app_css,
+    "/assets/app.css",
+    "The page's styles",
+    APP_CSS,
+    "text/css; charset=utf-8"
+);
+asset_route!(
+    marked_js,
+    "/assets/vendor/marked.js",
+    "Vendored marked",
+    MARKED_JS,
+    "text/javascript; charset=utf-8"
+);
+asset_route!(
+    purify_js,
+    "/assets/vendor/purify.js",
+    "Vendored DOMPurify",
+    PURIFY_JS,
+    "text/javascript; charset=utf-8"
+);
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
     let mut r = body.into_response();

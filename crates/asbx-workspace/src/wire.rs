@@ -12,6 +12,29 @@ use asbx_protocol::session::Termination;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// `as_str` (the stored and wire name) and `parse` (its inverse) for a
+/// unit enum stored as text.
+macro_rules! stored_names {
+    ($ty:ident { $($v:ident => $s:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The stored (and wire) name.
+            pub(crate) fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$v => $s,)+
+                }
+            }
+
+            /// The value of a stored name.
+            pub(crate) fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($s => Some($ty::$v),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 /// `POST /api/runs`.
 ///
 /// - `prompt`: the user's message, non-empty.
@@ -277,23 +300,7 @@ pub(crate) enum RunKind {
     Agent,
 }
 
-impl RunKind {
-    /// The stored (and wire) name.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            RunKind::Run => "run",
-            RunKind::Chat => "chat",
-            RunKind::Agent => "agent",
-        }
-    }
-
-    /// The kind of a stored name.
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        [RunKind::Run, RunKind::Chat, RunKind::Agent]
-            .into_iter()
-            .find(|k| k.as_str() == s)
-    }
-}
+stored_names!(RunKind { Run => "run", Chat => "chat", Agent => "agent" });
 
 /// The state of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -304,23 +311,11 @@ pub(crate) enum RunStatus {
     Failed,
 }
 
-impl RunStatus {
-    /// The stored (and wire) name.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Running => "running",
-            RunStatus::Succeeded => "succeeded",
-            RunStatus::Failed => "failed",
-        }
-    }
-
-    /// The status of a stored name.
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        [RunStatus::Running, RunStatus::Succeeded, RunStatus::Failed]
-            .into_iter()
-            .find(|k| k.as_str() == s)
-    }
-}
+stored_names!(RunStatus {
+    Running => "running",
+    Succeeded => "succeeded",
+    Failed => "failed",
+});
 
 /// `POST /api/assistant/chat/stream`.
 ///

@@ -316,7 +316,7 @@ pub(crate) struct RunArgs {
 #[derive(Debug, Args)]
 pub(crate) struct DoctorArgs {
     /// The profile that must be able to run (the exit status says).
-    #[arg(long, env = "ASBX_PROFILE", default_value = "strict")]
+    #[arg(long, env = "ASBX_PROFILE", default_value = RunnerConfig::DEFAULT_ISOLATION.as_str())]
     pub(crate) profile: String,
     /// The data folder whose file system is checked.
     #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
@@ -326,10 +326,10 @@ pub(crate) struct DoctorArgs {
     #[arg(long, env = "SANDBOX_URL", value_delimiter = ',')]
     pub(crate) sandbox_url: Vec<String>,
     /// Most sandboxes alive at once (for `pid_max` and the open-file limit).
-    #[arg(long, env = "ASBX_MAX_SANDBOXES", default_value_t = 1024)]
+    #[arg(long, env = "ASBX_MAX_SANDBOXES", default_value_t = RunnerConfig::DEFAULT_MAX_SANDBOXES)]
     pub(crate) max_sandboxes: usize,
     /// Most processes in one sandbox.
-    #[arg(long, env = "ASBX_SANDBOX_PIDS", default_value_t = 256)]
+    #[arg(long, env = "ASBX_SANDBOX_PIDS", default_value_t = ResourceLimits::DEFAULT_PIDS)]
     pub(crate) pids: u64,
 }
 

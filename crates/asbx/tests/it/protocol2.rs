@@ -195,23 +195,7 @@ async fn with_a_zero_grace_a_dropped_client_cancels_the_session() {
     )
     .await;
     drop(stream);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let info: serde_json::Value =
-            reqwest::get(format!("{}/v1/sessions/{}", runner.url, t.session))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-        if info["status"] == "ended" {
-            assert_eq!(info["termination"]["reason"], "terminated");
-            assert_eq!(info["termination"]["terminatedBy"], "daemon");
-            break;
-        }
-        assert!(Instant::now() < deadline, "not cancelled: {info}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::protocol2::await_daemon_cancel(&runner.url, &t.session).await;
     runner.assert_clean().await;
 }
 
@@ -556,4 +540,25 @@ async fn session_init_announces_the_runtime_cap() {
         "{lines:?}"
     );
     runner.assert_clean().await;
+}
+
+/// Waits (5 s at most) for the runner to say `session` ended, cancelled by
+/// the daemon (its client went away with no grace).
+pub(crate) async fn await_daemon_cancel(runner_url: &str, session: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info: serde_json::Value = reqwest::get(format!("{runner_url}/v1/sessions/{session}"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if info["status"] == "ended" {
+            assert_eq!(info["termination"]["reason"], "terminated");
+            assert_eq!(info["termination"]["terminatedBy"], "daemon");
+            return;
+        }
+        assert!(Instant::now() < deadline, "not cancelled: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -255,23 +255,7 @@ async fn with_a_zero_grace_a_dropped_socket_cancels_the_session() {
         }
     }
     drop(sock);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let info: serde_json::Value =
-            reqwest::get(format!("{}/v1/sessions/{}", runner.url, t.session))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-        if info["status"] == "ended" {
-            assert_eq!(info["termination"]["reason"], "terminated");
-            assert_eq!(info["termination"]["terminatedBy"], "daemon");
-            break;
-        }
-        assert!(Instant::now() < deadline, "not cancelled: {info}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::protocol2::await_daemon_cancel(&runner.url, &t.session).await;
     runner.assert_clean().await;
 }
 

@@ -18,3 +18,21 @@ macro_rules! by_reference {
 }
 
 by_reference!(Line, DispatchRequest, Problem, SessionInfo);
+
+/// The `401` every route but the public ones lists: a `Problem` in
+/// `application/problem+json`.
+pub(crate) struct Unauthorized;
+
+impl<'r> utoipa::ToResponse<'r> for Unauthorized {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        use utoipa::openapi::{ContentBuilder, ResponseBuilder};
+        let content = ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("Problem")))
+            .build();
+        let response = ResponseBuilder::new()
+            .description("`unauthorized`: the runner token is missing or wrong")
+            .content(asbx_protocol::Problem::CONTENT_TYPE, content)
+            .build();
+        ("Unauthorized", response.into())
+    }
+}

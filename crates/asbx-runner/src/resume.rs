@@ -69,7 +69,7 @@ pub(crate) fn v2_session(inner: &Inner, id: String) -> Result<Arc<Session>, Runn
                 (doc::Line = "text/event-stream"),
             )),
         (status = 400, description = "`invalid_request`: `after` is not a number", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, description = "`not_found`: no such session", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`not_protocol_2`: the session speaks protocol 1, which has no resume", body = doc::Problem, content_type = "application/problem+json"),
         (status = 410, description = "`events_gone`: lines after the cursor were already dropped; `oldestSeq` is the oldest retained", body = doc::Problem, content_type = "application/problem+json"),
@@ -253,7 +253,7 @@ struct OpenedAnswer {
     responses(
         (status = 200, description = "The answer was handed to the agent", body = ToolResultApplied),
         (status = 400, description = "`invalid_request`: not a tool result, both or neither of `result` and `error`, or `encrypted` where the session is (not) encrypted; `decryption_failed`: `encrypted` did not open with the session's key", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, description = "`not_found`: no such session; `unknown_call`: the agent made no such call", body = doc::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`not_protocol_2`: a protocol 1 session; `already_answered`: the call has its answer; `session_ended`: the session ended before the answer", body = doc::Problem, content_type = "application/problem+json"),
     ),

@@ -116,7 +116,7 @@ pub(crate) struct Identity {
     security(("runner_token" = [])),
     responses(
         (status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
-        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn metrics(_: Authorized, State(inner): State<Arc<Inner>>) -> Response {
@@ -139,7 +139,7 @@ pub(crate) async fn metrics(_: Authorized, State(inner): State<Arc<Inner>>) -> R
     security(("runner_token" = [])),
     responses(
         (status = 200, description = "The sessions", body = Vec<doc::SessionInfo>),
-        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
     ),
 )]
 pub(crate) async fn list_sessions(
@@ -158,7 +158,7 @@ pub(crate) async fn list_sessions(
     params(("id" = String, Path, description = "The session id")),
     responses(
         (status = 200, description = "The session", body = doc::SessionInfo),
-        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, description = "`not_found`: no such session", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -184,7 +184,7 @@ pub(crate) async fn get_session(
     params(("id" = String, Path, description = "The session id")),
     responses(
         (status = 202, description = "Cancellation started"),
-        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, description = "`not_found`: no such session", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -214,7 +214,7 @@ pub(crate) async fn delete_session(
     responses(
         (status = 200, description = "The session's lines, one JSON object a line, each flushed", body = doc::Line, content_type = "application/x-ndjson"),
         (status = 400, description = "`invalid_request`: a field is wrong (`errors` names each), the body is not a dispatch, the agent URL is not allowed or the encryption key is not a P-256 point", body = doc::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: the runner token is missing or wrong", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
         (status = 409, description = "`session_exists`: the requested `sessionId` is taken (`sessionId` names it)", body = doc::Problem, content_type = "application/problem+json"),
         (status = 413, description = "`body_too_large`: the body is over 2 MiB", body = doc::Problem, content_type = "application/problem+json"),
         (status = 500, description = "`internal`: the sandbox could not be started", body = doc::Problem, content_type = "application/problem+json"),

@@ -41,6 +41,53 @@ stop_postgres() {
   fi
 }
 
+# Prints how long the test command has run, and what it reached.
+T0=$SECONDS
+step() { echo "dev.sh: [$((SECONDS - T0)) s] $*" >&2; }
+
+# Runs a lane of suites (a function) with its output in a file, printed
+# only when the lane fails.
+lane() {
+  local name=$1 fn=$2 log
+  log=$(mktemp /tmp/asbx-lane.XXXXXX)
+  if "$fn" >"$log" 2>&1; then
+    step "lane passed: $name"
+    rm -f "$log"
+  else
+    echo "dev.sh: lane FAILED: $name; its output:" >&2
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+}
+
+# A lane's suites are chained with `&&`: `set -e` does not hold inside a
+# function that `lane` tests with `if`.
+lane_one() {
+  # Coverage-guided fuzzing: every target a few seconds from its checked-in
+  # corpus (fuzz/README.md has the long offline runs).
+  bash fuzz/ci.sh &&
+    # The Kubernetes manifests against the Kubernetes schemas, offline.
+    bash deploy/validate.sh &&
+    # The end-to-end browser test: the real `asbx up` (target/debug/asbx,
+    # built by cargo test) driven by Debian's headless chromium through
+    # playwright-core. No browser is downloaded.
+    npm ci --prefix e2e/browser --no-audit --no-fund --loglevel=error >/dev/null &&
+    node --test e2e/browser/ &&
+    # Both OpenAPI documents against a live `asbx up` (schemathesis,
+    # bounded): no 5xx, every answer as documented.
+    bash openapi/schemathesis.sh
+}
+
+lane_two() {
+  # The SDKs, each against a real `asbx up` it starts (sdk/*/README.md).
+  bash sdk/python/test.sh &&
+    bash sdk/typescript/test.sh &&
+    # The workspace's document through openapi-python-client: no schema
+    # warning, and every read route's real answer parses into its model.
+    bash openapi/python-client.sh
+}
+
 case "${1:-}" in
   up)
     shift
@@ -56,32 +103,29 @@ case "${1:-}" in
     else
       echo "dev.sh: not root: PostgreSQL tests and strict-isolation tests will be skipped or fail" >&2
     fi
+    step "start"
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+    step "clippy and doc done"
     cargo test --workspace --locked "$@"
-    # Coverage-guided fuzzing: every target a few seconds from its checked-in
-    # corpus (fuzz/README.md has the long offline runs).
-    bash fuzz/ci.sh
-    # The Kubernetes manifests against the Kubernetes schemas, offline.
-    bash deploy/validate.sh
-    # The end-to-end browser test: the real `asbx up` (target/debug/asbx,
-    # built by cargo test) driven by Debian's headless chromium through
-    # playwright-core. No browser is downloaded.
+    step "cargo test done"
+    # The suites after cargo test share its build and are independent:
+    # two lanes run side by side (each waits on sandboxes, browsers and
+    # package installs as much as on the CPU); a lane's log is printed
+    # when it fails.
     node -e 'process.exit(parseInt(process.versions.node) >= 20 ? 0 : 1)' 2>/dev/null ||
       { echo "dev.sh: the browser test needs Node.js 20 or later (node and npm on PATH)" >&2; exit 1; }
     [ -x target/debug/asbx ] || cargo build --locked -p asbx
-    npm ci --prefix e2e/browser --no-audit --no-fund --loglevel=error >/dev/null
-    node --test e2e/browser/
-    # The SDKs, each against a real `asbx up` it starts (sdk/*/README.md).
-    bash sdk/python/test.sh
-    bash sdk/typescript/test.sh
-    # Both OpenAPI documents against a live `asbx up` (schemathesis, bounded):
-    # no 5xx, every answer as documented.
-    bash openapi/schemathesis.sh
-    # The workspace's document through openapi-python-client: no schema
-    # warning, and every read route's real answer parses into its model.
-    bash openapi/python-client.sh
+    lane "fuzz, manifests, browser, schemathesis" lane_one &
+    one=$!
+    lane "SDKs, python-client" lane_two &
+    two=$!
+    status=0
+    wait "$one" || status=1
+    wait "$two" || status=1
+    step "suites done"
+    exit "$status"
     ;;
   *)
     echo "usage: bash dev.sh up [--listen ADDR] | bash dev.sh test" >&2

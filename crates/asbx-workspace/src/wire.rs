@@ -52,12 +52,12 @@ macro_rules! stored_names {
 ///   `/env`; this request's own `variables` and `setupScript` win on a
 ///   clash, allowed hosts are the union.
 ///
-/// There is deliberately no `sandboxUrl` (issue 13, item 2): the runner a
-/// request reaches is the operator's `SANDBOX_URL`, never one an anonymous
-/// caller names. The workspace sends its runner token and three one-time
-/// tokens to that URL, so a caller-chosen URL would receive them (and turn
-/// the workspace into a proxy to any address). A body naming `sandboxUrl`
-/// is refused as an unknown field.
+/// - `sandboxUrl`: the runner to use (CONTRACT §6), one the operator
+///   configured (`SANDBOX_URL`, `ASBX_ALLOWED_SANDBOX_URLS`; compared as
+///   normalised URLs); any other is `400 sandbox_url_not_allowed` and gets
+///   no request. Absent: the server's `SANDBOX_URL` (its fleet). A caller
+///   never picks an address of its own: the workspace sends its runner
+///   token and three one-time tokens to that URL.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct CreateRunRequest {
@@ -91,6 +91,8 @@ pub(crate) struct CreateRunRequest {
     pub encryption: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_url: Option<String>,
 }
 
 /// `POST /api/runs/{id}/tool-result`: `{"callId", "result"}`,
@@ -269,12 +271,15 @@ pub(crate) struct AgentList {
 ///
 /// - `prompt`: the block's input, non-empty.
 ///
-/// There is deliberately no `sandboxUrl`: the runner comes from the agent
-/// environment's `SANDBOX_URL` or the server's (see [`CreateRunRequest`]).
+/// - `sandboxUrl`: the block's runner, first of the three (CONTRACT §6):
+///   then the agent environment's `SANDBOX_URL`, then the server's; it must
+///   be one the operator configured, as on [`CreateRunRequest`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct AgentRunRequest {
     pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -212,10 +212,15 @@ pub(crate) async fn reseal_all(state: &AppState) -> Result<u64, WorkspaceError> 
     Ok(changed)
 }
 
-/// The runner of a run, first set wins: the agent environment's
-/// `SANDBOX_URL` variable, the server's.
-fn resolve_sandbox_url(environment: Option<Url>, server: Option<&Url>) -> Option<Url> {
-    environment.or_else(|| server.cloned())
+/// The runner of a run, first set wins (CONTRACT §6): the block's
+/// `sandboxUrl`, the agent environment's `SANDBOX_URL` variable, the
+/// server's.
+fn resolve_sandbox_url(
+    block: Option<Url>,
+    environment: Option<Url>,
+    server: Option<&Url>,
+) -> Option<Url> {
+    block.or(environment).or_else(|| server.cloned())
 }
 
 /// Checks a run request and turns the agent `id` into a dispatch.
@@ -232,10 +237,16 @@ pub(crate) async fn run_spec(
     }
     let d = agent.definition;
     let from_environment = allowed(state, &d)?;
-    let sandbox_url = resolve_sandbox_url(from_environment, state.config.sandbox_url.as_ref())
-        .ok_or_else(|| WorkspaceError::AgentSandboxUrlMissing {
-            agent_id: agent.id.clone(),
-        })?;
+    let block = request
+        .sandbox_url
+        .as_deref()
+        .map(|raw| validate::allowed_runner(&state.config, "sandboxUrl", raw))
+        .transpose()?;
+    let sandbox_url =
+        resolve_sandbox_url(block, from_environment, state.config.sandbox_url.as_ref())
+            .ok_or_else(|| WorkspaceError::AgentSandboxUrlMissing {
+                agent_id: agent.id.clone(),
+            })?;
     // A deleted environment fails the run (409), not silently runs without.
     let named = match &d.environment_id {
         Some(id) => {
@@ -288,9 +299,16 @@ mod tests {
 
     #[test]
     fn sandbox_url_resolution_order() {
-        let (e, s) = (url("http://e/"), url("http://s/"));
-        assert_eq!(resolve_sandbox_url(Some(e.clone()), Some(&s)), Some(e));
-        assert_eq!(resolve_sandbox_url(None, Some(&s)), Some(s));
-        assert_eq!(resolve_sandbox_url(None, None), None);
+        let (b, e, s) = (url("http://b/"), url("http://e/"), url("http://s/"));
+        assert_eq!(
+            resolve_sandbox_url(Some(b.clone()), Some(e.clone()), Some(&s)),
+            Some(b)
+        );
+        assert_eq!(
+            resolve_sandbox_url(None, Some(e.clone()), Some(&s)),
+            Some(e)
+        );
+        assert_eq!(resolve_sandbox_url(None, None, Some(&s)), Some(s));
+        assert_eq!(resolve_sandbox_url(None, None, None), None);
     }
 }

@@ -67,11 +67,14 @@ pub(crate) async fn to_spec(
     // The variable does not pick the runner here, but no request names one
     // the operator did not configure (docs/api-runs.md).
     validate::allowed_runner_variable(&state.config, &request.variables, "")?;
-    let sandbox_url = state
-        .config
-        .sandbox_url
-        .clone()
-        .ok_or(WorkspaceError::SandboxUrlMissing)?;
+    let sandbox_url = match request.sandbox_url.as_deref() {
+        Some(raw) => validate::allowed_runner(&state.config, "sandboxUrl", raw)?,
+        None => state
+            .config
+            .sandbox_url
+            .clone()
+            .ok_or(WorkspaceError::SandboxUrlMissing)?,
+    };
     let (env, secrets) = environments::merged_env(
         named,
         request.variables,

@@ -211,16 +211,20 @@ async fn no_url_an_agent_environment_or_request_names_is_requested() {
             "sandbox_url_not_allowed",
             &format!("run variables {url}"),
         );
-        // No route takes a `sandboxUrl` field at all.
+        // A run's or an agent block's `sandboxUrl` must be a configured
+        // runner (CONTRACT §6).
+        for path in [
+            "/api/runs".to_owned(),
+            format!("/api/agents/{agent_id}/runs"),
+        ] {
+            refused(
+                &post(&ws, &path, json!({"prompt": "x", "sandboxUrl": url})).await,
+                "sandbox_url_not_allowed",
+                &format!("{path} sandboxUrl {url}"),
+            );
+        }
+        // Stored agents and chat turns take no `sandboxUrl` field at all.
         for (path, body) in [
-            (
-                "/api/runs".to_owned(),
-                json!({"prompt": "x", "sandboxUrl": url}),
-            ),
-            (
-                format!("/api/agents/{agent_id}/runs"),
-                json!({"prompt": "x", "sandboxUrl": url}),
-            ),
             (
                 "/api/agents".to_owned(),
                 json!({"name": "a", "sandboxUrl": url}),
@@ -486,4 +490,40 @@ fn the_workspace_refuses_to_start_without_sandbox_url() {
         .unwrap();
     assert!(!status.success(), "{err}");
     assert!(err.contains("SANDBOX_URL"), "names the setting: {err}");
+}
+
+#[tokio::test]
+async fn a_run_or_agent_block_naming_a_configured_runner_goes_there() {
+    let server = FakeRunner::start(Mode::Full { files: Vec::new() }).await;
+    let other = FakeRunner::start(Mode::Full { files: Vec::new() }).await;
+    let ws = WorkspaceProc::start(
+        "127.0.0.1:0",
+        &[
+            ("SANDBOX_URL", server.url.as_str()),
+            ("ASBX_ALLOWED_SANDBOX_URLS", other.url.as_str()),
+        ],
+    );
+    let (status, run) = post(
+        &ws,
+        "/api/runs",
+        json!({"prompt": "x", "sandboxUrl": other.url.as_str()}),
+    )
+    .await;
+    assert_eq!(status, 200, "{run}");
+    let (status, agent) = post(&ws, "/api/agents", json!({"name": "plain"})).await;
+    assert_eq!(status, 201, "{agent}");
+    let agent_id = agent["id"].as_str().unwrap();
+    let (status, run) = post(
+        &ws,
+        &format!("/api/agents/{agent_id}/runs"),
+        json!({"prompt": "x", "sandboxUrl": other.url.as_str()}),
+    )
+    .await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(other.dispatches().len(), 2, "both went to the named runner");
+    // Without one, the server's runner.
+    let (status, run) = post(&ws, "/api/runs", json!({"prompt": "x"})).await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(server.dispatches().len(), 1);
+    assert_eq!(other.dispatches().len(), 2);
 }

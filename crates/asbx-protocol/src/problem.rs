@@ -94,11 +94,14 @@ pub enum ProblemCode {
     EgressHostMismatch,
     // `503`: the listener holds its most connections (`Retry-After`).
     TooManyConnections,
+    // `429`: a workspace quota is used up (workspace; `quota` names it,
+    // `Retry-After` when waiting helps).
+    QuotaExceeded,
 }
 
 impl ProblemCode {
     /// Every code.
-    pub const ALL: [ProblemCode; 38] = [
+    pub const ALL: [ProblemCode; 39] = [
         ProblemCode::InvalidRequest,
         ProblemCode::Unauthorized,
         ProblemCode::OtpRejected,
@@ -137,6 +140,7 @@ impl ProblemCode {
         ProblemCode::EgressInternalAddress,
         ProblemCode::EgressHostMismatch,
         ProblemCode::TooManyConnections,
+        ProblemCode::QuotaExceeded,
     ];
 
     /// The code on the wire.
@@ -180,6 +184,7 @@ impl ProblemCode {
             ProblemCode::EgressInternalAddress => "egress_internal_address",
             ProblemCode::EgressHostMismatch => "egress_host_mismatch",
             ProblemCode::TooManyConnections => "too_many_connections",
+            ProblemCode::QuotaExceeded => "quota_exceeded",
         }
     }
 

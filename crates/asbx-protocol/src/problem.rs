@@ -98,11 +98,14 @@ pub enum ProblemCode {
     EgressHostMismatch,
     // `503`: the listener holds its most connections (`Retry-After`).
     TooManyConnections,
+    // `429`: a workspace quota is used up (workspace; `quota` names it,
+    // `Retry-After` when waiting helps).
+    QuotaExceeded,
 }
 
 impl ProblemCode {
     /// Every code.
-    pub const ALL: [ProblemCode; 40] = [
+    pub const ALL: [ProblemCode; 41] = [
         ProblemCode::InvalidRequest,
         ProblemCode::Unauthorized,
         ProblemCode::OtpRejected,
@@ -143,6 +146,7 @@ impl ProblemCode {
         ProblemCode::EgressInternalAddress,
         ProblemCode::EgressHostMismatch,
         ProblemCode::TooManyConnections,
+        ProblemCode::QuotaExceeded,
     ];
 
     /// The code on the wire.
@@ -188,6 +192,7 @@ impl ProblemCode {
             ProblemCode::EgressInternalAddress => "egress_internal_address",
             ProblemCode::EgressHostMismatch => "egress_host_mismatch",
             ProblemCode::TooManyConnections => "too_many_connections",
+            ProblemCode::QuotaExceeded => "quota_exceeded",
         }
     }
 

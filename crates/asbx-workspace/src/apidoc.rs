@@ -113,4 +113,6 @@ problem_responses!(
     BadFieldsOrModel => "`invalid_request`: the body or a field is wrong (`errors` names each); `model_not_allowed`: a model not among the operator's (the allowed member lists them)",
     /// Listed under `400`.
     BadFields => "`invalid_request`: the body or a field is wrong (`errors` names each)",
+    /// Listed under `429`.
+    QuotaExceeded => "`quota_exceeded`: a quota of the caller's workspace is used up (the quota member names it, the limit member is its value; a Retry-After header when waiting helps)",
 );

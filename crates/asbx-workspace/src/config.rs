@@ -73,6 +73,8 @@ use crate::runner_url;
 /// - `blob_store`: where the file bag's bytes live (`ASBX_BLOB_STORE`);
 ///   `None`: [`BlobBackend::Dir`] on SQLite, [`BlobBackend::Db`] on
 ///   PostgreSQL, so nodes sharing a database share the files too.
+/// - `quotas`: each quota's default for every workspace (`ASBX_QUOTA_*`,
+///   `None` unlimited); a workspace's override (`asbx quota set`) wins.
 #[derive(Clone)]
 pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
@@ -95,6 +97,7 @@ pub struct WorkspaceConfig {
     pub blob_store: Option<BlobBackend>,
     pub secret_key: Option<String>,
     pub secret_key_old: Option<String>,
+    pub quotas: QuotaDefaults,
 }
 
 impl WorkspaceConfig {
@@ -121,6 +124,7 @@ impl WorkspaceConfig {
             blob_store: None,
             secret_key: None,
             secret_key_old: None,
+            quotas: Default::default(),
         }
     }
 }
@@ -218,6 +222,7 @@ impl fmt::Debug for WorkspaceConfig {
                 "secret_key_old",
                 &self.secret_key_old.as_ref().map(|_| "<set>"),
             )
+            .field("quotas", &self.quotas)
             .finish_non_exhaustive()
     }
 }
@@ -297,5 +302,85 @@ impl Default for ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// One quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Quota {
+    ConcurrentSandboxes,
+    RequestsPerMinute,
+    SandboxSecondsPerDay,
+    TokensPerDay,
+    StorageMb,
+}
+
+impl Quota {
+    /// Every quota, in the order they are listed.
+    pub const ALL: [Quota; 5] = [
+        Quota::ConcurrentSandboxes,
+        Quota::RequestsPerMinute,
+        Quota::SandboxSecondsPerDay,
+        Quota::TokensPerDay,
+        Quota::StorageMb,
+    ];
+
+    /// Its name on the wire and on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Quota::ConcurrentSandboxes => "concurrent-sandboxes",
+            Quota::RequestsPerMinute => "requests-per-minute",
+            Quota::SandboxSecondsPerDay => "sandbox-seconds-per-day",
+            Quota::TokensPerDay => "tokens-per-day",
+            Quota::StorageMb => "storage-mb",
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Quota::ConcurrentSandboxes => 0,
+            Quota::RequestsPerMinute => 1,
+            Quota::SandboxSecondsPerDay => 2,
+            Quota::TokensPerDay => 3,
+            Quota::StorageMb => 4,
+        }
+    }
+}
+
+impl FromStr for Quota {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Quota::ALL
+            .into_iter()
+            .find(|q| q.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Quota::ALL.iter().map(|q| q.name()).collect();
+                format!("unknown quota {s:?}; quotas: {}", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A value for each quota; `None` is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaDefaults {
+    values: [Option<u64>; 5],
+}
+
+impl QuotaDefaults {
+    /// The value of `quota` (`None`: unlimited).
+    pub fn get(&self, quota: Quota) -> Option<u64> {
+        self.values[quota.index()]
+    }
+
+    /// Sets `quota` (`None`: unlimited).
+    pub fn set(&mut self, quota: Quota, value: Option<u64>) {
+        self.values[quota.index()] = value;
     }
 }

@@ -89,6 +89,16 @@ pub enum WorkspaceError {
     },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// A workspace quota used up (CONTRACT.md §10): `429 quota_exceeded`.
+    #[error("the workspace's quota {quota} ({limit}) is used up")]
+    QuotaExceeded {
+        /// The quota's name (`concurrent-sandboxes`, ...).
+        quota: &'static str,
+        limit: u64,
+        /// Seconds after which a retry may pass (`Retry-After`), when
+        /// waiting helps.
+        retry_after_s: Option<u64>,
+    },
 }
 
 impl WorkspaceError {
@@ -252,6 +262,14 @@ impl WorkspaceError {
             )
             .with("runId", run_id.clone())
             .with("oldestSeq", *oldest),
+            WorkspaceError::QuotaExceeded { quota, limit, .. } => Problem::new(
+                429,
+                ProblemCode::QuotaExceeded.as_str(),
+                "Quota exceeded",
+                self.to_string(),
+            )
+            .with("quota", *quota)
+            .with("limit", *limit),
             WorkspaceError::Database(e) if unreachable(e) => Problem::new(
                 503,
                 ProblemCode::DatabaseUnavailable.as_str(),
@@ -296,6 +314,11 @@ fn unreachable(e: &sqlx::Error) -> bool {
 impl IntoResponse for WorkspaceError {
     fn into_response(self) -> Response {
         let problem = self.problem();
+        let retry_after = if let WorkspaceError::QuotaExceeded { retry_after_s, .. } = &self {
+            *retry_after_s
+        } else {
+            None
+        };
         if problem.status >= 500 {
             tracing::error!(error = %error_chain(&self), status = problem.status, "request failed");
         }
@@ -304,6 +327,11 @@ impl IntoResponse for WorkspaceError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Some(s) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         response
     }

@@ -23,10 +23,12 @@ mod notify;
 mod openapi;
 mod otel;
 mod pages;
+mod quota;
 mod runner_url;
 mod secrets;
 mod store;
 mod tokens;
+mod usage;
 mod validate;
 mod wire;
 
@@ -44,7 +46,9 @@ mod sandbox_api;
 
 use std::sync::Arc;
 
-pub use config::{BlobBackend, Clock, ManualClock, SystemClock, WorkspaceConfig};
+pub use config::{
+    BlobBackend, Clock, ManualClock, Quota, QuotaDefaults, SystemClock, WorkspaceConfig,
+};
 pub use error::WorkspaceError;
 pub use otel::enable as enable_traces;
 
@@ -166,6 +170,55 @@ impl Workspace {
         auth::store::create_workspace(self.state.store.pool(), &id, name, self.state.now_ms())
             .await?;
         Ok(id)
+    }
+
+    /// Sets a quota of a workspace (`asbx quota set`): `Some(value)`
+    /// (`Some(None)`: unlimited), or `None` to fall back to the server's
+    /// default. [`WorkspaceError::NotFound`] for an unknown workspace.
+    pub async fn set_quota(
+        &self,
+        workspace_id: &str,
+        quota: Quota,
+        value: Option<Option<u64>>,
+    ) -> Result<(), WorkspaceError> {
+        let pool = self.state.store.pool();
+        if auth::store::workspace_name(pool, workspace_id)
+            .await?
+            .is_none()
+        {
+            return Err(WorkspaceError::NotFound(format!(
+                "workspace {workspace_id}"
+            )));
+        }
+        quota::store::set(pool, workspace_id, quota, value, self.state.now_ms()).await
+    }
+
+    /// A workspace's quotas and usage as `GET /api/usage` answers them
+    /// (JSON; requests counted for its anonymous callers), and which
+    /// quotas it overrides (`asbx quota show`).
+    pub async fn quota_report(
+        &self,
+        workspace_id: &str,
+    ) -> Result<(serde_json::Value, Vec<Quota>), WorkspaceError> {
+        let pool = self.state.store.pool();
+        if auth::store::workspace_name(pool, workspace_id)
+            .await?
+            .is_none()
+        {
+            return Err(WorkspaceError::NotFound(format!(
+                "workspace {workspace_id}"
+            )));
+        }
+        let subject = quota::admit::subject(None, workspace_id);
+        let usage = quota::report::of(&self.state, workspace_id, &subject).await?;
+        let overridden = quota::store::overrides(pool, workspace_id)
+            .await?
+            .into_iter()
+            .map(|(q, _)| q)
+            .collect();
+        let json = serde_json::to_value(&usage)
+            .map_err(|e| WorkspaceError::Corrupt(format!("usage: {e}")))?;
+        Ok((json, overridden))
     }
 
     /// Mints an API key for a workspace; returns the plaintext, shown once
@@ -323,6 +376,7 @@ pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
             environments::api::delete
         ))
         .routes(routes!(environments::api::models))
+        .routes(routes!(usage::usage))
         .routes(routes!(files::api::download, files::api::delete))
         .routes(routes!(
             auth::api::current,

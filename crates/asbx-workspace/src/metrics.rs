@@ -9,7 +9,8 @@
 //! is on.
 //!
 //! One process-wide set of atomics ([`METRICS`]): chat turns by how they
-//! ended, and the database's latency: a `SELECT 1` round trip timed on every
+//! ended, quota refusals by quota name (never by workspace), and the
+//! database's latency: a `SELECT 1` round trip timed on every
 //! scrape (so it is measured as often as it is read, with no sampler task)
 //! and the pool's open and idle connections.
 
@@ -39,10 +40,18 @@ struct TurnLabels {
     status: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    /// The quota's name (`concurrent-sandboxes`, ...); never the workspace
+    /// (cardinality).
+    quota: &'static str,
+}
+
 /// Every metric of the workspace, registered once.
 pub(crate) struct Metrics {
     registry: Registry,
     chat_turns: Family<TurnLabels, Counter>,
+    quota_refusals: Family<QuotaLabels, Counter>,
     db_ping: Histogram,
     db_errors: Counter,
     db_connections: Gauge,
@@ -63,6 +72,7 @@ impl Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("asbx_workspace"),
             chat_turns: Family::default(),
+            quota_refusals: Family::default(),
             // 0.1 ms .. ~1.6 s.
             db_ping: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
             db_errors: Counter::default(),
@@ -74,6 +84,11 @@ impl Metrics {
             "chat_turns",
             "Chat turns by how they ended",
             m.chat_turns.clone(),
+        );
+        r.register(
+            "quota_refusals",
+            "Requests refused by a quota, by the quota's name (all workspaces)",
+            m.quota_refusals.clone(),
         );
         r.register(
             "db_ping_seconds",
@@ -101,6 +116,13 @@ impl Metrics {
     /// A chat turn ended (or was refused) with this status.
     pub(crate) fn chat_turn(&self, status: &'static str) {
         self.chat_turns.get_or_create(&TurnLabels { status }).inc();
+    }
+
+    /// A request was refused by `quota` (`quota::refused`).
+    pub(crate) fn quota_refused(&self, quota: &'static str) {
+        self.quota_refusals
+            .get_or_create(&QuotaLabels { quota })
+            .inc();
     }
 
     fn render(&self) -> String {
@@ -193,7 +215,9 @@ mod tests {
         m.chat_turn("succeeded");
         m.chat_turn("succeeded");
         m.chat_turn("rejected");
+        m.quota_refused("tokens-per-day");
         let text = m.render();
+        assert!(text.contains("asbx_workspace_quota_refusals_total{quota=\"tokens-per-day\"} 1"));
         assert!(text.contains("asbx_workspace_chat_turns_total{status=\"succeeded\"} 2"));
         assert!(text.contains("asbx_workspace_chat_turns_total{status=\"rejected\"} 1"));
         assert!(text.contains("asbx_workspace_db_ping_seconds_count 0"));

@@ -273,6 +273,11 @@ mod tests {
             },
             E::Corrupt("x".into()),
             E::Database(sqlx::Error::PoolTimedOut),
+            E::QuotaExceeded {
+                quota: "storage-mb",
+                limit: 1,
+                retry_after_s: None,
+            },
         ];
         let mut answered: std::collections::BTreeSet<String> =
             errors.iter().map(|e| e.problem().code).collect();

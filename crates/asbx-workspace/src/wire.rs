@@ -795,3 +795,19 @@ impl utoipa::ToSchema for TurnEvent {
         schemas.push(("TurnStatus".into(), TurnStatus::schema()));
     }
 }
+
+/// `GET /api/usage`: the caller's workspace's quotas and what it used
+/// (CONTRACT.md §10), each keyed by the quota's name
+/// (`concurrent-sandboxes`, `requests-per-minute`,
+/// `sandbox-seconds-per-day`, `tokens-per-day`, `storage-mb`).
+///
+/// - `quotas`: each quota's value, `null` when unlimited.
+/// - `used`: running sandboxes; the caller's requests this minute (its API
+///   key or browser session); sandbox seconds and model tokens (input +
+///   output, of runs that ended) today (UTC); stored megabytes (files and
+///   run lines, fractional).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub(crate) struct Usage {
+    pub quotas: std::collections::BTreeMap<String, Option<u64>>,
+    pub used: std::collections::BTreeMap<String, f64>,
+}

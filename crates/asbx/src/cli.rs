@@ -33,6 +33,8 @@ pub(crate) enum Command {
     /// Free the file bytes no file refers to any more (a running workspace
     /// also does it hourly).
     Gc(GcArgs),
+    /// Set or show a workspace's quotas (CONTRACT.md §10).
+    Quota(QuotaArgs),
     /// Check what this host offers each isolation profile, and print the
     /// command or setting that fixes what is missing.
     Doctor(DoctorArgs),
@@ -165,6 +167,29 @@ pub(crate) struct WorkspaceOpts {
     /// URL is refused.
     #[arg(long, env = "ASBX_ALLOWED_SANDBOX_URLS", value_delimiter = ',')]
     pub(crate) allowed_sandbox_urls: Vec<url::Url>,
+    #[command(flatten)]
+    pub(crate) quotas: QuotaDefaultsOpts,
+}
+
+/// Every workspace's quotas unless `asbx quota set` overrides them;
+/// unset: unlimited.
+#[derive(Debug, Args)]
+pub(crate) struct QuotaDefaultsOpts {
+    /// Sandboxes (runs and chat turns) a workspace may run at once.
+    #[arg(long, env = "ASBX_QUOTA_CONCURRENT_SANDBOXES")]
+    pub(crate) quota_concurrent_sandboxes: Option<u64>,
+    /// Requests a minute per API key or browser session.
+    #[arg(long, env = "ASBX_QUOTA_REQUESTS_PER_MINUTE")]
+    pub(crate) quota_requests_per_minute: Option<u64>,
+    /// Sandbox seconds a workspace may use a day (UTC).
+    #[arg(long, env = "ASBX_QUOTA_SANDBOX_SECONDS_PER_DAY")]
+    pub(crate) quota_sandbox_seconds_per_day: Option<u64>,
+    /// Model tokens (input + output) a workspace may use a day (UTC).
+    #[arg(long, env = "ASBX_QUOTA_TOKENS_PER_DAY")]
+    pub(crate) quota_tokens_per_day: Option<u64>,
+    /// Megabytes a workspace may store (files and run lines).
+    #[arg(long, env = "ASBX_QUOTA_STORAGE_MB")]
+    pub(crate) quota_storage_mb: Option<u64>,
 }
 
 /// The key sealing secrets at rest (docs/secrets.md).
@@ -192,6 +217,77 @@ pub(crate) struct KeyArgs {
     /// A label for the key.
     #[arg(long, default_value = "cli")]
     pub(crate) name: String,
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    #[command(flatten)]
+    pub(crate) secrets: SecretKeyOpts,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QuotaArgs {
+    #[command(subcommand)]
+    pub(crate) action: QuotaAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum QuotaAction {
+    /// Override quotas of a workspace: a number, `unlimited`, or `default`
+    /// (the server's `ASBX_QUOTA_*` again).
+    Set(QuotaSetArgs),
+    /// Print a workspace's quotas and usage.
+    Show(QuotaShowArgs),
+}
+
+/// A quota's new value on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuotaValue {
+    Limit(u64),
+    Unlimited,
+    Default,
+}
+
+fn quota_value(s: &str) -> Result<QuotaValue, String> {
+    match s {
+        "unlimited" => Ok(QuotaValue::Unlimited),
+        "default" => Ok(QuotaValue::Default),
+        n => n
+            .parse()
+            .map(QuotaValue::Limit)
+            .map_err(|_| format!("{s:?}: a number, `unlimited` or `default`")),
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QuotaSetArgs {
+    /// The workspace's id.
+    pub(crate) workspace: String,
+    #[arg(long, value_parser = quota_value)]
+    pub(crate) concurrent_sandboxes: Option<QuotaValue>,
+    #[arg(long, value_parser = quota_value)]
+    pub(crate) requests_per_minute: Option<QuotaValue>,
+    #[arg(long, value_parser = quota_value)]
+    pub(crate) sandbox_seconds_per_day: Option<QuotaValue>,
+    #[arg(long, value_parser = quota_value)]
+    pub(crate) tokens_per_day: Option<QuotaValue>,
+    #[arg(long, value_parser = quota_value)]
+    pub(crate) storage_mb: Option<QuotaValue>,
+    #[command(flatten)]
+    pub(crate) db: OneOffDb,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QuotaShowArgs {
+    /// The workspace's id.
+    pub(crate) workspace: String,
+    #[command(flatten)]
+    pub(crate) db: OneOffDb,
+}
+
+/// The workspace's database, for a one-off command.
+#[derive(Debug, Args)]
+pub(crate) struct OneOffDb {
     #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
     pub(crate) data: PathBuf,
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]

@@ -135,6 +135,21 @@ def test_environments_and_models(client: Client) -> None:
         client.environments.get(env.id)
 
 
+def test_usage(client: Client) -> None:
+    usage = client.usage.get()
+    assert isinstance(usage, asbx.Usage)
+    names = {
+        "concurrent-sandboxes",
+        "requests-per-minute",
+        "sandbox-seconds-per-day",
+        "tokens-per-day",
+        "storage-mb",
+    }
+    assert set(usage.quotas) == names and set(usage.used) == names
+    assert all(v is None for v in usage.quotas.values()), "unlimited by default"
+    assert usage.used["concurrent-sandboxes"] >= 0
+
+
 def test_the_async_namespaces(up: AsbxUp) -> None:
     async def go() -> None:
         async with AsyncClient(up.url) as client:

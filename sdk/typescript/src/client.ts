@@ -25,6 +25,7 @@ import type {
   FileInfo,
   ModelInfo,
   RunInfo,
+  Usage,
   WorkspaceChatEvent,
 } from "./types.js";
 
@@ -139,6 +140,15 @@ export class AsbxClient {
   /** `GET /api/models`: the models a chat or run can name. */
   async models(): Promise<ModelInfo[]> {
     return (await this.json<{ models: ModelInfo[] }>("GET", "/api/models")).models;
+  }
+
+  /**
+   * `GET /api/usage`: the workspace's quotas (`null`: unlimited) and what
+   * it used, by quota name (`concurrent-sandboxes`, `requests-per-minute`,
+   * `sandbox-seconds-per-day`, `tokens-per-day`, `storage-mb`).
+   */
+  async usage(): Promise<Usage> {
+    return this.json<Usage>("GET", "/api/usage");
   }
 
   /**

@@ -309,6 +309,9 @@ export type AgentDefinition = Schemas["AgentDefinition"];
 /** A stored agent as answered: its definition, `id`, `createdAt`, `updatedAt`. */
 export type AgentRecord = Schemas["AgentRecord"];
 
+/** `GET /api/usage`: the workspace's quotas (`null`: unlimited) and usage, by quota name. */
+export type Usage = Schemas["Usage"];
+
 /** A model of `GET /api/models` (`id` is `provider:model`). */
 export type ModelInfo = Schemas["ModelInfo"];
 

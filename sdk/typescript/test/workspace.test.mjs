@@ -73,6 +73,15 @@ test("models and environments: secrets write-only, 409 on a taken name, used by 
   await assert.rejects(c.environments.get(env.id), (e) => e instanceof AsbxError && e.status === 404);
 });
 
+test("usage: every quota, unlimited by default", { skip: why }, async () => {
+  const u = await client().usage();
+  const names = ["concurrent-sandboxes", "requests-per-minute", "sandbox-seconds-per-day", "storage-mb", "tokens-per-day"];
+  assert.deepEqual(Object.keys(u.quotas).sort(), names);
+  assert.deepEqual(Object.keys(u.used).sort(), names);
+  for (const n of names) assert.equal(u.quotas[n], null);
+  assert.ok(u.used["concurrent-sandboxes"] >= 0);
+});
+
 test("chat settings: chosen with the first turn, changed with updateSettings", { skip: why }, async (t) => {
   const c = client();
   const models = await orSkip(t, "GET /api/models", () => c.models());

@@ -141,6 +141,7 @@ pub(crate) async fn delete(
         (status = 409, description = "`conflict`: the agent's environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
         (status = 413, response = inline(doc::BodyTooLarge)),
         (status = 415, response = inline(doc::NotJson)),
+        (status = 429, response = inline(doc::QuotaExceeded)),
         (status = 502, response = inline(doc::UpstreamFailed)),
         (status = 503, response = inline(doc::RunnerUnavailable)),
     ),

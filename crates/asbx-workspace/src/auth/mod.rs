@@ -18,6 +18,7 @@ use axum::http::request::Parts;
 use crate::AppState;
 use crate::auth::store as keys;
 use crate::error::WorkspaceError;
+use crate::quota;
 use crate::tokens;
 
 /// Prefix of workspace API keys.
@@ -33,6 +34,9 @@ pub(crate) const SESSION_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Caller {
     pub workspace_id: String,
+    /// What `requests-per-minute` counts: the hash of its API key or
+    /// browser session, or `anon:<workspace>`.
+    pub subject: String,
 }
 
 impl FromRequestParts<Arc<AppState>> for Caller {
@@ -42,27 +46,44 @@ impl FromRequestParts<Arc<AppState>> for Caller {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
-        if parts.headers.contains_key(header::AUTHORIZATION) {
-            let key = tokens::bearer(&parts.headers).ok_or(WorkspaceError::Unauthorized)?;
-            let workspace_id = keys::key_workspace(state.store.pool(), &tokens::hash(key))
-                .await?
-                .ok_or(WorkspaceError::Unauthorized)?;
-            return Ok(Caller { workspace_id });
-        }
-        if let Some(session) = session_cookie(&parts.headers)
-            && let Some(workspace_id) =
-                keys::session_workspace(state.store.pool(), &tokens::hash(session), state.now_ms())
-                    .await?
-        {
-            return Ok(Caller { workspace_id });
-        }
-        if state.config.require_auth {
-            return Err(WorkspaceError::Unauthorized);
-        }
-        Ok(Caller {
-            workspace_id: crate::DEFAULT_WORKSPACE.to_owned(),
-        })
+        let caller = identify(parts, state).await?;
+        quota::admit::request(state, &caller.subject, &caller.workspace_id).await?;
+        Ok(caller)
     }
+}
+
+/// The caller's workspace and credential, unchecked against any quota.
+async fn identify(parts: &Parts, state: &AppState) -> Result<Caller, WorkspaceError> {
+    if parts.headers.contains_key(header::AUTHORIZATION) {
+        let key = tokens::bearer(&parts.headers).ok_or(WorkspaceError::Unauthorized)?;
+        let hash = tokens::hash(key);
+        let workspace_id = keys::key_workspace(state.store.pool(), &hash)
+            .await?
+            .ok_or(WorkspaceError::Unauthorized)?;
+        return Ok(Caller {
+            workspace_id,
+            subject: hash,
+        });
+    }
+    if let Some(session) = session_cookie(&parts.headers) {
+        let hash = tokens::hash(session);
+        if let Some(workspace_id) =
+            keys::session_workspace(state.store.pool(), &hash, state.now_ms()).await?
+        {
+            return Ok(Caller {
+                workspace_id,
+                subject: hash,
+            });
+        }
+    }
+    if state.config.require_auth {
+        return Err(WorkspaceError::Unauthorized);
+    }
+    let workspace_id = crate::DEFAULT_WORKSPACE.to_owned();
+    Ok(Caller {
+        subject: quota::admit::subject(None, &workspace_id),
+        workspace_id,
+    })
 }
 
 /// The value of the session cookie, if any.

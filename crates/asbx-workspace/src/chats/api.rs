@@ -42,6 +42,7 @@ use crate::wire::{
         (status = 409, description = "`turn_in_flight`: the chat has a turn running (`activeTurnId`); `conflict`: its environment was deleted", body = doc::Problem, content_type = "application/problem+json"),
         (status = 413, response = inline(doc::BodyTooLarge)),
         (status = 415, response = inline(doc::NotJson)),
+        (status = 429, response = inline(doc::QuotaExceeded)),
         (status = 502, response = inline(doc::UpstreamFailed)),
         (status = 503, description = "`sandbox_url_missing`: no runner is configured", body = doc::Problem, content_type = "application/problem+json"),
     ),
@@ -270,6 +271,7 @@ pub(crate) async fn delete(
         (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, response = inline(doc::ChatNotFound)),
         (status = 413, description = "`body_too_large`: the file is over the upload limit", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 429, response = inline(doc::QuotaExceeded)),
     ),
 )]
 pub(crate) async fn upload(

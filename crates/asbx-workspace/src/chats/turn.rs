@@ -242,6 +242,7 @@ async fn record(
     route: &dispatch::Route,
 ) -> Result<Recorded, WorkspaceError> {
     let now = lease.now_ms;
+    let limits = crate::quota::admit::limits(state, workspace_id).await?;
     let mut tx = state.store.pool().begin().await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
@@ -296,6 +297,7 @@ async fn record(
         &history,
         prepared,
     );
+    crate::quota::admit::dispatch(&mut tx, &limits, workspace_id, now).await?;
     let run = dispatch::record(&mut tx, &spec, route, now).await?;
     tx.commit().await?;
     Ok(Recorded {

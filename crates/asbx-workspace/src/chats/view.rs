@@ -144,8 +144,16 @@ pub(crate) async fn upload(
         sha256: stored.sha256.clone(),
         created_at: state.now_ms(),
     };
-    let inserted = files::insert(state.store.pool(), &row).await;
+    let inserted = insert_upload(state, &row).await;
     state.blobs.release(stored).await;
     inserted?;
     Ok(file_info(&row))
+}
+
+/// Stores an upload's row if the workspace's `storage-mb` has room.
+async fn insert_upload(state: &AppState, row: &FileRow) -> Result<(), WorkspaceError> {
+    let mut tx = crate::quota::admit::begin_upload(state, &row.workspace_id, row.size).await?;
+    files::insert(&mut *tx, row).await?;
+    tx.commit().await?;
+    Ok(())
 }

@@ -39,6 +39,7 @@ use crate::wire::{
         (status = 413, response = inline(doc::BodyTooLarge)),
         (status = 415, response = inline(doc::NotJson)),
         (status = 409, description = "`conflict`: a named environment was deleted meanwhile", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 429, response = inline(doc::QuotaExceeded)),
         (status = 502, response = inline(doc::UpstreamFailed)),
         (status = 503, response = inline(doc::RunnerUnavailable)),
     ),

@@ -147,8 +147,11 @@ pub(crate) async fn start_with(
     options: &RunOptions,
 ) -> Result<Started, WorkspaceError> {
     let route = route(state, &spec.sandbox_url).await;
+    let limits = crate::quota::admit::limits(state, &spec.workspace_id).await?;
     let mut tx = state.store.pool().begin().await?;
-    let recorded = record(&mut tx, spec, &route, state.now_ms()).await?;
+    let now = state.now_ms();
+    crate::quota::admit::dispatch(&mut tx, &limits, &spec.workspace_id, now).await?;
+    let recorded = record(&mut tx, spec, &route, now).await?;
     tx.commit().await?;
     post(state, spec, options, route, recorded).await
 }

@@ -169,9 +169,16 @@ where
             Some(message.as_str()),
         ),
     };
+    // `tokens-per-day` sums what each run's `session_ended` counted.
+    let tokens = termination
+        .and_then(|t| serde_json::from_str::<asbx_protocol::session::Termination>(t).ok())
+        .map_or(0, |t| {
+            let s = t.stats;
+            i64::try_from(s.input_tokens.saturating_add(s.output_tokens)).unwrap_or(i64::MAX)
+        });
     let done = sqlx::query(
         "UPDATE runs SET status = $1, result = $2, error_code = $3, error_message = $4, \
-         ended_at = $5, termination = $7 WHERE id = $6 AND status = 'running'",
+         ended_at = $5, termination = $7, tokens = $8 WHERE id = $6 AND status = 'running'",
     )
     .bind(status.as_str())
     .bind(result)
@@ -180,6 +187,7 @@ where
     .bind(now_ms)
     .bind(id)
     .bind(termination)
+    .bind(tokens)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)

@@ -200,7 +200,7 @@ where
         sha256,
         created_at: state.now_ms(),
     };
-    let inserted = files::insert(state.store.pool(), &row).await;
+    let inserted = insert_upload(state, &row).await;
     state.blobs.release(blob).await;
     inserted?;
     Ok(row)
@@ -226,4 +226,12 @@ pub(crate) async fn history(
             created_at: m.created_at,
         })
         .collect())
+}
+
+/// Stores an upload's row if the workspace's `storage-mb` has room.
+async fn insert_upload(state: &AppState, row: &FileRow) -> Result<(), WorkspaceError> {
+    let mut tx = crate::quota::admit::begin_upload(state, &row.workspace_id, row.size).await?;
+    files::insert(&mut *tx, row).await?;
+    tx.commit().await?;
+    Ok(())
 }

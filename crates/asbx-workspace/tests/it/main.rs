@@ -13,6 +13,7 @@ mod chat_pages;
 mod chats;
 mod environments;
 mod fleet;
+mod quota;
 mod readiness;
 mod runs;
 mod runs_api;

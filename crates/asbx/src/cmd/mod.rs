@@ -1,10 +1,11 @@
 //! The subcommands that run on the async runtime, one file each: `up`,
-//! `runner`, `workspace`, `run`, `key`, `gc`; [`shared`] holds what they
+//! `runner`, `workspace`, `run`, `key`, `gc`, `quota`; [`shared`] holds what they
 //! share. `agent` and `jail` run before any runtime exists
 //! (`crate::sandbox_cmd`).
 
 mod gc;
 mod key;
+mod quota;
 mod run;
 mod runner;
 mod shared;
@@ -29,6 +30,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args).await,
         Command::Key(args) => key::run(args).await,
         Command::Gc(args) => gc::run(args).await,
+        Command::Quota(args) => quota::run(args).await,
         Command::Agent | Command::Jail(_) | Command::EnvVars | Command::Doctor(_) => {
             bail!("internal subcommand reached the runtime")
         }

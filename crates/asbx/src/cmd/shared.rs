@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use asbx_workspace::{BlobBackend, WorkspaceConfig};
+use asbx_workspace::{BlobBackend, Quota, WorkspaceConfig};
 use tokio::net::TcpListener;
 
 use crate::cli::RunnerOpts;
@@ -25,6 +25,16 @@ pub(super) fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::c
     // Listed by the operator: runs and agents are held to the list too.
     config.restrict_models = !config.models.is_empty();
     config.allowed_sandbox_urls = opts.allowed_sandbox_urls.clone();
+    let q = &opts.quotas;
+    for (quota, value) in [
+        (Quota::ConcurrentSandboxes, q.quota_concurrent_sandboxes),
+        (Quota::RequestsPerMinute, q.quota_requests_per_minute),
+        (Quota::SandboxSecondsPerDay, q.quota_sandbox_seconds_per_day),
+        (Quota::TokensPerDay, q.quota_tokens_per_day),
+        (Quota::StorageMb, q.quota_storage_mb),
+    ] {
+        config.quotas.set(quota, value);
+    }
 }
 
 pub(super) fn apply_secret_key(config: &mut WorkspaceConfig, opts: &crate::cli::SecretKeyOpts) {

@@ -1,6 +1,7 @@
 //! The API pages are tested: every `sh` example of `docs/api-*.md` runs, in
 //! page order, in one `bash` per page against a real `asbx up`, with `$ASBX`
-//! (the workspace), `$RUNNER` and `$RUNNER_TOKEN` set. An example fails the
+//! (the workspace), `$RUNNER` and `$RUNNER_TOKEN` set, `asbx` on the `PATH` and
+//! `ASBX_DATA` its data folder. An example fails the
 //! test when it exits non-zero, prints nothing, or (through `curl`) gets an
 //! HTTP error, unless it says `# answers NNN`, and then it must get NNN.
 
@@ -75,6 +76,9 @@ fn run_page(script: &str, up: &UpProc, cwd: &Path) -> (bool, String, String) {
         .env("ASBX", &up.url)
         .env("RUNNER", &up.runner_url)
         .env("RUNNER_TOKEN", RUNNER_TOKEN)
+        // `asbx quota set` (docs/api-usage.md) on the workspace's database.
+        .env("ASBX_DATA", up.data.path())
+        .env("PATH", path_with_asbx())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -102,6 +106,16 @@ fn run_page(script: &str, up: &UpProc, cwd: &Path) -> (bool, String, String) {
     };
     let (o, e) = reader.join().unwrap();
     (status.is_some_and(|s| s.success()), o, e)
+}
+
+/// `PATH` with the tested `asbx`'s folder first.
+fn path_with_asbx() -> std::ffi::OsString {
+    let dir = Path::new(crate::harness::ASBX)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest))).unwrap()
 }
 
 /// What each example printed, by block index (`end` excluded).

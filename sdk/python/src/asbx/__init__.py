@@ -69,6 +69,7 @@ from ._models import (
     Message,
     ModelInfo,
     RunInfo,
+    Usage,
     WorkspaceEvent,
 )
 from ._sync import Agents, Chats, ChatStream, Client, Environments, Files, Models, Runs, RunStream
@@ -165,6 +166,7 @@ __all__ = [
     "McpServer",
     "Message",
     "ModelInfo",
+    "Usage",
     "Models",
     "NotFoundError",
     "PayloadTooLargeError",

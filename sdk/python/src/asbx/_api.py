@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from ._core import check_status
 from ._crypto import ClientSession
-from ._models import Agent, Chat, ChatSummary, ClientTool, Environment, FileInfo, ModelInfo, RunInfo
+from ._models import Agent, Chat, ChatSummary, ClientTool, Environment, FileInfo, ModelInfo, RunInfo, Usage
 from ._types import (
     AgentDefinition,
     AgentRunRequest,
@@ -430,3 +430,7 @@ def delete_environment(environment_id: str) -> Call[None]:
 
 def list_models() -> Call[list[ModelInfo]]:
     return Call("GET", "/api/models", lambda a: [ModelInfo.from_json(m) for m in _items("models")(a)])
+
+
+def get_usage() -> Call[Usage]:
+    return Call("GET", "/api/usage", lambda a: Usage.from_json(_object(a)))

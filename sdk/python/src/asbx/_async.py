@@ -42,6 +42,7 @@ from ._models import (
     FileInfo,
     ModelInfo,
     RunInfo,
+    Usage,
     WorkspaceEvent,
 )
 from ._types import (
@@ -551,9 +552,19 @@ class AsyncModels:
         return await self._client._call(_api.list_models())
 
 
+class AsyncUsageApi:
+    """`client.usage.get()`: the workspace's quotas and usage (`GET /api/usage`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def get(self) -> Usage:
+        return await self._client._call(_api.get_usage())
+
+
 class AsyncClient:
     """A client of one asbx workspace: `client.chats`, `client.runs`, `client.agents`,
-    `client.environments`, `client.files`, `client.models`.
+    `client.environments`, `client.files`, `client.models`, `client.usage`.
 
     `base_url` is what `asbx up` prints (default: `$ASBX_URL`); `api_key`
     (`asbx_key_...`, from `asbx key`; default: `$ASBX_API_KEY`) is sent as
@@ -604,6 +615,7 @@ class AsyncClient:
         self.agents = AsyncAgents(self)
         self.environments = AsyncEnvironments(self)
         self.models = AsyncModels(self)
+        self.usage = AsyncUsageApi(self)
 
     async def aclose(self) -> None:
         if self._own:

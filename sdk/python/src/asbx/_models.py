@@ -247,6 +247,29 @@ class Agent:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """`GET /api/usage`: the workspace's quotas and usage, by quota name
+    (`concurrent-sandboxes`, `requests-per-minute`, `sandbox-seconds-per-day`,
+    `tokens-per-day`, `storage-mb`). A quota of None is unlimited; `used` holds
+    running sandboxes, the caller's requests this minute, sandbox seconds and
+    tokens today (UTC), stored megabytes."""
+
+    quotas: dict[str, int | None]
+    used: dict[str, float]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Usage:
+        quotas = d.get("quotas") or {}
+        used = d.get("used") or {}
+        return Usage(
+            quotas={str(k): (None if v is None else int(v)) for k, v in quotas.items()},
+            used={str(k): float(v) for k, v in used.items()},
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """One model of `GET /api/models`: `id` is `provider:model`."""
 

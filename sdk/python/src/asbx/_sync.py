@@ -39,6 +39,7 @@ from ._models import (
     FileInfo,
     ModelInfo,
     RunInfo,
+    Usage,
     WorkspaceEvent,
 )
 from ._types import (
@@ -546,9 +547,19 @@ class Models:
         return self._client._call(_api.list_models())
 
 
+class UsageApi:
+    """`client.usage.get()`: the workspace's quotas and usage (`GET /api/usage`)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def get(self) -> Usage:
+        return self._client._call(_api.get_usage())
+
+
 class Client:
     """A client of one asbx workspace: `client.chats`, `client.runs`, `client.agents`,
-    `client.environments`, `client.files`, `client.models`.
+    `client.environments`, `client.files`, `client.models`, `client.usage`.
 
     `base_url` is what `asbx up` prints (default: `$ASBX_URL`); `api_key`
     (`asbx_key_...`, from `asbx key`; default: `$ASBX_API_KEY`) is sent as
@@ -599,6 +610,7 @@ class Client:
         self.agents = Agents(self)
         self.environments = Environments(self)
         self.models = Models(self)
+        self.usage = UsageApi(self)
 
     def close(self) -> None:
         if self._own:

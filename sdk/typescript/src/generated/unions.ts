@@ -172,7 +172,8 @@ export type ProblemCode =
   | "egress_port_not_allowed"
   | "egress_internal_address"
   | "egress_host_mismatch"
-  | "too_many_connections";
+  | "too_many_connections"
+  | "quota_exceeded";
 
 /** Every `ProblemCode`, in schema order. */
 export const PROBLEM_CODES: readonly ProblemCode[] = [
@@ -216,4 +217,5 @@ export const PROBLEM_CODES: readonly ProblemCode[] = [
   "egress_internal_address",
   "egress_host_mismatch",
   "too_many_connections",
+  "quota_exceeded",
 ] as const;

@@ -517,6 +517,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["usage_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/assets/app.css": {
         parameters: {
             query?: never;
@@ -1549,6 +1565,26 @@ export interface components {
          * @enum {string}
          */
         TurnStatus: "succeeded" | "failed" | "cancelled";
+        /**
+         * @description `GET /api/usage`: the caller's workspace's quotas and what it used
+         *     (CONTRACT.md §10), each keyed by the quota's name
+         *     (`concurrent-sandboxes`, `requests-per-minute`,
+         *     `sandbox-seconds-per-day`, `tokens-per-day`, `storage-mb`).
+         *
+         *     - `quotas`: each quota's value, `null` when unlimited.
+         *     - `used`: running sandboxes; the caller's requests this minute (its API
+         *       key or browser session); sandbox seconds and model tokens (input +
+         *       output, of runs that ended) today (UTC); stored megabytes (files and
+         *       run lines, fractional).
+         */
+        Usage: {
+            quotas: {
+                [key: string]: number | null;
+            };
+            used: {
+                [key: string]: number;
+            };
+        };
         /** @description `EnvResponse.workspace`: the in-sandbox workspace API of this session. */
         WorkspaceAccess: {
             /**
@@ -2094,6 +2130,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description `quota_exceeded`: a quota of the caller's workspace is used up (the quota member names it, the limit member is its value; a Retry-After header when waiting helps) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description `internal`: see the workspace's log */
             500: {
                 headers: {
@@ -2206,6 +2251,15 @@ export interface operations {
             };
             /** @description `unsupported_media_type`: the body is not `application/json` */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `quota_exceeded`: a quota of the caller's workspace is used up (the quota member names it, the limit member is its value; a Retry-After header when waiting helps) */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2855,6 +2909,15 @@ export interface operations {
             };
             /** @description `body_too_large`: the file is over the upload limit */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `quota_exceeded`: a quota of the caller's workspace is used up (the quota member names it, the limit member is its value; a Retry-After header when waiting helps) */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4135,6 +4198,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description `quota_exceeded`: a quota of the caller's workspace is used up (the quota member names it, the limit member is its value; a Retry-After header when waiting helps) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description `internal`: see the workspace's log */
             500: {
                 headers: {
@@ -4746,6 +4818,71 @@ export interface operations {
             };
             /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    usage_usage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The workspace's quotas (`null`: unlimited) and usage, by quota name */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Usage"];
+                };
+            };
+            /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `quota_exceeded`: a quota of the caller's workspace is used up (the quota member names it, the limit member is its value; a Retry-After header when waiting helps) */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };

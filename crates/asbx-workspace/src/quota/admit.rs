@@ -72,6 +72,38 @@ pub(crate) async fn dispatch(
     storage(&mut *conn, limits, workspace_id, 0).await
 }
 
+/// Whether `workspace_id` may start one more sandbox under its fair share
+/// of a fleet of `capacity` ([`quota::fair`]), on `conn` inside the
+/// transaction that records the run: always, when `concurrent-sandboxes`
+/// is set (its limit replaces the share) or the capacity is unknown.
+/// `false`: wait ([`quota::fair::FairQueue`]) and look again.
+pub(crate) async fn fair_share(
+    conn: &mut sqlx::AnyConnection,
+    limits: &Limits,
+    workspace_id: &str,
+    capacity: Option<u64>,
+) -> Result<bool, WorkspaceError> {
+    let Some(capacity) = capacity.filter(|_| limits.get(Quota::ConcurrentSandboxes).is_none())
+    else {
+        return Ok(true);
+    };
+    store::lock_workspace(conn, workspace_id).await?;
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let mine = count(store::running(&mut *conn, workspace_id).await?);
+    let total = count(store::running_total(&mut *conn).await?);
+    Ok(quota::fair::may_start(mine, total, capacity))
+}
+
+/// The refusal of a dispatch that waited its longest for its fair share.
+pub(crate) fn fair_share_refused(workspace_id: &str, capacity: u64) -> WorkspaceError {
+    quota::refused(
+        workspace_id,
+        Quota::ConcurrentSandboxes,
+        quota::fair::share(capacity),
+        Some(SANDBOX_RETRY_S),
+    )
+}
+
 /// A workspace's limits: the server's defaults with its overrides.
 pub(crate) async fn limits(state: &AppState, workspace_id: &str) -> Result<Limits, WorkspaceError> {
     store::limits(state.store.pool(), &state.config.quotas, workspace_id).await

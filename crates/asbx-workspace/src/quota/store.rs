@@ -133,6 +133,18 @@ where
     Ok(row.try_get::<i64, _>(0)?)
 }
 
+/// Runs running now in every workspace (the fleet's share of them the
+/// workspace knows of).
+pub(crate) async fn running_total<'c, E>(db: E) -> Result<i64, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query("SELECT COUNT(*) FROM runs WHERE status = 'running'")
+        .fetch_one(db)
+        .await?;
+    Ok(row.try_get::<i64, _>(0)?)
+}
+
 /// Milliseconds of sandbox time the workspace's runs used today (UTC):
 /// each run's part of the day, running ones up to `now_ms`.
 pub(crate) async fn sandbox_ms_today<'c, E>(

@@ -13,6 +13,10 @@
 //! than the field) counts as the protocol's default cap (8 h), the longest
 //! a run may last anywhere, so no legitimate callback is ever refused for
 //! want of an answer.
+//!
+//! The same probe reads the runner's `capacity` (its `ASBX_MAX_SANDBOXES`),
+//! which [`RunnerCaps::capacity`] sums over the operator's runners for the
+//! fair share of the fleet (`quota::fair`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -30,7 +34,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// The cached caps, by runner URL.
 #[derive(Debug, Default)]
 pub(crate) struct RunnerCaps {
-    known: Mutex<HashMap<Url, (Option<u64>, Instant)>>,
+    known: Mutex<HashMap<Url, (Health, Instant)>>,
 }
 
 impl RunnerCaps {
@@ -39,36 +43,49 @@ impl RunnerCaps {
     pub(crate) async fn of(&self, client: &reqwest::Client, runners: &[Url]) -> Option<u64> {
         let mut most = 0u64;
         for url in runners {
-            let cap = match self.fresh(url) {
-                Some(cap) => cap,
-                None => {
-                    let cap = probe(client, url).await;
-                    self.store(url, cap);
-                    cap
-                }
-            };
-            most = most.max(cap?);
+            most = most.max(self.health(client, url).await.cap_ms?);
         }
         (!runners.is_empty()).then_some(most)
     }
 
-    /// The cap last learnt of `url`, however old; `None` when unknown.
-    pub(crate) fn cached(&self, url: &Url) -> Option<u64> {
-        self.lock().get(url).and_then(|(cap, _)| *cap)
+    /// The sandboxes `runners` hold together (each one's `/healthz`
+    /// `capacity`); `None` when any is unknown.
+    pub(crate) async fn capacity(&self, client: &reqwest::Client, runners: &[Url]) -> Option<u64> {
+        let mut sum = 0u64;
+        for url in runners {
+            sum = sum.saturating_add(self.health(client, url).await.capacity?);
+        }
+        (!runners.is_empty()).then_some(sum)
     }
 
-    fn fresh(&self, url: &Url) -> Option<Option<u64>> {
+    /// What `url`'s `/healthz` said, fresh or probed now.
+    async fn health(&self, client: &reqwest::Client, url: &Url) -> Health {
+        match self.fresh(url) {
+            Some(health) => health,
+            None => {
+                let health = probe(client, url).await;
+                self.store(url, health);
+                health
+            }
+        }
+    }
+
+    pub(crate) fn cached(&self, url: &Url) -> Option<u64> {
+        self.lock().get(url).and_then(|(health, _)| health.cap_ms)
+    }
+
+    fn fresh(&self, url: &Url) -> Option<Health> {
         self.lock()
             .get(url)
             .filter(|(_, at)| at.elapsed() < FRESH_FOR)
-            .map(|(cap, _)| *cap)
+            .map(|(health, _)| *health)
     }
 
-    fn store(&self, url: &Url, cap: Option<u64>) {
-        self.lock().insert(url.clone(), (cap, Instant::now()));
+    fn store(&self, url: &Url, health: Health) {
+        self.lock().insert(url.clone(), (health, Instant::now()));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Url, (Option<u64>, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Url, (Health, Instant)>> {
         self.known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -76,22 +93,32 @@ impl RunnerCaps {
 }
 
 /// `max_duration_ms` of `url`'s `GET /healthz`, if it answers one.
-async fn probe(client: &reqwest::Client, url: &Url) -> Option<u64> {
-    let endpoint = runner_url::join(url, &["healthz"]).ok()?;
-    let response = client
-        .get(endpoint)
-        .timeout(PROBE_TIMEOUT)
-        .send()
-        .await
-        .ok()?;
-    if !response.status().is_success() {
-        return None;
-    }
-    let health: serde_json::Value = runner_url::read_json(response).await?;
-    cap_of(&health)
+/// What a runner's `/healthz` says that the workspace uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Health {
+    /// `max_duration_ms`.
+    cap_ms: Option<u64>,
+    /// `capacity`.
+    capacity: Option<u64>,
 }
 
-/// A positive `max_duration_ms`.
+async fn probe(client: &reqwest::Client, url: &Url) -> Health {
+    let Ok(endpoint) = runner_url::join(url, &["healthz"]) else {
+        return Health::default();
+    };
+    let response = match client.get(endpoint).timeout(PROBE_TIMEOUT).send().await {
+        Ok(r) if r.status().is_success() => r,
+        _ => return Health::default(),
+    };
+    match runner_url::read_json::<serde_json::Value>(response).await {
+        Some(health) => Health {
+            cap_ms: cap_of(&health),
+            capacity: health.get("capacity").and_then(serde_json::Value::as_u64),
+        },
+        None => Health::default(),
+    }
+}
+
 fn cap_of(health: &serde_json::Value) -> Option<u64> {
     health
         .get("max_duration_ms")
@@ -112,18 +139,24 @@ mod tests {
         assert_eq!(cap_of(&json!({"status": "ok"})), None);
     }
 
+    fn health(cap_ms: Option<u64>, capacity: Option<u64>) -> Health {
+        Health { cap_ms, capacity }
+    }
+
     #[tokio::test]
-    async fn an_unknown_runner_makes_the_cap_unknown() {
+    async fn an_unknown_runner_makes_the_cap_and_the_capacity_unknown() {
         let caps = RunnerCaps::default();
         let a = Url::parse("http://127.0.0.1:9/a").unwrap();
         let b = Url::parse("http://127.0.0.1:9/b").unwrap();
-        caps.store(&a, Some(2000));
-        caps.store(&b, Some(5000));
+        caps.store(&a, health(Some(2000), Some(4)));
+        caps.store(&b, health(Some(5000), Some(6)));
         let client = reqwest::Client::new();
         assert_eq!(caps.of(&client, std::slice::from_ref(&a)).await, Some(2000));
         assert_eq!(caps.of(&client, &[a.clone(), b.clone()]).await, Some(5000));
-        caps.store(&b, None);
-        assert_eq!(caps.of(&client, &[a.clone(), b]).await, None);
+        assert_eq!(caps.capacity(&client, &[a.clone(), b.clone()]).await, Some(10));
+        caps.store(&b, health(None, None));
+        assert_eq!(caps.of(&client, &[a.clone(), b.clone()]).await, None);
+        assert_eq!(caps.capacity(&client, &[a.clone(), b]).await, None);
         assert_eq!(caps.cached(&a), Some(2000));
     }
 }

@@ -35,6 +35,7 @@ mod session;
 mod stamp;
 mod stderr;
 mod uids;
+mod workdir;
 mod ws;
 
 use std::sync::Arc;

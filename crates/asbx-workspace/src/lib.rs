@@ -41,6 +41,7 @@ mod environments;
 mod files;
 mod runs;
 mod sandbox_api;
+mod workdir;
 
 use std::sync::Arc;
 
@@ -353,4 +354,12 @@ pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
         ))
         .routes(routes!(sandbox_api::api::read_file))
         .routes(routes!(sandbox_api::api::history))
+        .routes(routes!(chats::fork::list))
+        .routes(routes!(chats::fork::fork))
+        .routes(routes!(workdir::api::missing))
+        .routes(limited(
+            routes!(workdir::api::put_blob, workdir::api::get_blob),
+            workdir::api::MAX_BLOB_BYTES,
+        ))
+        .routes(routes!(workdir::api::snapshot))
 }

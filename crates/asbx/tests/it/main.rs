@@ -32,4 +32,5 @@ mod tidy;
 mod tool_kill;
 mod traces;
 mod web_security;
+mod workdir;
 mod ws;

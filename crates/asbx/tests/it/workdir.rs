@@ -1,0 +1,240 @@
+//! A chat's working directory lives on between turns (CONTRACT §11),
+//! through the real `asbx up` in the jail the host allows (strict where it
+//! can): what turn 1 wrote, turn 2 finds byte for byte; a symlink to
+//! `/etc/shadow` comes back as a link and reads nothing of the host's; a
+//! hostile turn's 20,000 files are refused while its answer is kept and
+//! the turn before it stays; deleting the chat frees its blobs.
+
+use std::time::Duration;
+
+use asbx_protocol::sse::Parser;
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+/// One settled turn: its chat, the output of its shell steps, its answer
+/// and how it ended.
+struct Settled {
+    chat_id: String,
+    stdout: String,
+    answer: String,
+    status: String,
+}
+
+async fn turn(up: &UpProc, chat_id: Option<&str>, command: &str, say: &str) -> Settled {
+    let mut body = json!({ "message": script(json!([
+        {"tool": "shell", "args": {"command": command}},
+        {"say": say}
+    ])) });
+    if let Some(id) = chat_id {
+        body["chatId"] = json!(id);
+    }
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/assistant/chat/stream", up.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let chat_id = res.headers()["x-asbx-chat-id"].to_str().unwrap().to_owned();
+    let text = tokio::time::timeout(Duration::from_secs(240), res.bytes())
+        .await
+        .expect("the turn went on too long")
+        .unwrap();
+    let mut out = Settled {
+        chat_id,
+        stdout: String::new(),
+        answer: String::new(),
+        status: String::new(),
+    };
+    for event in Parser::new().push(&text) {
+        let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+        match event.event.as_str() {
+            "stdout" => out.stdout.push_str(data["chunk"].as_str().unwrap_or("")),
+            "result" => out.answer = data["message"].as_str().unwrap_or("").to_owned(),
+            "done" => out.status = data["status"].as_str().unwrap_or("").to_owned(),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The `sha256sum` line's hash of `name` in `out`.
+fn sum_of<'a>(out: &'a str, name: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.ends_with(&format!("  {name}")))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no sum of {name} in {out:?}"))
+}
+
+async fn chat_detail(up: &UpProc, chat_id: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}/api/assistant/chats/{chat_id}", up.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn blob_path(up: &UpProc, sha: &str) -> std::path::PathBuf {
+    up.data
+        .path()
+        .join("workspace/blobs")
+        .join(&sha[..2])
+        .join(&sha[2..])
+}
+
+#[tokio::test]
+async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
+    let up = UpProc::start(&[]);
+    // Turn 1: a repository, a source file, 5 MB of noise, a link out.
+    let first = turn(
+        &up,
+        None,
+        "if command -v git >/dev/null; then git init -q . && echo GIT_INIT; else echo NO_GIT; fi; \
+         mkdir -p src && printf 'print(1)\\n' > src/a.py && \
+         head -c 5242880 /dev/urandom > big.bin && ln -s /etc/shadow shadow && \
+         sha256sum big.bin src/a.py",
+        "made",
+    )
+    .await;
+    assert_eq!(first.status, "succeeded", "{}", first.stdout);
+    let has_git = first.stdout.contains("GIT_INIT");
+    if !has_git {
+        asbx_test_support::skip(
+            "a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded (git part)",
+            "git is not installed in the sandbox",
+        );
+    }
+    let big = sum_of(&first.stdout, "big.bin").to_owned();
+    let a1 = sum_of(&first.stdout, "src/a.py").to_owned();
+    let chat = first.chat_id.clone();
+    // Stored once, in the workspace's blob store.
+    assert!(blob_path(&up, &big).exists(), "big.bin's blob is stored");
+
+    // Turn 2: a fresh sandbox finds them byte for byte, and edits one.
+    let second = turn(
+        &up,
+        Some(&chat),
+        "sha256sum big.bin src/a.py; echo LINK=$(readlink shadow); \
+         cat shadow >/dev/null 2>&1 && echo SHADOW_READ || echo SHADOW_UNREADABLE; \
+         test -f .git/HEAD && echo HAS_GIT; printf 'print(2)\\n' > src/a.py",
+        "edited",
+    )
+    .await;
+    assert_eq!(second.status, "succeeded", "{}", second.stdout);
+    assert_eq!(sum_of(&second.stdout, "big.bin"), big);
+    assert_eq!(sum_of(&second.stdout, "src/a.py"), a1);
+    assert!(
+        second.stdout.contains("LINK=/etc/shadow"),
+        "{}",
+        second.stdout
+    );
+    assert!(
+        second.stdout.contains("SHADOW_UNREADABLE"),
+        "{}",
+        second.stdout
+    );
+    if has_git {
+        assert!(second.stdout.contains("HAS_GIT"), "{}", second.stdout);
+    }
+
+    // A fork after turn 1 finds turn 1's files, not turn 2's.
+    let messages = chat_detail(&up, &chat).await["messages"].clone();
+    let after_first = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .expect("turn 1's answer")["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let res = reqwest::Client::new()
+        .post(format!("{}/api/assistant/chats/{chat}/fork", up.url))
+        .json(&json!({ "afterMessageId": after_first }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let fork: Value = res.json().await.unwrap();
+    let fork_id = fork["id"].as_str().unwrap().to_owned();
+    assert_ne!(fork_id, chat);
+    let forked = chat_detail(&up, &fork_id).await;
+    assert_eq!(forked["messages"].as_array().unwrap().len(), 2, "{forked}");
+    let in_fork = turn(
+        &up,
+        Some(&fork_id),
+        "cat src/a.py; sha256sum big.bin",
+        "forked",
+    )
+    .await;
+    assert!(in_fork.stdout.contains("print(1)"), "{}", in_fork.stdout);
+    assert!(!in_fork.stdout.contains("print(2)"), "{}", in_fork.stdout);
+    assert_eq!(sum_of(&in_fork.stdout, "big.bin"), big);
+
+    // Turn 3: a hostile turn makes 20,000 files; the answer is kept, the
+    // directory is not (the edit of turn 2 stays).
+    let hostile = turn(
+        &up,
+        Some(&chat),
+        "cat src/a.py; mkdir many && cd many && seq 1 20000 | xargs touch && echo MADE",
+        "kept anyway",
+    )
+    .await;
+    assert_eq!(hostile.status, "succeeded", "{}", hostile.stdout);
+    assert_eq!(hostile.answer, "kept anyway");
+    assert!(hostile.stdout.contains("print(2)"), "{}", hostile.stdout);
+    assert!(hostile.stdout.contains("MADE"), "{}", hostile.stdout);
+
+    let after = turn(
+        &up,
+        Some(&chat),
+        "cat src/a.py; test -e many && echo MANY_KEPT || echo MANY_GONE",
+        "checked",
+    )
+    .await;
+    assert!(after.stdout.contains("print(2)"), "{}", after.stdout);
+    assert!(after.stdout.contains("MANY_GONE"), "{}", after.stdout);
+    // The refusal is told, with its reason.
+    let kept: Value = reqwest::Client::new()
+        .get(format!("{}/api/assistant/chats/{chat}/workdir", up.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let refused: Vec<&Value> = kept["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["status"] == "refused")
+        .collect();
+    assert_eq!(refused.len(), 1, "{kept}");
+    assert!(
+        refused[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("more than 10000 entries"),
+        "{kept}"
+    );
+
+    // Deleting the chat (and its fork, which shares them) frees its blobs.
+    let res = reqwest::Client::new()
+        .delete(format!("{}/api/assistant/chats/{fork_id}", up.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    assert!(blob_path(&up, &big).exists(), "still named by the chat");
+    let res = reqwest::Client::new()
+        .delete(format!("{}/api/assistant/chats/{chat}", up.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    assert!(!blob_path(&up, &big).exists(), "big.bin's blob is freed");
+}

@@ -5,9 +5,13 @@
 
 use std::sync::Arc;
 
+use std::collections::HashMap;
+
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sqlx::Row as _;
 
@@ -127,26 +131,7 @@ pub(crate) async fn fork(
     let chat = chats::get(&mut *tx, &chat_id, &caller.workspace_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
-    let after = sqlx::query(
-        "SELECT position, role, turn_id, created_at FROM messages WHERE id = $1 AND chat_id = $2",
-    )
-    .bind(&req.after_message_id)
-    .bind(&chat_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let not_assistant = || {
-        WorkspaceError::invalid_fields(vec![asbx_protocol::FieldError::new(
-            "afterMessageId",
-            "not an assistant message of this chat",
-        )])
-    };
-    let after = after.ok_or_else(not_assistant)?;
-    if after.try_get::<String, _>("role")? != "assistant" {
-        return Err(not_assistant());
-    }
-    let position: i64 = after.try_get("position")?;
-    let turn_id: Option<String> = after.try_get("turn_id")?;
-    let at: i64 = after.try_get("created_at")?;
+    let (position, from) = at_message(&mut tx, &chat_id, &req.after_message_id).await?;
     let id = crate::tokens::random_id();
     sqlx::query(
         "INSERT INTO chats (id, workspace_id, title, created_at, updated_at, forked_from, \
@@ -161,7 +146,7 @@ pub(crate) async fn fork(
     .execute(&mut *tx)
     .await?;
     copy_messages(&mut tx, &chat_id, &id, position).await?;
-    if let Some(from) = kept::at_turn(&mut *tx, &chat_id, turn_id.as_deref(), at).await? {
+    if let Some(from) = from {
         kept::copy(&mut tx, &from, &crate::tokens::random_id(), &id, now).await?;
     }
     tx.commit().await?;
@@ -169,6 +154,100 @@ pub(crate) async fn fork(
         .chat_events
         .emit(&caller.workspace_id, &id, None, "updated");
     Ok((StatusCode::CREATED, Json(Forked { id })))
+}
+
+/// The assistant message `message_id` of `chat_id`: its position, and
+/// the kept directory the chat had when its turn ended.
+async fn at_message(
+    conn: &mut sqlx::AnyConnection,
+    chat_id: &str,
+    message_id: &str,
+) -> Result<(i64, Option<String>), WorkspaceError> {
+    let after = sqlx::query(
+        "SELECT position, role, turn_id, created_at FROM messages WHERE id = $1 AND chat_id = $2",
+    )
+    .bind(message_id)
+    .bind(chat_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let not_assistant = || {
+        WorkspaceError::invalid_fields(vec![asbx_protocol::FieldError::new(
+            "afterMessageId",
+            "not an assistant message of this chat",
+        )])
+    };
+    let after = after.ok_or_else(not_assistant)?;
+    if after.try_get::<String, _>("role")? != "assistant" {
+        return Err(not_assistant());
+    }
+    let position: i64 = after.try_get("position")?;
+    let turn_id: Option<String> = after.try_get("turn_id")?;
+    let at: i64 = after.try_get("created_at")?;
+    let from = kept::at_turn(&mut *conn, chat_id, turn_id.as_deref(), at).await?;
+    Ok((position, from))
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/assistant/chats/{id}/workdir.tar",
+    tag = "chats",
+    security((), ("api_key" = []), ("session_cookie" = [])),
+    params(
+        ("id" = String, Path, description = "The chat id"),
+        ("afterMessageId" = Option<String>, Query, description = "The directory as that assistant message's turn left it (default: the latest)"),
+    ),
+    responses(
+        (status = 200, description = "The kept working directory as a tar archive, streamed", body = Vec<u8>, content_type = "application/x-tar"),
+        (status = 400, description = "`invalid_request`: not an assistant message of the chat", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 401, response = inline(doc::Unauthorized)),
+        (status = 404, response = inline(doc::ChatNotFound)),
+        (status = 409, description = "`conflict`: that directory's bytes are no longer kept", body = doc::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub(crate) async fn workdir_tar(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(chat_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, WorkspaceError> {
+    if let Some(k) = query.keys().find(|k| k.as_str() != "afterMessageId") {
+        return Err(WorkspaceError::invalid(format!(
+            "unknown query parameter {k}"
+        )));
+    }
+    let mut conn = state.store.pool().acquire().await?;
+    chats::get(&mut *conn, &chat_id, &caller.workspace_id)
+        .await?
+        .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;
+    let snapshot = match query.get("afterMessageId") {
+        Some(m) => match at_message(&mut conn, &chat_id, m).await?.1 {
+            Some(id) => kept::get(&mut *conn, &id).await?,
+            None => None,
+        },
+        None => kept::latest(&mut *conn, &chat_id).await?,
+    };
+    drop(conn);
+    let manifest = match snapshot {
+        None => Default::default(),
+        Some(s) if !s.restorable => {
+            return Err(WorkspaceError::Conflict(
+                "that working directory's bytes are no longer kept".into(),
+            ));
+        }
+        Some(s) => s.manifest.unwrap_or_default(),
+    };
+    let body = Body::from_stream(crate::workdir::tar::archive(state.blobs.clone(), manifest));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-tar"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"workdir.tar\"",
+            ),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 /// Copies the messages of `from` up to `position` into `to`, each with a

@@ -6,3 +6,4 @@
 
 pub(crate) mod api;
 pub(crate) mod store;
+pub(crate) mod tar;

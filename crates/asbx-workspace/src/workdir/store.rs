@@ -260,3 +260,17 @@ pub(crate) async fn copy(
     .await?;
     Ok(())
 }
+
+/// The snapshot `id`.
+pub(crate) async fn get<'c, E>(db: E, id: &str) -> Result<Option<Snapshot>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM workdir_snapshots s WHERE s.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}

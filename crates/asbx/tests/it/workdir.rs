@@ -78,6 +78,35 @@ async fn chat_detail(up: &UpProc, chat_id: &str) -> Value {
         .unwrap()
 }
 
+async fn workdir_tar(up: &UpProc, chat_id: &str, after: Option<&str>) -> Vec<u8> {
+    let mut url = format!("{}/api/assistant/chats/{chat_id}/workdir.tar", up.url);
+    if let Some(m) = after {
+        url.push_str(&format!("?afterMessageId={m}"));
+    }
+    let res = reqwest::get(url).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "application/x-tar");
+    res.bytes().await.unwrap().to_vec()
+}
+
+/// The names `tar -t` reads in an archive (the host's tar, when there is one).
+fn tar_list(archive: &[u8]) -> Vec<String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("tar")
+        .args(["-tf", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("tar");
+    child.stdin.take().unwrap().write_all(archive).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "tar -t failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 fn blob_path(up: &UpProc, sha: &str) -> std::path::PathBuf {
     up.data
         .path()
@@ -174,6 +203,16 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     assert!(in_fork.stdout.contains("print(1)"), "{}", in_fork.stdout);
     assert!(!in_fork.stdout.contains("print(2)"), "{}", in_fork.stdout);
     assert_eq!(sum_of(&in_fork.stdout, "big.bin"), big);
+
+    // The latest directory as a tar archive lists the files; turn 1's
+    // holds turn 1's bytes.
+    let tar = workdir_tar(&up, &chat, None).await;
+    let listing = tar_list(&tar);
+    for name in [".git/", "src/", "src/a.py", "big.bin", "shadow"] {
+        assert!(listing.contains(&name.to_owned()), "{name} in {listing:?}");
+    }
+    let first_tar = tar_list(&workdir_tar(&up, &chat, Some(&after_first)).await);
+    assert!(first_tar.contains(&"src/a.py".to_owned()), "{first_tar:?}");
 
     // Turn 3: a hostile turn makes 20,000 files; the answer is kept, the
     // directory is not (the edit of turn 2 stays).

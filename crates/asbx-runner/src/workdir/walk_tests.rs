@@ -1,3 +1,6 @@
+//! Tests of the host-side walk and restore: links kept as links, bounds,
+//! nothing written through a link, a restored file not read again.
+
 use std::os::unix::fs::{PermissionsExt, symlink};
 
 use asbx_protocol::workdir::WorkdirEntry;

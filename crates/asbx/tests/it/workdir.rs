@@ -193,6 +193,7 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     assert_ne!(fork_id, chat);
     let forked = chat_detail(&up, &fork_id).await;
     assert_eq!(forked["messages"].as_array().unwrap().len(), 2, "{forked}");
+    assert_eq!(forked["forkedFrom"], chat.as_str(), "{forked}");
     let in_fork = turn(
         &up,
         Some(&fork_id),

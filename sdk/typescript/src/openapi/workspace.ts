@@ -919,6 +919,8 @@ export interface components {
             activeTurnId?: string | null;
             /** Format: int64 */
             createdAt: number;
+            /** @description The chat this one was forked from (`POST .../fork`). */
+            forkedFrom?: string | null;
             id: string;
             title: string;
             /** Format: int64 */

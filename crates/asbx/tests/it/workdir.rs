@@ -3,7 +3,10 @@
 //! can): what turn 1 wrote, turn 2 finds byte for byte; a symlink to
 //! `/etc/shadow` comes back as a link and reads nothing of the host's; a
 //! hostile turn's 20,000 files are refused while its answer is kept and
-//! the turn before it stays; deleting the chat frees its blobs.
+//! the turn before it stays; a fork after turn 1 finds turn 1's files;
+//! `workdir.tar` lists them; deleting the chat frees its blobs. On
+//! PostgreSQL, a second workspace node restores what the first kept after
+//! the first is killed.
 
 use std::time::Duration;
 
@@ -21,7 +24,7 @@ struct Settled {
     status: String,
 }
 
-async fn turn(up: &UpProc, chat_id: Option<&str>, command: &str, say: &str) -> Settled {
+async fn turn(url: &str, chat_id: Option<&str>, command: &str, say: &str) -> Settled {
     let mut body = json!({ "message": script(json!([
         {"tool": "shell", "args": {"command": command}},
         {"say": say}
@@ -30,7 +33,7 @@ async fn turn(up: &UpProc, chat_id: Option<&str>, command: &str, say: &str) -> S
         body["chatId"] = json!(id);
     }
     let res = reqwest::Client::new()
-        .post(format!("{}/api/assistant/chat/stream", up.url))
+        .post(format!("{url}/api/assistant/chat/stream"))
         .json(&body)
         .send()
         .await
@@ -67,9 +70,9 @@ fn sum_of<'a>(out: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no sum of {name} in {out:?}"))
 }
 
-async fn chat_detail(up: &UpProc, chat_id: &str) -> Value {
+async fn chat_detail(url: &str, chat_id: &str) -> Value {
     reqwest::Client::new()
-        .get(format!("{}/api/assistant/chats/{chat_id}", up.url))
+        .get(format!("{url}/api/assistant/chats/{chat_id}"))
         .send()
         .await
         .unwrap()
@@ -78,8 +81,8 @@ async fn chat_detail(up: &UpProc, chat_id: &str) -> Value {
         .unwrap()
 }
 
-async fn workdir_tar(up: &UpProc, chat_id: &str, after: Option<&str>) -> Vec<u8> {
-    let mut url = format!("{}/api/assistant/chats/{chat_id}/workdir.tar", up.url);
+async fn workdir_tar(base: &str, chat_id: &str, after: Option<&str>) -> Vec<u8> {
+    let mut url = format!("{base}/api/assistant/chats/{chat_id}/workdir.tar");
     if let Some(m) = after {
         url.push_str(&format!("?afterMessageId={m}"));
     }
@@ -107,20 +110,79 @@ fn tar_list(archive: &[u8]) -> Vec<String> {
         .collect()
 }
 
-fn blob_path(up: &UpProc, sha: &str) -> std::path::PathBuf {
-    up.data
-        .path()
-        .join("workspace/blobs")
-        .join(&sha[..2])
-        .join(&sha[2..])
-}
-
 #[tokio::test]
 async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     let up = UpProc::start(&[]);
+    let folder = up.data.path().join("workspace/blobs");
+    let stored = move |sha: &str| folder.join(&sha[..2]).join(&sha[2..]).exists();
+    lives_on(&up.url, &up.url, &mut || {}, &stored).await;
+}
+
+/// The same on PostgreSQL, the blobs in the database.
+#[tokio::test]
+async fn a_chats_files_live_on_with_postgresql() {
+    let Ok(server) = std::env::var("ASBX_TEST_PG_URL") else {
+        asbx_test_support::skip(
+            "a_chats_files_live_on_with_postgresql",
+            "ASBX_TEST_PG_URL is not set",
+        );
+        return;
+    };
+    let db = PgDatabase::create(&server, "workdir");
+    let port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let listen = [
+        format!("127.0.0.1:{}", port()),
+        format!("127.0.0.1:{}", port()),
+    ];
+    let public = listen.clone().map(|l| format!("http://{l}"));
+    let token = hex::encode(rand::random::<[u8; 16]>());
+    let origins = public.join(",");
+    let runner = RunnerProc::start(&[
+        ("ASBX_RUNNER_TOKEN", token.as_str()),
+        ("ASBX_WORKSPACE_ORIGINS", origins.as_str()),
+    ]);
+    let node = |i: usize| {
+        WorkspaceProc::start(
+            &listen[i],
+            &[
+                ("DATABASE_URL", db.url.as_str()),
+                ("ASBX_SECRET_KEY", crate::harness::TEST_SECRET_KEY),
+                ("SANDBOX_URL", runner.url.as_str()),
+                ("ASBX_RUNNER_TOKEN", token.as_str()),
+                ("ASBX_PUBLIC_URL", public[i].as_str()),
+            ],
+        )
+    };
+    let mut a = node(0);
+    let b = node(1);
+    let stored = |sha: &str| {
+        db.query(&format!(
+            "SELECT COUNT(*) FROM blobs WHERE sha256 = '{sha}' AND complete = 1"
+        ))
+        .trim()
+            == "1"
+    };
+    // Turn 1 on node a, which then dies; node b restores what it kept.
+    lives_on(&a.url.clone(), &b.url, &mut || a.kill(), &stored).await;
+}
+
+/// Turn 1 through `first`, then `between`, the rest through `url`.
+async fn lives_on(
+    first: &str,
+    url: &str,
+    between: &mut dyn FnMut(),
+    stored: &dyn Fn(&str) -> bool,
+) {
     // Turn 1: a repository, a source file, 5 MB of noise, a link out.
+    let first_url = first;
     let first = turn(
-        &up,
+        first_url,
         None,
         "if command -v git >/dev/null; then git init -q . && echo GIT_INIT; else echo NO_GIT; fi; \
          mkdir -p src && printf 'print(1)\\n' > src/a.py && \
@@ -141,11 +203,12 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     let a1 = sum_of(&first.stdout, "src/a.py").to_owned();
     let chat = first.chat_id.clone();
     // Stored once, in the workspace's blob store.
-    assert!(blob_path(&up, &big).exists(), "big.bin's blob is stored");
+    assert!(stored(&big), "big.bin's blob is stored");
+    between();
 
     // Turn 2: a fresh sandbox finds them byte for byte, and edits one.
     let second = turn(
-        &up,
+        url,
         Some(&chat),
         "sha256sum big.bin src/a.py; echo LINK=$(readlink shadow); \
          cat shadow >/dev/null 2>&1 && echo SHADOW_READ || echo SHADOW_UNREADABLE; \
@@ -171,7 +234,7 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     }
 
     // A fork after turn 1 finds turn 1's files, not turn 2's.
-    let messages = chat_detail(&up, &chat).await["messages"].clone();
+    let messages = chat_detail(url, &chat).await["messages"].clone();
     let after_first = messages
         .as_array()
         .unwrap()
@@ -182,7 +245,7 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
         .unwrap()
         .to_owned();
     let res = reqwest::Client::new()
-        .post(format!("{}/api/assistant/chats/{chat}/fork", up.url))
+        .post(format!("{url}/api/assistant/chats/{chat}/fork"))
         .json(&json!({ "afterMessageId": after_first }))
         .send()
         .await
@@ -191,11 +254,11 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     let fork: Value = res.json().await.unwrap();
     let fork_id = fork["id"].as_str().unwrap().to_owned();
     assert_ne!(fork_id, chat);
-    let forked = chat_detail(&up, &fork_id).await;
+    let forked = chat_detail(url, &fork_id).await;
     assert_eq!(forked["messages"].as_array().unwrap().len(), 2, "{forked}");
     assert_eq!(forked["forkedFrom"], chat.as_str(), "{forked}");
     let in_fork = turn(
-        &up,
+        url,
         Some(&fork_id),
         "cat src/a.py; sha256sum big.bin",
         "forked",
@@ -207,18 +270,18 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
 
     // The latest directory as a tar archive lists the files; turn 1's
     // holds turn 1's bytes.
-    let tar = workdir_tar(&up, &chat, None).await;
+    let tar = workdir_tar(url, &chat, None).await;
     let listing = tar_list(&tar);
     for name in [".git/", "src/", "src/a.py", "big.bin", "shadow"] {
         assert!(listing.contains(&name.to_owned()), "{name} in {listing:?}");
     }
-    let first_tar = tar_list(&workdir_tar(&up, &chat, Some(&after_first)).await);
+    let first_tar = tar_list(&workdir_tar(url, &chat, Some(&after_first)).await);
     assert!(first_tar.contains(&"src/a.py".to_owned()), "{first_tar:?}");
 
     // Turn 3: a hostile turn makes 20,000 files; the answer is kept, the
     // directory is not (the edit of turn 2 stays).
     let hostile = turn(
-        &up,
+        url,
         Some(&chat),
         "cat src/a.py; mkdir many && cd many && seq 1 20000 | xargs touch && echo MADE",
         "kept anyway",
@@ -230,7 +293,7 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     assert!(hostile.stdout.contains("MADE"), "{}", hostile.stdout);
 
     let after = turn(
-        &up,
+        url,
         Some(&chat),
         "cat src/a.py; test -e many && echo MANY_KEPT || echo MANY_GONE",
         "checked",
@@ -240,7 +303,7 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
     assert!(after.stdout.contains("MANY_GONE"), "{}", after.stdout);
     // The refusal is told, with its reason.
     let kept: Value = reqwest::Client::new()
-        .get(format!("{}/api/assistant/chats/{chat}/workdir", up.url))
+        .get(format!("{url}/api/assistant/chats/{chat}/workdir"))
         .send()
         .await
         .unwrap()
@@ -264,17 +327,17 @@ async fn a_chats_files_live_on_between_turns_and_hostile_ones_are_bounded() {
 
     // Deleting the chat (and its fork, which shares them) frees its blobs.
     let res = reqwest::Client::new()
-        .delete(format!("{}/api/assistant/chats/{fork_id}", up.url))
+        .delete(format!("{url}/api/assistant/chats/{fork_id}"))
         .send()
         .await
         .unwrap();
     assert_eq!(res.status(), 204);
-    assert!(blob_path(&up, &big).exists(), "still named by the chat");
+    assert!(stored(&big), "still named by the chat");
     let res = reqwest::Client::new()
-        .delete(format!("{}/api/assistant/chats/{chat}", up.url))
+        .delete(format!("{url}/api/assistant/chats/{chat}"))
         .send()
         .await
         .unwrap();
     assert_eq!(res.status(), 204);
-    assert!(!blob_path(&up, &big).exists(), "big.bin's blob is freed");
+    assert!(!stored(&big), "big.bin's blob is freed");
 }

@@ -354,7 +354,7 @@ pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
         ))
         .routes(routes!(sandbox_api::api::read_file))
         .routes(routes!(sandbox_api::api::history))
-        .routes(routes!(chats::fork::list))
+        .routes(routes!(chats::fork::workdir))
         .routes(routes!(chats::fork::fork))
         .routes(routes!(chats::fork::workdir_tar))
         .routes(routes!(workdir::api::missing))

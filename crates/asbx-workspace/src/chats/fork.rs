@@ -76,7 +76,7 @@ pub(crate) struct KeptDirs {
         (status = 404, response = inline(doc::ChatNotFound)),
     ),
 )]
-pub(crate) async fn list(
+pub(crate) async fn workdir(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(chat_id): Path<String>,

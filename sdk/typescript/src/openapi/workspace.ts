@@ -197,7 +197,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["chats_list"];
+        get: operations["chats_workdir"];
         put?: never;
         post?: never;
         delete?: never;
@@ -2886,7 +2886,7 @@ export interface operations {
             };
         };
     };
-    chats_list: {
+    chats_workdir: {
         parameters: {
             query?: never;
             header?: never;

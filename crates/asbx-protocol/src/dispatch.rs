@@ -26,6 +26,8 @@ pub const DEFAULT_DETACH_GRACE_MS: u64 = 30_000;
 /// - `protocol`: 1 (default) or 2.
 /// - `session_id`: `^[A-Za-z0-9_-]{1,64}$`, chosen by the runner when absent.
 /// - `filter`, `client_tools`, `detach_grace_ms`, `encryption`: protocol 2 only.
+/// - `workdir`: keep the working directory (CONTRACT §11): capture it when
+///   the turn ends, and restore `workdir.restore` before the agent starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DispatchRequest {
@@ -47,6 +49,8 @@ pub struct DispatchRequest {
     pub detach_grace_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<EncryptionRequest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<crate::workdir::WorkdirDispatch>,
 }
 
 /// `encryption` of a dispatch (`docs/protocol.md` §4).
@@ -153,6 +157,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "client_tools",
     "detach_grace_ms",
     "encryption",
+    "workdir",
 ];
 
 impl DispatchRequest {
@@ -227,6 +232,9 @@ impl DispatchRequest {
         }
         if let Some(v) = map.get("encryption").filter(|v| !v.is_null()) {
             check_encryption(v, &mut errors);
+        }
+        if let Some(v) = map.get("workdir").filter(|v| !v.is_null()) {
+            check_workdir(v, &mut errors);
         }
         match map.get("detach_grace_ms") {
             None | Some(Value::Null) => {}
@@ -314,6 +322,24 @@ fn check_filter(v: &Value, errors: &mut Vec<FieldError>) {
             Some(t) if EventKind::parse(t).is_some() => {}
             _ => errors.push(FieldError::new(&field, format!("unknown line type {item}"))),
         }
+    }
+}
+
+fn check_workdir(v: &Value, errors: &mut Vec<FieldError>) {
+    let Some(obj) = v.as_object() else {
+        errors.push(FieldError::new("workdir", "must be an object"));
+        return;
+    };
+    check_token(obj, "token", true, errors);
+    match serde_json::from_value::<crate::workdir::WorkdirDispatch>(v.clone()) {
+        Ok(w) => {
+            if let Some(m) = &w.restore
+                && let Err(e) = m.check(w.max_entries)
+            {
+                errors.push(FieldError::new("workdir.restore", e));
+            }
+        }
+        Err(e) => errors.push(FieldError::new("workdir", e.to_string())),
     }
 }
 

@@ -21,6 +21,7 @@ pub mod rules;
 pub mod schema;
 pub mod session;
 pub mod sse;
+pub mod workdir;
 pub mod ws;
 
 pub use decode::{DecodeError, LineDecoder};

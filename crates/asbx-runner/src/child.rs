@@ -100,6 +100,11 @@ fn reap(pid: Pid, flags: WaitPidFlag) -> io::Result<Option<ExitStatus>> {
 }
 
 impl SandboxChild {
+    /// The supervisor's host pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// A spawned child, with all three stdio piped.
     pub(crate) fn spawned(mut child: tokio::process::Child) -> io::Result<Self> {
         let pid = child.id().unwrap_or(0);

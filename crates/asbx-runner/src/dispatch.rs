@@ -55,6 +55,17 @@ pub(crate) async fn start(
     Pool::refill(inner);
 
     let Booted { mut child, slot } = booted;
+    let workdir = match &req.workdir {
+        None => None,
+        Some(spec) => match open_workdir(inner, spec, req, &slot, &child).await {
+            Ok(w) => Some(w),
+            Err(e) => {
+                child.kill_tree().await;
+                let _ = slot.cleanup(inner).await;
+                return Err(RunnerError::Spawn(e));
+            }
+        },
+    };
     let gateway_stop = match connect(inner, session, req, &slot, &mut child, &trace) {
         Ok(g) => g,
         Err(e) => {
@@ -86,6 +97,7 @@ pub(crate) async fn start(
         },
         trace,
         bootstrap,
+        workdir,
     };
     let task_inner = Arc::clone(inner);
     let task_session = Arc::clone(session);
@@ -110,6 +122,32 @@ pub(crate) async fn start(
         },
         starting: Some(starting),
     })
+}
+
+/// Opens the sandbox's working directory and restores the dispatch's
+/// snapshot into it, before the agent gets its bootstrap (CONTRACT §11).
+async fn open_workdir(
+    inner: &Arc<Inner>,
+    spec: &asbx_protocol::workdir::WorkdirDispatch,
+    req: &DispatchRequest,
+    slot: &Slot,
+    child: &crate::child::SandboxChild,
+) -> Result<crate::workdir::Workdir, String> {
+    // A jail's `/work` belongs to its tool user and the shared group (the
+    // host ids the jail gives its copied folder).
+    let jailed = slot.tool_user.is_some();
+    let host_uid = slot.uid.host_uid();
+    let owner: crate::workdir::Owner = jailed.then_some((host_uid + 1, host_uid));
+    let mut w = crate::workdir::Workdir::open(
+        spec.clone(),
+        &req.agent_url,
+        inner.client.clone(),
+        jailed.then(|| child.pid()),
+        &slot.workdir,
+    )
+    .await?;
+    w.restore(owner).await?;
+    Ok(w)
 }
 
 /// The `POST /stream` answer: `lines` as an NDJSON body.

@@ -38,6 +38,7 @@ mod session;
 mod stamp;
 mod stderr;
 mod uids;
+mod workdir;
 mod ws;
 
 use std::sync::Arc;

@@ -275,7 +275,26 @@ function renderMessage(m) {
   }
   const node = assistantNode();
   m.content.forEach((b) => applyBlock(node, b));
+  if (m.id && state.chatId) node.append(forkButton(state.chatId, m.id));
   return node;
+}
+
+// "Fork from here": a new chat with the history up to this answer and the
+// working directory as its turn left it (POST /api/assistant/chats/{id}/fork).
+function forkButton(chatId, messageId) {
+  const b = el("button", "fork", "fork from here");
+  b.type = "button";
+  b.addEventListener("click", async () => {
+    try {
+      const forked = await api("/api/assistant/chats/" + encodeURIComponent(chatId) + "/fork", {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ afterMessageId: messageId }),
+      });
+      openChat(forked.id);
+    } catch (e) { showStatus(e.message, true); }
+  });
+  return b;
 }
 
 function scrollDown() { const t = $("thread"); t.scrollTop = t.scrollHeight; }
@@ -316,6 +335,13 @@ async function openChat(id) {
   try { chat = await api("/api/assistant/chats/" + encodeURIComponent(id)); }
   catch (e) { showStatus(e.message, true); state.chatId = null; return; }
   $("chat-title").textContent = chat.title;
+  if (chat.forkedFrom) {
+    const from = chat.forkedFrom;
+    const a = el("a", "forked-from", " (forked from another chat)");
+    a.href = "#chat=" + from;
+    a.addEventListener("click", (e) => { e.preventDefault(); openChat(from); });
+    $("chat-title").append(a);
+  }
   showSettings(chat.settings || {});
   chat.messages.forEach((m) => $("thread").append(renderMessage(m)));
   showEarlier(id, chat.before);

@@ -43,6 +43,7 @@ mod environments;
 mod files;
 mod runs;
 mod sandbox_api;
+mod workdir;
 
 use std::sync::Arc;
 
@@ -407,4 +408,13 @@ pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
         ))
         .routes(routes!(sandbox_api::api::read_file))
         .routes(routes!(sandbox_api::api::history))
+        .routes(routes!(chats::fork::workdir))
+        .routes(routes!(chats::fork::fork))
+        .routes(routes!(chats::fork::workdir_tar))
+        .routes(routes!(workdir::api::missing))
+        .routes(limited(
+            routes!(workdir::api::put_blob, workdir::api::get_blob),
+            workdir::api::MAX_BLOB_BYTES,
+        ))
+        .routes(routes!(workdir::api::snapshot))
 }

@@ -363,6 +363,9 @@ pub(crate) struct ChatSummary {
     pub updated_at: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_turn_id: Option<String>,
+    /// The chat this one was forked from (`POST .../fork`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
 }
 
 /// One chat: its thread, its bag and its settings.

@@ -355,6 +355,34 @@ export class Chats {
   }
 
   /**
+   * Forks a chat after one of its assistant messages: a new chat with the
+   * history up to it and the working directory as that turn left it.
+   */
+  async fork(id: string, afterMessageId: string): Promise<string> {
+    const forked: { id: string } = await this.client.json(
+      "POST",
+      `/api/assistant/chats/${encodeURIComponent(id)}/fork`,
+      { json: { afterMessageId } },
+    );
+    return forked.id;
+  }
+
+  /**
+   * The chat's kept working directory as a tar archive, streamed: the
+   * latest, or as the turn of `afterMessageId` left it.
+   */
+  async workdirTar(id: string, afterMessageId?: string): Promise<ReadableStream<Uint8Array>> {
+    const qs = afterMessageId ? `?afterMessageId=${encodeURIComponent(afterMessageId)}` : "";
+    const res = await this.client.request(
+      "GET",
+      `/api/assistant/chats/${encodeURIComponent(id)}/workdir.tar${qs}`,
+      { accept: "application/x-tar" },
+    );
+    if (!res.body) throw new Error("workdir.tar: the answer has no body");
+    return res.body;
+  }
+
+  /**
    * Uploads an attachment (`POST /api/assistant/files`, at most 16 MiB);
    * pass its `id` in a turn's `attachmentIds`.
    */

@@ -54,6 +54,8 @@ pub(crate) struct Drive {
     /// bootstrap child, ended by the agent's first line.
     pub(crate) trace: tracing::Span,
     pub(crate) bootstrap: Option<tracing::Span>,
+    /// The working directory to capture when the turn ends (CONTRACT §11).
+    pub(crate) workdir: Option<crate::workdir::Workdir>,
 }
 
 /// The outcome handed back for teardown.
@@ -76,6 +78,7 @@ impl Drive {
             session_limits,
             trace,
             bootstrap,
+            workdir,
         } = self;
         let mut st = State::new(
             &session,
@@ -98,6 +101,9 @@ impl Drive {
             None => End::Crashed,
         };
         let status = sandbox_ended(end, &mut child).await;
+        if let Some(w) = workdir {
+            keep_workdir(end, w, &mut child, &session.id).await;
+        }
         // The supervisor may still hold stderr: what the sandbox wrote is
         // in the pipe by now.
         let captured = stderr.finish().await;
@@ -120,6 +126,23 @@ async fn sandbox_ended(end: End, child: &mut SandboxChild) -> Option<std::proces
             Err(_) => child.kill_tree().await,
         },
         None => child.kill_tree().await,
+    }
+}
+
+/// A turn that ended on its own (`result`, or the agent's `error` after
+/// it may have written) keeps its working directory: captured once the
+/// sandbox's processes are gone, before the end goes out, so the
+/// workspace has the snapshot when it learns the turn ended. A cancelled,
+/// capped or crashed turn keeps the previous one.
+async fn keep_workdir(end: End, w: crate::workdir::Workdir, child: &mut SandboxChild, id: &str) {
+    match end {
+        End::Result | End::AgentError => {
+            reap(child).await;
+            if let Err(e) = w.capture_and_send().await {
+                tracing::warn!(session = %id, error = %e, "the working directory was not kept");
+            }
+        }
+        End::Crashed | End::Cancelled(_) | End::Cap => {}
     }
 }
 

@@ -253,6 +253,11 @@ pub(crate) async fn delete(
         crate::files::store::blobs_of_chat(state.store.pool(), &chat_id, &caller.workspace_id)
             .await?;
     state.blobs.free_all(blobs).await;
+    // And its kept working directories (CONTRACT §11).
+    let mut tx = state.store.pool().begin().await?;
+    let kept = crate::workdir::store::delete_chat(&mut tx, &chat_id).await?;
+    tx.commit().await?;
+    state.blobs.free_all(kept).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

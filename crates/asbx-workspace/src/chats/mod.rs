@@ -7,12 +7,14 @@
 //! attach to, their buffered SSE frames), `stored` (a turn's lines on their
 //! way to the store), `lease` (the lease: its guard, renewal, takeover and
 //! SQL), `remote` (another node's turn, replayed), `messages` (the step
-//! trace), `store` and `view` (the chats and threads).
+//! trace), `store` and `view` (the chats and threads), `fork` (the kept working
+//! directories and forks, CONTRACT §11).
 //!
 //! Uses `runs` (a turn is a run of kind `chat`) and `files` (the bag).
 
 pub(crate) mod api;
 pub(crate) mod driver;
+pub(crate) mod fork;
 pub(crate) mod frames;
 pub(crate) mod lease;
 pub(crate) mod live;

@@ -19,6 +19,8 @@ pub(crate) struct ChatRow {
     pub lease_expires_at: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// The chat this one was forked from (CONTRACT §11).
+    pub forked_from: Option<String>,
 }
 
 impl ChatRow {
@@ -32,7 +34,7 @@ impl ChatRow {
 }
 
 pub(crate) const COLUMNS: &str =
-    "id, workspace_id, title, lease_turn_id, lease_expires_at, created_at, updated_at";
+    "id, workspace_id, title, lease_turn_id, lease_expires_at, created_at, updated_at, forked_from";
 
 /// Whether the turn's assistant message is stored.
 pub(crate) async fn has_assistant_message<'c, E>(
@@ -315,5 +317,6 @@ pub(crate) fn from_row(r: &AnyRow) -> Result<ChatRow, WorkspaceError> {
         lease_expires_at: r.try_get("lease_expires_at")?,
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
+        forked_from: r.try_get("forked_from")?,
     })
 }

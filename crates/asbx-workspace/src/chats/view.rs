@@ -26,6 +26,7 @@ fn summary(c: &ChatRow, now_ms: i64) -> ChatSummary {
         created_at: c.created_at,
         updated_at: c.updated_at,
         active_turn_id: c.active_turn(now_ms).map(str::to_owned),
+        forked_from: c.forked_from.clone(),
     }
 }
 

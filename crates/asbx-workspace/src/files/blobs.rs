@@ -188,6 +188,19 @@ impl BlobStore {
         }
     }
 
+    /// The pin of a blob a turn's working directory sent (`session_id`).
+    pub(crate) fn workdir_pin(session_id: &str) -> String {
+        format!("wd:{session_id}:{}", crate::tokens::random_id())
+    }
+
+    /// Unpins every blob a turn's working directory sent, its snapshot row
+    /// now stored (or refused). A failure is logged: the pins expire.
+    pub(crate) async fn release_workdir(&self, session_id: &str) {
+        if let Err(e) = pins::release_workdir(&self.pool, session_id).await {
+            tracing::warn!(error = %e, session = %session_id, "could not unpin a working directory's blobs; their pins expire");
+        }
+    }
+
     /// Frees the blob `sha` unless a live file row or a pin refers to it;
     /// whether it was freed.
     pub(crate) async fn free(&self, sha: &str) -> Result<bool, WorkspaceError> {
@@ -302,7 +315,22 @@ impl BlobStore {
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
-        let pin = crate::tokens::random_id();
+        self.put_stream_as(body, limit, crate::tokens::random_id())
+            .await
+    }
+
+    /// [`BlobStore::put_stream`], pinned as `pin` (a working directory's
+    /// blobs are unpinned together, [`BlobStore::release_workdir`]).
+    pub(crate) async fn put_stream_as<S, E>(
+        &self,
+        body: S,
+        limit: usize,
+        pin: String,
+    ) -> Result<Stored, WorkspaceError>
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
         let (sha256, size) = match &self.inner {
             Inner::Dir(d) => {
                 let (sha, size, tmp) = d.put_stream(body, limit).await?;
@@ -312,6 +340,16 @@ impl BlobStore {
             Inner::Db(d, _) => d.put_stream(body, limit, &pin).await?,
         };
         Ok(Stored { sha256, size, pin })
+    }
+
+    /// Whether the blob `sha` (checked by the caller) is stored.
+    pub(crate) async fn has(&self, sha: &str) -> Result<bool, WorkspaceError> {
+        Ok(match &self.inner {
+            Inner::Dir(d) => d.has(sha).await,
+            Inner::Db(d, earlier) => {
+                d.has(sha).await? || matches!(earlier, Some(f) if f.has(sha).await)
+            }
+        })
     }
 
     /// Opens a blob for reading.

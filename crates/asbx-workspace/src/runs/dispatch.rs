@@ -189,6 +189,8 @@ pub(crate) async fn route(state: &AppState, sandbox_url: &Url) -> Route {
 /// tokens, which only its dispatch carries.
 pub(crate) struct Recorded {
     minted: [(TokenKind, tokens::Minted); 3],
+    /// A chat turn's working-directory token (CONTRACT §11).
+    workdir: Option<tokens::Minted>,
 }
 
 /// Stores the run's row and the hashes of its freshly minted tokens on
@@ -239,7 +241,34 @@ pub(crate) async fn record(
     .await?;
     let rows = minted.each_ref().map(|(kind, m)| (*kind, m));
     token_store::insert_all(&mut *conn, &rows, &spec.id, cap_ms, now).await?;
-    Ok(Recorded { minted })
+    let workdir = match (spec.kind, &spec.chat_id) {
+        (RunKind::Chat, Some(_)) => {
+            let m = tokens::mint(tokens::WORKDIR_PREFIX);
+            token_store::insert(&mut *conn, &m, TokenKind::Workdir, &spec.id, cap_ms, now).await?;
+            Some(m)
+        }
+        _ => None,
+    };
+    Ok(Recorded { minted, workdir })
+}
+
+/// A chat turn's `workdir`: its token and the chat's latest kept
+/// directory to restore (none when it is empty: no restore to pay for).
+async fn workdir_dispatch(
+    state: &AppState,
+    chat_id: &str,
+    token: tokens::Minted,
+) -> Result<asbx_protocol::workdir::WorkdirDispatch, WorkspaceError> {
+    let latest = crate::workdir::store::latest(state.store.pool(), chat_id).await?;
+    let restore = latest
+        .and_then(|s| s.manifest.filter(|_| s.restorable))
+        .filter(|m| !m.entries.is_empty());
+    Ok(asbx_protocol::workdir::WorkdirDispatch {
+        token: token.plaintext,
+        restore,
+        max_entries: asbx_protocol::workdir::DEFAULT_MAX_ENTRIES,
+        max_bytes: asbx_protocol::workdir::DEFAULT_MAX_BYTES,
+    })
 }
 
 /// Posts the dispatch of a run [`record`]ed and committed, to the first of
@@ -255,6 +284,10 @@ pub(crate) async fn post(
         candidates, fleet, ..
     } = route;
     let [(_, setup), (_, run), (_, upload)] = recorded.minted;
+    let workdir = match (recorded.workdir, &spec.chat_id) {
+        (Some(token), Some(chat_id)) => Some(workdir_dispatch(state, chat_id, token).await?),
+        _ => None,
+    };
     let request = DispatchRequest {
         agent_url: agent_url(&state.config.public_url, &spec.id),
         otp_setup: setup.plaintext,
@@ -272,6 +305,7 @@ pub(crate) async fn post(
             RunKind::Run | RunKind::Agent => 0,
         }),
         encryption: options.encryption.clone(),
+        workdir,
     };
     let response = send(state, &spec.id, &candidates, fleet.as_deref(), &request).await?;
     drop(request);

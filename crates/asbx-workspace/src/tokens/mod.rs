@@ -19,6 +19,8 @@ pub(crate) const OTP_PREFIX: &str = "asbx_otp_";
 /// Prefix of a session's in-sandbox workspace API bearer
 /// (`EnvResponse.workspace.token`, docs/protocol.md §3).
 pub(crate) const WORKSPACE_PREFIX: &str = "asbx_ws_";
+/// Prefix of a dispatch's working-directory token (runner only).
+pub(crate) const WORKDIR_PREFIX: &str = "asbx_wd_";
 
 /// How long after its runtime cap a run's tokens stay valid: the runner
 /// ends a sandbox at its cap, so nothing legitimate calls back later.
@@ -36,6 +38,10 @@ pub(crate) enum TokenKind {
     /// `{agent_url}/workspace/...`, any number of times until the run
     /// settles (minted when `/env` is redeemed).
     Workspace,
+    /// The runner's `{agent_url}/workdir/...` (CONTRACT §11), any number
+    /// of times until the run settles; a chat turn's dispatch carries it
+    /// and the runner never hands it to the sandbox.
+    Workdir,
 }
 
 impl TokenKind {
@@ -49,6 +55,7 @@ impl TokenKind {
             TokenKind::Run => "run",
             TokenKind::Upload => "upload",
             TokenKind::Workspace => "workspace",
+            TokenKind::Workdir => "workdir",
         }
     }
 
@@ -62,7 +69,9 @@ impl TokenKind {
         let run_can = cap_ms.saturating_add(CAP_GRACE_MS);
         let ms = match self {
             TokenKind::Setup => SETUP_TOKEN_TTL_SECS.saturating_mul(1000).min(run_can),
-            TokenKind::Run | TokenKind::Upload | TokenKind::Workspace => run_can,
+            TokenKind::Run | TokenKind::Upload | TokenKind::Workspace | TokenKind::Workdir => {
+                run_can
+            }
         };
         i64::try_from(ms).unwrap_or(i64::MAX)
     }

@@ -136,13 +136,27 @@ pub(crate) async fn workspace_bearer<'c, E>(
 where
     E: Executor<'c, Database = Any>,
 {
+    bearer_of(db, TokenKind::Workspace, hash, session_id, now_ms).await
+}
+
+/// [`workspace_bearer`] for a token of `kind` (not spent by use).
+pub(crate) async fn bearer_of<'c, E>(
+    db: E,
+    kind: TokenKind,
+    hash: &str,
+    session_id: &str,
+    now_ms: i64,
+) -> Result<Option<(String, Option<String>)>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
     let row = sqlx::query(
         "SELECT r.workspace_id, r.chat_id FROM tokens t JOIN runs r ON r.id = t.session_id \
          WHERE t.hash = $1 AND t.kind = $2 AND t.session_id = $3 AND t.used_at IS NULL \
          AND t.expires_at > $4 AND r.status = 'running'",
     )
     .bind(hash)
-    .bind(TokenKind::Workspace.as_str())
+    .bind(kind.as_str())
     .bind(session_id)
     .bind(now_ms)
     .fetch_optional(db)

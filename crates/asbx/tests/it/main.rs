@@ -33,4 +33,5 @@ mod tidy;
 mod tool_kill;
 mod traces;
 mod web_security;
+mod workdir;
 mod ws;

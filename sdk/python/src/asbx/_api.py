@@ -173,6 +173,27 @@ def delete_chat(chat_id: str) -> Call[None]:
     return Call("DELETE", f"/api/assistant/chats/{seg(chat_id)}", _none)
 
 
+def fork_chat(chat_id: str, after_message_id: str) -> Call[str]:
+    def parse(a: Answer) -> str:
+        return str(_object(a)["id"])
+
+    return Call(
+        "POST",
+        f"/api/assistant/chats/{seg(chat_id)}/fork",
+        parse,
+        json={"afterMessageId": after_message_id},
+    )
+
+
+def chat_workdir_tar(chat_id: str, after_message_id: str | None) -> Call[bytes]:
+    def parse(a: Answer) -> bytes:
+        check_status(a.status, a.body)
+        return a.body
+
+    params = {"afterMessageId": after_message_id} if after_message_id is not None else None
+    return Call("GET", f"/api/assistant/chats/{seg(chat_id)}/workdir.tar", parse, params=params)
+
+
 def cancel_chat(chat_id: str) -> Call[None]:
     return Call("POST", f"/api/assistant/chats/{seg(chat_id)}/cancel", _none)
 

@@ -337,6 +337,14 @@ class AsyncChats:
         """Asks the runner to end the chat's turn in flight."""
         await self._client._call(_api.cancel_chat(chat_id))
 
+    async def fork(self, chat_id: str, after_message_id: str) -> str:
+        """A new chat with the history up to an assistant message and the working directory its turn left; its id."""
+        return await self._client._call(_api.fork_chat(chat_id, after_message_id))
+
+    async def workdir_tar(self, chat_id: str, after_message_id: str | None = None) -> bytes:
+        """The chat's kept working directory as a tar archive (the latest, or as an assistant message's turn left it)."""
+        return await self._client._call(_api.chat_workdir_tar(chat_id, after_message_id))
+
     async def update_settings(self, chat_id: str, settings: ChatSettings) -> ChatSettingsView:
         """Stores a chat's settings; answers them with `effective`."""
         return await self._client._call(_api.update_chat_settings(chat_id, settings))

@@ -227,6 +227,8 @@ export interface components {
          *     - `protocol`: 1 (default) or 2.
          *     - `session_id`: `^[A-Za-z0-9_-]{1,64}$`, chosen by the runner when absent.
          *     - `filter`, `client_tools`, `detach_grace_ms`, `encryption`: protocol 2 only.
+         *     - `workdir`: keep the working directory (CONTRACT §11): capture it when
+         *       the turn ends, and restore `workdir.restore` before the agent starts.
          */
         DispatchRequest: {
             agent_url: string;
@@ -242,6 +244,7 @@ export interface components {
             /** @default 1 */
             protocol: components["schemas"]["Protocol"];
             session_id?: string | null;
+            workdir?: components["schemas"]["WorkdirDispatch"] | null;
         };
         /**
          * @description The server half of the end-to-end encryption handshake (protocol 2,
@@ -581,6 +584,64 @@ export interface components {
             error?: string | null;
             /** @description The tool's result, any JSON value. */
             result?: unknown;
+        };
+        /**
+         * @description `workdir` of a dispatch: the runner captures the sandbox's working
+         *     directory when the turn ends and, with `restore`, starts it from that.
+         *
+         *     - `token`: the bearer of the `workdir/...` routes ([`routes`]).
+         *     - `restore`: the directory to restore before the agent starts.
+         *     - `max_entries`, `max_bytes`: the capture's bounds.
+         */
+        WorkdirDispatch: {
+            /**
+             * Format: uint64
+             * @default 1073741824
+             */
+            max_bytes: number;
+            /**
+             * Format: uint
+             * @default 10000
+             */
+            max_entries: number;
+            restore?: components["schemas"]["WorkdirManifest"] | null;
+            token: string;
+        };
+        /**
+         * @description One entry of a working directory.
+         *
+         *     - `path`: relative, `/`-separated ([`check_path`]).
+         *     - `mode`: the permission bits (`0o7777` masked to `0o777`).
+         *     - `size`, `sha256`: a regular file's length and hex SHA-256.
+         *     - `target`: a symlink's target, kept as text.
+         */
+        WorkdirEntry: components["schemas"]["WorkdirEntryDir"] | components["schemas"]["WorkdirEntryFile"] | components["schemas"]["WorkdirEntrySymlink"];
+        WorkdirEntryDir: {
+            /** @constant */
+            kind: "dir";
+            /** Format: uint32 */
+            mode: number;
+            path: string;
+        };
+        WorkdirEntryFile: {
+            /** @constant */
+            kind: "file";
+            /** Format: uint32 */
+            mode: number;
+            path: string;
+            sha256: string;
+            /** Format: uint64 */
+            size: number;
+        };
+        WorkdirEntrySymlink: {
+            /** @constant */
+            kind: "symlink";
+            path: string;
+            target: string;
+        };
+        /** @description A working directory: parents listed before their children. */
+        WorkdirManifest: {
+            entries: components["schemas"]["WorkdirEntry"][];
         };
     };
     responses: never;

@@ -137,6 +137,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/assistant/chats/{id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["chats_fork"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/assistant/chats/{id}/settings": {
         parameters: {
             query?: never;
@@ -166,6 +182,38 @@ export interface paths {
          *     after `Last-Event-ID` (or `?after=N`).
          */
         get: operations["chats_resume"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/assistant/chats/{id}/workdir": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["chats_workdir"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/assistant/chats/{id}/workdir.tar": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["chats_workdir_tar"];
         put?: never;
         post?: never;
         delete?: never;
@@ -278,6 +326,54 @@ export interface paths {
          *     body is never buffered. The body is read only for a redeemable token.
          */
         post: operations["callbacks_results"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/assistant/sandbox/{session_id}/workdir/blobs/{sha256}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["callbacks_get_blob"];
+        put: operations["callbacks_put_blob"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/assistant/sandbox/{session_id}/workdir/missing": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["callbacks_missing"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/assistant/sandbox/{session_id}/workdir/snapshot": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["callbacks_snapshot"];
         delete?: never;
         options?: never;
         head?: never;
@@ -844,6 +940,8 @@ export interface components {
             activeTurnId?: string | null;
             /** Format: int64 */
             createdAt: number;
+            /** @description The chat this one was forked from (`POST .../fork`). */
+            forkedFrom?: string | null;
             id: string;
             title: string;
             /** Format: int64 */
@@ -1110,9 +1208,41 @@ export interface components {
             size: number;
             url: string;
         };
+        /** @description `POST /api/assistant/chats/{id}/fork`. */
+        ForkRequest: {
+            /** @description An assistant message of the chat: the fork's history ends with it. */
+            afterMessageId: string;
+        };
+        /** @description The new chat (`201`). */
+        Forked: {
+            id: string;
+        };
         /** @description `GET /healthz`. */
         Health: {
             status: string;
+        };
+        /** @description One turn's kept working directory, or why it was not kept. */
+        KeptDir: {
+            /** Format: int64 */
+            bytes: number;
+            /** Format: int64 */
+            createdAt: number;
+            /** Format: int64 */
+            entries: number;
+            /** @description Why it was refused. */
+            error?: string | null;
+            id: string;
+            /** @description Whether its bytes are still kept (older turns keep their list only). */
+            restorable: boolean;
+            /** @description The turn (run) that left it; none for a fork's copy. */
+            runId?: string | null;
+            /** @description `kept` or `refused`. */
+            status: string;
+        };
+        /** @description `GET /api/assistant/chats/{id}/workdir`. */
+        KeptDirs: {
+            /** @description Oldest first. */
+            snapshots: components["schemas"]["KeptDir"][];
         };
         /**
          * @description `EnvResponse.injected_secrets`: one secret the egress proxy sets as
@@ -2586,6 +2716,87 @@ export interface operations {
             };
         };
     };
+    chats_fork: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The chat id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description The new chat */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Forked"];
+                };
+            };
+            /** @description `invalid_request`: not an assistant message of the chat */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `not_found`: no such chat in the caller's workspace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     chats_put_chat_settings: {
         parameters: {
             query?: never;
@@ -2755,6 +2966,163 @@ export interface operations {
             };
             /** @description `not_found`: no turn in flight in this chat */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    chats_workdir: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The chat id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description What each turn's working directory kept, or why not */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeptDirs"];
+                };
+            };
+            /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `not_found`: no such chat in the caller's workspace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    chats_workdir_tar: {
+        parameters: {
+            query?: {
+                /** @description The directory as that assistant message's turn left it (default: the latest) */
+                afterMessageId?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The chat id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The kept working directory as a tar archive, streamed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-tar": number[];
+                };
+            };
+            /** @description `invalid_request`: not an assistant message of the chat */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `not_found`: no such chat in the caller's workspace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `conflict`: that directory's bytes are no longer kept */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3216,6 +3584,283 @@ export interface operations {
             };
             /** @description `unsupported_media_type`: the body is not `application/json` */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    callbacks_get_blob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run id */
+                session_id: string;
+                /** @description A blob the chat's kept directories name */
+                sha256: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The bytes */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": number[];
+                };
+            };
+            /** @description Not the run's workdir token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No kept directory of the chat names it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    callbacks_put_blob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run id */
+                session_id: string;
+                /** @description The bytes' SHA-256, checked */
+                sha256: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/octet-stream": number[];
+            };
+        };
+        responses: {
+            /** @description Stored */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description The bytes' SHA-256 is another */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not the run's workdir token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    callbacks_missing: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run id */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        /** @description `{"hashes": [sha256, ..]}` */
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description `{"missing": [..]}`: the hashes the workspace lacks */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": Record<string, never>;
+                };
+            };
+            /** @description Not the run's workdir token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    callbacks_snapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run id */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        /** @description `{"manifest": {..}}` or `{"error": ".."}` */
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Kept */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A bad manifest, or a blob it names is not stored */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not the run's workdir token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -273,7 +273,8 @@ impl DbBlobs {
     pub(super) async fn unreferenced(&self) -> Result<Vec<String>, WorkspaceError> {
         let rows = sqlx::query(
             "SELECT sha256 FROM blobs WHERE complete = 1 AND NOT EXISTS \
-             (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256 AND files.deleted_at IS NULL)",
+             (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256 AND files.deleted_at IS NULL) \
+             AND NOT EXISTS (SELECT 1 FROM workdir_blobs w WHERE w.sha256 = blobs.sha256)",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -336,6 +337,11 @@ impl DbBlobs {
             .rows_affected();
         tx.commit().await?;
         Ok(gone)
+    }
+
+    /// Whether the blob is stored (complete).
+    pub(super) async fn has(&self, sha: &str) -> Result<bool, WorkspaceError> {
+        Ok(self.size_of(sha).await?.is_some())
     }
 
     /// Opens a stored blob for reading, chunk by chunk; `None` when it is

@@ -181,6 +181,13 @@ impl DirBlobs {
             .map_err(|e| WorkspaceError::io(&path, e))
     }
 
+    /// Whether the blob is stored.
+    pub(super) async fn has(&self, sha: &str) -> bool {
+        tokio::fs::try_exists(self.path_of(sha))
+            .await
+            .unwrap_or(false)
+    }
+
     fn path_of(&self, sha: &str) -> PathBuf {
         let (a, rest) = sha.split_at(2.min(sha.len()));
         self.root.join(a).join(rest)

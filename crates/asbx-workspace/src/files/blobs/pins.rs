@@ -32,7 +32,25 @@ pub(super) async fn release(pool: &AnyPool, pin: &str) -> Result<(), WorkspaceEr
     Ok(())
 }
 
-/// Whether a live file row, or a pin made at or after `pinned_since`
+/// Removes the pins of the blobs session `session_id`'s working
+/// directory sent (`wd:{session_id}:...`, `BlobStore::workdir_pin`).
+pub(super) async fn release_workdir(
+    pool: &AnyPool,
+    session_id: &str,
+) -> Result<(), WorkspaceError> {
+    let escaped = session_id
+        .replace('\\', "\\\\")
+        .replace('_', "\\_")
+        .replace('%', "\\%");
+    sqlx::query("DELETE FROM blob_pins WHERE id LIKE $1 ESCAPE '\\'")
+        .bind(format!("wd:{escaped}:%"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Whether a live file row, a kept working directory (`workdir_blobs`),
+/// or a pin made at or after `pinned_since`
 /// (epoch ms), refers to the blob `sha`.
 pub(super) async fn referenced<'c, E>(
     db: E,
@@ -44,7 +62,8 @@ where
 {
     let row = sqlx::query(
         "SELECT (SELECT COUNT(*) FROM files WHERE sha256 = $1 AND deleted_at IS NULL) \
-         + (SELECT COUNT(*) FROM blob_pins WHERE sha256 = $1 AND created_at >= $2)",
+         + (SELECT COUNT(*) FROM blob_pins WHERE sha256 = $1 AND created_at >= $2) \
+         + (SELECT COUNT(*) FROM workdir_blobs WHERE sha256 = $1)",
     )
     .bind(sha)
     .bind(pinned_since)
@@ -62,12 +81,15 @@ pub(super) async fn prune(pool: &AnyPool, before: i64) -> Result<u64, WorkspaceE
     Ok(done.rows_affected())
 }
 
-/// The blobs live file rows refer to (a sweep's first cut; freeing checks
+/// The blobs live file rows and kept working directories refer to (a sweep's first cut; freeing checks
 /// each candidate again).
 pub(super) async fn live_files(pool: &AnyPool) -> Result<HashSet<String>, WorkspaceError> {
-    let rows = sqlx::query("SELECT DISTINCT sha256 FROM files WHERE deleted_at IS NULL")
-        .fetch_all(pool)
-        .await?;
+    let rows = sqlx::query(
+        "SELECT sha256 FROM files WHERE deleted_at IS NULL \
+         UNION SELECT sha256 FROM workdir_blobs",
+    )
+    .fetch_all(pool)
+    .await?;
     rows.iter()
         .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
         .collect()

@@ -73,6 +73,8 @@ use crate::runner_url;
 /// - `blob_store`: where the file bag's bytes live (`ASBX_BLOB_STORE`);
 ///   `None`: [`BlobBackend::Dir`] on SQLite, [`BlobBackend::Db`] on
 ///   PostgreSQL, so nodes sharing a database share the files too.
+/// - `queue_wait`: the longest a dispatch waits for its fair share of the
+///   fleet (`quota::fair`) before `429 quota_exceeded`.
 /// - `quotas`: each quota's default for every workspace (`ASBX_QUOTA_*`,
 ///   `None` unlimited); a workspace's override (`asbx quota set`) wins.
 #[derive(Clone)]
@@ -98,6 +100,7 @@ pub struct WorkspaceConfig {
     pub secret_key: Option<String>,
     pub secret_key_old: Option<String>,
     pub quotas: QuotaDefaults,
+    pub queue_wait: Duration,
 }
 
 impl WorkspaceConfig {
@@ -125,6 +128,7 @@ impl WorkspaceConfig {
             secret_key: None,
             secret_key_old: None,
             quotas: Default::default(),
+            queue_wait: Duration::from_secs(30),
         }
     }
 }

@@ -167,6 +167,11 @@ pub(crate) struct WorkspaceOpts {
     /// URL is refused.
     #[arg(long, env = "ASBX_ALLOWED_SANDBOX_URLS", value_delimiter = ',')]
     pub(crate) allowed_sandbox_urls: Vec<url::Url>,
+    /// The longest a run or chat turn waits for its fair share of the
+    /// runners (half their capacity per workspace, unless
+    /// ASBX_QUOTA_CONCURRENT_SANDBOXES sets a limit), in ms.
+    #[arg(long, env = "ASBX_QUEUE_WAIT_MS", default_value_t = 30_000)]
+    pub(crate) queue_wait_ms: u64,
     #[command(flatten)]
     pub(crate) quotas: QuotaDefaultsOpts,
 }

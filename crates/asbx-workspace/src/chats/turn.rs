@@ -243,6 +243,8 @@ async fn record(
 ) -> Result<Recorded, WorkspaceError> {
     let now = lease.now_ms;
     let limits = crate::quota::admit::limits(state, workspace_id).await?;
+    let capacity = dispatch::fleet_capacity(state, &prepared.sandbox_url).await;
+    crate::quota::admit::wait_for_share(state, &limits, workspace_id, capacity).await?;
     let mut tx = state.store.pool().begin().await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {

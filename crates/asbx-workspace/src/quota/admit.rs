@@ -72,36 +72,49 @@ pub(crate) async fn dispatch(
     storage(&mut *conn, limits, workspace_id, 0).await
 }
 
-/// Whether `workspace_id` may start one more sandbox under its fair share
-/// of a fleet of `capacity` ([`quota::fair`]), on `conn` inside the
-/// transaction that records the run: always, when `concurrent-sandboxes`
-/// is set (its limit replaces the share) or the capacity is unknown.
-/// `false`: wait ([`quota::fair::FairQueue`]) and look again.
-pub(crate) async fn fair_share(
-    conn: &mut sqlx::AnyConnection,
+/// Waits until `workspace_id` may start one more sandbox under its fair
+/// share of a fleet of `capacity` ([`quota::fair`]), at most the server's
+/// queue wait, then `429 quota_exceeded` (`concurrent-sandboxes`). Returns
+/// at once when `concurrent-sandboxes` is set (its limit replaces the
+/// share) or the capacity is unknown. A dispatch that could start still
+/// queues behind waiters of other workspaces, so they are served in turn.
+pub(crate) async fn wait_for_share(
+    state: &AppState,
     limits: &Limits,
     workspace_id: &str,
     capacity: Option<u64>,
-) -> Result<bool, WorkspaceError> {
+) -> Result<(), WorkspaceError> {
     let Some(capacity) = capacity.filter(|_| limits.get(Quota::ConcurrentSandboxes).is_none())
     else {
-        return Ok(true);
+        return Ok(());
     };
-    store::lock_workspace(conn, workspace_id).await?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let mine = count(store::running(&mut *conn, workspace_id).await?);
-    let total = count(store::running_total(&mut *conn).await?);
-    Ok(quota::fair::may_start(mine, total, capacity))
-}
-
-/// The refusal of a dispatch that waited its longest for its fair share.
-pub(crate) fn fair_share_refused(workspace_id: &str, capacity: u64) -> WorkspaceError {
-    quota::refused(
-        workspace_id,
-        Quota::ConcurrentSandboxes,
-        quota::fair::share(capacity),
-        Some(SANDBOX_RETRY_S),
-    )
+    let queue = &state.dispatcher.fair;
+    let deadline = tokio::time::Instant::now() + state.config.queue_wait;
+    let mut ticket = None;
+    loop {
+        let pool = state.store.pool();
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let mine = count(store::running(pool, workspace_id).await?);
+        let total = count(store::running_total(pool).await?);
+        let my_turn = ticket.is_some() || !queue.others_waiting(workspace_id);
+        if my_turn && quota::fair::may_start(mine, total, capacity) {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(quota::refused(
+                workspace_id,
+                Quota::ConcurrentSandboxes,
+                quota::fair::share(capacity),
+                Some(SANDBOX_RETRY_S),
+            ));
+        }
+        let waiting = ticket.get_or_insert_with(|| queue.join(workspace_id));
+        if waiting.wait(left.min(quota::fair::RECHECK)).await {
+            // Spent: its turn came. Look again, and queue anew if need be.
+            ticket = None;
+        }
+    }
 }
 
 /// A workspace's limits: the server's defaults with its overrides.

@@ -63,9 +63,13 @@ pub(crate) struct Ticket<'q> {
 }
 
 impl Ticket<'_> {
-    /// Waits until this waiter is woken or `timeout` passes.
-    pub(crate) async fn wait(&mut self, timeout: Duration) {
-        let _ = tokio::time::timeout(timeout, &mut self.woken).await;
+    /// Waits until this waiter is woken (`true`: the ticket is spent, join
+    /// again to wait more) or `timeout` passes (`false`).
+    pub(crate) async fn wait(&mut self, timeout: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(timeout, &mut self.woken).await,
+            Ok(Ok(()))
+        )
     }
 }
 
@@ -184,8 +188,12 @@ mod tests {
         // A woken waiter's wait returns at once.
         let mut t = q.join("c");
         assert!(q.wake_next());
-        tokio::time::timeout(Duration::from_secs(1), t.wait(Duration::from_secs(60)))
-            .await
-            .unwrap();
+        let woken = tokio::time::timeout(Duration::from_secs(1), t.wait(Duration::from_secs(60)));
+        assert!(woken.await.unwrap());
+        let mut idle = q.join("d");
+        assert!(
+            !idle.wait(Duration::from_millis(10)).await,
+            "nobody woke it"
+        );
     }
 }

@@ -153,7 +153,10 @@ mod tests {
         let client = reqwest::Client::new();
         assert_eq!(caps.of(&client, std::slice::from_ref(&a)).await, Some(2000));
         assert_eq!(caps.of(&client, &[a.clone(), b.clone()]).await, Some(5000));
-        assert_eq!(caps.capacity(&client, &[a.clone(), b.clone()]).await, Some(10));
+        assert_eq!(
+            caps.capacity(&client, &[a.clone(), b.clone()]).await,
+            Some(10)
+        );
         caps.store(&b, health(None, None));
         assert_eq!(caps.of(&client, &[a.clone(), b.clone()]).await, None);
         assert_eq!(caps.capacity(&client, &[a.clone(), b]).await, None);

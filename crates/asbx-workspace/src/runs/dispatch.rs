@@ -59,8 +59,10 @@ pub(crate) struct Dispatcher {
     runner_token: Option<String>,
     /// The operator's runners, built on first use from the configuration.
     fleet: OnceLock<Arc<Fleet>>,
-    /// Each runner's runtime cap, for token lifetimes.
+    /// Each runner's runtime cap, for token lifetimes, and capacity.
     pub(crate) caps: Arc<RunnerCaps>,
+    /// This node's dispatches waiting for their fair share of the fleet.
+    pub(crate) fair: Arc<crate::quota::fair::FairQueue>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -89,6 +91,7 @@ impl Dispatcher {
             runner_token: runner_token.filter(|t| !t.is_empty()).map(str::to_owned),
             fleet: OnceLock::new(),
             caps: Arc::default(),
+            fair: Default::default(),
         })
     }
 
@@ -148,12 +151,25 @@ pub(crate) async fn start_with(
 ) -> Result<Started, WorkspaceError> {
     let route = route(state, &spec.sandbox_url).await;
     let limits = crate::quota::admit::limits(state, &spec.workspace_id).await?;
+    let capacity = fleet_capacity(state, &spec.sandbox_url).await;
+    crate::quota::admit::wait_for_share(state, &limits, &spec.workspace_id, capacity).await?;
     let mut tx = state.store.pool().begin().await?;
     let now = state.now_ms();
     crate::quota::admit::dispatch(&mut tx, &limits, &spec.workspace_id, now).await?;
     let recorded = record(&mut tx, spec, &route, now).await?;
     tx.commit().await?;
     post(state, spec, options, route, recorded).await
+}
+
+/// The capacity of the operator's runners (their `/healthz` `capacity`
+/// summed) when a run of `sandbox_url` goes to them; `None` for another
+/// runner or when one's is unknown: no fair share then.
+pub(crate) async fn fleet_capacity(state: &AppState, sandbox_url: &Url) -> Option<u64> {
+    if state.config.sandbox_url.as_ref() != Some(sandbox_url) {
+        return None;
+    }
+    let d = &state.dispatcher;
+    d.caps.capacity(&d.client, &state.config.fleet_urls()).await
 }
 
 /// The runners a run may go to, in the order to try them; worked out
@@ -457,6 +473,8 @@ pub(crate) async fn settle_ended(
     outcome: &Outcome,
     termination: Option<&Termination>,
 ) {
+    // A sandbox is free: the next waiter for a fair share looks again.
+    state.dispatcher.fair.wake_next();
     let now = state.now_ms();
     let termination = termination.and_then(|t| serde_json::to_string(t).ok());
     if let Err(e) = runs::finish(

@@ -25,6 +25,7 @@ pub(super) fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::c
     // Listed by the operator: runs and agents are held to the list too.
     config.restrict_models = !config.models.is_empty();
     config.allowed_sandbox_urls = opts.allowed_sandbox_urls.clone();
+    config.queue_wait = Duration::from_millis(opts.queue_wait_ms);
     let q = &opts.quotas;
     for (quota, value) in [
         (Quota::ConcurrentSandboxes, q.quota_concurrent_sandboxes),

@@ -43,6 +43,7 @@ struct TurnLabels {
 pub(crate) struct Metrics {
     registry: Registry,
     chat_turns: Family<TurnLabels, Counter>,
+    reattaches: Counter,
     db_ping: Histogram,
     db_errors: Counter,
     db_connections: Gauge,
@@ -63,6 +64,7 @@ impl Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("asbx_workspace"),
             chat_turns: Family::default(),
+            reattaches: Counter::default(),
             // 0.1 ms .. ~1.6 s.
             db_ping: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
             db_errors: Counter::default(),
@@ -74,6 +76,11 @@ impl Metrics {
             "chat_turns",
             "Chat turns by how they ended",
             m.chat_turns.clone(),
+        );
+        r.register(
+            "runner_reattaches",
+            "Streams from a runner re-attached after they broke or were taken over",
+            m.reattaches.clone(),
         );
         r.register(
             "db_ping_seconds",
@@ -101,6 +108,11 @@ impl Metrics {
     /// A chat turn ended (or was refused) with this status.
     pub(crate) fn chat_turn(&self, status: &'static str) {
         self.chat_turns.get_or_create(&TurnLabels { status }).inc();
+    }
+
+    /// A node re-attached to a runner's session (`runs::reattach`).
+    pub(crate) fn reattached(&self) {
+        self.reattaches.inc();
     }
 
     fn render(&self) -> String {

@@ -10,13 +10,18 @@
 //! The run records the runner that served it (`runs.sandbox_url`); every
 //! later call for the run goes there.
 //!
-//! Every dispatch speaks protocol 2 (docs/protocol.md §4). Runs have a
-//! detach grace of 0: the workspace is the runner's only reader, so when it
-//! drops the stream (a protocol 1 caller gone) the sandbox ends at once, as
-//! it did under protocol 1. Chat turns have [`CHAT_DETACH_GRACE_MS`], so
-//! another node can take a turn over when its node dies
-//! (`chats::lease::takeover`); they are cancelled with `DELETE`. Callers that want
-//! more pass [`RunOptions`] (filter, client tools, encryption).
+//! Every dispatch speaks protocol 2 (docs/protocol.md §4) with the same
+//! detach grace (`WorkspaceConfig::runner_detach_grace`, 60 s by default):
+//! a stream that broke is re-attached by its node (`runs::reattach`), a
+//! node that died leaves its chat turns to another node
+//! (`chats::lease::takeover`). Runs and turns are cancelled with `DELETE`.
+//! Callers that want more pass [`RunOptions`] (filter, client tools,
+//! encryption).
+//!
+//! A dispatch whose connection broke after it was sent (no answer, or a
+//! reset) may have started its session: it is re-attached from the start
+//! (`after=0`); a runner that does not know the session never took it, and
+//! the same request goes again (its tokens unredeemed).
 //!
 //! The runner's response is returned unread when it is a stream (`200`), so
 //! the caller relays it; anything else is read (bounded) and handed back for
@@ -44,11 +49,6 @@ use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::tokens::store as token_store;
 use crate::tokens::{self, OTP_PREFIX, TokenKind};
 use crate::wire::RunKind;
-
-/// How long a chat turn's sandbox waits for a reader after the node driving
-/// it went away: more than a lease expiry and a sweep, so another node can
-/// take the turn over (`chats::lease::takeover`).
-pub(crate) const CHAT_DETACH_GRACE_MS: u64 = 60_000;
 
 /// The HTTP client that talks to runners, and the runner token it sends.
 #[derive(Clone)]
@@ -262,12 +262,9 @@ pub(crate) async fn post(
         session_id: Some(spec.id.clone()),
         filter: options.filter.clone(),
         client_tools: options.client_tools.clone(),
-        detach_grace_ms: Some(match spec.kind {
-            // Another node may take a chat turn over (`chats::lease::takeover`):
-            // the sandbox waits that long for it.
-            RunKind::Chat => CHAT_DETACH_GRACE_MS,
-            RunKind::Run | RunKind::Agent => 0,
-        }),
+        // The sandbox waits this long for its relay to re-attach
+        // (`runs::reattach`) or another node to take it over.
+        detach_grace_ms: Some(grace_ms(state)),
         encryption: options.encryption.clone(),
     };
     let response = send(state, &spec.id, &candidates, fleet.as_deref(), &request).await?;
@@ -276,6 +273,11 @@ pub(crate) async fn post(
         return Ok(Started::Streaming { response });
     }
     Ok(rejected(state, &spec.id, response).await)
+}
+
+/// The detach grace of every dispatch, in ms.
+pub(crate) fn grace_ms(state: &AppState) -> u64 {
+    u64::try_from(state.config.runner_detach_grace.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Posts `request` to the first of `candidates` that takes it: one that
@@ -319,6 +321,16 @@ async fn send(
             post = post.bearer_auth(token);
         }
         match post.send().await {
+            // Sent, but the answer was lost: the session may have started.
+            Err(e) if !e.is_connect() && request.session_id.is_some() => {
+                tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "the dispatch's connection broke; re-attaching");
+                if let Some(r) = resend(state, runner, request).await {
+                    return Ok(r);
+                }
+                let failure = WorkspaceError::Upstream(crate::error::error_chain(&e));
+                settle(state, run_id, &failed(&failure)).await;
+                return Err(failure);
+            }
             // Refused before anything started: the next runner may take it.
             Err(e) if e.is_connect() && !last => {
                 tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "runner down, trying the next");
@@ -368,6 +380,52 @@ async fn send(
     Err(WorkspaceError::Config(
         "no runner to dispatch to".to_owned(),
     ))
+}
+
+/// The answer to a dispatch whose connection broke after it was sent: the
+/// session's stream from its start when the runner has it, else the
+/// dispatch sent again (a runner that does not know the session never
+/// started it, so its tokens are unredeemed); a `409 session_exists` to
+/// that means an earlier try did start it: re-attached. Bounded by the
+/// detach grace. `None`: the runner can't be reached.
+async fn resend(
+    state: &AppState,
+    runner: &Url,
+    request: &DispatchRequest,
+) -> Option<reqwest::Response> {
+    let session_id = request.session_id.as_deref()?;
+    let patience = state.config.runner_detach_grace;
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut backoff = crate::runs::reattach::Backoff::default();
+    while tokio::time::Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if let Some(r) =
+            crate::runs::reattach::reattach(state, runner.as_str(), session_id, 0, left).await
+        {
+            return Some(r);
+        }
+        let mut post = state
+            .dispatcher
+            .client
+            .post(stream_endpoint(runner).ok()?)
+            .headers(crate::otel::headers())
+            .header(http::header::ACCEPT, "application/x-ndjson")
+            .json(request);
+        if let Some(token) = &state.dispatcher.runner_token
+            && state.config.is_operator_runner(runner)
+        {
+            post = post.bearer_auth(token);
+        }
+        match post.send().await {
+            Ok(r) if r.status() != reqwest::StatusCode::CONFLICT => return Some(r),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = session_id, error = %crate::error::error_chain(&e), "sending the dispatch again failed");
+            }
+        }
+        tokio::time::sleep(backoff.next_wait()).await;
+    }
+    None
 }
 
 /// A runner's refusal before streaming: the run settled as failed with the
@@ -490,6 +548,18 @@ pub(crate) fn runner_request(
     sandbox_url: &str,
     segments: &[&str],
 ) -> Result<reqwest::RequestBuilder, WorkspaceError> {
+    Ok(runner_stream_request(state, method, sandbox_url, segments)?
+        .timeout(Duration::from_secs(30)))
+}
+
+/// [`runner_request`] without an overall timeout: for a stream that may
+/// last as long as its session.
+pub(crate) fn runner_stream_request(
+    state: &AppState,
+    method: reqwest::Method,
+    sandbox_url: &str,
+    segments: &[&str],
+) -> Result<reqwest::RequestBuilder, WorkspaceError> {
     let base = Url::parse(sandbox_url)
         .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
     if !state.config.is_allowed_runner(&base) {
@@ -503,8 +573,7 @@ pub(crate) fn runner_request(
         .dispatcher
         .client
         .request(method, url)
-        .headers(crate::otel::headers())
-        .timeout(Duration::from_secs(30));
+        .headers(crate::otel::headers());
     if let Some(token) = &state.dispatcher.runner_token
         && state.config.is_operator_runner(&base)
     {

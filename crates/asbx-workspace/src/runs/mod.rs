@@ -12,6 +12,7 @@ pub(crate) mod dispatch;
 pub(crate) mod events;
 pub(crate) mod fleet;
 pub(crate) mod lost;
+pub(crate) mod reattach;
 pub(crate) mod relay;
 pub(crate) mod request;
 pub(crate) mod store;

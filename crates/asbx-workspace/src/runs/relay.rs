@@ -66,7 +66,7 @@ pub(crate) fn spawn(state: Arc<AppState>, run_id: String, live: Live, response: 
 type Storing = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
-    let mut upstream = response.bytes_stream();
+    let mut upstream = response.bytes_stream().boxed();
     let mut tap = OutcomeTap::relaying();
     let mut broken: Option<String> = None;
     let mut cancelled = false;
@@ -122,21 +122,39 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
                     None => std::future::pending().await,
                 }
             }, if storing.is_some() => storing = None,
-            chunk = upstream.next(), if unstored_bytes < MAX_UNSTORED_BYTES => match chunk {
+            chunk = upstream.next(), if unstored_bytes < MAX_UNSTORED_BYTES => match &chunk {
                 Some(Ok(bytes)) => {
                     unstored_bytes += bytes.len();
-                    unstored.extend(tap.observe_raw(&bytes));
+                    unstored.extend(tap.observe_raw(bytes));
                 }
-                Some(Err(e)) => {
-                    broken = Some(crate::error::error_chain(&e));
+                Some(Err(_)) | None if cancelled || tap.ended() => {
+                    if let Some(Err(e)) = &chunk {
+                        broken = Some(crate::error::error_chain(&e));
+                    }
                     reading = false;
                 }
-                None => reading = false,
+                // Broken before the session's end: read on from the runner's
+                // resume log, from the line after the last one read.
+                Some(Err(_)) | None => match reattach(&state, &run_id, &live, &mut tap).await {
+                    Reattached::Stream(r) => upstream = r.bytes_stream().boxed(),
+                    Reattached::Cancelled => {
+                        cancelled = true;
+                        dispatch::cancel_on_runner(&state, &run_id).await;
+                        reading = false;
+                    }
+                    Reattached::Gone => {
+                        if let Some(Err(e)) = &chunk {
+                            broken = Some(crate::error::error_chain(&e));
+                        }
+                        reading = false;
+                    }
+                },
             },
         }
     }
-    // With a detach grace of 0 the runner ends the sandbox once its only
-    // reader is gone (docs/protocol.md §4).
+    // Not read any more: a sandbox that still runs (the relay gave up on
+    // its runner, or a cancel it did not take) ends after its detach grace
+    // (docs/protocol.md §4).
     drop(upstream);
     let mut rest = tap.finish_raw();
     let outcome = match (tap.terminal(), cancelled) {
@@ -162,6 +180,28 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     dispatch::settle_ended(&state, &run_id, &outcome, termination.as_ref()).await;
     state.run_hub.close(&run_id);
     events::announce_end(&state, &run_id).await;
+}
+
+/// What re-attaching a broken stream gave.
+enum Reattached {
+    Stream(reqwest::Response),
+    /// The run was cancelled meanwhile.
+    Cancelled,
+    /// The runner is gone, or no longer has the session.
+    Gone,
+}
+
+/// The session's stream again after it broke before the session's end
+/// (`runs::reattach`), from the line after the last one read.
+async fn reattach(state: &AppState, run_id: &str, live: &Live, tap: &mut OutcomeTap) -> Reattached {
+    tap.reattached();
+    tokio::select! {
+        r = crate::runs::reattach::resume(state, run_id, tap.last_seq()) => match r {
+            Some(r) => Reattached::Stream(r),
+            None => Reattached::Gone,
+        },
+        () = live.cancel.cancelled() => Reattached::Cancelled,
+    }
 }
 
 /// Stores `lines` (one transaction), then publishes them as one message.

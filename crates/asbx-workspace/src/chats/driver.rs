@@ -221,6 +221,8 @@ impl Driver {
                                 upstream = futures::stream::empty().boxed();
                                 continue;
                             }
+                            // The lease is kept meanwhile.
+                            () = lease.keep() => return Ending::Superseded,
                         };
                         match again {
                             Some(r) => upstream = r.bytes_stream().boxed(),

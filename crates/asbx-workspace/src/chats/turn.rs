@@ -232,7 +232,9 @@ struct Recorded {
 /// tokens. One transaction, one commit (one fsync on PostgreSQL), before
 /// the dispatch. An error on the way rolls all of it back: no lease is taken
 /// and nothing is left to release. A chat whose lease another turn holds is
-/// `409 turn_in_flight`.
+/// `409 turn_in_flight`, unless that turn has finished (its message stored)
+/// and only its release is still on its way
+/// ([`lease_sql::clear_finished_lease`]).
 async fn record(
     state: &AppState,
     workspace_id: &str,
@@ -245,7 +247,13 @@ async fn record(
     let mut tx = state.store.pool().begin().await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
-            let taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;
+            let mut taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;
+            if !taken
+                && lease_sql::clear_finished_lease(&mut *tx, chat_id, workspace_id, now).await?
+            {
+                // The lease was a finished turn's, not yet released.
+                taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;
+            }
             if !taken {
                 tx.rollback().await?;
                 let chat = chats::get(state.store.pool(), chat_id, workspace_id)

@@ -16,6 +16,7 @@ pub(crate) mod reattach;
 pub(crate) mod relay;
 pub(crate) mod request;
 pub(crate) mod store;
+pub(crate) mod takeover;
 pub(crate) mod tap;
 pub(crate) mod view;
 pub(crate) mod ws;

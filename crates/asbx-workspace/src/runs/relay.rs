@@ -23,6 +23,7 @@ use crate::AppState;
 use crate::runs::dispatch;
 use crate::runs::events::{self, Kept, Live};
 use crate::runs::store::Outcome;
+use crate::runs::takeover;
 use crate::runs::tap::{OutcomeTap, Tapped};
 
 /// The termination of a run cancelled here whose runner did not say how
@@ -59,18 +60,59 @@ const MAX_UNSTORED_BYTES: usize = 32 << 20;
 /// transaction), the lines read meanwhile gather into the next, so a batch
 /// is as large as the database is slow (up to [`MAX_UNSTORED_BYTES`]), and
 /// each batch is published as one broadcast message once it is stored.
+///
+/// The relaying node holds the run's lease (`runs::takeover`) and renews
+/// it while it reads; a relay that finds the lease taken (this node was cut
+/// off long enough for another to take the run over) stops without
+/// settling: the run is the other node's.
 pub(crate) fn spawn(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
-    tokio::spawn(relay(state, run_id, live, response));
+    tokio::spawn(async move {
+        if let Err(e) = takeover::hold(&state, &run_id).await {
+            tracing::warn!(run = %run_id, error = %crate::error::error_chain(&e), "taking the run's lease failed");
+        }
+        relay(state, run_id, live, Some(response), Vec::new()).await;
+    });
+}
+
+/// Relays a run this node took over (`runs::takeover`, its lease already
+/// this node's): `stored` is what the run had stored (the tap reads it,
+/// nothing is stored or published again), `response` the runner's replay
+/// after it, `None` when the runner no longer has the session (the run
+/// ends `runner_lost`).
+pub(crate) fn spawn_resumed(
+    state: Arc<AppState>,
+    run_id: String,
+    live: Live,
+    response: Option<reqwest::Response>,
+    stored: Vec<u8>,
+) {
+    tokio::spawn(relay(state, run_id, live, response, stored));
 }
 
 type Storing = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
-    let mut upstream = response.bytes_stream().boxed();
+async fn relay(
+    state: Arc<AppState>,
+    run_id: String,
+    live: Live,
+    response: Option<reqwest::Response>,
+    stored: Vec<u8>,
+) {
+    let gone = response.is_none();
+    let mut upstream = match response {
+        Some(r) => r.bytes_stream().boxed(),
+        None => futures::stream::empty().boxed(),
+    };
     let mut tap = OutcomeTap::relaying();
-    let mut broken: Option<String> = None;
+    // Lines stored before a takeover: read for the outcome and the last
+    // `seq`, not stored again.
+    drop(tap.observe_raw(&Bytes::from(stored)));
+    let mut broken = gone.then(|| "the runner no longer has the session".to_owned());
     let mut cancelled = false;
-    let mut reading = true;
+    let mut reading = !gone;
+    let mut superseded = false;
+    let mut renew = tokio::time::interval(takeover::renewal_every(&state));
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unstored: Vec<Tapped> = Vec::new();
     let mut unstored_bytes = 0usize;
     let mut storing: Option<Storing> = None;
@@ -122,6 +164,15 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
                     None => std::future::pending().await,
                 }
             }, if storing.is_some() => storing = None,
+            _ = renew.tick() => match takeover::renew(&state, &run_id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(run = %run_id, "lost the run's lease; leaving the run to its new holder");
+                    superseded = true;
+                    reading = false;
+                }
+                Err(e) => tracing::warn!(run = %run_id, error = %e, "renewing the run's lease failed"),
+            },
             chunk = upstream.next(), if unstored_bytes < MAX_UNSTORED_BYTES => match &chunk {
                 Some(Ok(bytes)) => {
                     unstored_bytes += bytes.len();
@@ -142,6 +193,10 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
                         dispatch::cancel_on_runner(&state, &run_id).await;
                         reading = false;
                     }
+                    Reattached::Superseded => {
+                        superseded = true;
+                        reading = false;
+                    }
                     Reattached::Gone => {
                         if let Some(Err(e)) = &chunk {
                             broken = Some(crate::error::error_chain(&e));
@@ -156,6 +211,10 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     // its runner, or a cancel it did not take) ends after its detach grace
     // (docs/protocol.md §4).
     drop(upstream);
+    if superseded {
+        state.run_hub.close(&run_id);
+        return;
+    }
     let mut rest = tap.finish_raw();
     let outcome = match (tap.terminal(), cancelled) {
         (None, true) => Outcome::Failed {
@@ -187,6 +246,8 @@ enum Reattached {
     Stream(reqwest::Response),
     /// The run was cancelled meanwhile.
     Cancelled,
+    /// Another node took the run over meanwhile.
+    Superseded,
     /// The runner is gone, or no longer has the session.
     Gone,
 }
@@ -201,6 +262,7 @@ async fn reattach(state: &AppState, run_id: &str, live: &Live, tap: &mut Outcome
             None => Reattached::Gone,
         },
         () = live.cancel.cancelled() => Reattached::Cancelled,
+        () = takeover::keep(state, run_id) => Reattached::Superseded,
     }
 }
 

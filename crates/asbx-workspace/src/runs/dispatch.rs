@@ -45,6 +45,7 @@ use crate::error::WorkspaceError;
 use crate::runner_url;
 use crate::runs::caps::RunnerCaps;
 use crate::runs::fleet::Fleet;
+pub(crate) use crate::runs::runner_http::{post_request, runner_request};
 use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::tokens::store as token_store;
 use crate::tokens::{self, OTP_PREFIX, TokenKind};
@@ -53,10 +54,10 @@ use crate::wire::RunKind;
 /// The HTTP client that talks to runners, and the runner token it sends.
 #[derive(Clone)]
 pub(crate) struct Dispatcher {
-    client: reqwest::Client,
+    pub(crate) client: reqwest::Client,
     /// `Authorization: Bearer {runner_token}` on every request to a runner
     /// the operator configured.
-    runner_token: Option<String>,
+    pub(crate) runner_token: Option<String>,
     /// The operator's runners, built on first use from the configuration.
     fleet: OnceLock<Arc<Fleet>>,
     /// Each runner's runtime cap, for token lifetimes.
@@ -305,26 +306,11 @@ async fn send(
         if i > 0 {
             runs::set_sandbox_url(state.store.pool(), run_id, runner.as_str()).await?;
         }
-        let mut post = state
-            .dispatcher
-            .client
-            .post(stream_endpoint(runner)?)
-            .headers(crate::otel::headers())
-            .header(http::header::ACCEPT, "application/x-ndjson")
-            .json(request);
-        // The runner token goes to the operator's runners only: a stored
-        // agent's own SANDBOX_URL is the agent author's choice, not a place
-        // the operator's secret may go.
-        if let Some(token) = &state.dispatcher.runner_token
-            && state.config.is_operator_runner(runner)
-        {
-            post = post.bearer_auth(token);
-        }
-        match post.send().await {
+        match post_request(state, runner, request)?.send().await {
             // Sent, but the answer was lost: the session may have started.
             Err(e) if !e.is_connect() && request.session_id.is_some() => {
                 tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "the dispatch's connection broke; re-attaching");
-                if let Some(r) = resend(state, runner, request).await {
+                if let Some(r) = crate::runs::reattach::resend(state, runner, request).await {
                     return Ok(r);
                 }
                 let failure = WorkspaceError::Upstream(crate::error::error_chain(&e));
@@ -380,52 +366,6 @@ async fn send(
     Err(WorkspaceError::Config(
         "no runner to dispatch to".to_owned(),
     ))
-}
-
-/// The answer to a dispatch whose connection broke after it was sent: the
-/// session's stream from its start when the runner has it, else the
-/// dispatch sent again (a runner that does not know the session never
-/// started it, so its tokens are unredeemed); a `409 session_exists` to
-/// that means an earlier try did start it: re-attached. Bounded by the
-/// detach grace. `None`: the runner can't be reached.
-async fn resend(
-    state: &AppState,
-    runner: &Url,
-    request: &DispatchRequest,
-) -> Option<reqwest::Response> {
-    let session_id = request.session_id.as_deref()?;
-    let patience = state.config.runner_detach_grace;
-    let deadline = tokio::time::Instant::now() + patience;
-    let mut backoff = crate::runs::reattach::Backoff::default();
-    while tokio::time::Instant::now() < deadline {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if let Some(r) =
-            crate::runs::reattach::reattach(state, runner.as_str(), session_id, 0, left).await
-        {
-            return Some(r);
-        }
-        let mut post = state
-            .dispatcher
-            .client
-            .post(stream_endpoint(runner).ok()?)
-            .headers(crate::otel::headers())
-            .header(http::header::ACCEPT, "application/x-ndjson")
-            .json(request);
-        if let Some(token) = &state.dispatcher.runner_token
-            && state.config.is_operator_runner(runner)
-        {
-            post = post.bearer_auth(token);
-        }
-        match post.send().await {
-            Ok(r) if r.status() != reqwest::StatusCode::CONFLICT => return Some(r),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(session = session_id, error = %crate::error::error_chain(&e), "sending the dispatch again failed");
-            }
-        }
-        tokio::time::sleep(backoff.next_wait()).await;
-    }
-    None
 }
 
 /// A runner's refusal before streaming: the run settled as failed with the
@@ -538,62 +478,12 @@ pub(crate) async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
     }
 }
 
-/// A request to the runner at `sandbox_url`, its route `segments` joined
-/// to the URL's path ([`runner_url::join`]), with the runner token when
-/// that runner is the operator's. A runner the operator does not allow
-/// (any more) gets no request: `sandbox_url_not_allowed`.
-pub(crate) fn runner_request(
-    state: &AppState,
-    method: reqwest::Method,
-    sandbox_url: &str,
-    segments: &[&str],
-) -> Result<reqwest::RequestBuilder, WorkspaceError> {
-    Ok(runner_stream_request(state, method, sandbox_url, segments)?
-        .timeout(Duration::from_secs(30)))
-}
-
-/// [`runner_request`] without an overall timeout: for a stream that may
-/// last as long as its session.
-pub(crate) fn runner_stream_request(
-    state: &AppState,
-    method: reqwest::Method,
-    sandbox_url: &str,
-    segments: &[&str],
-) -> Result<reqwest::RequestBuilder, WorkspaceError> {
-    let base = Url::parse(sandbox_url)
-        .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
-    if !state.config.is_allowed_runner(&base) {
-        return Err(WorkspaceError::SandboxUrlNotAllowed {
-            field: "sandboxUrl".to_owned(),
-        });
-    }
-    let url = runner_url::join(&base, segments)
-        .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
-    let mut req = state
-        .dispatcher
-        .client
-        .request(method, url)
-        .headers(crate::otel::headers());
-    if let Some(token) = &state.dispatcher.runner_token
-        && state.config.is_operator_runner(&base)
-    {
-        req = req.bearer_auth(token);
-    }
-    Ok(req)
-}
-
 /// `{public_url}/api/assistant/sandbox/{session_id}`.
 pub(crate) fn agent_url(public_url: &Url, session_id: &str) -> String {
     format!(
         "{}/api/assistant/sandbox/{session_id}",
         public_url.as_str().trim_end_matches('/')
     )
-}
-
-/// `{sandbox_url}/stream`.
-fn stream_endpoint(sandbox_url: &Url) -> Result<Url, WorkspaceError> {
-    runner_url::join(sandbox_url, &["stream"])
-        .map_err(|e| WorkspaceError::Config(format!("runner URL {sandbox_url}: {e}")))
 }
 
 #[cfg(test)]
@@ -613,7 +503,9 @@ mod tests {
             "http://h/prefix/api/assistant/sandbox/s"
         );
         assert_eq!(
-            stream_endpoint(&base).unwrap().as_str(),
+            crate::runs::runner_http::stream_endpoint(&base)
+                .unwrap()
+                .as_str(),
             "http://h/prefix/stream"
         );
     }

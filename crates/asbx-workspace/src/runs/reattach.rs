@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use crate::AppState;
-use crate::runs::dispatch;
+use crate::runs::runner_http;
 
 /// The first wait between two tries.
 const FIRST_WAIT: Duration = Duration::from_millis(100);
@@ -112,7 +112,7 @@ pub(crate) fn judge(
 async fn attempt(state: &AppState, sandbox_url: &str, session_id: &str, after: u64) -> Attempt {
     let path = ["v1", "sessions", session_id, "events"];
     let request =
-        match dispatch::runner_stream_request(state, reqwest::Method::GET, sandbox_url, &path) {
+        match runner_http::runner_stream_request(state, reqwest::Method::GET, sandbox_url, &path) {
             Ok(r) => r
                 .header(http::header::ACCEPT, "application/x-ndjson")
                 .query(&[("after", after)]),
@@ -185,6 +185,42 @@ pub(crate) async fn reattach(
             }
         }
     }
+}
+
+/// The answer to a dispatch whose connection broke after it was sent: the
+/// session's stream from its start when the runner has it, else the
+/// dispatch sent again (a runner that does not know the session never
+/// started it, so its tokens are unredeemed); a `409 session_exists` to
+/// that means an earlier try did start it: re-attached. Bounded by the
+/// detach grace. `None`: the runner can't be reached.
+pub(crate) async fn resend(
+    state: &AppState,
+    runner: &url::Url,
+    request: &asbx_protocol::DispatchRequest,
+) -> Option<reqwest::Response> {
+    let session_id = request.session_id.as_deref()?;
+    let patience = state.config.runner_detach_grace;
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut backoff = Backoff::default();
+    while tokio::time::Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if let Some(r) = reattach(state, runner.as_str(), session_id, 0, left).await {
+            return Some(r);
+        }
+        match runner_http::post_request(state, runner, request)
+            .ok()?
+            .send()
+            .await
+        {
+            Ok(r) if r.status() != reqwest::StatusCode::CONFLICT => return Some(r),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = session_id, error = %crate::error::error_chain(&e), "sending the dispatch again failed");
+            }
+        }
+        tokio::time::sleep(backoff.next_wait()).await;
+    }
+    None
 }
 
 /// The runner a run was sent to: its stored URL, else the operator's.
@@ -267,6 +303,76 @@ mod tests {
             judge(&Attempt::Refused, waited, patience, &mut b),
             Verdict::Gone
         );
+    }
+
+    /// A workspace whose runner is `runner`, and a runner answering each
+    /// `GET /v1/sessions/s/events` with the next of `answers` (then `200`).
+    async fn against(answers: Vec<u16>) -> (Opened, String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let runner = format!("http://{}/", listener.local_addr().unwrap());
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&tries);
+        let app = axum::Router::new().route(
+            "/v1/sessions/s/events",
+            axum::routing::get(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                let status = answers.get(n).copied().unwrap_or(200);
+                async move { axum::http::StatusCode::from_u16(status).unwrap() }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let ws = workspace(&runner).await;
+        (ws, runner, tries)
+    }
+
+    /// A workspace and its data folder, removed when dropped.
+    type Opened = (crate::Workspace, tempfile::TempDir);
+
+    async fn workspace(runner: &str) -> Opened {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
+        config.sandbox_url = Some(url::Url::parse(runner).unwrap());
+        (crate::Workspace::open(config).await.unwrap(), dir)
+    }
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn a_live_runner_behind_a_blip_is_re_attached_after_backing_off() {
+        let (ws, runner, tries) = against(vec![503, 502]).await;
+        let got = reattach(&ws.0.state, &runner, "s", 7, Duration::from_secs(30)).await;
+        assert!(got.is_some_and(|r| r.status() == 200));
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_runner_that_does_not_know_the_session_ends_it_at_once() {
+        let (ws, runner, tries) = against(vec![404]).await;
+        let started = std::time::Instant::now();
+        let got = reattach(&ws.0.state, &runner, "s", 7, Duration::from_secs(30)).await;
+        assert!(got.is_none());
+        assert_eq!(tries.load(Ordering::SeqCst), 1);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_runner_that_refuses_connections_is_gone_once_the_patience_is_over() {
+        // Bound and let go: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let runner = format!("http://127.0.0.1:{port}/");
+        let ws = workspace(&runner).await;
+        let started = std::time::Instant::now();
+        let got = reattach(&ws.0.state, &runner, "s", 7, Duration::from_millis(700)).await;
+        assert!(got.is_none());
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(700), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
     }
 
     #[test]

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::AppState;
 use crate::runs::dispatch;
 use crate::runs::events::{self, Kept, Live};
+use crate::runs::lease;
 use crate::runs::store::Outcome;
-use crate::runs::takeover;
 use crate::runs::tap::{OutcomeTap, Tapped};
 
 /// The termination of a run cancelled here whose runner did not say how
@@ -67,7 +67,7 @@ const MAX_UNSTORED_BYTES: usize = 32 << 20;
 /// settling: the run is the other node's.
 pub(crate) fn spawn(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
     tokio::spawn(async move {
-        if let Err(e) = takeover::hold(&state, &run_id).await {
+        if let Err(e) = lease::hold(&state, &run_id).await {
             tracing::warn!(run = %run_id, error = %crate::error::error_chain(&e), "taking the run's lease failed");
         }
         relay(state, run_id, live, Some(response), Vec::new()).await;
@@ -111,7 +111,7 @@ async fn relay(
     let mut cancelled = false;
     let mut reading = !gone;
     let mut superseded = false;
-    let mut renew = tokio::time::interval(takeover::renewal_every(&state));
+    let mut renew = tokio::time::interval(lease::renewal_every(&state));
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unstored: Vec<Tapped> = Vec::new();
     let mut unstored_bytes = 0usize;
@@ -164,7 +164,7 @@ async fn relay(
                     None => std::future::pending().await,
                 }
             }, if storing.is_some() => storing = None,
-            _ = renew.tick() => match takeover::renew(&state, &run_id).await {
+            _ = renew.tick() => match lease::renew(&state, &run_id).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(run = %run_id, "lost the run's lease; leaving the run to its new holder");
@@ -262,7 +262,7 @@ async fn reattach(state: &AppState, run_id: &str, live: &Live, tap: &mut Outcome
             None => Reattached::Gone,
         },
         () = live.cancel.cancelled() => Reattached::Cancelled,
-        () = takeover::keep(state, run_id) => Reattached::Superseded,
+        () = lease::keep(state, run_id) => Reattached::Superseded,
     }
 }
 

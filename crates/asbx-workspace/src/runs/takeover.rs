@@ -18,6 +18,7 @@ use sqlx::{Any, Executor, Row as _};
 
 use crate::AppState;
 use crate::error::WorkspaceError;
+use crate::runs::lease::{expiry, renewal_every};
 use crate::runs::{events, reattach, relay, store as runs};
 use crate::wire::RunStatus;
 
@@ -25,57 +26,6 @@ use crate::wire::RunStatus;
 const SWEEP_BATCH: i64 = 50;
 /// How long re-attaching may take: the sweep waits for it.
 const REATTACH_PATIENCE: Duration = Duration::from_secs(10);
-
-/// How often a relay renews its run's lease (and every node sweeps).
-pub(crate) fn renewal_every(state: &AppState) -> Duration {
-    (state.config.lease_ttl / 4).max(Duration::from_millis(50))
-}
-
-/// When a lease taken or renewed now expires.
-fn expiry(state: &AppState) -> i64 {
-    let ttl = i64::try_from(state.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
-    state.now_ms().saturating_add(ttl)
-}
-
-/// Takes the lease of a run this node starts relaying.
-pub(crate) async fn hold(state: &AppState, run_id: &str) -> Result<(), WorkspaceError> {
-    sqlx::query(
-        "UPDATE runs SET lease_holder = $1, lease_expires_at = $2 \
-         WHERE id = $3 AND status = 'running'",
-    )
-    .bind(&state.node_id)
-    .bind(expiry(state))
-    .bind(run_id)
-    .execute(state.store.pool())
-    .await?;
-    Ok(())
-}
-
-/// Extends the lease while this node holds it; false when another node
-/// took the run over (or it settled).
-pub(crate) async fn renew(state: &AppState, run_id: &str) -> Result<bool, WorkspaceError> {
-    let done = sqlx::query(
-        "UPDATE runs SET lease_expires_at = $1, lease_holder = $3 \
-         WHERE id = $2 AND COALESCE(lease_holder, $3) = $3 AND status = 'running'",
-    )
-    .bind(expiry(state))
-    .bind(run_id)
-    .bind(&state.node_id)
-    .execute(state.store.pool())
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Renews the lease every [`renewal_every`] while something else is
-/// awaited (re-attaching); returns once the lease was lost.
-pub(crate) async fn keep(state: &AppState, run_id: &str) {
-    loop {
-        tokio::time::sleep(renewal_every(state)).await;
-        if let Ok(false) = renew(state, run_id).await {
-            return;
-        }
-    }
-}
 
 /// Running runs whose lease expired (chat turns have none).
 async fn expired<'c, E>(db: E, now_ms: i64) -> Result<Vec<String>, WorkspaceError>

@@ -4,6 +4,8 @@
 //!   speaks the OpenAI chat-completions and the Anthropic Messages streaming
 //!   formats, driven by scripted [`Tape`]s, with fault injection, recording
 //!   every request it gets.
+//! - [`blips`]: a TCP forwarder that cuts connections at random moments
+//!   ([`Blips`]), within a budget of cuts per minute.
 //! - [`fake_gateway`]: a stand-in for the runner's per-sandbox gateway on a
 //!   Unix socket: the `/callback/*` routes with single-use tokens, and
 //!   `/model/{provider}/...` proxied to a provider with a key added, and
@@ -24,6 +26,7 @@
 //! - [`otlp`]: an OTLP/HTTP trace receiver ([`OtlpReceiver`]) that keeps
 //!   every span it gets.
 
+pub mod blips;
 pub mod fake_gateway;
 pub mod fake_runner;
 pub mod fake_workspace;
@@ -36,6 +39,7 @@ pub mod skip;
 pub mod snapshot;
 pub mod tls_server;
 
+pub use blips::{Blips, CutPlan};
 pub use fake_gateway::{
     ClientToolAnswer, FakeFile, FakeGateway, FakeWorkspaceApi, GatewayConfig, GatewayProvider,
 };

@@ -44,6 +44,11 @@ use crate::runner_url;
 /// - `clock`: the time source for token and lease expiry.
 /// - `detach_grace`: how long a chat turn outlives its dropped SSE client
 ///   before it is cancelled (zero: cancel on close).
+/// - `runner_detach_grace`: how long a sandbox waits for its relay to come
+///   back after the connection from the workspace broke (the detach grace
+///   of every dispatch, `ASBX_RUNNER_DETACH_GRACE_MS`, default 60 s): the
+///   relaying node re-attaches within it (`runs::reattach`), or another
+///   node takes the run over.
 /// - `lease_ttl`: how long a chat's single-flight lease lasts without
 ///   renewal (renewed every third of it while the turn runs), so a chat
 ///   whose node died is free again within seconds.
@@ -90,6 +95,7 @@ pub struct WorkspaceConfig {
     pub restrict_models: bool,
     pub clock: Arc<dyn Clock>,
     pub detach_grace: Duration,
+    pub runner_detach_grace: Duration,
     pub lease_ttl: Duration,
     pub replay_safety_poll: Duration,
     pub require_auth: bool,
@@ -118,6 +124,7 @@ impl WorkspaceConfig {
             restrict_models: false,
             clock: Arc::new(SystemClock),
             detach_grace: Duration::from_secs(30),
+            runner_detach_grace: Duration::from_secs(60),
             lease_ttl: Duration::from_secs(15),
             replay_safety_poll: Duration::from_secs(5),
             require_auth: false,
@@ -210,6 +217,7 @@ impl fmt::Debug for WorkspaceConfig {
             .field("models", &self.models)
             .field("restrict_models", &self.restrict_models)
             .field("detach_grace", &self.detach_grace)
+            .field("runner_detach_grace", &self.runner_detach_grace)
             .field("lease_ttl", &self.lease_ttl)
             .field("replay_safety_poll", &self.replay_safety_poll)
             .field("require_auth", &self.require_auth)

@@ -142,6 +142,7 @@ impl Workspace {
         let state = Arc::new(state);
         let _ = state.me.set(Arc::downgrade(&state));
         chats::lease::takeover::start_sweeper(&state);
+        runs::takeover::start_sweeper(&state);
         Ok(Workspace { state })
     }
 

@@ -52,6 +52,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     chat_turns: Family<TurnLabels, Counter>,
     quota_refusals: Family<QuotaLabels, Counter>,
+    reattaches: Counter,
     db_ping: Histogram,
     db_errors: Counter,
     db_connections: Gauge,
@@ -73,6 +74,7 @@ impl Metrics {
             registry: Registry::with_prefix("asbx_workspace"),
             chat_turns: Family::default(),
             quota_refusals: Family::default(),
+            reattaches: Counter::default(),
             // 0.1 ms .. ~1.6 s.
             db_ping: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
             db_errors: Counter::default(),
@@ -89,6 +91,11 @@ impl Metrics {
             "quota_refusals",
             "Requests refused by a quota, by the quota's name (all workspaces)",
             m.quota_refusals.clone(),
+        );
+        r.register(
+            "runner_reattaches",
+            "Streams from a runner re-attached after they broke or were taken over",
+            m.reattaches.clone(),
         );
         r.register(
             "db_ping_seconds",
@@ -123,6 +130,11 @@ impl Metrics {
         self.quota_refusals
             .get_or_create(&QuotaLabels { quota })
             .inc();
+    }
+
+    /// A node re-attached to a runner's session (`runs::reattach`).
+    pub(crate) fn reattached(&self) {
+        self.reattaches.inc();
     }
 
     fn render(&self) -> String {

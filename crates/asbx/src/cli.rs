@@ -153,6 +153,11 @@ pub(crate) struct WorkspaceOpts {
     /// cancelled, in ms (0 cancels when the stream closes).
     #[arg(long, env = "ASBX_DETACH_GRACE_MS", default_value_t = 30_000)]
     pub(crate) detach_grace_ms: u64,
+    /// How long a sandbox waits for the workspace to re-attach after the
+    /// connection to its runner broke (the detach grace of every run and
+    /// chat turn), in ms.
+    #[arg(long, env = "ASBX_RUNNER_DETACH_GRACE_MS", default_value_t = 60_000)]
+    pub(crate) runner_detach_grace_ms: u64,
     /// Bearer token `GET /metrics` of the workspace requires; unset, it
     /// answers only while ASBX_REQUIRE_AUTH is off.
     #[arg(long, env = "ASBX_METRICS_TOKEN", hide_env_values = true)]

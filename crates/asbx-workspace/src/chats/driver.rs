@@ -195,19 +195,45 @@ impl Driver {
                 _ = flush.tick(), if !self.stored.is_empty() => {
                     self.stored.flush(&self.state, &self.turn.id).await;
                 }
-                chunk = upstream.next() => match chunk {
+                chunk = upstream.next() => match &chunk {
                     Some(Ok(bytes)) => {
-                        let lines = self.tap.observe(&bytes);
+                        let lines = self.tap.observe(bytes);
                         self.fold(lines, true);
                         if self.stored.is_full() {
                             self.stored.flush(&self.state, &self.turn.id).await;
                         }
                     }
-                    Some(Err(e)) => {
-                        broken = Some(crate::error::error_chain(&e));
+                    Some(Err(_)) | None if cancelled || self.tap.ended() => {
+                        if let Some(Err(e)) = &chunk {
+                            broken = Some(crate::error::error_chain(e));
+                        }
                         break;
                     }
-                    None => break,
+                    // Broken before the session's end: read on from the
+                    // runner's resume log, after the last line read. A
+                    // cancel meanwhile is the select's to handle.
+                    Some(Err(_)) | None => {
+                        self.tap.reattached();
+                        let after = self.tap.last_seq().max(self.last_seq);
+                        let again = tokio::select! {
+                            r = crate::runs::reattach::resume(&self.state, &self.turn.id, after) => r,
+                            () = self.turn.cancelled() => {
+                                upstream = futures::stream::empty().boxed();
+                                continue;
+                            }
+                            // The lease is kept meanwhile.
+                            () = lease.keep() => return Ending::Superseded,
+                        };
+                        match again {
+                            Some(r) => upstream = r.bytes_stream().boxed(),
+                            None => {
+                                if let Some(Err(e)) = &chunk {
+                                    broken = Some(crate::error::error_chain(e));
+                                }
+                                break;
+                            }
+                        }
+                    }
                 },
             }
         }

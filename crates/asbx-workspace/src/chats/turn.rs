@@ -232,7 +232,9 @@ struct Recorded {
 /// tokens. One transaction, one commit (one fsync on PostgreSQL), before
 /// the dispatch. An error on the way rolls all of it back: no lease is taken
 /// and nothing is left to release. A chat whose lease another turn holds is
-/// `409 turn_in_flight`.
+/// `409 turn_in_flight`, unless that turn has finished (its message stored)
+/// and only its release is still on its way
+/// ([`lease_sql::clear_finished_lease`]).
 async fn record(
     state: &AppState,
     workspace_id: &str,
@@ -248,7 +250,13 @@ async fn record(
     let mut tx = state.store.pool().begin().await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
-            let taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;
+            let mut taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;
+            if !taken
+                && lease_sql::clear_finished_lease(&mut *tx, chat_id, workspace_id, now).await?
+            {
+                // The lease was a finished turn's, not yet released.
+                taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;
+            }
             if !taken {
                 tx.rollback().await?;
                 let chat = chats::get(state.store.pool(), chat_id, workspace_id)
@@ -575,6 +583,64 @@ mod tests {
         assert!(prompt.starts_with("read them\n\nAttached files"));
         assert!(prompt.contains("- attachments/2-notes.txt (text/plain, 3 bytes)"));
         assert_eq!(prompt_with_attachments("x", &[]), "x");
+    }
+
+    /// Issue 32, item 4: a turn whose message is stored has finished, even
+    /// while its lease waits for its node's release: the next turn takes
+    /// the lease instead of a `409 turn_in_flight`. A turn in flight (no
+    /// message yet) still holds it.
+    #[tokio::test]
+    async fn a_finished_turns_lease_does_not_refuse_the_next_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
+        config.sandbox_url = Some(url::Url::parse("http://127.0.0.1:9/").unwrap());
+        let ws = crate::Workspace::open(config).await.unwrap();
+        let state = Arc::clone(&ws.state);
+        let pool = state.store.pool();
+        let workspace = crate::DEFAULT_WORKSPACE;
+        let lease = lease_sql::Lease {
+            turn_id: "turn-0",
+            until: i64::MAX / 2,
+            now_ms: 0,
+            first_message_id: "message-0",
+        };
+        lease_sql::create_leased(pool, "chat-1", workspace, "t", &lease)
+            .await
+            .unwrap();
+        let request = || TurnRequest {
+            chat_id: Some("chat-1".to_owned()),
+            message: "next".into(),
+            ..Default::default()
+        };
+        let in_flight = start_turn(&state, workspace, request()).await;
+        assert!(
+            matches!(in_flight, Err(WorkspaceError::TurnInFlight { .. })),
+            "a turn without its message is in flight"
+        );
+        let answer = PersistedMessage {
+            id: "message-1".to_owned(),
+            role: Role::Assistant,
+            content: vec![ContentBlock::Text {
+                text: "done".to_owned(),
+            }],
+            file_attachments: Vec::new(),
+            created_at: 1,
+            turn_id: Some("turn-0".to_owned()),
+        };
+        chats::append_message(pool, "chat-1", &answer)
+            .await
+            .unwrap();
+        let next = start_turn(&state, workspace, request()).await;
+        assert!(
+            !matches!(next, Err(WorkspaceError::TurnInFlight { .. })),
+            "the finished turn's lease was taken over"
+        );
+        let chat = chats::get(pool, "chat-1", workspace)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(chat.lease_turn_id.as_deref(), Some("turn-0"));
     }
 
     /// A turn start is one transaction: when any of it fails (here the

@@ -10,13 +10,18 @@
 //! The run records the runner that served it (`runs.sandbox_url`); every
 //! later call for the run goes there.
 //!
-//! Every dispatch speaks protocol 2 (docs/protocol.md §4). Runs have a
-//! detach grace of 0: the workspace is the runner's only reader, so when it
-//! drops the stream (a protocol 1 caller gone) the sandbox ends at once, as
-//! it did under protocol 1. Chat turns have [`CHAT_DETACH_GRACE_MS`], so
-//! another node can take a turn over when its node dies
-//! (`chats::lease::takeover`); they are cancelled with `DELETE`. Callers that want
-//! more pass [`RunOptions`] (filter, client tools, encryption).
+//! Every dispatch speaks protocol 2 (docs/protocol.md §4) with the same
+//! detach grace (`WorkspaceConfig::runner_detach_grace`, 60 s by default):
+//! a stream that broke is re-attached by its node (`runs::reattach`), a
+//! node that died leaves its chat turns to another node
+//! (`chats::lease::takeover`). Runs and turns are cancelled with `DELETE`.
+//! Callers that want more pass [`RunOptions`] (filter, client tools,
+//! encryption).
+//!
+//! A dispatch whose connection broke after it was sent (no answer, or a
+//! reset) may have started its session: it is re-attached from the start
+//! (`after=0`); a runner that does not know the session never took it, and
+//! the same request goes again (its tokens unredeemed).
 //!
 //! The runner's response is returned unread when it is a stream (`200`), so
 //! the caller relays it; anything else is read (bounded) and handed back for
@@ -40,23 +45,19 @@ use crate::error::WorkspaceError;
 use crate::runner_url;
 use crate::runs::caps::RunnerCaps;
 use crate::runs::fleet::Fleet;
+pub(crate) use crate::runs::runner_http::{post_request, runner_request};
 use crate::runs::store::{self as runs, NewRun, Outcome};
 use crate::tokens::store as token_store;
 use crate::tokens::{self, OTP_PREFIX, TokenKind};
 use crate::wire::RunKind;
 
-/// How long a chat turn's sandbox waits for a reader after the node driving
-/// it went away: more than a lease expiry and a sweep, so another node can
-/// take the turn over (`chats::lease::takeover`).
-pub(crate) const CHAT_DETACH_GRACE_MS: u64 = 60_000;
-
 /// The HTTP client that talks to runners, and the runner token it sends.
 #[derive(Clone)]
 pub(crate) struct Dispatcher {
-    client: reqwest::Client,
+    pub(crate) client: reqwest::Client,
     /// `Authorization: Bearer {runner_token}` on every request to a runner
     /// the operator configured.
-    runner_token: Option<String>,
+    pub(crate) runner_token: Option<String>,
     /// The operator's runners, built on first use from the configuration.
     fleet: OnceLock<Arc<Fleet>>,
     /// Each runner's runtime cap, for token lifetimes, and capacity.
@@ -314,12 +315,9 @@ pub(crate) async fn post(
         session_id: Some(spec.id.clone()),
         filter: options.filter.clone(),
         client_tools: options.client_tools.clone(),
-        detach_grace_ms: Some(match spec.kind {
-            // Another node may take a chat turn over (`chats::lease::takeover`):
-            // the sandbox waits that long for it.
-            RunKind::Chat => CHAT_DETACH_GRACE_MS,
-            RunKind::Run | RunKind::Agent => 0,
-        }),
+        // The sandbox waits this long for its relay to re-attach
+        // (`runs::reattach`) or another node to take it over.
+        detach_grace_ms: Some(grace_ms(state)),
         encryption: options.encryption.clone(),
         workdir,
     };
@@ -329,6 +327,11 @@ pub(crate) async fn post(
         return Ok(Started::Streaming { response });
     }
     Ok(rejected(state, &spec.id, response).await)
+}
+
+/// The detach grace of every dispatch, in ms.
+pub(crate) fn grace_ms(state: &AppState) -> u64 {
+    u64::try_from(state.config.runner_detach_grace.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Posts `request` to the first of `candidates` that takes it: one that
@@ -356,22 +359,17 @@ async fn send(
         if i > 0 {
             runs::set_sandbox_url(state.store.pool(), run_id, runner.as_str()).await?;
         }
-        let mut post = state
-            .dispatcher
-            .client
-            .post(stream_endpoint(runner)?)
-            .headers(crate::otel::headers())
-            .header(http::header::ACCEPT, "application/x-ndjson")
-            .json(request);
-        // The runner token goes to the operator's runners only: a stored
-        // agent's own SANDBOX_URL is the agent author's choice, not a place
-        // the operator's secret may go.
-        if let Some(token) = &state.dispatcher.runner_token
-            && state.config.is_operator_runner(runner)
-        {
-            post = post.bearer_auth(token);
-        }
-        match post.send().await {
+        match post_request(state, runner, request)?.send().await {
+            // Sent, but the answer was lost: the session may have started.
+            Err(e) if !e.is_connect() && request.session_id.is_some() => {
+                tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "the dispatch's connection broke; re-attaching");
+                if let Some(r) = crate::runs::reattach::resend(state, runner, request).await {
+                    return Ok(r);
+                }
+                let failure = WorkspaceError::Upstream(crate::error::error_chain(&e));
+                settle(state, run_id, &failed(&failure)).await;
+                return Err(failure);
+            }
             // Refused before anything started: the next runner may take it.
             Err(e) if e.is_connect() && !last => {
                 tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "runner down, trying the next");
@@ -535,51 +533,12 @@ pub(crate) async fn cancel_on_runner(state: &AppState, run_id: &str) -> bool {
     }
 }
 
-/// A request to the runner at `sandbox_url`, its route `segments` joined
-/// to the URL's path ([`runner_url::join`]), with the runner token when
-/// that runner is the operator's. A runner the operator does not allow
-/// (any more) gets no request: `sandbox_url_not_allowed`.
-pub(crate) fn runner_request(
-    state: &AppState,
-    method: reqwest::Method,
-    sandbox_url: &str,
-    segments: &[&str],
-) -> Result<reqwest::RequestBuilder, WorkspaceError> {
-    let base = Url::parse(sandbox_url)
-        .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
-    if !state.config.is_allowed_runner(&base) {
-        return Err(WorkspaceError::SandboxUrlNotAllowed {
-            field: "sandboxUrl".to_owned(),
-        });
-    }
-    let url = runner_url::join(&base, segments)
-        .map_err(|e| WorkspaceError::Corrupt(format!("stored sandbox URL: {e}")))?;
-    let mut req = state
-        .dispatcher
-        .client
-        .request(method, url)
-        .headers(crate::otel::headers())
-        .timeout(Duration::from_secs(30));
-    if let Some(token) = &state.dispatcher.runner_token
-        && state.config.is_operator_runner(&base)
-    {
-        req = req.bearer_auth(token);
-    }
-    Ok(req)
-}
-
 /// `{public_url}/api/assistant/sandbox/{session_id}`.
 pub(crate) fn agent_url(public_url: &Url, session_id: &str) -> String {
     format!(
         "{}/api/assistant/sandbox/{session_id}",
         public_url.as_str().trim_end_matches('/')
     )
-}
-
-/// `{sandbox_url}/stream`.
-fn stream_endpoint(sandbox_url: &Url) -> Result<Url, WorkspaceError> {
-    runner_url::join(sandbox_url, &["stream"])
-        .map_err(|e| WorkspaceError::Config(format!("runner URL {sandbox_url}: {e}")))
 }
 
 #[cfg(test)]
@@ -599,7 +558,9 @@ mod tests {
             "http://h/prefix/api/assistant/sandbox/s"
         );
         assert_eq!(
-            stream_endpoint(&base).unwrap().as_str(),
+            crate::runs::runner_http::stream_endpoint(&base)
+                .unwrap()
+                .as_str(),
             "http://h/prefix/stream"
         );
     }

@@ -1,9 +1,11 @@
 //! Runs whose relay is gone: a workspace node that stopped (crash, restart)
-//! while relaying a run leaves its row `running`, though with a detach grace
-//! of 0 the runner ended the sandbox when the node's stream closed
-//! (docs/protocol.md §4). A run is never left `running` for a sandbox that
-//! is gone (docs/protocol.md §7): when a node that does not relay a running
-//! run is asked about it, it asks the runner (`GET /v1/sessions/{id}`), and
+//! while relaying a run leaves its row `running`; another node takes it
+//! over once its lease expired (`runs::takeover`), and a run without a
+//! lease (stored before leases) ends with its sandbox, its detach grace
+//! after the node's stream closed (docs/protocol.md §4). A run is never
+//! left `running` for a sandbox that is gone (docs/protocol.md §7): when a
+//! node that does not relay a running run, and nobody holds its lease, is
+//! asked about it, it asks the runner (`GET /v1/sessions/{id}`), and
 //! settles the run as failed `runner_lost` when the runner does not know the
 //! session, the session ended a while ago, or the runner cannot be reached.
 //! Chat turns ask the runner the same question ([`ask_session`]) before
@@ -13,7 +15,10 @@ use std::time::Duration;
 
 use asbx_protocol::session::{SessionInfo, SessionStatus};
 
+use sqlx::Row as _;
+
 use crate::AppState;
+use crate::error::WorkspaceError;
 use crate::runs::dispatch;
 use crate::runs::store::{Outcome, RunRow};
 use crate::wire::{RunKind, RunStatus};
@@ -32,6 +37,11 @@ pub(crate) async fn settle_if_lost(state: &AppState, run: &RunRow) -> bool {
         || state.run_hub.relays(&run.id)
         || state.now_ms().saturating_sub(run.created_at) < MIN_AGE_MS
     {
+        return false;
+    }
+    // A node relays it, or is re-attaching to it after a blip: its
+    // runner's answer now says nothing of the run's end.
+    if leased(state, &run.id).await.unwrap_or(true) {
         return false;
     }
     let Some(sandbox_url) = run.sandbox_url.as_deref() else {
@@ -57,6 +67,20 @@ pub(crate) async fn settle_if_lost(state: &AppState, run: &RunRow) -> bool {
     };
     dispatch::settle(state, &run.id, &outcome).await;
     true
+}
+
+/// Whether a node holds the run's lease now (it relays the run, or is
+/// re-attaching to it): nobody else may judge it lost.
+pub(crate) async fn leased(state: &AppState, run_id: &str) -> Result<bool, WorkspaceError> {
+    let row = sqlx::query("SELECT lease_expires_at FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_optional(state.store.pool())
+        .await?;
+    let until = match row {
+        Some(r) => r.try_get::<Option<i64>, _>("lease_expires_at")?,
+        None => None,
+    };
+    Ok(until.is_some_and(|t| t > state.now_ms()))
 }
 
 /// What a runner says of one of its sessions (`GET /v1/sessions/{id}`).

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::AppState;
 use crate::runs::dispatch;
 use crate::runs::events::{self, Kept, Live};
+use crate::runs::lease;
 use crate::runs::store::Outcome;
 use crate::runs::tap::{OutcomeTap, Tapped};
 
@@ -59,18 +60,59 @@ const MAX_UNSTORED_BYTES: usize = 32 << 20;
 /// transaction), the lines read meanwhile gather into the next, so a batch
 /// is as large as the database is slow (up to [`MAX_UNSTORED_BYTES`]), and
 /// each batch is published as one broadcast message once it is stored.
+///
+/// The relaying node holds the run's lease (`runs::takeover`) and renews
+/// it while it reads; a relay that finds the lease taken (this node was cut
+/// off long enough for another to take the run over) stops without
+/// settling: the run is the other node's.
 pub(crate) fn spawn(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
-    tokio::spawn(relay(state, run_id, live, response));
+    tokio::spawn(async move {
+        if let Err(e) = lease::hold(&state, &run_id).await {
+            tracing::warn!(run = %run_id, error = %crate::error::error_chain(&e), "taking the run's lease failed");
+        }
+        relay(state, run_id, live, Some(response), Vec::new()).await;
+    });
+}
+
+/// Relays a run this node took over (`runs::takeover`, its lease already
+/// this node's): `stored` is what the run had stored (the tap reads it,
+/// nothing is stored or published again), `response` the runner's replay
+/// after it, `None` when the runner no longer has the session (the run
+/// ends `runner_lost`).
+pub(crate) fn spawn_resumed(
+    state: Arc<AppState>,
+    run_id: String,
+    live: Live,
+    response: Option<reqwest::Response>,
+    stored: Vec<u8>,
+) {
+    tokio::spawn(relay(state, run_id, live, response, stored));
 }
 
 type Storing = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwest::Response) {
-    let mut upstream = response.bytes_stream();
+async fn relay(
+    state: Arc<AppState>,
+    run_id: String,
+    live: Live,
+    response: Option<reqwest::Response>,
+    stored: Vec<u8>,
+) {
+    let gone = response.is_none();
+    let mut upstream = match response {
+        Some(r) => r.bytes_stream().boxed(),
+        None => futures::stream::empty().boxed(),
+    };
     let mut tap = OutcomeTap::relaying();
-    let mut broken: Option<String> = None;
+    // Lines stored before a takeover: read for the outcome and the last
+    // `seq`, not stored again.
+    drop(tap.observe_raw(&Bytes::from(stored)));
+    let mut broken = gone.then(|| "the runner no longer has the session".to_owned());
     let mut cancelled = false;
-    let mut reading = true;
+    let mut reading = !gone;
+    let mut superseded = false;
+    let mut renew = tokio::time::interval(lease::renewal_every(&state));
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unstored: Vec<Tapped> = Vec::new();
     let mut unstored_bytes = 0usize;
     let mut storing: Option<Storing> = None;
@@ -122,22 +164,57 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
                     None => std::future::pending().await,
                 }
             }, if storing.is_some() => storing = None,
-            chunk = upstream.next(), if unstored_bytes < MAX_UNSTORED_BYTES => match chunk {
-                Some(Ok(bytes)) => {
-                    unstored_bytes += bytes.len();
-                    unstored.extend(tap.observe_raw(&bytes));
-                }
-                Some(Err(e)) => {
-                    broken = Some(crate::error::error_chain(&e));
+            _ = renew.tick() => match lease::renew(&state, &run_id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(run = %run_id, "lost the run's lease; leaving the run to its new holder");
+                    superseded = true;
                     reading = false;
                 }
-                None => reading = false,
+                Err(e) => tracing::warn!(run = %run_id, error = %e, "renewing the run's lease failed"),
+            },
+            chunk = upstream.next(), if unstored_bytes < MAX_UNSTORED_BYTES => match &chunk {
+                Some(Ok(bytes)) => {
+                    unstored_bytes += bytes.len();
+                    unstored.extend(tap.observe_raw(bytes));
+                }
+                Some(Err(_)) | None if cancelled || tap.ended() => {
+                    if let Some(Err(e)) = &chunk {
+                        broken = Some(crate::error::error_chain(&e));
+                    }
+                    reading = false;
+                }
+                // Broken before the session's end: read on from the runner's
+                // resume log, from the line after the last one read.
+                Some(Err(_)) | None => match reattach(&state, &run_id, &live, &mut tap).await {
+                    Reattached::Stream(r) => upstream = r.bytes_stream().boxed(),
+                    Reattached::Cancelled => {
+                        cancelled = true;
+                        dispatch::cancel_on_runner(&state, &run_id).await;
+                        reading = false;
+                    }
+                    Reattached::Superseded => {
+                        superseded = true;
+                        reading = false;
+                    }
+                    Reattached::Gone => {
+                        if let Some(Err(e)) = &chunk {
+                            broken = Some(crate::error::error_chain(&e));
+                        }
+                        reading = false;
+                    }
+                },
             },
         }
     }
-    // With a detach grace of 0 the runner ends the sandbox once its only
-    // reader is gone (docs/protocol.md §4).
+    // Not read any more: a sandbox that still runs (the relay gave up on
+    // its runner, or a cancel it did not take) ends after its detach grace
+    // (docs/protocol.md §4).
     drop(upstream);
+    if superseded {
+        state.run_hub.close(&run_id);
+        return;
+    }
     let mut rest = tap.finish_raw();
     let outcome = match (tap.terminal(), cancelled) {
         (None, true) => Outcome::Failed {
@@ -162,6 +239,31 @@ async fn relay(state: Arc<AppState>, run_id: String, live: Live, response: reqwe
     dispatch::settle_ended(&state, &run_id, &outcome, termination.as_ref()).await;
     state.run_hub.close(&run_id);
     events::announce_end(&state, &run_id).await;
+}
+
+/// What re-attaching a broken stream gave.
+enum Reattached {
+    Stream(reqwest::Response),
+    /// The run was cancelled meanwhile.
+    Cancelled,
+    /// Another node took the run over meanwhile.
+    Superseded,
+    /// The runner is gone, or no longer has the session.
+    Gone,
+}
+
+/// The session's stream again after it broke before the session's end
+/// (`runs::reattach`), from the line after the last one read.
+async fn reattach(state: &AppState, run_id: &str, live: &Live, tap: &mut OutcomeTap) -> Reattached {
+    tap.reattached();
+    tokio::select! {
+        r = crate::runs::reattach::resume(state, run_id, tap.last_seq()) => match r {
+            Some(r) => Reattached::Stream(r),
+            None => Reattached::Gone,
+        },
+        () = live.cancel.cancelled() => Reattached::Cancelled,
+        () = lease::keep(state, run_id) => Reattached::Superseded,
+    }
 }
 
 /// Stores `lines` (one transaction), then publishes them as one message.

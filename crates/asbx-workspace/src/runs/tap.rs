@@ -257,9 +257,16 @@ impl OutcomeTap {
     }
 
     /// The highest `seq` seen so far (0 before the first line).
-    #[cfg(test)]
     pub(crate) fn last_seq(&self) -> u64 {
         self.last_seq
+    }
+
+    /// A new stream of the same session follows (`runs::reattach`), from
+    /// the line after [`OutcomeTap::last_seq`]: the broken stream's partial
+    /// line is dropped (it comes again whole).
+    pub(crate) fn reattached(&mut self) {
+        self.buf.clear();
+        self.skipping = false;
     }
 
     /// The outcome once the upstream stream has ended (cleanly or not): the

@@ -74,7 +74,7 @@ async fn protocol_2_choices_reach_the_runner_and_lines_come_back_as_they_are(db:
     assert_eq!(body.as_ref(), runner.sent().as_slice());
     let d = &runner.dispatches()[0];
     assert_eq!(d.protocol, asbx_protocol::Protocol::V2);
-    assert_eq!(d.detach_grace_ms, Some(0));
+    assert_eq!(d.detach_grace_ms, Some(60_000));
     assert_eq!(d.client_tools.len(), 1);
     assert_eq!(d.client_tools[0].name, "pick");
     assert_eq!(

@@ -15,6 +15,7 @@ use crate::cli::RunnerOpts;
 pub(super) fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::cli::WorkspaceOpts) {
     config.require_auth = opts.require_auth;
     config.detach_grace = Duration::from_millis(opts.detach_grace_ms);
+    config.runner_detach_grace = Duration::from_millis(opts.runner_detach_grace_ms);
     config.metrics_token = opts.metrics_token.clone().filter(|t| !t.is_empty());
     config.models = opts
         .models

@@ -306,7 +306,15 @@ async fn delete_cancels_a_running_run_and_get_shows_its_termination() {
 #[tokio::test]
 async fn a_run_whose_runner_is_killed_ends_with_runner_lost() {
     let mut runner = RunnerProc::start(&[]);
-    let ws = WorkspaceProc::start("127.0.0.1:0", &[("SANDBOX_URL", &runner.url)]);
+    // A runner that refuses connections is given the detach grace to come
+    // back (runs::reattach): a short one here.
+    let ws = WorkspaceProc::start(
+        "127.0.0.1:0",
+        &[
+            ("SANDBOX_URL", &runner.url),
+            ("ASBX_RUNNER_DETACH_GRACE_MS", "3000"),
+        ],
+    );
     let prompt = script(json!([
         {"tool": "shell", "args": {"command": "echo started; sleep 120"}},
         {"say": "never"}

@@ -92,6 +92,17 @@ impl LeaseGuard {
         .await
     }
 
+    /// Renews the lease every [`renewal_every`] while something else is
+    /// awaited (re-attaching to the runner); returns once it was lost.
+    pub(crate) async fn keep(&self) {
+        loop {
+            tokio::time::sleep(renewal_every(&self.state)).await;
+            if let Ok(false) = self.renew().await {
+                return;
+            }
+        }
+    }
+
     pub(crate) async fn release(mut self) {
         self.held = false;
         release(&self.state, &self.chat_id, &self.turn_id).await;

@@ -153,6 +153,35 @@ where
     rows.iter().map(from_row).collect()
 }
 
+/// Clears the lease of a turn that has finished (its assistant message is
+/// stored) but whose node has not released it yet: it ended by a path that
+/// stores the message before the release (marked lost, or the database
+/// came back late). A client that got `done` on another node and starts
+/// the next turn at once is not told `409 turn_in_flight` for a finished
+/// turn. True when it cleared one.
+pub(crate) async fn clear_finished_lease<'c, E>(
+    db: E,
+    chat_id: &str,
+    workspace_id: &str,
+    now_ms: i64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done = sqlx::query(
+        "UPDATE chats SET lease_turn_id = NULL, lease_expires_at = NULL, lease_holder = NULL, \
+         updated_at = $1 WHERE id = $2 AND workspace_id = $3 AND lease_turn_id IS NOT NULL \
+         AND EXISTS (SELECT 1 FROM messages WHERE messages.chat_id = chats.id \
+         AND messages.turn_id = chats.lease_turn_id AND messages.role = 'assistant')",
+    )
+    .bind(now_ms)
+    .bind(chat_id)
+    .bind(workspace_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// Clears the lease if `turn_id` holds it.
 pub(crate) async fn release_lease<'c, E>(
     db: E,

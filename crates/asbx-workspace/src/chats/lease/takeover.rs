@@ -36,8 +36,8 @@ use crate::wire::{ContentBlock, PersistedMessage, RunStatus};
 
 /// Expired leases looked at per sweep.
 const SWEEP_BATCH: i64 = 50;
-/// How long re-attaching to the runner may take.
-const REATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long re-attaching to the runner may take: the sweep waits for it.
+const REATTACH_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Sweeps for turns to take over until the workspace is dropped.
 pub(crate) fn start_sweeper(state: &Arc<AppState>) {
@@ -132,32 +132,16 @@ pub(crate) async fn take_over(
     Ok(true)
 }
 
-/// The runner's replay of the session after `after`, if it still has it.
+/// The runner's replay of the session after `after`, if it still has it
+/// (`runs::reattach`, the one way back to a session).
 async fn reattach(
     state: &AppState,
     sandbox_url: Option<&str>,
     turn_id: &str,
     after: u64,
 ) -> Option<reqwest::Response> {
-    let configured = state.config.sandbox_url.as_ref().map(url::Url::as_str);
-    let url = sandbox_url.or(configured)?;
-    let path = ["v1", "sessions", turn_id, "events"];
-    let request = dispatch::runner_request(state, reqwest::Method::GET, url, &path)
-        .ok()?
-        .query(&[("after", after)]);
-    let sent = tokio::time::timeout(REATTACH_TIMEOUT, request.send()).await;
-    match sent {
-        Ok(Ok(r)) if r.status().is_success() => Some(r),
-        Ok(Ok(r)) => {
-            tracing::info!(turn = turn_id, status = %r.status(), "the runner no longer has the turn's session");
-            None
-        }
-        Ok(Err(e)) => {
-            tracing::info!(turn = turn_id, error = %crate::error::error_chain(&e), "the turn's runner can't be reached");
-            None
-        }
-        Err(_) => None,
-    }
+    let url = crate::runs::reattach::runner_of(state, sandbox_url)?;
+    crate::runs::reattach::reattach(state, url, turn_id, after, REATTACH_PATIENCE).await
 }
 
 /// Ends a turn nobody can finish: the thread says so (once), the run is

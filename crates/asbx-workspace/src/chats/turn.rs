@@ -21,6 +21,7 @@ use crate::environments;
 use crate::error::WorkspaceError;
 use crate::files::ascii_file_name;
 use crate::files::store::{self as files, FileRow};
+use crate::quota::admit;
 use crate::runs::dispatch::{self, RunOptions, RunSpec, Started};
 use crate::tokens;
 use crate::validate;
@@ -79,12 +80,36 @@ pub(crate) async fn start_turn(
         recover_lost_turn(state, chat).await?;
     }
     let route = dispatch::route(state, &prepared.sandbox_url).await;
+    let limits = admit::limits(state, workspace_id).await?;
+    let capacity = dispatch::fleet_capacity(state, &prepared.sandbox_url).await;
+    let mut share = admit::ShareWait::new(state, &limits, workspace_id, capacity);
+    let quota = Admission {
+        limits: &limits,
+        capacity,
+    };
     let Recorded {
         chat_id,
         spec,
         run,
         user_message_id,
-    } = record(state, workspace_id, &request, prepared, &lease, &route).await?;
+    } = loop {
+        share.turn().await?;
+        match record(
+            state,
+            workspace_id,
+            &request,
+            prepared.clone(),
+            &lease,
+            &route,
+            &quota,
+        )
+        .await
+        {
+            // Another dispatch took the room first: wait again.
+            Err(e) if share.retry(&e) => continue,
+            recorded => break recorded?,
+        }
+    };
     let lease = LeaseGuard::new(Arc::clone(state), chat_id.clone(), turn_id.clone());
 
     let live = LiveTurn::new(
@@ -174,6 +199,7 @@ fn check(state: &AppState, request: &TurnRequest) -> Result<url::Url, WorkspaceE
 }
 
 /// What a turn needs before it is recorded, read outside its transaction.
+#[derive(Clone)]
 struct Prepared {
     attachments: Vec<FileRow>,
     /// An existing chat's row and stored settings.
@@ -227,6 +253,13 @@ struct Recorded {
     user_message_id: String,
 }
 
+/// The quotas a turn is admitted under: its workspace's limits and the
+/// fleet's capacity (the fair share).
+struct Admission<'l> {
+    limits: &'l crate::quota::Limits,
+    capacity: Option<u64>,
+}
+
 /// Records the turn: the lease (a new chat made with it), the attachments
 /// claimed for the chat's bag, the user message and the run with its
 /// tokens. One transaction, one commit (one fsync on PostgreSQL), before
@@ -242,11 +275,9 @@ async fn record(
     prepared: Prepared,
     lease: &lease_sql::Lease<'_>,
     route: &dispatch::Route,
+    quota: &Admission<'_>,
 ) -> Result<Recorded, WorkspaceError> {
     let now = lease.now_ms;
-    let limits = crate::quota::admit::limits(state, workspace_id).await?;
-    let capacity = dispatch::fleet_capacity(state, &prepared.sandbox_url).await;
-    crate::quota::admit::wait_for_share(state, &limits, workspace_id, capacity).await?;
     let mut tx = state.store.pool().begin().await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
@@ -307,7 +338,7 @@ async fn record(
         &history,
         prepared,
     );
-    crate::quota::admit::dispatch(&mut tx, &limits, workspace_id, now).await?;
+    admit::dispatch(&mut tx, quota.limits, workspace_id, now, quota.capacity).await?;
     let run = dispatch::record(&mut tx, &spec, route, now).await?;
     tx.commit().await?;
     Ok(Recorded {

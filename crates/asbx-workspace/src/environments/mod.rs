@@ -689,7 +689,7 @@ pub(crate) async fn chat_settings_view(
 }
 
 /// What a chat turn's `/env` and `/config` start from.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ChatRun {
     pub(crate) env: EnvResponse,
     pub(crate) secrets: Option<SecretRefs>,

@@ -25,12 +25,19 @@ fn limit_i64(limit: u64) -> i64 {
 /// SQLite a transaction that reads before it writes can't wait for the
 /// write lock (`SQLITE_BUSY`), and a second connection taken while one is
 /// held could wait for the pool.
+///
+/// With the fleet's `capacity` and no `concurrent-sandboxes` limit, the
+/// workspace's fair share ([`quota::fair`]) holds instead; over it, the
+/// refusal is one [`is_share_full`] tells apart, which [`ShareWait`]'s
+/// callers wait out.
 pub(crate) async fn dispatch(
     conn: &mut sqlx::AnyConnection,
     limits: &Limits,
     workspace_id: &str,
     now_ms: i64,
+    capacity: Option<u64>,
 ) -> Result<(), WorkspaceError> {
+    let share = fair_capacity(limits, capacity);
     let sandbox_limited = [
         Quota::ConcurrentSandboxes,
         Quota::SandboxSecondsPerDay,
@@ -39,10 +46,18 @@ pub(crate) async fn dispatch(
     ]
     .into_iter()
     .any(|q| limits.get(q).is_some());
-    if !sandbox_limited {
+    if !sandbox_limited && share.is_none() {
         return Ok(());
     }
     store::lock_workspace(conn, workspace_id).await?;
+    if let Some(capacity) = share {
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let mine = count(store::running(&mut *conn, workspace_id).await?);
+        let total = count(store::running_total(&mut *conn).await?);
+        if !quota::fair::may_start(mine, total, capacity) {
+            return Err(share_full(capacity));
+        }
+    }
     if let Some(limit) = limits.get(Quota::ConcurrentSandboxes)
         && store::running(&mut *conn, workspace_id).await? >= limit_i64(limit)
     {
@@ -72,47 +87,97 @@ pub(crate) async fn dispatch(
     storage(&mut *conn, limits, workspace_id, 0).await
 }
 
-/// Waits until `workspace_id` may start one more sandbox under its fair
-/// share of a fleet of `capacity` ([`quota::fair`]), at most the server's
-/// queue wait, then `429 quota_exceeded` (`concurrent-sandboxes`). Returns
-/// at once when `concurrent-sandboxes` is set (its limit replaces the
-/// share) or the capacity is unknown. A dispatch that could start still
-/// queues behind waiters of other workspaces, so they are served in turn.
-pub(crate) async fn wait_for_share(
-    state: &AppState,
-    limits: &Limits,
-    workspace_id: &str,
+/// The fleet's capacity when the fair share holds: known, and no
+/// `concurrent-sandboxes` limit (which replaces the share).
+fn fair_capacity(limits: &Limits, capacity: Option<u64>) -> Option<u64> {
+    capacity.filter(|_| limits.get(Quota::ConcurrentSandboxes).is_none())
+}
+
+/// Over the fair share of a fleet of `capacity`: a refusal that waiting
+/// helps, not counted as one until the wait is over ([`ShareWait`]).
+fn share_full(capacity: u64) -> WorkspaceError {
+    WorkspaceError::QuotaExceeded {
+        quota: Quota::ConcurrentSandboxes.name(),
+        limit: quota::fair::share(capacity),
+        retry_after_s: Some(SANDBOX_RETRY_S),
+    }
+}
+
+/// Whether [`dispatch`] refused `e` for the fair share.
+pub(crate) fn is_share_full(e: &WorkspaceError) -> bool {
+    matches!(e, WorkspaceError::QuotaExceeded { quota, .. } if *quota == Quota::ConcurrentSandboxes.name())
+}
+
+/// A dispatch waiting for its fair share of the fleet ([`quota::fair`]):
+/// [`ShareWait::turn`] before each try of the transaction that records it,
+/// at most the server's queue wait in all.
+pub(crate) struct ShareWait<'s> {
+    state: &'s AppState,
+    workspace_id: &'s str,
+    /// `None`: the share does not hold, nothing to wait for.
     capacity: Option<u64>,
-) -> Result<(), WorkspaceError> {
-    let Some(capacity) = capacity.filter(|_| limits.get(Quota::ConcurrentSandboxes).is_none())
-    else {
-        return Ok(());
-    };
-    let queue = &state.dispatcher.fair;
-    let deadline = tokio::time::Instant::now() + state.config.queue_wait;
-    let mut ticket = None;
-    loop {
-        let pool = state.store.pool();
-        let count = |n: i64| u64::try_from(n).unwrap_or(0);
-        let mine = count(store::running(pool, workspace_id).await?);
-        let total = count(store::running_total(pool).await?);
-        let my_turn = ticket.is_some() || !queue.others_waiting(workspace_id);
-        if my_turn && quota::fair::may_start(mine, total, capacity) {
+    deadline: tokio::time::Instant,
+    ticket: Option<quota::fair::Ticket<'s>>,
+}
+
+impl<'s> ShareWait<'s> {
+    pub(crate) fn new(
+        state: &'s AppState,
+        limits: &Limits,
+        workspace_id: &'s str,
+        capacity: Option<u64>,
+    ) -> Self {
+        ShareWait {
+            state,
+            workspace_id,
+            capacity: fair_capacity(limits, capacity),
+            deadline: tokio::time::Instant::now() + state.config.queue_wait,
+            ticket: None,
+        }
+    }
+
+    /// Whether `e` (from [`dispatch`]) means: wait and try again.
+    pub(crate) fn retry(&self, e: &WorkspaceError) -> bool {
+        self.capacity.is_some() && is_share_full(e)
+    }
+
+    /// Waits until one more sandbox looks likely to fit the workspace's
+    /// share (the transaction checks it for sure), and it is this
+    /// workspace's turn: a dispatch that could start still queues behind
+    /// waiters of other workspaces, so they are served in turn. Past the
+    /// deadline: `429 quota_exceeded` (`concurrent-sandboxes`).
+    pub(crate) async fn turn(&mut self) -> Result<(), WorkspaceError> {
+        let Some(capacity) = self.capacity else {
             return Ok(());
-        }
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            return Err(quota::refused(
-                workspace_id,
-                Quota::ConcurrentSandboxes,
-                quota::fair::share(capacity),
-                Some(SANDBOX_RETRY_S),
-            ));
-        }
-        let waiting = ticket.get_or_insert_with(|| queue.join(workspace_id));
-        if waiting.wait(left.min(quota::fair::RECHECK)).await {
-            // Spent: its turn came. Look again, and queue anew if need be.
-            ticket = None;
+        };
+        let queue = &self.state.dispatcher.fair;
+        loop {
+            let pool = self.state.store.pool();
+            let count = |n: i64| u64::try_from(n).unwrap_or(0);
+            let mine = count(store::running(pool, self.workspace_id).await?);
+            let total = count(store::running_total(pool).await?);
+            let my_turn = self.ticket.is_some() || !queue.others_waiting(self.workspace_id);
+            if my_turn && quota::fair::may_start(mine, total, capacity) {
+                return Ok(());
+            }
+            let left = self
+                .deadline
+                .saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(quota::refused(
+                    self.workspace_id,
+                    Quota::ConcurrentSandboxes,
+                    quota::fair::share(capacity),
+                    Some(SANDBOX_RETRY_S),
+                ));
+            }
+            let ticket = self
+                .ticket
+                .get_or_insert_with(|| queue.join(self.workspace_id));
+            if ticket.wait(left.min(quota::fair::RECHECK)).await {
+                // Spent: its turn came. Look again, and queue anew if need be.
+                self.ticket = None;
+            }
         }
     }
 }

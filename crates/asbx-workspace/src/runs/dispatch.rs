@@ -42,6 +42,7 @@ use url::Url;
 use crate::AppState;
 use crate::environments::SecretRefs;
 use crate::error::WorkspaceError;
+use crate::quota::admit;
 use crate::runner_url;
 use crate::runs::caps::RunnerCaps;
 use crate::runs::fleet::Fleet;
@@ -151,15 +152,22 @@ pub(crate) async fn start_with(
     options: &RunOptions,
 ) -> Result<Started, WorkspaceError> {
     let route = route(state, &spec.sandbox_url).await;
-    let limits = crate::quota::admit::limits(state, &spec.workspace_id).await?;
+    let limits = admit::limits(state, &spec.workspace_id).await?;
     let capacity = fleet_capacity(state, &spec.sandbox_url).await;
-    crate::quota::admit::wait_for_share(state, &limits, &spec.workspace_id, capacity).await?;
-    let mut tx = state.store.pool().begin().await?;
-    let now = state.now_ms();
-    crate::quota::admit::dispatch(&mut tx, &limits, &spec.workspace_id, now).await?;
-    let recorded = record(&mut tx, spec, &route, now).await?;
-    tx.commit().await?;
-    post(state, spec, options, route, recorded).await
+    let mut share = admit::ShareWait::new(state, &limits, &spec.workspace_id, capacity);
+    loop {
+        share.turn().await?;
+        let mut tx = state.store.pool().begin().await?;
+        let now = state.now_ms();
+        match admit::dispatch(&mut tx, &limits, &spec.workspace_id, now, capacity).await {
+            // Another dispatch took the room first: wait again.
+            Err(e) if share.retry(&e) => continue,
+            admitted => admitted?,
+        }
+        let recorded = record(&mut tx, spec, &route, now).await?;
+        tx.commit().await?;
+        return post(state, spec, options, route, recorded).await;
+    }
 }
 
 /// The capacity of the operator's runners (their `/healthz` `capacity`

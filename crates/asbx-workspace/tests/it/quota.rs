@@ -261,3 +261,112 @@ async fn two_nodes_admit_exactly_the_limit(db: Db) {
     }
     drop(answers);
 }
+
+/// `n` runs posted at once by the holder of `key`, each answered in its
+/// own task (a queued one waits for its share).
+fn post_runs(ws: &TestWorkspace, key: &str, n: usize) -> Vec<tokio::task::JoinHandle<u16>> {
+    (0..n)
+        .map(|_| {
+            let req = client()
+                .post(ws.url("/api/runs"))
+                .bearer_auth(key)
+                .json(&json!({"prompt": "x", "protocol": 2}));
+            tokio::spawn(async move {
+                let resp = req.send().await.unwrap();
+                let status = resp.status().as_u16();
+                // Hold the stream open: the run lives until released.
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                drop(resp);
+                status
+            })
+        })
+        .collect()
+}
+
+/// Waits (5 s at most) until the runner has seen `n` dispatches.
+async fn dispatched(runner: &FakeRunner, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while runner.dispatches().len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} dispatched",
+            runner.dispatches().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+on_both!(a_workspace_gets_half_the_fleet_and_waiters_take_turns);
+async fn a_workspace_gets_half_the_fleet_and_waiters_take_turns(db: Db) {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    runner.set_health(json!({"status": "ok", "capacity": 4}));
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |c| {
+        c.require_auth = true;
+        c.queue_wait = Duration::from_secs(20);
+    })
+    .await;
+    let a = ws.workspace.create_workspace("a").await.unwrap();
+    let b = ws.workspace.create_workspace("b").await.unwrap();
+    let key_a = ws.workspace.create_api_key(&a, "ka").await.unwrap();
+    let key_b = ws.workspace.create_api_key(&b, "kb").await.unwrap();
+
+    // A asks for 8 at once: half the fleet (2) starts, 6 wait.
+    let runs_a = post_runs(&ws, &key_a, 8);
+    dispatched(&runner, 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(runner.dispatches().len(), 2, "A holds at most half");
+    // B's two start at once (within a second), A still waiting.
+    let started = tokio::time::Instant::now();
+    let runs_b = post_runs(&ws, &key_b, 2);
+    dispatched(&runner, 4).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let u = client()
+        .get(ws.url("/api/usage"))
+        .bearer_auth(&key_b)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(u["used"]["concurrent-sandboxes"], 2.0, "{u}");
+    // One of A's ends: the next of A's waiters starts in its place, and
+    // A never holds more than 2.
+    runner.shared.release.notify_one();
+    dispatched(&runner, 5).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(runner.dispatches().len(), 5);
+    for _ in 0..16 {
+        runner.shared.release.notify_one();
+    }
+    for run in runs_a.into_iter().chain(runs_b) {
+        run.abort();
+    }
+}
+
+on_both!(a_dispatch_waits_its_longest_then_429);
+async fn a_dispatch_waits_its_longest_then_429(db: Db) {
+    let runner = FakeRunner::start(Mode::Hold).await;
+    runner.set_health(json!({"status": "ok", "capacity": 2}));
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |c| {
+        c.queue_wait = Duration::from_millis(600);
+    })
+    .await;
+    let first = post_run(&ws).await;
+    assert_eq!(first.status(), 200);
+    let started = tokio::time::Instant::now();
+    let retry = refused(post_run(&ws).await, "concurrent-sandboxes").await;
+    assert!(started.elapsed() >= Duration::from_millis(500), "it waited");
+    assert!(retry.is_some_and(|s| s > 0));
+    assert_eq!(
+        runner.dispatches().len(),
+        1,
+        "a refused run reaches no runner"
+    );
+    runner.shared.release.notify_one();
+    drop(first);
+}

@@ -845,8 +845,9 @@ export interface components {
          *
          *     - `prompt`: the block's input, non-empty.
          *
-         *     There is deliberately no `sandboxUrl`: the runner comes from the agent
-         *     environment's `SANDBOX_URL` or the server's (see [`CreateRunRequest`]).
+         *     - `sandboxUrl`: the block's runner, first of the three (CONTRACT §6):
+         *       then the agent environment's `SANDBOX_URL`, then the server's; it must
+         *       be one the operator configured, as on [`CreateRunRequest`].
          */
         AgentRunRequest: {
             clientTools?: unknown;
@@ -854,6 +855,7 @@ export interface components {
             filter?: unknown;
             prompt: string;
             protocol?: unknown;
+            sandboxUrl?: string | null;
         };
         /** @description A file of the workspace the agent places in its working directory. */
         AttachmentRef: {
@@ -1028,12 +1030,12 @@ export interface components {
          *       `/env`; this request's own `variables` and `setupScript` win on a
          *       clash, allowed hosts are the union.
          *
-         *     There is deliberately no `sandboxUrl` (issue 13, item 2): the runner a
-         *     request reaches is the operator's `SANDBOX_URL`, never one an anonymous
-         *     caller names. The workspace sends its runner token and three one-time
-         *     tokens to that URL, so a caller-chosen URL would receive them (and turn
-         *     the workspace into a proxy to any address). A body naming `sandboxUrl`
-         *     is refused as an unknown field.
+         *     - `sandboxUrl`: the runner to use (CONTRACT §6), one the operator
+         *       configured (`SANDBOX_URL`, `ASBX_ALLOWED_SANDBOX_URLS`; compared as
+         *       normalised URLs); any other is `400 sandbox_url_not_allowed` and gets
+         *       no request. Absent: the server's `SANDBOX_URL` (its fleet). A caller
+         *       never picks an address of its own: the workspace sends its runner
+         *       token and three one-time tokens to that URL.
          */
         CreateRunRequest: {
             allowedHosts?: string[];
@@ -1046,6 +1048,7 @@ export interface components {
             model?: string | null;
             prompt: string;
             protocol?: unknown;
+            sandboxUrl?: string | null;
             setupScript?: string | null;
             skills?: components["schemas"]["Skill"][];
             systemPrompt?: string | null;
@@ -1221,6 +1224,17 @@ export interface components {
         Health: {
             status: string;
         };
+        /**
+         * @description `EnvResponse.injected_secrets`: one secret the egress proxy sets as
+         *     `header` = `format` (its `{value}` replaced) on requests to `hosts`.
+         */
+        InjectedSecret: {
+            format: string;
+            header: string;
+            hosts: string[];
+            name: string;
+            value: string;
+        };
         /** @description One turn's kept working directory, or why it was not kept. */
         KeptDir: {
             /** Format: int64 */
@@ -1243,17 +1257,6 @@ export interface components {
         KeptDirs: {
             /** @description Oldest first. */
             snapshots: components["schemas"]["KeptDir"][];
-        };
-        /**
-         * @description `EnvResponse.injected_secrets`: one secret the egress proxy sets as
-         *     `header` = `format` (its `{value}` replaced) on requests to `hosts`.
-         */
-        InjectedSecret: {
-            format: string;
-            header: string;
-            hosts: string[];
-            name: string;
-            value: string;
         };
         /**
          * Line

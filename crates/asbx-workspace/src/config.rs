@@ -73,6 +73,9 @@ use crate::runner_url;
 /// - `blob_store`: where the file bag's bytes live (`ASBX_BLOB_STORE`);
 ///   `None`: [`BlobBackend::Dir`] on SQLite, [`BlobBackend::Db`] on
 ///   PostgreSQL, so nodes sharing a database share the files too.
+/// - `audit_retention`: how long audit records are kept
+///   (`ASBX_AUDIT_RETENTION_DAYS`); `None`: forever. Pruning leaves an
+///   anchor, so the chain still verifies.
 #[derive(Clone)]
 pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
@@ -95,6 +98,7 @@ pub struct WorkspaceConfig {
     pub blob_store: Option<BlobBackend>,
     pub secret_key: Option<String>,
     pub secret_key_old: Option<String>,
+    pub audit_retention: Option<Duration>,
 }
 
 impl WorkspaceConfig {
@@ -121,6 +125,7 @@ impl WorkspaceConfig {
             blob_store: None,
             secret_key: None,
             secret_key_old: None,
+            audit_retention: None,
         }
     }
 }

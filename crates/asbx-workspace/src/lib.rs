@@ -35,6 +35,7 @@ mod wire;
 // agents, chats, runs and callbacks use environments; sandbox_api uses chats and
 // files; files and environments use none of them.
 mod agents;
+mod audit;
 mod callbacks;
 mod chats;
 mod environments;
@@ -44,6 +45,7 @@ mod sandbox_api;
 
 use std::sync::Arc;
 
+pub use audit::{AuditEvent, AuditVerdict};
 pub use config::{BlobBackend, Clock, ManualClock, SystemClock, WorkspaceConfig};
 pub use error::WorkspaceError;
 pub use otel::enable as enable_traces;
@@ -137,6 +139,7 @@ impl Workspace {
         let state = Arc::new(state);
         let _ = state.me.set(Arc::downgrade(&state));
         chats::lease::takeover::start_sweeper(&state);
+        audit::start_pruner(&state);
         Ok(Workspace { state })
     }
 
@@ -154,6 +157,43 @@ impl Workspace {
     /// also does it at start and hourly); how many blobs were freed.
     pub async fn collect_garbage(&self) -> Result<u64, WorkspaceError> {
         self.state.blobs.sweep().await
+    }
+
+    /// Checks every workspace's audit chain (or `workspace`'s): one
+    /// verdict each, naming the first broken record (`asbx audit verify`).
+    pub async fn verify_audit(
+        &self,
+        workspace: Option<&str>,
+    ) -> Result<Vec<AuditVerdict>, WorkspaceError> {
+        audit::verify_all(self.state.store.pool(), workspace).await
+    }
+
+    /// Appends `events` to `workspace`'s audit chain in one transaction,
+    /// stamped now (`asbx-bench audit`, tests).
+    pub async fn append_audit(
+        &self,
+        workspace: &str,
+        run_id: Option<&str>,
+        events: Vec<AuditEvent>,
+    ) -> Result<(), WorkspaceError> {
+        let ts = self.state.now_ms();
+        let pending: Vec<audit::Pending> = events
+            .into_iter()
+            .map(|event| audit::Pending {
+                workspace: workspace.to_owned(),
+                run_id: run_id.map(str::to_owned),
+                session_id: None,
+                ts,
+                event,
+            })
+            .collect();
+        audit::store::append(self.state.store.pool(), workspace, &pending).await
+    }
+
+    /// Drops audit records older than `retention` behind each chain's
+    /// anchor; how many went.
+    pub async fn prune_audit(&self, retention: std::time::Duration) -> Result<u64, WorkspaceError> {
+        audit::prune(&self.state, retention).await
     }
 
     pub fn config(&self) -> &WorkspaceConfig {
@@ -184,6 +224,11 @@ impl Workspace {
             self.state.now_ms(),
         )
         .await?;
+        let event = AuditEvent::ApiKeyCreated {
+            name: name.to_owned(),
+            key_id: key.hash.chars().take(12).collect(),
+        };
+        audit::record(&self.state, workspace_id, Default::default(), vec![event]).await;
         Ok(key.plaintext)
     }
 }
@@ -309,6 +354,8 @@ pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(runs::api::get, runs::api::cancel))
         .routes(routes!(runs::api::events))
         .routes(routes!(runs::api::tool_result))
+        .routes(routes!(audit::api::list))
+        .routes(routes!(audit::api::of_run))
         .routes(routes!(agents::api::list, agents::api::create))
         .routes(routes!(
             agents::api::get,
@@ -353,4 +400,5 @@ pub(crate) fn api() -> OpenApiRouter<Arc<AppState>> {
         ))
         .routes(routes!(sandbox_api::api::read_file))
         .routes(routes!(sandbox_api::api::history))
+        .routes(routes!(audit::runner::report))
 }

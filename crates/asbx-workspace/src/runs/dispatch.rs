@@ -249,8 +249,12 @@ pub(crate) async fn post(
     recorded: Recorded,
 ) -> Result<Started, WorkspaceError> {
     let Route {
-        candidates, fleet, ..
+        candidates,
+        fleet,
+        runner_cap_ms,
     } = route;
+    let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref(), runner_cap_ms);
+    let audit_token = crate::audit::runner::mint(state, &spec.id, cap_ms).await?;
     let [(_, setup), (_, run), (_, upload)] = recorded.minted;
     let request = DispatchRequest {
         agent_url: agent_url(&state.config.public_url, &spec.id),
@@ -270,7 +274,15 @@ pub(crate) async fn post(
         }),
         encryption: options.encryption.clone(),
     };
-    let response = send(state, &spec.id, &candidates, fleet.as_deref(), &request).await?;
+    let response = send(
+        state,
+        &spec.id,
+        &candidates,
+        fleet.as_deref(),
+        &request,
+        &audit_token,
+    )
+    .await?;
     drop(request);
     if response.status() == reqwest::StatusCode::OK {
         return Ok(Started::Streaming { response });
@@ -288,6 +300,7 @@ async fn send(
     candidates: &[Url],
     fleet: Option<&Fleet>,
     request: &DispatchRequest,
+    audit_token: &str,
 ) -> Result<reqwest::Response, WorkspaceError> {
     for (i, runner) in candidates.iter().enumerate() {
         let last = i + 1 == candidates.len();
@@ -317,6 +330,11 @@ async fn send(
             && state.config.is_operator_runner(runner)
         {
             post = post.bearer_auth(token);
+        }
+        // Likewise the audit token: only the operator's runners report
+        // into the chain.
+        if state.config.is_operator_runner(runner) {
+            post = post.header(asbx_protocol::audit::AUDIT_TOKEN_HEADER, audit_token);
         }
         match post.send().await {
             // Refused before anything started: the next runner may take it.

@@ -6,6 +6,7 @@
 mod harness;
 
 mod agent_features;
+mod audit;
 mod chat_live;
 mod conns;
 mod dispatch;

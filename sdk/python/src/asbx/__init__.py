@@ -11,6 +11,7 @@ docs/protocol.md, docs/api-runs.md and docs/api-assistant.md.
 
 from ._async import (
     AsyncAgents,
+    AsyncAudit,
     AsyncChats,
     AsyncChatStream,
     AsyncClient,
@@ -71,7 +72,7 @@ from ._models import (
     RunInfo,
     WorkspaceEvent,
 )
-from ._sync import Agents, Chats, ChatStream, Client, Environments, Files, Models, Runs, RunStream
+from ._sync import Agents, Audit, Chats, ChatStream, Client, Environments, Files, Models, Runs, RunStream
 from ._types import (
     AgentDefinition,
     AgentEnvironment,
@@ -114,6 +115,7 @@ __all__ = [
     "Agents",
     "AsbxError",
     "AsyncAgents",
+    "AsyncAudit",
     "AsyncChatStream",
     "AsyncChats",
     "AsyncClient",
@@ -122,6 +124,7 @@ __all__ = [
     "AsyncModels",
     "AsyncRunStream",
     "AsyncRuns",
+    "Audit",
     "BadRequestError",
     "Chat",
     "ChatSettings",

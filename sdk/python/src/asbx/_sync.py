@@ -546,6 +546,21 @@ class Models:
         return self._client._call(_api.list_models())
 
 
+class Audit:
+    """The workspace's tamper-evident audit log (docs/api-audit.md): `client.audit`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self, after: int = 0, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """The workspace's records with `id` above `after`, oldest first (at most `limit`)."""
+        return self._client._call(_api.list_audit(after, limit))
+
+    def of_run(self, run_id: str, after: int = 0, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """One run's records, oldest first."""
+        return self._client._call(_api.list_audit(after, limit, run_id))
+
+
 class Client:
     """A client of one asbx workspace: `client.chats`, `client.runs`, `client.agents`,
     `client.environments`, `client.files`, `client.models`.
@@ -599,6 +614,7 @@ class Client:
         self.agents = Agents(self)
         self.environments = Environments(self)
         self.models = Models(self)
+        self.audit = Audit(self)
 
     def close(self) -> None:
         if self._own:

@@ -219,13 +219,13 @@ pub(super) async fn serve<C>(
             host,
             "egress refused: TLS SNI does not name the CONNECT host"
         );
-        egress.note(super::Note {
+        egress.note(super::note::Note {
             host: &host,
             port,
             method: Some("CONNECT"),
             bytes_out: 0,
             bytes_in: 0,
-            refused: Some(super::SNI_REFUSED),
+            refused: Some(super::note::SNI_REFUSED),
             secret: None,
         });
         return;
@@ -257,13 +257,17 @@ pub(super) async fn serve<C>(
         let host = host.clone();
         async move {
             let method = req.method().as_str().to_owned();
-            let bytes_out = super::content_length(req.headers());
+            let bytes_out = super::note::content_length(req.headers());
             let res = forward(&egress, &upstream, &host, port, req).await;
             let (refused, secret, bytes_in) = match &res {
-                Ok((r, secret)) => (None, secret.clone(), super::content_length(r.headers())),
+                Ok((r, secret)) => (
+                    None,
+                    secret.clone(),
+                    super::note::content_length(r.headers()),
+                ),
                 Err(e) => (Some(e.problem().code), None, 0),
             };
-            egress.note(super::Note {
+            egress.note(super::note::Note {
                 host: &host,
                 port,
                 method: Some(&method),

@@ -24,6 +24,7 @@
 
 pub(crate) mod inject;
 mod intercept;
+mod note;
 pub mod parse;
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 use tokio_util::sync::CancellationToken;
 
+use self::note::{Note, SNI_REFUSED, content_length};
 use self::parse::{ClientHello, client_hello_sni, host_header_matches, parse_authority};
 
 /// Ports a `CONNECT` or plain request may use unless an entry names another.
@@ -414,31 +416,6 @@ pub(crate) struct Egress {
     /// Where each request is reported (`crate::audit`); `None` when the
     /// dispatch carried no audit token.
     pub(crate) audit: Option<Arc<crate::audit::AuditLog>>,
-}
-
-/// One request through the proxy, as the audit log records it.
-pub(crate) struct Note<'a> {
-    pub(crate) host: &'a str,
-    pub(crate) port: u16,
-    pub(crate) method: Option<&'a str>,
-    pub(crate) bytes_out: u64,
-    pub(crate) bytes_in: u64,
-    /// Why it was refused; `None`: allowed.
-    pub(crate) refused: Option<&'a str>,
-    /// The bound secret set on it (its name).
-    pub(crate) secret: Option<&'a str>,
-}
-
-/// A tunnel refused for its TLS SNI: the code its audit record carries.
-const SNI_REFUSED: &str = "egress_host_mismatch";
-
-/// The `Content-Length` of a message, 0 when it has none.
-fn content_length(headers: &hyper::HeaderMap) -> u64 {
-    headers
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 impl Egress {

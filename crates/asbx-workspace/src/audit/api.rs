@@ -89,11 +89,15 @@ pub(crate) async fn of_run(
     Query(query): Query<AuditQuery>,
 ) -> Result<Response, WorkspaceError> {
     let (after, limit) = query.bounds()?;
-    let run = crate::runs::api::own_run(&state, &caller.workspace_id, &id).await?;
+    // Another workspace's run is not found, as everywhere.
+    let owner = store::run_workspace(state.store.pool(), &id).await?;
+    if owner.as_deref() != Some(caller.workspace_id.as_str()) {
+        return Err(WorkspaceError::NotFound(format!("run {id}")));
+    }
     let rows = store::page(
         state.store.pool(),
         &caller.workspace_id,
-        Some(&run.id),
+        Some(&id),
         after,
         limit,
     )

@@ -70,13 +70,13 @@ pub(crate) async fn record(
 
 /// Appends events of the run `run_id` (its workspace looked up), now.
 pub(crate) async fn record_for_run(state: &AppState, run_id: &str, events: Vec<AuditEvent>) {
-    match crate::runs::store::get(state.store.pool(), run_id).await {
-        Ok(Some(run)) => {
+    match store::run_workspace(state.store.pool(), run_id).await {
+        Ok(Some(workspace)) => {
             let scope = Scope {
                 run_id: Some(run_id),
                 session_id: None,
             };
-            record(state, &run.workspace_id, scope, events).await;
+            record(state, &workspace, scope, events).await;
         }
         Ok(None) => tracing::warn!(run_id, "audit: no such run"),
         Err(e) => tracing::warn!(error = %e, run_id, "audit: reading the run failed"),
@@ -91,16 +91,19 @@ pub(crate) async fn callback(state: &AppState, run_id: &str, route: &str) {
     record_for_run(state, run_id, vec![event]).await;
 }
 
+/// A file of the bag: its workspace, run, path and size (never its bytes).
+pub(crate) struct FileSeen<'a> {
+    pub(crate) workspace: &'a str,
+    pub(crate) run_id: Option<&'a str>,
+    pub(crate) path: &'a str,
+    pub(crate) size: i64,
+}
+
 /// A file of the bag written or read (`via`: `sandbox`, `upload`,
 /// `download`), its path and size only.
-pub(crate) async fn file(
-    state: &AppState,
-    file: &crate::files::store::FileRow,
-    write: bool,
-    via: &str,
-) {
+pub(crate) async fn file(state: &AppState, file: FileSeen<'_>, write: bool, via: &str) {
     let (path, size, via) = (
-        file.path.clone(),
+        file.path.to_owned(),
         u64::try_from(file.size).unwrap_or(0),
         via.to_owned(),
     );
@@ -110,10 +113,10 @@ pub(crate) async fn file(
         AuditEvent::FileRead { path, size, via }
     };
     let scope = Scope {
-        run_id: file.run_id.as_deref(),
+        run_id: file.run_id,
         session_id: None,
     };
-    record(state, &file.workspace_id, scope, vec![event]).await;
+    record(state, file.workspace, scope, vec![event]).await;
 }
 
 /// A quota refusal, for the quota feature to call where it answers `429`.

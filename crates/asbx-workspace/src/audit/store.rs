@@ -139,6 +139,19 @@ async fn insert(
     Ok(())
 }
 
+/// The workspace of run `run_id`, if it exists (read here, so the audit
+/// log depends on no feature).
+pub(crate) async fn run_workspace(
+    pool: &AnyPool,
+    run_id: &str,
+) -> Result<Option<String>, WorkspaceError> {
+    let row = sqlx::query("SELECT workspace_id FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_optional(pool)
+        .await?;
+    row.map(|r| Ok(r.try_get(0)?)).transpose()
+}
+
 /// Up to `limit` records of `workspace` after id `after`, oldest first;
 /// only `run_id`'s when given.
 pub(crate) async fn page(

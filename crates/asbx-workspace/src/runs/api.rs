@@ -130,11 +130,7 @@ pub(crate) async fn get(
 }
 
 /// A run of the caller's workspace, or not found.
-pub(crate) async fn own_run(
-    state: &AppState,
-    workspace_id: &str,
-    id: &str,
-) -> Result<RunRow, WorkspaceError> {
+async fn own_run(state: &AppState, workspace_id: &str, id: &str) -> Result<RunRow, WorkspaceError> {
     runs::get(state.store.pool(), id)
         .await?
         .filter(|r| r.workspace_id == workspace_id)

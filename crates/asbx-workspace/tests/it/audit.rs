@@ -251,4 +251,17 @@ async fn the_api_pages_and_refuses_bad_bounds() {
         .unwrap();
     problem(resp, 401).await;
     assert!(read_all(&ws, 10).await.is_empty());
+
+    // A key made is recorded by name and a short id, never the key.
+    let key = ws
+        .workspace
+        .create_api_key("default", "ci key")
+        .await
+        .unwrap();
+    let records = read_all(&ws, 10).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["kind"], "api_key_created");
+    assert_eq!(records[0]["name"], "ci key");
+    assert_eq!(records[0]["keyId"], &sha256_hex(&key)[..12]);
+    assert!(!records[0].to_string().contains(&key));
 }

@@ -62,7 +62,7 @@ async fn on(label: &str, db: Option<&Db>) -> anyhow::Result<()> {
     if let Some(db) = db {
         config.database_url = Some(db.url.clone());
         // Base64 of 32 bytes: PostgreSQL needs a sealing key.
-        config.secret_key = Some("YmVuY2ggc2VjcmV0IGtleSBvZiAzMiBieXRlcyBsb25n".to_owned());
+        config.secret_key = Some("dGVzdCBzZWNyZXQga2V5IG9mIDMyIGJ5dGVzIGxvbmc=".to_owned());
     }
     let ws = Workspace::open(config).await?;
     let start = Instant::now();

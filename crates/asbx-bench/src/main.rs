@@ -22,6 +22,9 @@
 //! - `egress`: the egress proxy for a host a secret is bound to (TLS ended
 //!   at the proxy, the header set) beside the plain `CONNECT` tunnel: MB/s
 //!   of a 100 MB HTTPS download and first-byte time of a fresh connection.
+//! - `audit`: audit records appended per second to one workspace's chain
+//!   and `asbx audit verify`'s time per 100,000 records, on SQLite and
+//!   (with `ASBX_BENCH_PG_URL`) PostgreSQL.
 //! - `relay`: a run's lines through the workspace to an SSE client, beside
 //!   raw chunked HTTP, on SQLite and (with `ASBX_BENCH_PG_URL`) PostgreSQL.
 //!
@@ -38,6 +41,7 @@ use asbx_protocol::jail::IsolationProfile;
 use asbx_runner::{Runner, RunnerConfig};
 use futures::StreamExt;
 
+mod audit;
 mod burst;
 mod egress;
 mod idle;
@@ -77,6 +81,7 @@ fn main() -> anyhow::Result<()> {
             "turn" => turn::turn(n.min(2000)).await,
             "nodes" => nodes::nodes(n.min(5000)).await,
             "chat-append" => nodes::chat_append(n.min(1000)).await,
+            "audit" => audit::audit().await,
             "relay" => {
                 let lines = args.get(2).and_then(|v| v.parse().ok());
                 relay::relay(lines.unwrap_or(1_000_000)).await
@@ -91,7 +96,7 @@ fn main() -> anyhow::Result<()> {
                 nodes::chat_append(50).await?;
                 relay::relay(1_000_000).await
             }
-            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | relay [N] | all"),
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | relay [N] | audit | all"),
         }
     });
     // A bench that failed half-way left its folders: what it started is

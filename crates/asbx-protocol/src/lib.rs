@@ -8,6 +8,7 @@
 //! Architecture invariant: serde and pure functions only. No tokio, no HTTP,
 //! no business logic. See `docs/protocol.md` for the rules these types encode.
 
+pub mod audit;
 pub mod callback;
 pub mod decode;
 pub mod dispatch;

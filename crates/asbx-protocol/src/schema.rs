@@ -23,6 +23,7 @@ pub fn all() -> Vec<(&'static str, Schema)> {
         ("session-info", s::<crate::session::SessionInfo>()),
         ("agent-bootstrap", s::<crate::gateway::AgentBootstrap>()),
         ("jail-policy", s::<crate::jail::JailPolicy>()),
+        ("runner-audit-batch", s::<crate::audit::RunnerAuditBatch>()),
     ]
 }
 

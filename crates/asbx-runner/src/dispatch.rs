@@ -188,11 +188,20 @@ fn connect(
     let gateway_stop = CancellationToken::new();
     let allow = Arc::new(crate::egress::AllowList::default());
     let inject = Arc::new(std::sync::OnceLock::new());
+    let audit = session.audit_token().map(|token| {
+        crate::audit::AuditLog::start(
+            inner.client.clone(),
+            &req.agent_url,
+            token.to_owned(),
+            gateway_stop.clone(),
+        )
+    });
     let egress = Arc::new(crate::egress::Egress {
         allow: Arc::clone(&allow),
         inject: Arc::clone(&inject),
         settings: inner.egress.clone(),
         stop: gateway_stop.clone(),
+        audit: audit.clone(),
     });
     crate::gateway::spawn(
         listener,
@@ -205,6 +214,7 @@ fn connect(
             inject,
             ca_file: ca_file(slot),
             egress: inner.egress.clone(),
+            audit,
         },
         gateway_stop.clone(),
         trace.clone(),

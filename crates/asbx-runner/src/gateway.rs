@@ -182,6 +182,8 @@ struct GatewayState {
     inject: Arc<OnceLock<Injections>>,
     ca_file: Option<CaFile>,
     egress: EgressSettings,
+    /// Where model calls are reported (`crate::audit`).
+    audit: Option<Arc<crate::audit::AuditLog>>,
     /// Streamable-HTTP MCP servers by name, from the `/config` answer.
     mcp: OnceLock<HashMap<String, McpTarget>>,
     model: OnceLock<PinnedModel>,
@@ -199,6 +201,9 @@ pub(crate) struct GatewaySpec {
     /// Where the sandbox's CA bundle goes, when it has bound secrets.
     pub(crate) ca_file: Option<CaFile>,
     pub(crate) egress: EgressSettings,
+    /// Where model calls are reported, when the dispatch carried an audit
+    /// token.
+    pub(crate) audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
 /// The sandbox's CA bundle (`inject::CA_FILE` in its run folder): its path
@@ -219,6 +224,7 @@ fn state(spec: GatewaySpec) -> Arc<GatewayState> {
         inject: spec.inject,
         ca_file: spec.ca_file,
         egress: spec.egress,
+        audit: spec.audit,
         mcp: OnceLock::new(),
         model: OnceLock::new(),
     })
@@ -785,12 +791,36 @@ async fn model(
         }
         (_, None) => {}
     }
-    let res = forward(&s.client, Method::POST, url, headers, Body::from(body)).await?;
-    Ok(count_tokens(res, &s.session, provider))
+    let asked = asked.into_owned();
+    let res = match forward(&s.client, Method::POST, url, headers, Body::from(body)).await {
+        Ok(res) => res,
+        Err(e) => {
+            if let Some(log) = &s.audit {
+                log.push(asbx_protocol::audit::AuditEvent::ModelCall {
+                    provider,
+                    model: asked,
+                    input_tokens: None,
+                    output_tokens: None,
+                    status: 0,
+                });
+            }
+            return Err(e);
+        }
+    };
+    let audit = s.audit.as_ref().map(|log| {
+        let status = res.status().as_u16();
+        (Arc::clone(log), asked, status)
+    });
+    Ok(count_tokens(res, &s.session, provider, audit))
 }
 
 /// The model's answer, its tokens counted on the way ([`tap`]).
-fn count_tokens(res: Response, session: &Arc<Session>, provider: String) -> Response {
+fn count_tokens(
+    res: Response,
+    session: &Arc<Session>,
+    provider: String,
+    audit: Option<(Arc<crate::audit::AuditLog>, String, u16)>,
+) -> Response {
     let content_type = res
         .headers()
         .get(header::CONTENT_TYPE)
@@ -799,6 +829,7 @@ fn count_tokens(res: Response, session: &Arc<Session>, provider: String) -> Resp
     let counter = tap::Counter {
         session: Arc::clone(session),
         provider,
+        audit,
     };
     let reader = tap::UsageReader::new(content_type.as_deref(), counter);
     let (parts, body) = res.into_parts();

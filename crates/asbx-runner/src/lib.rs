@@ -11,6 +11,7 @@
 //!   `identity` the long-term key that signs encrypted sessions' handshakes.
 
 mod apidoc;
+mod audit;
 mod auth;
 mod child;
 mod config;

@@ -225,9 +225,15 @@ pub(crate) async fn delete_session(
 pub(crate) async fn stream(
     auth: Authorized,
     State(inner): State<Arc<Inner>>,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Response, RunnerError> {
-    let res = start_stream(auth, inner, body).await;
+    let audit_token = headers
+        .get(asbx_protocol::audit::AUDIT_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|t| !t.is_empty() && t.len() <= asbx_protocol::dispatch::MAX_TOKEN_BYTES)
+        .map(str::to_owned);
+    let res = start_stream(auth, inner, body, audit_token).await;
     if let Err(e) = &res {
         crate::metrics::METRICS.dispatch_refused(e.code());
     }
@@ -238,6 +244,7 @@ async fn start_stream(
     _: Authorized,
     inner: Arc<Inner>,
     body: Body,
+    audit_token: Option<String>,
 ) -> Result<Response, RunnerError> {
     let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
         let too_large = std::error::Error::source(&e)
@@ -251,7 +258,7 @@ async fn start_stream(
             )])
         }
     })?;
-    let (session, lines) = open_session(&inner, &bytes).await?;
+    let (session, lines) = open_session(&inner, &bytes, audit_token).await?;
     Ok(crate::dispatch::ndjson_response(&session.id, lines))
 }
 
@@ -260,6 +267,7 @@ async fn start_stream(
 pub(crate) async fn open_session(
     inner: &Arc<Inner>,
     bytes: &[u8],
+    audit_token: Option<String>,
 ) -> Result<(Arc<crate::session::Session>, crate::dispatch::Lines), RunnerError> {
     let req = DispatchRequest::parse(bytes).map_err(RunnerError::InvalidRequest)?;
     inner
@@ -291,6 +299,9 @@ pub(crate) async fn open_session(
     )?;
     if let Some(c) = crypto {
         session.set_crypto(c);
+    }
+    if let Some(t) = audit_token {
+        session.set_audit_token(t);
     }
     match crate::dispatch::start(inner, &session, &req).await {
         Ok(lines) => Ok((session, lines)),

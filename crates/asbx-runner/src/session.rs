@@ -54,6 +54,9 @@ pub(crate) struct Session {
     run_limits: OnceLock<Option<RunLimits>>,
     /// Wakes the drive task when `run_limits` is set.
     config_seen: Notify,
+    /// The workspace's audit token of this dispatch (`crate::audit`);
+    /// never handed to the sandbox.
+    audit_token: OnceLock<String>,
 }
 
 /// Most bytes of lines a protocol 2 session keeps for resume.
@@ -181,6 +184,16 @@ impl Session {
     /// Encrypts this session from now on (set once, before it starts).
     pub(crate) fn set_crypto(&self, crypto: ServerSession) {
         let _ = self.crypto.set(Arc::new(crypto));
+    }
+
+    /// Sets the dispatch's audit token (once).
+    pub(crate) fn set_audit_token(&self, token: String) {
+        let _ = self.audit_token.set(token);
+    }
+
+    /// The dispatch's audit token, when the workspace sent one.
+    pub(crate) fn audit_token(&self) -> Option<&str> {
+        self.audit_token.get().map(String::as_str)
     }
 
     /// The session's key, when the client asked for encryption.
@@ -438,6 +451,7 @@ impl Sessions {
             crypto: OnceLock::new(),
             run_limits: OnceLock::new(),
             config_seen: Notify::new(),
+            audit_token: OnceLock::new(),
         });
         reg.all.insert(id.to_owned(), Arc::clone(&session));
         Ok(session)

@@ -238,7 +238,7 @@ async fn handle(inner: &Arc<Inner>, source: &mut Source, text: &str) -> Result<(
                 ));
             }
             let bytes = serde_json::to_vec(&body).unwrap_or_default();
-            match crate::routes::open_session(inner, &bytes).await {
+            match crate::routes::open_session(inner, &bytes, None).await {
                 Ok((session, lines)) => {
                     *source = Source::Dispatched(session, lines);
                     Ok(())

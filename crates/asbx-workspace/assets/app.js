@@ -276,6 +276,7 @@ function renderMessage(m) {
   const node = assistantNode();
   m.content.forEach((b) => applyBlock(node, b));
   if (m.id && state.chatId) node.append(forkButton(state.chatId, m.id));
+  if (m.turnId) node.append(auditView(m.turnId));
   return node;
 }
 
@@ -295,6 +296,42 @@ function forkButton(chatId, messageId) {
     } catch (e) { showStatus(e.message, true); }
   });
   return b;
+}
+
+// One line of an audit record: its kind and figures, never more than the
+// record holds (no secret or content is ever in one).
+function auditLine(r) {
+  const f = {
+    egress: () => `${r.method || ""} ${r.host}:${r.port} ${r.allowed ? "allowed" : "refused " + (r.code || "")} ↑${r.bytesOut} ↓${r.bytesIn}${r.secret ? " secret " + r.secret : ""}`,
+    model_call: () => `${r.provider}:${r.model} status ${r.status} tokens ${r.inputTokens ?? "?"}/${r.outputTokens ?? "?"}`,
+    tool_call: () => `${r.name} ${r.status}${r.exitCode != null ? " exit " + r.exitCode : ""}${r.durationMs != null ? " " + r.durationMs + " ms" : ""}`,
+    callback: () => r.route,
+    file_write: () => `${r.path} (${r.size} B, ${r.via})`,
+    file_read: () => `${r.path} (${r.size} B, ${r.via})`,
+  }[r.kind];
+  return `#${r.id} ${r.kind} ${f ? f() : ""}`;
+}
+
+// The run's audit records, read when opened (`GET /api/runs/{id}/audit`).
+function auditView(runId) {
+  const box = el("details", "audit");
+  box.append(el("summary", "", "Audit"));
+  const list = el("ul", "audit-list");
+  box.append(list);
+  box.addEventListener("toggle", async () => {
+    if (!box.open || box.dataset.loaded) return;
+    box.dataset.loaded = "true";
+    try {
+      const res = await fetch("/api/runs/" + encodeURIComponent(runId) + "/audit", { credentials: "same-origin" });
+      if (!res.ok) throw new Error("HTTP " + res.status);
+      const lines = (await res.text()).split("\n").filter((l) => l.trim());
+      if (!lines.length) list.append(el("li", "muted", "No records"));
+      lines.forEach((l) => list.append(el("li", "", auditLine(JSON.parse(l)))));
+    } catch (e) {
+      list.append(el("li", "error", "Could not read the audit: " + e.message));
+    }
+  });
+  return box;
 }
 
 function scrollDown() { const t = $("thread"); t.scrollTop = t.scrollHeight; }

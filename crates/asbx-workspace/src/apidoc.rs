@@ -35,6 +35,8 @@ by_reference!(
     ConfigResponse,
     ResultsRequest,
     ResultsResponse,
+    AuditEvent,
+    RunnerAuditBatch,
 );
 
 /// `"encrypted": {"iv", "ciphertext"}`: base64url (no padding) of a

@@ -82,6 +82,9 @@ use crate::runner_url;
 ///   fleet (`quota::fair`) before `429 quota_exceeded`.
 /// - `quotas`: each quota's default for every workspace (`ASBX_QUOTA_*`,
 ///   `None` unlimited); a workspace's override (`asbx quota set`) wins.
+/// - `audit_retention`: how long audit records are kept
+///   (`ASBX_AUDIT_RETENTION_DAYS`); `None`: forever. Pruning leaves an
+///   anchor, so the chain still verifies.
 #[derive(Clone)]
 pub struct WorkspaceConfig {
     pub data_dir: PathBuf,
@@ -107,6 +110,7 @@ pub struct WorkspaceConfig {
     pub secret_key_old: Option<String>,
     pub quotas: QuotaDefaults,
     pub queue_wait: Duration,
+    pub audit_retention: Option<Duration>,
 }
 
 impl WorkspaceConfig {
@@ -136,6 +140,7 @@ impl WorkspaceConfig {
             secret_key_old: None,
             quotas: Default::default(),
             queue_wait: Duration::from_secs(30),
+            audit_retention: None,
         }
     }
 }

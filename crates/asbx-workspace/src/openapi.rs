@@ -52,6 +52,10 @@ impl Modify for Security {
             bearer("A one-time token the workspace minted for the sandbox session"),
         );
         components.add_security_scheme(
+            "runner_audit_token",
+            bearer("The audit token a dispatch gave the runner (`x-asbx-audit-token`), never the sandbox"),
+        );
+        components.add_security_scheme(
             "metrics_token",
             bearer("The metrics token (ASBX_METRICS_TOKEN); without one, only loopback callers"),
         );

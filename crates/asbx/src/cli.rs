@@ -35,6 +35,9 @@ pub(crate) enum Command {
     Gc(GcArgs),
     /// Set or show a workspace's quotas (CONTRACT.md §10).
     Quota(QuotaArgs),
+    /// The audit log: check each workspace's hash chain.
+    #[command(subcommand)]
+    Audit(AuditCommand),
     /// Check what this host offers each isolation profile, and print the
     /// command or setting that fixes what is missing.
     Doctor(DoctorArgs),
@@ -162,6 +165,10 @@ pub(crate) struct WorkspaceOpts {
     /// answers only while ASBX_REQUIRE_AUTH is off.
     #[arg(long, env = "ASBX_METRICS_TOKEN", hide_env_values = true)]
     pub(crate) metrics_token: Option<String>,
+    /// Days audit records are kept (pruned hourly, leaving an anchor so the
+    /// chain still verifies); unset keeps them forever.
+    #[arg(long, env = "ASBX_AUDIT_RETENTION_DAYS")]
+    pub(crate) audit_retention_days: Option<u32>,
     /// Models a chat may choose, comma-separated `provider:model` (the
     /// first is the default when ASBX_MODEL is unset). `up` without it
     /// lists the providers it configures the runner with.
@@ -227,6 +234,25 @@ pub(crate) struct KeyArgs {
     /// A label for the key.
     #[arg(long, default_value = "cli")]
     pub(crate) name: String,
+    #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
+    pub(crate) data: PathBuf,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    #[command(flatten)]
+    pub(crate) secrets: SecretKeyOpts,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AuditCommand {
+    /// Check every workspace's audit chain (or WORKSPACE's); exits non-zero
+    /// naming the first broken record.
+    Verify(AuditVerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AuditVerifyArgs {
+    /// Only this workspace's chain (its id).
+    pub(crate) workspace: Option<String>,
     #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
     pub(crate) data: PathBuf,
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]

@@ -165,3 +165,17 @@ def test_the_async_namespaces(up: AsbxUp) -> None:
             assert agent.id not in [a.id for a in await client.agents.list()]
 
     asyncio.run(go())
+
+
+def test_audit_lists_a_runs_records_in_one_chain(client: Client) -> None:
+    run = client.runs.create(script({"tool": "shell", "args": {"command": "echo audited"}}, {"say": "ok"}))
+    assert run.text() == "ok"
+    records = client.audit.of_run(run.run_id)
+    kinds = [r["kind"] for r in records]
+    assert "tool_call" in kinds and "callback" in kinds, records
+    assert all(r["runId"] == run.run_id for r in records)
+    every = client.audit.list(limit=10_000)
+    for prev, cur in zip(every, every[1:]):
+        assert cur["prevHash"] == prev["hash"] and cur["id"] == prev["id"] + 1
+    page = client.audit.list(after=every[-1]["id"] - 1, limit=1)
+    assert [r["id"] for r in page] == [every[-1]["id"]]

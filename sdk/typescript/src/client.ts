@@ -104,6 +104,8 @@ export class AsbxClient {
   readonly agents: Agents;
   readonly chats: Chats;
   readonly environments: Environments;
+  /** The workspace's tamper-evident audit log (docs/api-audit.md). */
+  readonly audit: Audit;
   /** The reconnect settings in force. */
   readonly retry: RetryPolicy;
   /** How many times a request is sent again after a 429/503 (see `AsbxClientOptions`). */
@@ -130,6 +132,7 @@ export class AsbxClient {
     this.agents = new Agents(this);
     this.chats = new Chats(this);
     this.environments = new Environments(this);
+    this.audit = new Audit(this);
   }
 
   /** @internal The headers a WebSocket upgrade carries (the API key). */
@@ -237,6 +240,56 @@ export class AsbxClient {
     if (res.status === 204) return undefined as T;
     const text = await res.text();
     return (text ? JSON.parse(text) : undefined) as T;
+  }
+}
+
+/**
+ * One audit record (docs/api-audit.md): the chain fields, `kind`, and the
+ * kind's own fields (`host`, `allowed`, `model`, `inputTokens`, ...).
+ */
+export interface AuditRecord {
+  id: number;
+  ts: number;
+  workspace: string;
+  runId?: string;
+  sessionId?: string;
+  kind: string;
+  prevHash: string;
+  hash: string;
+  [field: string]: unknown;
+}
+
+/** Where a page of audit records starts and how long it is. */
+export interface AuditPage {
+  /** Records with `id` above this (default 0). */
+  after?: number;
+  /** At most this many (1 to 10,000; default 1,000). */
+  limit?: number;
+}
+
+/** The audit log (`GET /api/audit`, `GET /api/runs/{id}/audit`). */
+export class Audit {
+  constructor(private readonly client: AsbxClient) {}
+
+  /** The workspace's records, oldest first. */
+  list(page: AuditPage = {}): Promise<AuditRecord[]> {
+    return this.#page("/api/audit", page);
+  }
+
+  /** One run's records, oldest first. */
+  ofRun(runId: string, page: AuditPage = {}): Promise<AuditRecord[]> {
+    return this.#page(`/api/runs/${encodeURIComponent(runId)}/audit`, page);
+  }
+
+  async #page(path: string, page: AuditPage): Promise<AuditRecord[]> {
+    const q = new URLSearchParams({ after: String(page.after ?? 0) });
+    if (page.limit !== undefined) q.set("limit", String(page.limit));
+    const res = await this.client.request("GET", `${path}?${q}`, { accept: "application/x-ndjson" });
+    const text = await res.text();
+    return text
+      .split("\n")
+      .filter((l) => l.trim() !== "")
+      .map((l) => JSON.parse(l) as AuditRecord);
   }
 }
 

@@ -4,7 +4,7 @@
  * WebSocket transport in Node.
  */
 
-export { AsbxClient, Runs, Agents, Chats, Environments, type AsbxClientOptions, type AgentRunOptions } from "./client.js";
+export { AsbxClient, Runs, Agents, Chats, Environments, Audit, type AuditRecord, type AuditPage, type AsbxClientOptions, type AgentRunOptions } from "./client.js";
 export { Run, type CreateRunOptions, type ClientTool, type ToolHandler, type ToolAnswer } from "./run.js";
 export { ChatTurn, type ChatOptions } from "./chat.js";
 export { AsbxError, type FieldError, type ClientErrorCode } from "./errors.js";

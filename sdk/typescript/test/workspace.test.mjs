@@ -154,3 +154,21 @@ test("workspace chat events: a turn started and ended", { skip: why }, async (t)
   ac.abort();
   assert.ok(seen.includes("started") && seen.includes("ended"), JSON.stringify(seen));
 });
+
+test("audit: a run's records, and the workspace's in one chain", { skip: why }, async (t) => {
+  const c = client();
+  const run = c.runs.create({ prompt: script({ tool: "shell", args: { command: "echo audited" } }, { say: "ok" }) });
+  await drain(run);
+  const records = await orSkip(t, "GET /api/runs/{id}/audit", () => c.audit.ofRun(run.id));
+  if (!records) return;
+  const kinds = records.map((r) => r.kind);
+  assert.ok(kinds.includes("tool_call") && kinds.includes("callback"), JSON.stringify(records));
+  assert.ok(records.every((r) => r.runId === run.id));
+  const all = await c.audit.list({ limit: 10000 });
+  for (let i = 1; i < all.length; i++) {
+    assert.equal(all[i].prevHash, all[i - 1].hash);
+    assert.equal(all[i].id, all[i - 1].id + 1);
+  }
+  const last = all[all.length - 1];
+  assert.deepEqual((await c.audit.list({ after: last.id - 1, limit: 1 })).map((r) => r.id), [last.id]);
+});

@@ -219,6 +219,15 @@ pub(super) async fn serve<C>(
             host,
             "egress refused: TLS SNI does not name the CONNECT host"
         );
+        egress.note(super::note::Note {
+            host: &host,
+            port,
+            method: Some("CONNECT"),
+            bytes_out: 0,
+            bytes_in: 0,
+            refused: Some(super::note::SNI_REFUSED),
+            secret: None,
+        });
         return;
     }
     let Some(inj) = egress.inject.get() else {
@@ -247,8 +256,27 @@ pub(super) async fn serve<C>(
         let upstream = Arc::clone(&upstream);
         let host = host.clone();
         async move {
+            let method = req.method().as_str().to_owned();
+            let bytes_out = super::note::content_length(req.headers());
             let res = forward(&egress, &upstream, &host, port, req).await;
-            Ok::<_, Infallible>(res.unwrap_or_else(IntoResponse::into_response))
+            let (refused, secret, bytes_in) = match &res {
+                Ok((r, secret)) => (
+                    None,
+                    secret.clone(),
+                    super::note::content_length(r.headers()),
+                ),
+                Err(e) => (Some(e.problem().code), None, 0),
+            };
+            egress.note(super::note::Note {
+                host: &host,
+                port,
+                method: Some(&method),
+                bytes_out,
+                bytes_in,
+                refused: refused.as_deref(),
+                secret: secret.as_deref(),
+            });
+            Ok::<_, Infallible>(res.map_or_else(IntoResponse::into_response, |(r, _)| r))
         }
     });
     let conn = hyper::server::conn::http1::Builder::new()
@@ -262,14 +290,15 @@ pub(super) async fn serve<C>(
 }
 
 /// One request on an intercepted tunnel: checked, its secret headers set,
-/// sent on; bodies stream.
+/// sent on; bodies stream. With the answer, the name of the (first)
+/// secret set on it, for the audit log.
 async fn forward(
     egress: &Arc<Egress>,
     upstream: &tokio::sync::Mutex<Upstream>,
     host: &str,
     port: u16,
     req: Request<Incoming>,
-) -> Result<Response, Refusal> {
+) -> Result<(Response, Option<String>), Refusal> {
     let Some(inj) = egress.inject.get() else {
         return Err(Refusal::Bad("no bound secret".into()));
     };
@@ -321,8 +350,10 @@ async fn forward(
             headers.insert(hyper::header::HOST, v);
         }
     }
+    let mut secret = None;
     for name in inj.apply(host, port, headers) {
         tracing::debug!(host, secret = name, "egress: secret header set");
+        secret.get_or_insert_with(|| name.to_string());
     }
     let mut up = upstream.lock().await;
     let sender = up.sender(egress, host, port).await?;
@@ -330,5 +361,5 @@ async fn forward(
         .await
         .map_err(|_| Refusal::Connect(host.to_owned(), "no answer".into()))?
         .map_err(|e| Refusal::Connect(host.to_owned(), e.to_string()))?;
-    Ok(res.map(Body::new))
+    Ok((res.map(Body::new), secret))
 }

@@ -24,6 +24,7 @@
 
 pub(crate) mod inject;
 mod intercept;
+mod note;
 pub mod parse;
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 use tokio_util::sync::CancellationToken;
 
+use self::note::{Note, SNI_REFUSED, content_length};
 use self::parse::{ClientHello, client_hello_sni, host_header_matches, parse_authority};
 
 /// Ports a `CONNECT` or plain request may use unless an entry names another.
@@ -411,9 +413,29 @@ pub(crate) struct Egress {
     pub(crate) inject: Arc<OnceLock<inject::Injections>>,
     pub(crate) settings: EgressSettings,
     pub(crate) stop: CancellationToken,
+    /// Where each request is reported (`crate::audit`); `None` when the
+    /// dispatch carried no audit token.
+    pub(crate) audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
 impl Egress {
+    /// Reports one request to the audit log, if there is one.
+    pub(crate) fn note(&self, n: Note<'_>) {
+        let Some(audit) = &self.audit else {
+            return;
+        };
+        audit.push(asbx_protocol::audit::AuditEvent::Egress {
+            host: n.host.to_owned(),
+            port: n.port,
+            method: n.method.map(str::to_owned),
+            bytes_out: n.bytes_out,
+            bytes_in: n.bytes_in,
+            allowed: n.refused.is_none(),
+            code: n.refused.map(str::to_owned),
+            secret: n.secret.map(str::to_owned),
+        });
+    }
+
     async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, Refusal> {
         self.allow.check(host, port)?;
         let addrs = self.settings.resolve_checked(host, port).await?;
@@ -430,14 +452,48 @@ impl Egress {
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response {
         let connect = req.method() == Method::CONNECT;
+        // For the audit log: where it went, read before the request is taken.
+        let target = self.audit.as_ref().map(|_| {
+            let a = req
+                .uri()
+                .authority()
+                .and_then(|a| parse_authority(a.as_str()).ok());
+            let host = a
+                .as_ref()
+                .map(|a| parse::normalize_host(&a.host))
+                .unwrap_or_default();
+            let port = a.and_then(|a| a.port).unwrap_or(80);
+            (
+                host,
+                port,
+                req.method().as_str().to_owned(),
+                content_length(req.headers()),
+            )
+        });
         let res = if connect {
-            self.tunnel(req).await
+            Arc::clone(&self).tunnel(req).await
         } else {
-            self.forward_plain(req).await
+            Arc::clone(&self).forward_plain(req).await
         };
         // A tunnel is counted allowed once its SNI passes (`splice_tls`).
         if res.is_err() || !connect {
             crate::metrics::METRICS.egress(res.is_ok());
+        }
+        if let Some((host, port, method, bytes_out)) = &target {
+            let refused = res.as_ref().err().map(|r| r.problem().code);
+            // An allowed tunnel is reported when it closes.
+            if refused.is_some() || !connect {
+                let bytes_in = res.as_ref().map_or(0, |r| content_length(r.headers()));
+                self.note(Note {
+                    host,
+                    port: *port,
+                    method: Some(method),
+                    bytes_out: *bytes_out,
+                    bytes_in,
+                    refused: refused.as_deref(),
+                    secret: None,
+                });
+            }
         }
         res.unwrap_or_else(IntoResponse::into_response)
     }
@@ -505,6 +561,16 @@ impl Egress {
             }
         };
         crate::metrics::METRICS.egress(verdict);
+        let port = upstream.peer_addr().map_or(0, |a| a.port());
+        let mut note = Note {
+            host,
+            port,
+            method: Some("CONNECT"),
+            bytes_out: 0,
+            bytes_in: 0,
+            refused: None,
+            secret: None,
+        };
         if !verdict {
             tracing::debug!(
                 host,
@@ -512,12 +578,17 @@ impl Egress {
             );
             let _ = client.write_all(&ALERT_ACCESS_DENIED).await;
             let _ = client.shutdown().await;
+            note.refused = Some(SNI_REFUSED);
+            self.note(note);
             return;
         }
         if upstream.write_all(&buf).await.is_err() {
             return;
         }
-        relay(client, upstream, self.settings.idle_timeout, &self.stop).await;
+        let (up, down) = relay(client, upstream, self.settings.idle_timeout, &self.stop).await;
+        note.bytes_out = up + buf.len() as u64;
+        note.bytes_in = down;
+        self.note(note);
     }
 
     async fn forward_plain(self: Arc<Self>, req: Request<Incoming>) -> Result<Response, Refusal> {
@@ -593,17 +664,24 @@ fn sni_allowed(host: &str, sni: Option<&str>) -> bool {
 }
 
 /// Copies both ways until either side closes, nothing moves for `idle`, or
-/// `stop` is cancelled.
-async fn relay<C>(client: C, upstream: TcpStream, idle: Duration, stop: &CancellationToken)
+/// `stop` is cancelled; the bytes moved each way (client to upstream,
+/// upstream to client).
+async fn relay<C>(
+    client: C,
+    upstream: TcpStream,
+    idle: Duration,
+    stop: &CancellationToken,
+) -> (u64, u64)
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
     let start = Instant::now();
     let last = AtomicU64::new(0);
+    let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = upstream.into_split();
-    let up = copy_noting(&mut cr, &mut uw, &last, start);
-    let down = copy_noting(&mut ur, &mut cw, &last, start);
+    let up = copy_noting(&mut cr, &mut uw, &last, start, &sent);
+    let down = copy_noting(&mut ur, &mut cw, &last, start, &received);
     let watchdog = async {
         loop {
             tokio::time::sleep(idle / 4).await;
@@ -620,10 +698,21 @@ where
         _ = watchdog => tracing::debug!("egress tunnel idle, closed"),
         _ = stop.cancelled() => {}
     }
+    (
+        sent.load(Ordering::Relaxed),
+        received.load(Ordering::Relaxed),
+    )
 }
 
-async fn copy_noting<R, W>(r: &mut R, w: &mut W, last: &AtomicU64, start: Instant)
-where
+/// Copies `r` to `w`, noting when bytes last moved and adding each read's
+/// length to `total` (one add per read, not per byte).
+async fn copy_noting<R, W>(
+    r: &mut R,
+    w: &mut W,
+    last: &AtomicU64,
+    start: Instant,
+    total: &AtomicU64,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -634,6 +723,7 @@ where
             Ok(n) => n,
         };
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        total.fetch_add(n as u64, Ordering::Relaxed);
         if w.write_all(&buf[..n]).await.is_err() {
             break;
         }
@@ -728,6 +818,7 @@ pub mod standalone {
             inject,
             settings: EgressSettings::new(allow_internal).with_extra_ca(extra_ca),
             stop: stop.clone(),
+            audit: None,
         });
         super::spawn(listener, egress);
         Ok(Proxy { stop, ca_pem })

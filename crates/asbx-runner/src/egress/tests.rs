@@ -240,6 +240,7 @@ fn proxy(allowed: &[&str], dns: &[(&str, IpAddr)], allow_internal: &[&str]) -> P
             inject: Arc::default(),
             settings,
             stop: stop.clone(),
+            audit: None,
         }),
     );
     Proxy {

@@ -32,6 +32,9 @@ const MAX_HELD: usize = 1 << 20;
 pub(crate) struct Counter {
     pub(crate) session: Arc<Session>,
     pub(crate) provider: String,
+    /// Where the call is reported when its answer ends (`crate::audit`):
+    /// the log, the model and the answer's status.
+    pub(crate) audit: Option<(Arc<crate::audit::AuditLog>, String, u16)>,
 }
 
 impl Counter {
@@ -61,6 +64,8 @@ pub(crate) struct UsageReader {
     skipping: bool,
     /// The largest counts seen so far (input, output), already added.
     seen: (u64, u64),
+    /// Whether any `usage` was read.
+    saw_usage: bool,
     counter: Counter,
 }
 
@@ -77,6 +82,7 @@ impl UsageReader {
             held: Vec::new(),
             skipping: false,
             seen: (0, 0),
+            saw_usage: false,
             counter,
         }
     }
@@ -142,6 +148,24 @@ impl UsageReader {
             output.saturating_sub(seen_out),
         );
         self.seen = (seen_in.max(input), seen_out.max(output));
+        self.saw_usage = true;
+    }
+}
+
+/// The call is reported once, when its answer is done with (read to its
+/// end or dropped), with the tokens seen.
+impl Drop for UsageReader {
+    fn drop(&mut self) {
+        if let Some((log, model, status)) = self.counter.audit.take() {
+            let tokens = |n: u64| self.saw_usage.then_some(n);
+            log.push(asbx_protocol::audit::AuditEvent::ModelCall {
+                provider: self.counter.provider.clone(),
+                model,
+                input_tokens: tokens(self.seen.0),
+                output_tokens: tokens(self.seen.1),
+                status,
+            });
+        }
     }
 }
 
@@ -220,6 +244,7 @@ mod tests {
         let counter = Counter {
             session: Arc::clone(&session),
             provider: "test".into(),
+            audit: None,
         };
         (UsageReader::new(Some(content_type), counter), session)
     }

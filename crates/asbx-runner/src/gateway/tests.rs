@@ -67,6 +67,7 @@ fn gateway(base: &str, allow_internal: &[&str]) -> Router {
         allow: Arc::default(),
         inject: Arc::default(),
         ca_file: None,
+        audit: None,
         egress: EgressSettings::new(
             allow_internal
                 .iter()

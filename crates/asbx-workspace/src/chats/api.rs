@@ -302,6 +302,18 @@ pub(crate) async fn upload(
         &bytes,
     )
     .await?;
+    let event = crate::audit::AuditEvent::FileWrite {
+        path: info.path.clone(),
+        size: u64::try_from(info.size).unwrap_or(0),
+        via: "upload".to_owned(),
+    };
+    crate::audit::record(
+        &state,
+        &caller.workspace_id,
+        Default::default(),
+        vec![event],
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(info)))
 }
 

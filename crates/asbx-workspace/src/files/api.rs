@@ -36,6 +36,7 @@ pub(crate) async fn download(
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("file {id}")))?;
     let blob = state.blobs.open_blob(&file.sha256).await?;
+    crate::audit::file(&state, crate::files::audit_seen(&file), false, "download").await;
     let mut response = Response::new(Body::from_stream(ReaderStream::new(blob)));
     let h = response.headers_mut();
     let content_type = HeaderValue::from_str(&file.mime_type)

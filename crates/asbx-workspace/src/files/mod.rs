@@ -42,6 +42,17 @@ pub(crate) fn ascii_file_name(path: &str) -> String {
     }
 }
 
+/// A stored file as the audit log sees it: where it belongs, its path and
+/// size, never its bytes.
+pub(crate) fn audit_seen(file: &store::FileRow) -> crate::audit::FileSeen<'_> {
+    crate::audit::FileSeen {
+        workspace: &file.workspace_id,
+        run_id: file.run_id.as_deref(),
+        path: &file.path,
+        size: file.size,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

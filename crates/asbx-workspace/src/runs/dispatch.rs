@@ -306,8 +306,12 @@ pub(crate) async fn post(
     recorded: Recorded,
 ) -> Result<Started, WorkspaceError> {
     let Route {
-        candidates, fleet, ..
+        candidates,
+        fleet,
+        runner_cap_ms,
     } = route;
+    let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref(), runner_cap_ms);
+    let audit_token = crate::audit::runner::mint(state, &spec.id, cap_ms).await?;
     let [(_, setup), (_, run), (_, upload)] = recorded.minted;
     let workdir = match (recorded.workdir, &spec.chat_id) {
         (Some(token), Some(chat_id)) => Some(workdir_dispatch(state, chat_id, token).await?),
@@ -329,7 +333,15 @@ pub(crate) async fn post(
         encryption: options.encryption.clone(),
         workdir,
     };
-    let response = send(state, &spec.id, &candidates, fleet.as_deref(), &request).await?;
+    let response = send(
+        state,
+        &spec.id,
+        &candidates,
+        fleet.as_deref(),
+        &request,
+        &audit_token,
+    )
+    .await?;
     drop(request);
     if response.status() == reqwest::StatusCode::OK {
         return Ok(Started::Streaming { response });
@@ -352,6 +364,7 @@ async fn send(
     candidates: &[Url],
     fleet: Option<&Fleet>,
     request: &DispatchRequest,
+    audit_token: &str,
 ) -> Result<reqwest::Response, WorkspaceError> {
     for (i, runner) in candidates.iter().enumerate() {
         let last = i + 1 == candidates.len();
@@ -367,11 +380,13 @@ async fn send(
         if i > 0 {
             runs::set_sandbox_url(state.store.pool(), run_id, runner.as_str()).await?;
         }
-        match post_request(state, runner, request)?.send().await {
+        match post_request(state, runner, request, audit_token)?.send().await {
             // Sent, but the answer was lost: the session may have started.
             Err(e) if !e.is_connect() && request.session_id.is_some() => {
                 tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "the dispatch's connection broke; re-attaching");
-                if let Some(r) = crate::runs::reattach::resend(state, runner, request).await {
+                if let Some(r) =
+                    crate::runs::reattach::resend(state, runner, request, audit_token).await
+                {
                     return Ok(r);
                 }
                 let failure = WorkspaceError::Upstream(crate::error::error_chain(&e));

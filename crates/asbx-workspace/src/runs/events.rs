@@ -148,6 +148,7 @@ pub(crate) async fn append_rows(
     append_rows_on(&mut tx, run_id, rows).await?;
     tx.commit().await?;
     state.notifier.announce(state.store.pool(), run_id).await;
+    crate::audit::tools::record(state, run_id, rows).await;
     Ok(())
 }
 

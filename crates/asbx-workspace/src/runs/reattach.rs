@@ -197,6 +197,7 @@ pub(crate) async fn resend(
     state: &AppState,
     runner: &url::Url,
     request: &asbx_protocol::DispatchRequest,
+    audit_token: &str,
 ) -> Option<reqwest::Response> {
     let session_id = request.session_id.as_deref()?;
     let patience = state.config.runner_detach_grace;
@@ -207,7 +208,7 @@ pub(crate) async fn resend(
         if let Some(r) = reattach(state, runner.as_str(), session_id, 0, left).await {
             return Some(r);
         }
-        match runner_http::post_request(state, runner, request)
+        match runner_http::post_request(state, runner, request, audit_token)
             .ok()?
             .send()
             .await

@@ -20,6 +20,7 @@ pub(crate) fn post_request(
     state: &AppState,
     runner: &Url,
     request: &DispatchRequest,
+    audit_token: &str,
 ) -> Result<reqwest::RequestBuilder, WorkspaceError> {
     let mut post = state
         .dispatcher
@@ -32,6 +33,11 @@ pub(crate) fn post_request(
         && state.config.is_operator_runner(runner)
     {
         post = post.bearer_auth(token);
+    }
+    // Likewise the audit token: only the operator's runners report into
+    // the chain (a runner the agent author named is not the operator's).
+    if state.config.is_operator_runner(runner) {
+        post = post.header(asbx_protocol::audit::AUDIT_TOKEN_HEADER, audit_token);
     }
     Ok(post)
 }

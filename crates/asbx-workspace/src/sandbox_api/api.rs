@@ -65,6 +65,7 @@ pub(crate) async fn read_file(
     let s = sandbox::authorize(&state, &session_id, &headers).await?;
     let file = sandbox::file(&state, &s, &id).await?;
     let blob = state.blobs.open_blob(&file.sha256).await?;
+    crate::audit::file(&state, seen(&file), false, "sandbox").await;
     let mut response = Response::new(Body::from_stream(ReaderStream::new(blob)));
     let h = response.headers_mut();
     h.insert(
@@ -128,6 +129,7 @@ pub(crate) async fn create_file(
         });
     }
     let row = sandbox::create(&state, &s, path, mime, body.into_data_stream()).await?;
+    crate::audit::file(&state, seen(&row), true, "sandbox").await;
     Ok((StatusCode::CREATED, Json(BagFile::from(&row))).into_response())
 }
 
@@ -167,4 +169,9 @@ pub(crate) async fn history(
     };
     let messages = sandbox::history(&state, &s, limit).await?;
     Ok(Json(json!({ "messages": messages })))
+}
+
+/// A bag file as the audit log sees it.
+fn seen(file: &crate::files::store::FileRow) -> crate::audit::FileSeen<'_> {
+    crate::files::audit_seen(file)
 }

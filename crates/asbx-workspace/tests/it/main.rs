@@ -5,6 +5,7 @@
 
 mod access;
 mod agents;
+mod audit;
 mod blobs;
 mod callback_replays;
 mod callbacks;

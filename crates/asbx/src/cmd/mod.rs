@@ -1,8 +1,9 @@
 //! The subcommands that run on the async runtime, one file each: `up`,
-//! `runner`, `workspace`, `run`, `key`, `gc`, `quota`; [`shared`] holds what they
+//! `runner`, `workspace`, `run`, `key`, `gc`, `quota`, `audit`; [`shared`] holds what they
 //! share. `agent` and `jail` run before any runtime exists
 //! (`crate::sandbox_cmd`).
 
+mod audit;
 mod gc;
 mod key;
 mod quota;
@@ -31,6 +32,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Key(args) => key::run(args).await,
         Command::Gc(args) => gc::run(args).await,
         Command::Quota(args) => quota::run(args).await,
+        Command::Audit(command) => audit::run(command).await,
         Command::Agent | Command::Jail(_) | Command::EnvVars | Command::Doctor(_) => {
             bail!("internal subcommand reached the runtime")
         }

@@ -17,6 +17,9 @@ pub(super) fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::c
     config.detach_grace = Duration::from_millis(opts.detach_grace_ms);
     config.runner_detach_grace = Duration::from_millis(opts.runner_detach_grace_ms);
     config.metrics_token = opts.metrics_token.clone().filter(|t| !t.is_empty());
+    config.audit_retention = opts
+        .audit_retention_days
+        .map(|d| Duration::from_secs(u64::from(d) * 86_400));
     config.models = opts
         .models
         .iter()

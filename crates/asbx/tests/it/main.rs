@@ -7,6 +7,7 @@ mod harness;
 
 mod agent_features;
 mod blips;
+mod audit;
 mod chat_live;
 mod conns;
 mod dispatch;

@@ -11,6 +11,7 @@ docs/protocol.md, docs/api-runs.md and docs/api-assistant.md.
 
 from ._async import (
     AsyncAgents,
+    AsyncAudit,
     AsyncChats,
     AsyncChatStream,
     AsyncClient,
@@ -72,7 +73,7 @@ from ._models import (
     Usage,
     WorkspaceEvent,
 )
-from ._sync import Agents, Chats, ChatStream, Client, Environments, Files, Models, Runs, RunStream
+from ._sync import Agents, Audit, Chats, ChatStream, Client, Environments, Files, Models, Runs, RunStream
 from ._types import (
     AgentDefinition,
     AgentEnvironment,
@@ -115,6 +116,7 @@ __all__ = [
     "Agents",
     "AsbxError",
     "AsyncAgents",
+    "AsyncAudit",
     "AsyncChatStream",
     "AsyncChats",
     "AsyncClient",
@@ -123,6 +125,7 @@ __all__ = [
     "AsyncModels",
     "AsyncRunStream",
     "AsyncRuns",
+    "Audit",
     "BadRequestError",
     "Chat",
     "ChatSettings",

@@ -449,6 +449,25 @@ def delete_environment(environment_id: str) -> Call[None]:
     return Call("DELETE", f"/api/environments/{seg(environment_id)}", _none)
 
 
+# -- audit --------------------------------------------------------------------
+
+
+def list_audit(
+    after: int = 0, limit: int | None = None, run_id: str | None = None
+) -> Call[list[dict[str, Any]]]:
+    """The audit records after `after` (NDJSON, oldest first): the workspace's, or one run's."""
+
+    def parse(a: Answer) -> list[dict[str, Any]]:
+        check_status(a.status, a.body)
+        return [cast(dict[str, Any], jsonlib.loads(line)) for line in a.body.splitlines() if line.strip()]
+
+    params = {"after": str(after)}
+    if limit is not None:
+        params["limit"] = str(limit)
+    path = "/api/audit" if run_id is None else f"/api/runs/{seg(run_id)}/audit"
+    return Call("GET", path, parse, params=params)
+
+
 def list_models() -> Call[list[ModelInfo]]:
     return Call("GET", "/api/models", lambda a: [ModelInfo.from_json(m) for m in _items("models")(a)])
 

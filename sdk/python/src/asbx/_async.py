@@ -570,6 +570,21 @@ class AsyncUsageApi:
         return await self._client._call(_api.get_usage())
 
 
+class AsyncAudit:
+    """The workspace's tamper-evident audit log (docs/api-audit.md): `client.audit`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self, after: int = 0, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """The workspace's records with `id` above `after`, oldest first (at most `limit`)."""
+        return await self._client._call(_api.list_audit(after, limit))
+
+    async def of_run(self, run_id: str, after: int = 0, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """One run's records, oldest first."""
+        return await self._client._call(_api.list_audit(after, limit, run_id))
+
+
 class AsyncClient:
     """A client of one asbx workspace: `client.chats`, `client.runs`, `client.agents`,
     `client.environments`, `client.files`, `client.models`, `client.usage`.
@@ -624,6 +639,7 @@ class AsyncClient:
         self.environments = AsyncEnvironments(self)
         self.models = AsyncModels(self)
         self.usage = AsyncUsageApi(self)
+        self.audit = AsyncAudit(self)
 
     async def aclose(self) -> None:
         if self._own:

@@ -565,6 +565,21 @@ class UsageApi:
         return self._client._call(_api.get_usage())
 
 
+class Audit:
+    """The workspace's tamper-evident audit log (docs/api-audit.md): `client.audit`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self, after: int = 0, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """The workspace's records with `id` above `after`, oldest first (at most `limit`)."""
+        return self._client._call(_api.list_audit(after, limit))
+
+    def of_run(self, run_id: str, after: int = 0, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """One run's records, oldest first."""
+        return self._client._call(_api.list_audit(after, limit, run_id))
+
+
 class Client:
     """A client of one asbx workspace: `client.chats`, `client.runs`, `client.agents`,
     `client.environments`, `client.files`, `client.models`, `client.usage`.
@@ -619,6 +634,7 @@ class Client:
         self.environments = Environments(self)
         self.models = Models(self)
         self.usage = UsageApi(self)
+        self.audit = Audit(self)
 
     def close(self) -> None:
         if self._own:

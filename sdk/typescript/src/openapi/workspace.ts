@@ -279,6 +279,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/assistant/sandbox/{session_id}/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["audit_report"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/assistant/sandbox/{session_id}/config": {
         parameters: {
             query?: never;
@@ -435,6 +451,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["audit_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/environments": {
         parameters: {
             query?: never;
@@ -550,6 +582,22 @@ export interface paths {
          *     cancelled. `202` while it ends, `204` when it had already ended.
          */
         delete: operations["runs_cancel"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/runs/{id}/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["audit_of_run"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -871,6 +919,109 @@ export interface components {
              * @description Size in bytes.
              */
             size: number;
+        };
+        /**
+         * @description One audit event, tagged by `kind`.
+         *
+         *     - `egress`: one request through the runner's egress proxy: `host`,
+         *       `port`, `method` (when the proxy saw it), `bytesOut`/`bytesIn`
+         *       (sandbox to host and back), `allowed`, `code` (the refusal's),
+         *       `secret` (the NAME of a bound secret injected, never its value).
+         *     - `model_call`: one call through the runner's model gateway:
+         *       `provider`, `model`, `inputTokens`/`outputTokens` (when the
+         *       provider's answer says), `status` (HTTP, or 0 when none came).
+         *     - `tool_call`: one step of the agent loop: `name`, `status`
+         *       (`succeeded`/`failed`), `durationMs`, `exitCode` (a command's).
+         *     - `callback`: a one-time token redeemed: `route` (`env`, `config`,
+         *       `results`, `assets`).
+         *     - `file_write`/`file_read`: a file through the workspace API: `path`,
+         *       `size`, `via` (`sandbox`, `upload`, `download`).
+         *     - `api_key_created`/`api_key_revoked`: `name`, `keyId` (the first 12
+         *       hex digits of the key's hash).
+         *     - `quota_refused`: `quota` (its name).
+         *     - `dropped`: `count` events a runner could not keep for this session.
+         */
+        AuditEvent: components["schemas"]["AuditEventEgress"] | components["schemas"]["AuditEventModelCall"] | components["schemas"]["AuditEventToolCall"] | components["schemas"]["AuditEventCallback"] | components["schemas"]["AuditEventFileWrite"] | components["schemas"]["AuditEventFileRead"] | components["schemas"]["AuditEventApiKeyCreated"] | components["schemas"]["AuditEventApiKeyRevoked"] | components["schemas"]["AuditEventQuotaRefused"] | components["schemas"]["AuditEventDropped"];
+        AuditEventApiKeyCreated: {
+            keyId: string;
+            /** @constant */
+            kind: "api_key_created";
+            name: string;
+        };
+        AuditEventApiKeyRevoked: {
+            keyId: string;
+            /** @constant */
+            kind: "api_key_revoked";
+            name: string;
+        };
+        AuditEventCallback: {
+            /** @constant */
+            kind: "callback";
+            route: string;
+        };
+        AuditEventDropped: {
+            /** Format: uint64 */
+            count: number;
+            /** @constant */
+            kind: "dropped";
+        };
+        AuditEventEgress: {
+            allowed: boolean;
+            /** Format: uint64 */
+            bytesIn: number;
+            /** Format: uint64 */
+            bytesOut: number;
+            code?: string | null;
+            host: string;
+            /** @constant */
+            kind: "egress";
+            method?: string | null;
+            /** Format: uint16 */
+            port: number;
+            secret?: string | null;
+        };
+        AuditEventFileRead: {
+            /** @constant */
+            kind: "file_read";
+            path: string;
+            /** Format: uint64 */
+            size: number;
+            via: string;
+        };
+        AuditEventFileWrite: {
+            /** @constant */
+            kind: "file_write";
+            path: string;
+            /** Format: uint64 */
+            size: number;
+            via: string;
+        };
+        AuditEventModelCall: {
+            /** Format: uint64 */
+            inputTokens?: number | null;
+            /** @constant */
+            kind: "model_call";
+            model: string;
+            /** Format: uint64 */
+            outputTokens?: number | null;
+            provider: string;
+            /** Format: uint16 */
+            status: number;
+        };
+        AuditEventQuotaRefused: {
+            /** @constant */
+            kind: "quota_refused";
+            quota: string;
+        };
+        AuditEventToolCall: {
+            /** Format: uint64 */
+            durationMs?: number | null;
+            /** Format: int64 */
+            exitCode?: number | null;
+            /** @constant */
+            kind: "tool_call";
+            name: string;
+            status: string;
         };
         /** @description `{"value", "inject"}`: a secret the egress proxy sets as a header. */
         BoundSecret: {
@@ -1535,6 +1686,14 @@ export interface components {
          * @enum {string}
          */
         RunStatus: "running" | "succeeded" | "failed";
+        /**
+         * RunnerAuditBatch
+         * @description `POST /api/audit/runner` (the runner's report, authenticated by the
+         *     dispatch's audit token): `events` in the order they happened.
+         */
+        RunnerAuditBatch: {
+            events: components["schemas"]["AuditEvent"][];
+        };
         /**
          * @description `"encrypted": {"iv", "ciphertext"}`: base64url (no padding) of a
          *     12-byte nonce and of the AES-256-GCM ciphertext with its tag.
@@ -3406,6 +3565,76 @@ export interface operations {
             };
         };
     };
+    audit_report: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox session id (the run id) */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RunnerAuditBatch"];
+            };
+        };
+        responses: {
+            /** @description The events are appended to the run's workspace's audit chain */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description `invalid_request`: not a report, an event the runner may not report, or an unknown `x-asbx-audit-version` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized`: not this run's audit token, or it expired */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     callbacks_config: {
         parameters: {
             query?: never;
@@ -4138,6 +4367,76 @@ export interface operations {
                 };
             };
             /** @description `unauthorized`: no bearer token; `otp_rejected`: the one-time token is unknown, expired, used or not this session's */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    audit_list: {
+        parameters: {
+            query?: {
+                /** @description Records with `id` above this. */
+                after?: number;
+                /** @description At most this many (1 to 10,000; default 1,000). */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The workspace's audit records after `after`, oldest first, one JSON record a line: `id`, `ts`, `workspace`, `runId`?, `sessionId`?, `kind` and its fields, `prevHash`, `hash` */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": components["schemas"]["AuditEvent"];
+                };
+            };
+            /** @description `invalid_request`: `after` or `limit` out of range */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5079,6 +5378,88 @@ export interface operations {
             };
             /** @description `upstream_failed`: the runner refused or could not be reached */
             502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `database_unavailable`: the database cannot be reached now (nothing was changed; retry, `Retry-After` says when) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    audit_of_run: {
+        parameters: {
+            query?: {
+                /** @description Records with `id` above this. */
+                after?: number;
+                /** @description At most this many (1 to 10,000; default 1,000). */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The run's audit records, oldest first, one JSON record a line */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": components["schemas"]["AuditEvent"];
+                };
+            };
+            /** @description `invalid_request`: `after` or `limit` out of range */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized`: a wrong API key, or none where the workspace requires one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `not_found`: no such run in the caller's workspace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal`: see the workspace's log */
+            500: {
                 headers: {
                     [name: string]: unknown;
                 };

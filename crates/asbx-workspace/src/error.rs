@@ -92,6 +92,8 @@ pub enum WorkspaceError {
     /// A workspace quota used up (CONTRACT.md §10): `429 quota_exceeded`.
     #[error("the workspace's quota {quota} ({limit}) is used up")]
     QuotaExceeded {
+        /// The workspace refused (for the audit log, never in the answer).
+        workspace: String,
         /// The quota's name (`concurrent-sandboxes`, ...).
         quota: &'static str,
         limit: u64,
@@ -333,8 +335,24 @@ impl IntoResponse for WorkspaceError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        if let WorkspaceError::QuotaExceeded {
+            workspace, quota, ..
+        } = self
+        {
+            response
+                .extensions_mut()
+                .insert(QuotaRefusal { workspace, quota });
+        }
         response
     }
+}
+
+/// A quota refusal an answer carries (a response extension), for the
+/// audit log's record of it (`audit::record_quota_refusals`).
+#[derive(Debug, Clone)]
+pub(crate) struct QuotaRefusal {
+    pub(crate) workspace: String,
+    pub(crate) quota: &'static str,
 }
 
 /// Writes any [`Problem`] as `application/problem+json`.

@@ -377,6 +377,10 @@ fn router(state: Arc<AppState>) -> Router {
             guard::host_and_origin,
         ))
         .layer(middleware::map_response(guard::problem_errors))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            audit::record_quota_refusals,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -278,6 +278,7 @@ mod tests {
             E::Corrupt("x".into()),
             E::Database(sqlx::Error::PoolTimedOut),
             E::QuotaExceeded {
+                workspace: "w".into(),
                 quota: "storage-mb",
                 limit: 1,
                 retry_after_s: None,

@@ -28,6 +28,7 @@ pub use asbx_protocol::audit::AuditEvent;
 use sqlx::AnyPool;
 
 use crate::AppState;
+use crate::error::QuotaRefusal;
 use crate::error::WorkspaceError;
 pub(crate) use store::Pending;
 
@@ -129,6 +130,21 @@ pub(crate) async fn quota_refused(state: &AppState, workspace: &str, quota: &str
         quota: quota.to_owned(),
     };
     record(state, workspace, Scope::default(), vec![event]).await;
+}
+
+/// Records each quota refusal an answer carries ([`QuotaRefusal`], put
+/// there by the error's answer), after the answer: the refused caller
+/// never waits on the log.
+pub(crate) async fn record_quota_refusals(
+    axum::extract::State(state): axum::extract::State<std::sync::Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let response = next.run(request).await;
+    if let Some(r) = response.extensions().get::<QuotaRefusal>().cloned() {
+        tokio::spawn(async move { quota_refused(&state, &r.workspace, r.quota).await });
+    }
+    response
 }
 
 /// The outcome of checking one workspace's chain.

@@ -55,7 +55,7 @@ pub(crate) async fn dispatch(
         let mine = count(store::running(&mut *conn, workspace_id).await?);
         let total = count(store::running_total(&mut *conn).await?);
         if !quota::fair::may_start(mine, total, capacity) {
-            return Err(share_full(capacity));
+            return Err(share_full(workspace_id, capacity));
         }
     }
     if let Some(limit) = limits.get(Quota::ConcurrentSandboxes)
@@ -95,8 +95,9 @@ fn fair_capacity(limits: &Limits, capacity: Option<u64>) -> Option<u64> {
 
 /// Over the fair share of a fleet of `capacity`: a refusal that waiting
 /// helps, not counted as one until the wait is over ([`ShareWait`]).
-fn share_full(capacity: u64) -> WorkspaceError {
+fn share_full(workspace_id: &str, capacity: u64) -> WorkspaceError {
     WorkspaceError::QuotaExceeded {
+        workspace: workspace_id.to_owned(),
         quota: Quota::ConcurrentSandboxes.name(),
         limit: quota::fair::share(capacity),
         retry_after_s: Some(SANDBOX_RETRY_S),

@@ -42,7 +42,8 @@ pub(crate) fn until_tomorrow_s(now_ms: i64) -> u64 {
 }
 
 /// A refusal for `quota` over `limit`, for `workspace_id`: the one place
-/// every refusal passes (the audit log records it here).
+/// every refusal passes (the answer carries it to the audit log:
+/// `audit::record_quota_refusals`).
 pub(crate) fn refused(
     workspace_id: &str,
     quota: Quota,
@@ -57,6 +58,7 @@ pub(crate) fn refused(
     );
     crate::metrics::METRICS.quota_refused(quota.name());
     WorkspaceError::QuotaExceeded {
+        workspace: workspace_id.to_owned(),
         quota: quota.name(),
         limit,
         retry_after_s,

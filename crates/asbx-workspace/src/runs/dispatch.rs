@@ -380,7 +380,10 @@ async fn send(
         if i > 0 {
             runs::set_sandbox_url(state.store.pool(), run_id, runner.as_str()).await?;
         }
-        match post_request(state, runner, request, audit_token)?.send().await {
+        match post_request(state, runner, request, audit_token)?
+            .send()
+            .await
+        {
             // Sent, but the answer was lost: the session may have started.
             Err(e) if !e.is_connect() && request.session_id.is_some() => {
                 tracing::warn!(run = %run_id, runner = %runner, error = %crate::error::error_chain(&e), "the dispatch's connection broke; re-attaching");

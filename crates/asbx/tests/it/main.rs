@@ -6,8 +6,8 @@
 mod harness;
 
 mod agent_features;
-mod blips;
 mod audit;
+mod blips;
 mod chat_live;
 mod conns;
 mod dispatch;

@@ -616,17 +616,24 @@ mod tests {
         assert_eq!(prompt_with_attachments("x", &[]), "x");
     }
 
+    /// A workspace on SQLite in a temporary folder whose runner nothing
+    /// listens for: no test reaches the dispatch.
+    async fn unreachable_runner_workspace() -> (tempfile::TempDir, crate::Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config =
+            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
+        config.sandbox_url = Some(url::Url::parse("http://127.0.0.1:9/").unwrap());
+        let ws = crate::Workspace::open(config).await.unwrap();
+        (dir, ws)
+    }
+
     /// Issue 32, item 4: a turn whose message is stored has finished, even
     /// while its lease waits for its node's release: the next turn takes
     /// the lease instead of a `409 turn_in_flight`. A turn in flight (no
     /// message yet) still holds it.
     #[tokio::test]
     async fn a_finished_turns_lease_does_not_refuse_the_next_turn() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config =
-            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
-        config.sandbox_url = Some(url::Url::parse("http://127.0.0.1:9/").unwrap());
-        let ws = crate::Workspace::open(config).await.unwrap();
+        let (_dir, ws) = unreachable_runner_workspace().await;
         let state = Arc::clone(&ws.state);
         let pool = state.store.pool();
         let workspace = crate::DEFAULT_WORKSPACE;
@@ -679,12 +686,7 @@ mod tests {
     /// message and no token, and the next turn may start at once.
     #[tokio::test]
     async fn a_turn_that_cannot_be_recorded_leaves_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config =
-            crate::WorkspaceConfig::new(dir.path(), url::Url::parse("http://127.0.0.1/").unwrap());
-        // Nothing listens there: no test reaches the dispatch.
-        config.sandbox_url = Some(url::Url::parse("http://127.0.0.1:9/").unwrap());
-        let ws = crate::Workspace::open(config).await.unwrap();
+        let (_dir, ws) = unreachable_runner_workspace().await;
         let state = Arc::clone(&ws.state);
         let pool = state.store.pool();
         let workspace = crate::DEFAULT_WORKSPACE;

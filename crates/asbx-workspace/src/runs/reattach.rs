@@ -121,10 +121,7 @@ async fn attempt(state: &AppState, sandbox_url: &str, session_id: &str, after: u
         };
     match tokio::time::timeout(TRY_TIMEOUT, request.send()).await {
         Ok(Ok(r)) if r.status().is_success() => Attempt::Attached(r),
-        Ok(Ok(r))
-            if r.status() == reqwest::StatusCode::NOT_FOUND
-                || r.status() == reqwest::StatusCode::GONE =>
-        {
+        Ok(Ok(r)) if refuses_for_good(r.status()) => {
             Attempt::Unknown(format!("the runner answered {}", r.status()))
         }
         Ok(Ok(r)) => Attempt::Failed(format!("the runner answered {}", r.status())),
@@ -132,6 +129,24 @@ async fn attempt(state: &AppState, sandbox_url: &str, session_id: &str, after: u
         Ok(Err(e)) => Attempt::Failed(crate::error::error_chain(&e)),
         Err(_) => Attempt::Failed("no answer in time".to_owned()),
     }
+}
+
+/// Whether a runner's answer to a re-attach says no try will do better:
+/// `404` and `410` (no such session, or its lines are gone), a redirect
+/// (never followed), and any other client error but those a wait may
+/// clear (`408`, `409` while the runner still holds the broken reader,
+/// `425`, `429`).
+fn refuses_for_good(status: reqwest::StatusCode) -> bool {
+    use reqwest::StatusCode as S;
+    status.is_redirection()
+        || (status.is_client_error()
+            && ![
+                S::REQUEST_TIMEOUT,
+                S::CONFLICT,
+                S::TOO_EARLY,
+                S::TOO_MANY_REQUESTS,
+            ]
+            .contains(&status))
 }
 
 /// Re-attaches to `session_id` on the runner at `sandbox_url` after `after`,
@@ -262,6 +277,29 @@ mod tests {
         let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(700));
         let waits: Vec<u128> = (0..6).map(|_| b.next_wait().as_millis()).collect();
         assert_eq!(waits, [100, 200, 400, 700, 700, 700]);
+    }
+
+    #[test]
+    fn only_answers_a_wait_may_change_are_retried() {
+        use reqwest::StatusCode as S;
+        for gone in [
+            S::NOT_FOUND,
+            S::GONE,
+            S::BAD_REQUEST,
+            S::UNAUTHORIZED,
+            S::FOUND,
+        ] {
+            assert!(refuses_for_good(gone), "{gone}");
+        }
+        for blip in [
+            S::CONFLICT,
+            S::TOO_MANY_REQUESTS,
+            S::REQUEST_TIMEOUT,
+            S::BAD_GATEWAY,
+            S::SERVICE_UNAVAILABLE,
+        ] {
+            assert!(!refuses_for_good(blip), "{blip}");
+        }
     }
 
     #[test]

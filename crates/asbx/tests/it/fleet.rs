@@ -66,7 +66,15 @@ async fn runs_spread_over_two_runners_by_capacity_and_skip_a_full_or_down_one() 
     );
     assert_eq!(health["sessions"], 0, "{health}");
     let fleet = format!("{},{}", small.url, big.url);
-    let ws = WorkspaceProc::start("127.0.0.1:0", &[("SANDBOX_URL", &fleet)]);
+    // This test is about the fleet, not the fair share between workspaces
+    // (which holds one workspace to half of it): a limit of its own.
+    let ws = WorkspaceProc::start(
+        "127.0.0.1:0",
+        &[
+            ("SANDBOX_URL", &fleet),
+            ("ASBX_QUOTA_CONCURRENT_SANDBOXES", "100"),
+        ],
+    );
 
     // Five at once fill both runners; each holds its sandbox a while.
     let mut held = Vec::new();

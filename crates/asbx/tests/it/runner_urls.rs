@@ -358,6 +358,9 @@ async fn a_runner_redirect_is_not_followed_and_its_answers_are_cut_at_64_kib() {
             "GET /healthz HTTP/1.1".to_owned(),
             "POST /stream HTTP/1.1".to_owned(),
             "POST /stream HTTP/1.1".to_owned(),
+            // The run's stream ended without its end: one try to
+            // re-attach, refused for good (`400`), so the run is lost.
+            format!("GET /v1/sessions/{run_id}/events?after=0 HTTP/1.1"),
             format!("POST /v1/sessions/{run_id}/tool-result HTTP/1.1"),
             format!("POST /v1/sessions/{run_id}/tool-result HTTP/1.1"),
             "POST /stream HTTP/1.1".to_owned(),

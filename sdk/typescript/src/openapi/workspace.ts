@@ -733,8 +733,9 @@ export interface components {
          *
          *     - `prompt`: the block's input, non-empty.
          *
-         *     There is deliberately no `sandboxUrl`: the runner comes from the agent
-         *     environment's `SANDBOX_URL` or the server's (see [`CreateRunRequest`]).
+         *     - `sandboxUrl`: the block's runner, first of the three (CONTRACT §6):
+         *       then the agent environment's `SANDBOX_URL`, then the server's; it must
+         *       be one the operator configured, as on [`CreateRunRequest`].
          */
         AgentRunRequest: {
             clientTools?: unknown;
@@ -742,6 +743,7 @@ export interface components {
             filter?: unknown;
             prompt: string;
             protocol?: unknown;
+            sandboxUrl?: string | null;
         };
         /** @description A file of the workspace the agent places in its working directory. */
         AttachmentRef: {
@@ -914,12 +916,12 @@ export interface components {
          *       `/env`; this request's own `variables` and `setupScript` win on a
          *       clash, allowed hosts are the union.
          *
-         *     There is deliberately no `sandboxUrl` (issue 13, item 2): the runner a
-         *     request reaches is the operator's `SANDBOX_URL`, never one an anonymous
-         *     caller names. The workspace sends its runner token and three one-time
-         *     tokens to that URL, so a caller-chosen URL would receive them (and turn
-         *     the workspace into a proxy to any address). A body naming `sandboxUrl`
-         *     is refused as an unknown field.
+         *     - `sandboxUrl`: the runner to use (CONTRACT §6), one the operator
+         *       configured (`SANDBOX_URL`, `ASBX_ALLOWED_SANDBOX_URLS`; compared as
+         *       normalised URLs); any other is `400 sandbox_url_not_allowed` and gets
+         *       no request. Absent: the server's `SANDBOX_URL` (its fleet). A caller
+         *       never picks an address of its own: the workspace sends its runner
+         *       token and three one-time tokens to that URL.
          */
         CreateRunRequest: {
             allowedHosts?: string[];
@@ -932,6 +934,7 @@ export interface components {
             model?: string | null;
             prompt: string;
             protocol?: unknown;
+            sandboxUrl?: string | null;
             setupScript?: string | null;
             skills?: components["schemas"]["Skill"][];
             systemPrompt?: string | null;

@@ -290,7 +290,7 @@ async fn every_error_is_problem_json() {
         ))
         .unwrap();
     let p = problem_of(oneshot(&ws, req).await, 400).await;
-    asbx_snapshot!("unknown_field_sandbox_url", p);
+    asbx_snapshot!("sandbox_url_not_configured", p);
 }
 
 /// Item 3: listening on a non-loopback address needs `require_auth`.

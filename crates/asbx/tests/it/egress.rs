@@ -29,7 +29,8 @@ for label, host in [("same", f"127.0.0.1:{port}"), ("fronted", "evil.test")]:
 PY
 "#;
 
-async fn upstream() -> u16 {
+/// A plain HTTP server on loopback answering `hello-upstream` to anything.
+pub(crate) async fn upstream() -> u16 {
     let app = axum::Router::new().fallback(|| async { "hello-upstream" });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -11,16 +11,6 @@ use crate::harness::{FakeWorkspace, RunnerProc, scripted};
 
 const VALUE: &str = "s3cret-VALUE-42";
 
-async fn plain_upstream() -> u16 {
-    let app = axum::Router::new().fallback(|| async { "hello-upstream" });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    port
-}
-
 /// What the sandbox runs: each probe prints `label=<outcome>`.
 const PROBES: &str = r#"unset NO_PROXY no_proxy
 A=https://127.0.0.1:$PA/echo
@@ -50,7 +40,7 @@ async fn bound_secrets_are_set_at_the_proxy_and_never_enter_the_sandbox() {
     let bound = https_server(upstream_ca.server_config("127.0.0.1")).await;
     let open = https_server(upstream_ca.server_config("127.0.0.1")).await;
     let untrusted = https_server(TestCa::new("untrusted CA").server_config("127.0.0.1")).await;
-    let plain = plain_upstream().await;
+    let plain = crate::egress::upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, upstream_ca.pem()).unwrap();

@@ -494,9 +494,13 @@ class Agents:
         encrypt: bool = False,
         filter_types: Sequence[EventType | str] | None = None,
         blocked_types: Sequence[EventType | str] | None = None,
+        sandbox_url: str | None = None,
     ) -> RunStream:
-        """Runs the stored agent on `prompt` (`POST /api/agents/{id}/runs`)."""
+        """Runs the stored agent on `prompt` (`POST /api/agents/{id}/runs`); `sandbox_url`: one of
+        the operator's runners, before the agent environment's and the server's."""
         body: AgentRunRequest = {"prompt": prompt}
+        if sandbox_url is not None:
+            body["sandboxUrl"] = sandbox_url
         return self._client._run(body, tools, encrypt, filter_types, blocked_types, agent_id=agent_id)
 
 

@@ -139,9 +139,10 @@ class RunOptions(TypedDict, total=False):
 
 
 class AgentRunRequest(RunOptions):
-    """`POST /api/agents/{id}/runs`."""
+    """`POST /api/agents/{id}/runs`; `sandboxUrl`: one of the operator's runners."""
 
     prompt: Required[str]
+    sandboxUrl: NotRequired[str]
 
 
 class CreateRunRequest(RunOptions, total=False):
@@ -157,6 +158,7 @@ class CreateRunRequest(RunOptions, total=False):
     skills: list[Skill]
     mcpServers: list[McpServer]
     environment: str | None
+    sandboxUrl: str
 
 
 class TurnRequest(TypedDict, total=False):

@@ -39,6 +39,22 @@ pub(crate) fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres:") || url.starts_with("postgresql:")
 }
 
+/// Begins a transaction that writes. On SQLite it is `BEGIN IMMEDIATE`: the
+/// write lock is taken at the start (waiting up to the busy timeout), because
+/// a deferred transaction that has read cannot upgrade its snapshot once
+/// another connection committed, and SQLite fails its first write at once
+/// with `SQLITE_BUSY` (no busy timeout applies). Two nodes' audit appends or
+/// quota checks racing were answered `500` that way. PostgreSQL: `BEGIN`.
+pub(crate) async fn begin_write(
+    pool: &AnyPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+    if pool.connect_options().database_url.scheme() == "sqlite" {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    } else {
+        pool.begin().await
+    }
+}
+
 /// A connection pool with the schema migrated.
 #[derive(Debug, Clone)]
 pub(crate) struct Store {

@@ -37,7 +37,7 @@ pub(crate) async fn append(
         return Ok(());
     }
     let n = i64::try_from(records.len()).unwrap_or(i64::MAX);
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::store::begin_write(pool).await?;
     let sqlite = tx.backend_name() == "SQLite";
     sqlx::query(
         "INSERT INTO audit_heads (workspace_id, last_id, last_hash, anchor_id, anchor_hash) \
@@ -224,7 +224,7 @@ pub(crate) async fn prune(
     workspace: &str,
     before_ms: i64,
 ) -> Result<u64, WorkspaceError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::store::begin_write(pool).await?;
     // Locks the head: no append or other prune in between.
     let locked =
         sqlx::query("UPDATE audit_heads SET anchor_id = anchor_id WHERE workspace_id = $1")

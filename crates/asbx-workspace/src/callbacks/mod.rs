@@ -59,7 +59,7 @@ pub(crate) async fn redeem_payload<P: Payload>(
     }
     let now = state.now_ms();
     let hash = tokens::hash(token);
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     let replayed = replay::redeem_or_take(&mut tx, &hash, kind, session_id, request, now).await?;
     if let (None, Some(request)) = (&replayed, request) {
         replay::record(&mut tx, &hash, request, "{}", now).await?;
@@ -97,7 +97,7 @@ pub(crate) async fn redeem_env(
     }
     let now = state.now_ms();
     let hash = tokens::hash(token);
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     let replayed =
         replay::redeem_or_take(&mut tx, &hash, TokenKind::Setup, session_id, request, now).await?;
     let run = runs::get(&mut *tx, session_id)

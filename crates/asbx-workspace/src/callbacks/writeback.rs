@@ -132,7 +132,7 @@ async fn store_rows(
     blobs: &[crate::files::blobs::Stored],
 ) -> Result<ResultsResponse, WorkspaceError> {
     let now = state.now_ms();
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     let replayed = replay::redeem_or_take(
         &mut tx,
         token_hash,

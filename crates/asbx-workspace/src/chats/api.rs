@@ -254,7 +254,7 @@ pub(crate) async fn delete(
             .await?;
     state.blobs.free_all(blobs).await;
     // And its kept working directories (CONTRACT §11).
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     let kept = crate::workdir::store::delete_chat(&mut tx, &chat_id).await?;
     tx.commit().await?;
     state.blobs.free_all(kept).await;

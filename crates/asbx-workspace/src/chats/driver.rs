@@ -399,7 +399,7 @@ impl TurnEnd<'_> {
         rows: &[(u64, Arc<str>)],
     ) -> Result<bool, crate::error::WorkspaceError> {
         let turn = self.turn;
-        let mut tx = state.store.pool().begin().await?;
+        let mut tx = crate::store::begin_write(state.store.pool()).await?;
         // The lease is checked and released in one statement; all the rest
         // commits with it or not at all.
         let now = state.now_ms();

@@ -127,7 +127,7 @@ pub(crate) async fn fork(
     JsonBody(req): JsonBody<ForkRequest>,
 ) -> Result<(StatusCode, Json<Forked>), WorkspaceError> {
     let now = state.now_ms();
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     let chat = chats::get(&mut *tx, &chat_id, &caller.workspace_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("chat {chat_id}")))?;

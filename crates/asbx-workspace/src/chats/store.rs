@@ -153,7 +153,7 @@ pub(crate) async fn soft_delete(
     workspace_id: &str,
     now_ms: i64,
 ) -> Result<bool, WorkspaceError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::store::begin_write(pool).await?;
     let done = sqlx::query(
         "UPDATE chats SET deleted_at = $1, lease_turn_id = NULL, lease_expires_at = NULL \
          WHERE id = $2 AND workspace_id = $3 AND deleted_at IS NULL",

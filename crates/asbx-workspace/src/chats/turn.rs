@@ -278,7 +278,7 @@ async fn record(
     quota: &Admission<'_>,
 ) -> Result<Recorded, WorkspaceError> {
     let now = lease.now_ms;
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     let chat_id = match &request.chat_id {
         Some(chat_id) => {
             let mut taken = lease_sql::try_lease(&mut *tx, chat_id, workspace_id, lease).await?;

@@ -233,7 +233,7 @@ pub(crate) async fn begin_upload(
     size: i64,
 ) -> Result<sqlx::Transaction<'static, sqlx::Any>, WorkspaceError> {
     let limits = limits(state, workspace_id).await?;
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     if limits.get(Quota::StorageMb).is_some() {
         store::lock_workspace(&mut tx, workspace_id).await?;
         let size = u64::try_from(size).unwrap_or(0);

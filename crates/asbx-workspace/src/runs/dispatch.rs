@@ -157,7 +157,7 @@ pub(crate) async fn start_with(
     let mut share = admit::ShareWait::new(state, &limits, &spec.workspace_id, capacity);
     loop {
         share.turn().await?;
-        let mut tx = state.store.pool().begin().await?;
+        let mut tx = crate::store::begin_write(state.store.pool()).await?;
         let now = state.now_ms();
         match admit::dispatch(&mut tx, &limits, &spec.workspace_id, now, capacity).await {
             // Another dispatch took the room first: wait again.

@@ -144,7 +144,7 @@ pub(crate) async fn append_rows(
     run_id: &str,
     rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError> {
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     append_rows_on(&mut tx, run_id, rows).await?;
     tx.commit().await?;
     state.notifier.announce(state.store.pool(), run_id).await;

@@ -191,7 +191,7 @@ pub(crate) async fn snapshot(
         chat_id: &chat_id,
         run_id: Some(&session_id),
     };
-    let mut tx = state.store.pool().begin().await?;
+    let mut tx = crate::store::begin_write(state.store.pool()).await?;
     store::insert(&mut tx, &session_id, &owner, &report, state.now_ms()).await?;
     let retired = store::retire_old(&mut tx, &chat_id).await?;
     tx.commit().await?;

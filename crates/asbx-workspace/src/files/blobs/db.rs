@@ -178,7 +178,7 @@ impl DbBlobs {
     /// Pins the stored blob `sha` as `pin`, in the transaction that finds
     /// it (see the module doc); false when it is not stored.
     pub(super) async fn pin_stored(&self, sha: &str, pin: &str) -> Result<bool, WorkspaceError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::store::begin_write(&self.pool).await?;
         if !hold(&mut tx, sha).await? {
             return Ok(false);
         }
@@ -198,7 +198,7 @@ impl DbBlobs {
     ) -> Result<(), WorkspaceError> {
         let size = i64::try_from(size)
             .map_err(|_| WorkspaceError::invalid(format!("a body of {size} bytes")))?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::store::begin_write(&self.pool).await?;
         // The stored row, held (if it is being freed, this waits and finds
         // it gone), else a new one; one another node inserted meanwhile is
         // held next.
@@ -251,7 +251,7 @@ impl DbBlobs {
     /// Frees the blob `sha` unless a live file or a pin made at or after
     /// `pinned_since` (epoch ms) refers to it; whether it was freed.
     pub(super) async fn free(&self, sha: &str, pinned_since: i64) -> Result<bool, WorkspaceError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::store::begin_write(&self.pool).await?;
         if !hold(&mut tx, sha).await?
             || super::pins::referenced(&mut *tx, sha, pinned_since).await?
         {
@@ -285,7 +285,7 @@ impl DbBlobs {
 
     /// Removes an upload that will not be published.
     async fn discard(&self, upload: &str) -> Result<(), WorkspaceError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::store::begin_write(&self.pool).await?;
         sqlx::query("DELETE FROM blob_chunks WHERE sha256 = $1")
             .bind(upload)
             .execute(&mut *tx)
@@ -322,7 +322,7 @@ impl DbBlobs {
     /// Removes the uploads begun before `before` (epoch ms) and never
     /// published; returns how many.
     pub(super) async fn sweep(&self, before: i64) -> Result<u64, WorkspaceError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::store::begin_write(&self.pool).await?;
         sqlx::query(
             "DELETE FROM blob_chunks WHERE sha256 IN \
              (SELECT sha256 FROM blobs WHERE complete = 0 AND created_at < $1)",

@@ -106,13 +106,21 @@ pub(crate) async fn resume(
         })
         .transpose()?
         .unwrap_or(0);
-    if let Some(turn) = state.turns.for_chat(&chat_id, &caller.workspace_id) {
-        return Ok(sse_response(turn, cursor));
+    let live = state.turns.for_chat(&chat_id, &caller.workspace_id);
+    if let Some(turn) = live.as_ref().filter(|t| !t.is_done()) {
+        return Ok(sse_response(Arc::clone(turn), cursor));
     }
-    // Another node drives (or just drove) it: replay its stored lines.
-    let info = remote::find(&state, &caller.workspace_id, &chat_id)
-        .await?
-        .ok_or_else(|| WorkspaceError::NotFound(format!("turn in flight in chat {chat_id}")))?;
+    // Another node drives (or just drove) it: replay its stored lines. A
+    // turn this node finished is kept a while for late readers, but a newer
+    // one (another node's, since) comes first.
+    let info = remote::find(&state, &caller.workspace_id, &chat_id).await?;
+    let info = match (live, info) {
+        (Some(turn), info) if info.as_ref().is_none_or(|i| i.turn_id == turn.id) => {
+            return Ok(sse_response(turn, cursor));
+        }
+        (_, info) => info,
+    }
+    .ok_or_else(|| WorkspaceError::NotFound(format!("turn in flight in chat {chat_id}")))?;
     let (chat_id, turn_id) = (info.chat_id.clone(), info.turn_id.clone());
     let stream = remote::subscribe(Arc::clone(&state), info, cursor);
     let mut r = Sse::new(stream)

@@ -67,6 +67,10 @@ struct Replay {
     trace: TraceBuilder,
     lines: Option<Lines>,
     started: bool,
+    /// The highest `seq` of the stored lines.
+    last_seq: u64,
+    /// `done`, sent after the closing `error` that came before it.
+    pending: Option<Done>,
     finished: bool,
 }
 
@@ -90,6 +94,8 @@ pub(crate) fn subscribe(
         trace: TraceBuilder::default(),
         lines: Some(lines),
         started: false,
+        last_seq: 0,
+        pending: None,
         finished: false,
     };
     futures::stream::unfold(replay, |mut r| async move {
@@ -107,7 +113,7 @@ pub(crate) fn subscribe(
         while let Some(lines) = r.lines.as_mut() {
             match lines.next().await {
                 Some(Ok(kept)) => {
-                    if let Some(ev) = frame(&mut r.trace, &kept, r.cursor) {
+                    if let Some(ev) = frame(&mut r.trace, &kept, r.cursor, &mut r.last_seq) {
                         return Some((Ok(ev), r));
                     }
                 }
@@ -118,7 +124,20 @@ pub(crate) fn subscribe(
                 None => r.lines = None,
             }
         }
-        let done = done(&r.state, &r.info).await?;
+        let done = match r.pending.take() {
+            Some(done) => done,
+            None => {
+                let (done, closing) = done(&r.state, &r.info, &r.trace, r.last_seq).await?;
+                if let Some(ev) = closing.filter(|_| r.last_seq + 1 > r.cursor) {
+                    // The turn ended without a line saying why (its runner
+                    // or its node died; the taker-over marked it lost):
+                    // the `error` the driving node would have sent.
+                    r.pending = Some(done);
+                    return Some((Ok(ev), r));
+                }
+                done
+            }
+        };
         let ev = sse::Event::default()
             .event("done")
             .json_data(&done)
@@ -130,8 +149,14 @@ pub(crate) fn subscribe(
 
 /// The SSE frame of a stored line, as the driving node sent it, when it is
 /// after `cursor` and the live stream sends it at all.
-fn frame(trace: &mut TraceBuilder, kept: &Kept, cursor: u64) -> Option<sse::Event> {
+fn frame(
+    trace: &mut TraceBuilder,
+    kept: &Kept,
+    cursor: u64,
+    last_seq: &mut u64,
+) -> Option<sse::Event> {
     let line: Line = serde_json::from_slice(&kept.raw).ok()?;
+    *last_seq = (*last_seq).max(line.seq);
     let action = trace.push(&line);
     if line.seq <= cursor {
         return None;
@@ -149,8 +174,15 @@ fn frame(trace: &mut TraceBuilder, kept: &Kept, cursor: u64) -> Option<sse::Even
     )
 }
 
-/// The `done` payload once the turn's message is stored.
-async fn done(state: &AppState, info: &TurnInfo) -> Option<Done> {
+/// The `done` payload once the turn's message is stored, and the closing
+/// `error` frame to send before it when the turn failed and none of its
+/// stored lines (`trace`, up to `last_seq`) said why.
+async fn done(
+    state: &AppState,
+    info: &TurnInfo,
+    trace: &TraceBuilder,
+    last_seq: u64,
+) -> Option<(Done, Option<sse::Event>)> {
     let pool = state.store.pool();
     let (_, message) = chats::turn_message_ids(pool, &info.chat_id, &info.turn_id)
         .await
@@ -163,10 +195,29 @@ async fn done(state: &AppState, info: &TurnInfo) -> Option<Done> {
         }
         _ => TurnStatus::Failed,
     };
-    Some(Done {
+    let closing = match (&run.error_code, trace.has_terminal()) {
+        (Some(code), false) if status != TurnStatus::Succeeded => {
+            let outcome = runs::Outcome::Failed {
+                code: code.clone(),
+                message: run.error_message.clone().unwrap_or_default(),
+            };
+            let ts = u64::try_from(run.ended_at.unwrap_or(0)).unwrap_or(0);
+            crate::runs::tap::closing_error(&outcome, last_seq + 1, &info.turn_id, ts)
+                .and_then(|line| Some((line.seq, serde_json::to_string(&line).ok()?)))
+                .map(|(seq, data)| {
+                    sse::Event::default()
+                        .id(seq.to_string())
+                        .event("error")
+                        .data(data)
+                })
+        }
+        _ => None,
+    };
+    let done = Done {
         chat_id: info.chat_id.clone(),
         turn_id: info.turn_id.clone(),
         status,
         message_id: message?,
-    })
+    };
+    Some((done, closing))
 }

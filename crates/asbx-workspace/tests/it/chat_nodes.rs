@@ -89,3 +89,108 @@ async fn a_turn_resumes_on_another_node_with_no_gap(db: Db) {
         .unwrap();
     assert_eq!(r.status(), 404);
 }
+
+// A turn whose node died and whose runner no longer has its session is
+// marked lost by the node that takes it over. A client resuming it there
+// gets the turn's stored lines, then the `error` saying why (`runner_lost`,
+// which no stored line says), then `done`: never `failed` without a reason.
+// Found by the many-machines test.
+on_both!(a_turn_marked_lost_replays_with_its_error);
+async fn a_turn_marked_lost_replays_with_its_error(db: Db) {
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
+    let resp = post_turn(&ws, json!({"message": "first"})).await;
+    let chat_id = resp.headers()["x-asbx-chat-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    SseReader::new(resp).until_done().await;
+
+    // What a node that died mid-turn leaves: the user message, the run
+    // running, its first line stored, and the chat's lease expired.
+    let pool = ws.db().await;
+    let now = asbx_workspace::Clock::now_ms(&*ws.clock);
+    let workspace: String = sqlx::query_scalar("SELECT workspace_id FROM chats WHERE id = $1")
+        .bind(&chat_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO messages (id, chat_id, position, role, content, attachments, turn_id, \
+         created_at) VALUES ('ghost-user', $1, 3, 'user', '[{\"type\":\"text\",\"text\":\"x\"}]', \
+         '[]', 'ghost', $2)",
+    )
+    .bind(&chat_id)
+    .bind(now)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO runs (id, workspace_id, kind, chat_id, status, prompt, model, env_json, \
+         config_json, created_at, sandbox_url) \
+         VALUES ('ghost', $1, 'chat', $2, 'running', 'x', 'scripted', '{}', '{}', $3, $4)",
+    )
+    .bind(&workspace)
+    .bind(&chat_id)
+    .bind(now + 1)
+    .bind(runner.url.as_str())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let step = asbx_test_support::fake_runner::line(
+        1,
+        "ghost",
+        json!({"type":"step","id":"s1","name":"shell","status":"running"}),
+    );
+    sqlx::query("INSERT INTO run_events (run_id, seq, line) VALUES ('ghost', 1, $1)")
+        .bind(step.trim_end())
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE chats SET lease_turn_id = 'ghost', lease_expires_at = $1 WHERE id = $2")
+        .bind(now - 1)
+        .bind(&chat_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    // The client resumes; reading the chat takes the turn over, and the
+    // runner (which answers `404` for any session) no longer has it.
+    let resumed = client()
+        .get(ws.url(&format!("/api/assistant/chats/{chat_id}/stream")))
+        .header("Last-Event-ID", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let mut sse = SseReader::new(resumed);
+    let detail = client()
+        .get(ws.url(&format!("/api/assistant/chats/{chat_id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(detail.status(), 200);
+    let events = sse.until_done().await;
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names, ["turn", "step", "error", "done"], "{events:?}");
+    let error = &events[2];
+    assert_eq!(
+        error.id.as_deref(),
+        Some("2"),
+        "numbered after the last line"
+    );
+    assert_eq!(error.data["code"], "runner_lost", "{:?}", error.data);
+    assert_eq!(events[3].data["status"], "failed");
+
+    // A client that had seen the lines up to the error gets `done` alone.
+    let again = client()
+        .get(ws.url(&format!("/api/assistant/chats/{chat_id}/stream")))
+        .header("Last-Event-ID", "2")
+        .send()
+        .await
+        .unwrap();
+    let events = SseReader::new(again).until_done().await;
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names, ["turn", "done"], "{events:?}");
+}

@@ -101,11 +101,14 @@ pub enum ProblemCode {
     // `429`: a workspace quota is used up (workspace; `quota` names it,
     // `Retry-After` when waiting helps).
     QuotaExceeded,
+    // `502`: the runner could not fetch a chat's kept working directory
+    // from the workspace (after retrying), so the sandbox did not start.
+    WorkdirUnavailable,
 }
 
 impl ProblemCode {
     /// Every code.
-    pub const ALL: [ProblemCode; 41] = [
+    pub const ALL: [ProblemCode; 42] = [
         ProblemCode::InvalidRequest,
         ProblemCode::Unauthorized,
         ProblemCode::OtpRejected,
@@ -147,6 +150,7 @@ impl ProblemCode {
         ProblemCode::EgressHostMismatch,
         ProblemCode::TooManyConnections,
         ProblemCode::QuotaExceeded,
+        ProblemCode::WorkdirUnavailable,
     ];
 
     /// The code on the wire.
@@ -193,6 +197,7 @@ impl ProblemCode {
             ProblemCode::EgressHostMismatch => "egress_host_mismatch",
             ProblemCode::TooManyConnections => "too_many_connections",
             ProblemCode::QuotaExceeded => "quota_exceeded",
+            ProblemCode::WorkdirUnavailable => "workdir_unavailable",
         }
     }
 

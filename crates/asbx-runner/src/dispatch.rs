@@ -62,7 +62,7 @@ pub(crate) async fn start(
             Err(e) => {
                 child.kill_tree().await;
                 let _ = slot.cleanup(inner).await;
-                return Err(RunnerError::Spawn(e));
+                return Err(e);
             }
         },
     };
@@ -132,7 +132,7 @@ async fn open_workdir(
     req: &DispatchRequest,
     slot: &Slot,
     child: &crate::child::SandboxChild,
-) -> Result<crate::workdir::Workdir, String> {
+) -> Result<crate::workdir::Workdir, RunnerError> {
     // A jail's `/work` belongs to its tool user and the shared group (the
     // host ids the jail gives its copied folder).
     let jailed = slot.tool_user.is_some();
@@ -145,8 +145,12 @@ async fn open_workdir(
         jailed.then(|| child.pid()),
         &slot.workdir,
     )
-    .await?;
-    w.restore(owner).await?;
+    .await
+    .map_err(RunnerError::Spawn)?;
+    w.restore(owner).await.map_err(|e| match e {
+        crate::workdir::RestoreError::Fetch(e) => RunnerError::WorkdirUnavailable(e),
+        crate::workdir::RestoreError::Local(e) => RunnerError::Spawn(e),
+    })?;
     Ok(w)
 }
 

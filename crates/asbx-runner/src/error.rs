@@ -44,6 +44,8 @@ pub enum RunnerError {
     EventsGone { after: u64, oldest: u64 },
     #[error("could not start the sandbox: {0}")]
     Spawn(String),
+    #[error("could not restore the working directory: {0}")]
+    WorkdirUnavailable(String),
     #[error("i/o error on {path}: {source}")]
     Io {
         path: String,
@@ -153,6 +155,12 @@ impl RunnerError {
                 self.to_string(),
             )
             .with("oldestSeq", *oldest),
+            RunnerError::WorkdirUnavailable(_) => Problem::of(
+                502,
+                ProblemCode::WorkdirUnavailable,
+                "Working directory unavailable",
+                "the runner could not fetch the chat's working directory from the workspace",
+            ),
             RunnerError::TokenRequired(_) | RunnerError::Spawn(_) | RunnerError::Io { .. } => {
                 Problem::of(
                     500,

@@ -34,6 +34,12 @@ struct FakeState {
     env: Mutex<EnvResponse>,
     config: Mutex<ConfigResponse>,
     seen: Mutex<Seen>,
+    /// Kept working directories' blobs by hex SHA-256, and how many blob
+    /// requests are still to be answered `503` first.
+    blobs: Mutex<HashMap<String, Vec<u8>>>,
+    blob_failures: Mutex<u32>,
+    /// Every blob request, answered or not.
+    blob_requests: Mutex<u32>,
 }
 
 /// A stand-in for the workspace's callback routes, with real one-time tokens.
@@ -59,11 +65,15 @@ impl FakeWorkspace {
             env: Mutex::new(EnvResponse::default()),
             config: Mutex::new(config),
             seen: Mutex::new(Seen::default()),
+            blobs: Mutex::new(HashMap::new()),
+            blob_failures: Mutex::new(0),
+            blob_requests: Mutex::new(0),
         });
         let app = axum::Router::new()
             .route("/ws/{session}/env", get(env_route))
             .route("/ws/{session}/config", get(config_route))
             .route("/ws/{session}/results", post(results_route))
+            .route("/ws/{session}/workdir/blobs/{sha}", get(blob_route))
             .with_state(Arc::clone(&state));
         let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
             Ok(l) => l,
@@ -117,6 +127,24 @@ impl FakeWorkspace {
         tokens
     }
 
+    /// Stores `bytes` as a kept working directory's blob: its hex SHA-256.
+    pub fn put_blob(&self, bytes: &[u8]) -> String {
+        use sha2::Digest as _;
+        let sha = hex::encode(sha2::Sha256::digest(bytes));
+        lock(&self.state.blobs).insert(sha.clone(), bytes.to_vec());
+        sha
+    }
+
+    /// The next `n` blob requests are answered `503` (a node going away).
+    pub fn fail_blobs(&self, n: u32) {
+        *lock(&self.state.blob_failures) = n;
+    }
+
+    /// How many blob requests came.
+    pub fn blob_requests(&self) -> u32 {
+        *lock(&self.state.blob_requests)
+    }
+
     pub fn seen<R>(&self, f: impl FnOnce(&Seen) -> R) -> R {
         f(&self
             .state
@@ -136,6 +164,30 @@ impl FakeWorkspace {
             "session_id": t.session,
         })
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `GET {agent_url}/workdir/blobs/{sha}` (any bearer: the runner's own
+/// token is checked by the real workspace's tests).
+async fn blob_route(
+    State(s): State<Arc<FakeState>>,
+    AxPath((_session, sha)): AxPath<(String, String)>,
+) -> Result<Vec<u8>, StatusCode> {
+    *lock(&s.blob_requests) += 1;
+    {
+        let mut failures = lock(&s.blob_failures);
+        if *failures > 0 {
+            *failures -= 1;
+            return Err(StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
+    lock(&s.blobs)
+        .get(&sha)
+        .cloned()
+        .ok_or(StatusCode::NOT_FOUND)
 }
 
 fn rand_bytes() -> [u8; 12] {

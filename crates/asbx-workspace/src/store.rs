@@ -18,6 +18,7 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::Migrator;
@@ -39,20 +40,120 @@ pub(crate) fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres:") || url.starts_with("postgresql:")
 }
 
-/// Begins a transaction that writes. On SQLite it is `BEGIN IMMEDIATE`: the
-/// write lock is taken at the start (waiting up to the busy timeout), because
-/// a deferred transaction that has read cannot upgrade its snapshot once
-/// another connection committed, and SQLite fails its first write at once
-/// with `SQLITE_BUSY` (no busy timeout applies). Two nodes' audit appends or
-/// quota checks racing were answered `500` that way. PostgreSQL: `BEGIN`.
-pub(crate) async fn begin_write(
-    pool: &AnyPool,
-) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
-    if pool.connect_options().database_url.scheme() == "sqlite" {
-        pool.begin_with("BEGIN IMMEDIATE").await
-    } else {
-        pool.begin().await
+/// A transaction that writes ([`begin_write`]): the transaction (it derefs
+/// to its connection, as `sqlx::Transaction` does), and on SQLite this
+/// process's turn at the database's one write lock.
+pub(crate) struct WriteTx {
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// Where and when it began: a transaction holding SQLite's one write
+    /// lock for long stalls every other writer, so it is named in the log.
+    _begun: Begun,
+}
+
+/// When and where a [`WriteTx`] began; logged when it was open long.
+struct Begun(std::time::Instant, &'static std::panic::Location<'static>);
+
+/// A write transaction open longer than this is logged where it began.
+const SLOW_WRITE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Drop for Begun {
+    fn drop(&mut self) {
+        let held = self.0.elapsed();
+        if held > SLOW_WRITE {
+            tracing::warn!(at = %self.1, ?held, "a write transaction was open long");
+        }
     }
+}
+
+impl WriteTx {
+    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+
+    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+}
+
+impl std::ops::Deref for WriteTx {
+    type Target = sqlx::AnyConnection;
+    fn deref(&self) -> &sqlx::AnyConnection {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut sqlx::AnyConnection {
+        &mut self.tx
+    }
+}
+
+/// How long a writer waits for its turn in this process's queue.
+const WRITER_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Each SQLite database's queue of this process's writers, by URL.
+static SQLITE_WRITERS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Begins a transaction that writes. On SQLite:
+///
+/// - It is `BEGIN IMMEDIATE`: the write lock is taken at the start, because a
+///   deferred transaction that has read cannot upgrade its snapshot once
+///   another connection committed, and SQLite fails its first write at once
+///   with `SQLITE_BUSY` (no busy timeout applies).
+/// - This process's writers queue for their turn (a fair async mutex, woken
+///   when the last writer is done) *before* they take a pooled connection.
+///   Waiting inside `BEGIN IMMEDIATE` instead holds a connection in SQLite's
+///   busy handler (which sleeps and polls): a few such waiters took every
+///   connection of the pool from the writer holding the lock, which needed
+///   one more to finish, until the busy timeout failed them all (`500`
+///   after 5 s). Another process on the same file still waits in the busy
+///   handler.
+///
+/// PostgreSQL: `BEGIN`; its row locks order writers.
+#[track_caller]
+pub(crate) fn begin_write(
+    pool: &AnyPool,
+) -> impl std::future::Future<Output = Result<WriteTx, sqlx::Error>> + Send + '_ {
+    let at = std::panic::Location::caller();
+    begin_write_at(pool, at)
+}
+
+async fn begin_write_at(
+    pool: &AnyPool,
+    at: &'static std::panic::Location<'static>,
+) -> Result<WriteTx, sqlx::Error> {
+    let url = &pool.connect_options().database_url;
+    if url.scheme() != "sqlite" {
+        return Ok(WriteTx {
+            tx: pool.begin().await?,
+            _turn: None,
+            _begun: Begun(std::time::Instant::now(), at),
+        });
+    }
+    let queue = {
+        let mut writers = SQLITE_WRITERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(writers.entry(url.as_str().to_owned()).or_default())
+    };
+    // Bounded: a writer that began another write transaction while it
+    // held one would otherwise wait for itself for ever; past the wait it
+    // goes on without its turn, to SQLite's busy handler, as before.
+    let turn = tokio::time::timeout(WRITER_TURN_WAIT, queue.lock_owned()).await;
+    if turn.is_err() {
+        tracing::warn!(
+            "no turn at the SQLite write lock within {WRITER_TURN_WAIT:?}; waiting in SQLite's busy handler"
+        );
+    }
+    let tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    Ok(WriteTx {
+        tx,
+        _turn: turn.ok(),
+        _begun: Begun(std::time::Instant::now(), at),
+    })
 }
 
 /// A connection pool with the schema migrated.
@@ -125,6 +226,15 @@ impl Store {
                         .execute(&mut *conn)
                         .await?;
                     sqlx::query("PRAGMA secure_delete = FAST")
+                        .execute(&mut *conn)
+                        .await?;
+                    // A writer waits up to this long for SQLite's one write
+                    // lock before `database is locked` (sqlx's default is
+                    // 5 s): on a loaded host a statement inside a write
+                    // transaction was seen to wait that long in SQLite's
+                    // busy handler (the slow-write warning names where),
+                    // and every writer behind it was answered `500`.
+                    sqlx::query("PRAGMA busy_timeout = 30000")
                         .execute(&mut *conn)
                         .await?;
                     Ok(())

@@ -30,6 +30,21 @@ use walk::{Bounds, Captured, Known, capture};
 const PARALLEL: usize = 8;
 /// How long a jail may take to finish building its root.
 const READY_WAIT: Duration = Duration::from_secs(30);
+/// How often a blob is asked for before the restore gives up, and the first
+/// pause between tries (doubled each time: about 3 s in all). A workspace
+/// node dying or a load balancer moving on answers a try with a broken
+/// connection or a `5xx`; the next try reaches a live node.
+const FETCH_TRIES: u32 = 5;
+const FETCH_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Why a restore failed.
+#[derive(Debug)]
+pub(crate) enum RestoreError {
+    /// The workspace did not give a blob (after [`FETCH_TRIES`]).
+    Fetch(String),
+    /// The manifest or this host refused it.
+    Local(String),
+}
 
 /// A dispatch's working directory, held open from before the agent starts
 /// until the capture, so the capture reads it after the sandbox's
@@ -84,17 +99,18 @@ impl Workdir {
     }
 
     /// Restores `workdir.restore`, if any, before the agent starts.
-    pub(crate) async fn restore(&mut self, owner: restore::Owner) -> Result<(), String> {
+    pub(crate) async fn restore(&mut self, owner: restore::Owner) -> Result<(), RestoreError> {
         let Some(manifest) = self.spec.restore.take() else {
             return Ok(());
         };
-        manifest.check(self.spec.max_entries)?;
-        let root = self.root.try_clone().map_err(|e| e.to_string())?;
+        let local = RestoreError::Local;
+        manifest.check(self.spec.max_entries).map_err(local)?;
+        let root = self.root.try_clone().map_err(|e| local(e.to_string()))?;
         let tree = manifest.clone();
         tokio::task::spawn_blocking(move || restore::make_tree(&root, &tree, owner))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("restoring the working directory: {e}"))?;
+            .map_err(|e| local(e.to_string()))?
+            .map_err(|e| local(format!("restoring the working directory: {e}")))?;
         let this: &Workdir = self;
         let fetches: Vec<_> = manifest
             .entries
@@ -124,30 +140,61 @@ impl Workdir {
         mode: u32,
         sha: String,
         owner: restore::Owner,
-    ) -> Result<(String, walk::Stamp, String), String> {
+    ) -> Result<(String, walk::Stamp, String), RestoreError> {
         let fail = |e: &dyn std::fmt::Display| format!("restoring {path}: {e}");
+        let local = |e: &dyn std::fmt::Display| RestoreError::Local(fail(e));
         let res = self
-            .client
-            .get(self.url(&format!("{}/{sha}", routes::BLOBS)))
-            .bearer_auth(&self.spec.token)
-            .send()
+            .blob(&sha)
             .await
-            .map_err(|e| fail(&e))?;
-        if !res.status().is_success() {
-            return Err(fail(&format!("the workspace answered {}", res.status())));
-        }
-        let root = self.root.try_clone().map_err(|e| fail(&e))?;
-        let file = restore::create_file(&root, &path, mode, owner).map_err(|e| fail(&e))?;
+            .map_err(|e| RestoreError::Fetch(fail(&e)))?;
+        let root = self.root.try_clone().map_err(|e| local(&e))?;
+        let file = restore::create_file(&root, &path, mode, owner).map_err(|e| local(&e))?;
         let mut file = tokio::fs::File::from_std(file);
         let mut body = res.bytes_stream();
         while let Some(chunk) = body.next().await {
-            file.write_all(&chunk.map_err(|e| fail(&e))?)
-                .await
-                .map_err(|e| fail(&e))?;
+            let chunk = chunk.map_err(|e| RestoreError::Fetch(fail(&e)))?;
+            file.write_all(&chunk).await.map_err(|e| local(&e))?;
         }
         let file = file.into_std().await;
-        let stamp = restore::stamp(&file).map_err(|e| fail(&e))?;
+        let stamp = restore::stamp(&file).map_err(|e| local(&e))?;
         Ok((path, stamp, sha))
+    }
+
+    /// The workspace's answer for blob `sha`, its body still to read; a
+    /// broken connection or a `5xx` is tried again (an answer that says
+    /// no, `4xx`, is not).
+    async fn blob(&self, sha: &str) -> Result<reqwest::Response, String> {
+        let url = self.url(&format!("{}/{sha}", routes::BLOBS));
+        let mut pause = FETCH_BACKOFF;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let why = match self
+                .client
+                .get(&url)
+                .bearer_auth(&self.spec.token)
+                .send()
+                .await
+            {
+                Ok(res) if res.status().is_success() => return Ok(res),
+                Ok(res) if !res.status().is_server_error() => {
+                    return Err(format!("the workspace answered {}", res.status()));
+                }
+                Ok(res) => format!("the workspace answered {}", res.status()),
+                Err(e) => e.to_string(),
+            };
+            if tries >= FETCH_TRIES {
+                return Err(format!("{why} ({tries} tries)"));
+            }
+            tracing::info!(
+                blob = sha,
+                tries,
+                why,
+                "fetching a working directory blob again"
+            );
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
     }
 
     /// Captures the directory (the sandbox's processes gone) and sends it:

@@ -231,7 +231,7 @@ pub(crate) async fn begin_upload(
     state: &AppState,
     workspace_id: &str,
     size: i64,
-) -> Result<sqlx::Transaction<'static, sqlx::Any>, WorkspaceError> {
+) -> Result<crate::store::WriteTx, WorkspaceError> {
     let limits = limits(state, workspace_id).await?;
     let mut tx = crate::store::begin_write(state.store.pool()).await?;
     if limits.get(Quota::StorageMb).is_some() {

@@ -283,9 +283,10 @@ fn post_runs(ws: &TestWorkspace, key: &str, n: usize) -> Vec<tokio::task::JoinHa
         .collect()
 }
 
-/// Waits (5 s at most) until the runner has seen `n` dispatches.
+/// Waits (15 s at most: SQLite on a loaded host can stall a write for
+/// seconds) until the runner has seen `n` dispatches.
 async fn dispatched(runner: &FakeRunner, n: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while runner.dispatches().len() < n {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -334,9 +335,17 @@ async fn a_workspace_gets_half_the_fleet_and_waiters_take_turns(db: Db) {
         .await
         .unwrap();
     assert_eq!(u["used"]["concurrent-sandboxes"], 2.0, "{u}");
-    // One of A's ends: the next of A's waiters starts in its place, and
-    // A never holds more than 2.
-    runner.shared.release.notify_one();
+    // One of A's ends (cancelled: releasing a held session would pick any
+    // of the four, B's too): the next of A's waiters starts in its place,
+    // and A never holds more than 2.
+    let first_of_a = runner.dispatches()[0].session_id.clone().unwrap();
+    let cancelled = client()
+        .delete(ws.url(&format!("/api/runs/{first_of_a}")))
+        .bearer_auth(&key_a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 202);
     dispatched(&runner, 5).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(runner.dispatches().len(), 5);

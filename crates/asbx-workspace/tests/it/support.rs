@@ -183,6 +183,17 @@ impl TestWorkspace {
         sandbox_url: Option<Url>,
         tweak: impl FnOnce(&mut WorkspaceConfig),
     ) -> TestWorkspace {
+        // The workspace's warnings and errors, in the output a failed test
+        // shows (`RUST_LOG` to see more).
+        static LOGS: std::sync::Once = std::sync::Once::new();
+        LOGS.call_once(|| {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        });
         let (pg, pg_url) = match &db {
             Db::Sqlite => (None, None),
             Db::Postgres(server) => {

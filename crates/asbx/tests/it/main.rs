@@ -36,4 +36,5 @@ mod tool_kill;
 mod traces;
 mod web_security;
 mod workdir;
+mod workdir_restore;
 mod ws;

@@ -173,7 +173,8 @@ export type ProblemCode =
   | "egress_internal_address"
   | "egress_host_mismatch"
   | "too_many_connections"
-  | "quota_exceeded";
+  | "quota_exceeded"
+  | "workdir_unavailable";
 
 /** Every `ProblemCode`, in schema order. */
 export const PROBLEM_CODES: readonly ProblemCode[] = [
@@ -218,4 +219,5 @@ export const PROBLEM_CODES: readonly ProblemCode[] = [
   "egress_host_mismatch",
   "too_many_connections",
   "quota_exceeded",
+  "workdir_unavailable",
 ] as const;

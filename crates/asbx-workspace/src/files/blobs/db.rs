@@ -367,10 +367,7 @@ impl DbBlobs {
 /// Holds the stored blob `sha`'s row for the rest of `tx` (a no-op update:
 /// a row lock on PostgreSQL, the write lock on SQLite); false when it is
 /// not stored.
-async fn hold(
-    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    sha: &str,
-) -> Result<bool, WorkspaceError> {
+async fn hold(tx: &mut crate::store::WriteTx, sha: &str) -> Result<bool, WorkspaceError> {
     let held = sqlx::query("UPDATE blobs SET complete = 1 WHERE sha256 = $1 AND complete = 1")
         .bind(sha)
         .execute(&mut **tx)

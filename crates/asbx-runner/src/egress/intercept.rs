@@ -207,8 +207,76 @@ impl Upstream {
     }
 }
 
+/// The sandbox's side of an intercepted tunnel: its ClientHello read, its
+/// SNI checked against the `CONNECT` host (a refusal is noted), then its
+/// TLS ended with a certificate for `host` from the sandbox's CA. `None`:
+/// the tunnel ends here.
+async fn accept_sandbox<P, C>(
+    egress: &Arc<P>,
+    client: C,
+    host: &str,
+    port: u16,
+) -> Option<tokio_rustls::server::TlsStream<C>>
+where
+    P: Proxy,
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let timeout = egress.settings().connect_timeout;
+    let acceptor =
+        tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client);
+    let start = tokio::select! {
+        s = tokio::time::timeout(timeout, acceptor) => s,
+        _ = egress.stop().cancelled() => return None,
+    };
+    let Ok(Ok(start)) = start else {
+        tracing::debug!(host, "egress: no TLS ClientHello on an intercepted tunnel");
+        return None;
+    };
+    let sni = start
+        .client_hello()
+        .server_name()
+        .map(parse::normalize_host);
+    let verdict = sni_allowed(host, sni.as_deref());
+    crate::metrics::METRICS.egress(verdict);
+    if !verdict {
+        tracing::debug!(
+            host,
+            "egress refused: TLS SNI does not name the CONNECT host"
+        );
+        egress.note(Note {
+            host,
+            port,
+            method: Some("CONNECT"),
+            bytes_out: 0,
+            bytes_in: 0,
+            refused: Some(SNI_REFUSED),
+            secret: None,
+        });
+        return None;
+    }
+    let inj = egress.injections()?;
+    let config = match inj.server_config(host) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(host, error = %e, "egress: no certificate for a bound host");
+            return None;
+        }
+    };
+    let tls = tokio::select! {
+        s = tokio::time::timeout(timeout, start.into_stream(config)) => s,
+        _ = egress.stop().cancelled() => return None,
+    };
+    let Ok(Ok(tls)) = tls else {
+        tracing::debug!(host, "egress: the sandbox's TLS handshake failed");
+        return None;
+    };
+    Some(tls)
+}
+
 /// Serves one tunnel to a bound host until either side closes, it idles
-/// out or the session stops.
+/// out or the session stops: the host's TLS handshake started, the
+/// sandbox's [`accept_sandbox`]ed beside it, then one HTTP/1.1 connection
+/// whose requests are [`forward`]ed.
 pub(super) async fn serve<P, C>(
     egress: Arc<P>,
     client: C,
@@ -222,55 +290,7 @@ pub(super) async fn serve<P, C>(
     // The host's handshake runs while the sandbox's does.
     let handshake = tokio::spawn(connect_tls(Arc::clone(&egress), upstream, host.clone()));
     let upstream = Upstream::Handshake(handshake);
-    let timeout = egress.settings().connect_timeout;
-    let acceptor =
-        tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client);
-    let start = tokio::select! {
-        s = tokio::time::timeout(timeout, acceptor) => s,
-        _ = egress.stop().cancelled() => return,
-    };
-    let Ok(Ok(start)) = start else {
-        tracing::debug!(host, "egress: no TLS ClientHello on an intercepted tunnel");
-        return;
-    };
-    let sni = start
-        .client_hello()
-        .server_name()
-        .map(parse::normalize_host);
-    let verdict = sni_allowed(&host, sni.as_deref());
-    crate::metrics::METRICS.egress(verdict);
-    if !verdict {
-        tracing::debug!(
-            host,
-            "egress refused: TLS SNI does not name the CONNECT host"
-        );
-        egress.note(Note {
-            host: &host,
-            port,
-            method: Some("CONNECT"),
-            bytes_out: 0,
-            bytes_in: 0,
-            refused: Some(SNI_REFUSED),
-            secret: None,
-        });
-        return;
-    }
-    let Some(inj) = egress.injections() else {
-        return;
-    };
-    let config = match inj.server_config(&host) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(host, error = %e, "egress: no certificate for a bound host");
-            return;
-        }
-    };
-    let tls = tokio::select! {
-        s = tokio::time::timeout(timeout, start.into_stream(config)) => s,
-        _ = egress.stop().cancelled() => return,
-    };
-    let Ok(Ok(tls)) = tls else {
-        tracing::debug!(host, "egress: the sandbox's TLS handshake failed");
+    let Some(tls) = accept_sandbox(&egress, client, &host, port).await else {
         return;
     };
     let upstream = Arc::new(tokio::sync::Mutex::new(upstream));

@@ -6,7 +6,7 @@
  */
 
 import { AbortLink } from "./abort.js";
-import type { AsbxClient } from "./client.js";
+import type { Connection } from "./connection.js";
 import { AsbxError } from "./errors.js";
 import { resumable, type Frame } from "./resume.js";
 import { sseMessages } from "./streams.js";
@@ -41,7 +41,7 @@ export class ChatTurn implements AsyncIterable<ChatEvent> {
   /** The `done` event, once seen. */
   done: DoneEvent | undefined;
 
-  readonly #client: AsbxClient;
+  readonly #client: Connection;
   readonly #link: AbortLink;
   readonly #first: Promise<Response>;
   #iterator: AsyncGenerator<ChatEvent> | undefined;
@@ -49,7 +49,7 @@ export class ChatTurn implements AsyncIterable<ChatEvent> {
   #observed = 0;
 
   /** @internal */
-  constructor(client: AsbxClient, options: ChatOptions) {
+  constructor(client: Connection, options: ChatOptions) {
     this.#client = client;
     const { signal, ...body } = options;
     const link = new AbortLink(signal, () => this.#onAbort());

@@ -5,6 +5,7 @@
  * (`client.environments`). Uses only the platform's `fetch` and WebCrypto.
  */
 
+import type { RequestInit2 } from "./connection.js";
 import { AsbxError } from "./errors.js";
 import { delayOf, retryPolicy, type RetryOptions, type RetryPolicy } from "./resume.js";
 import type { Transport } from "./ws.js";
@@ -52,16 +53,6 @@ export interface AsbxClientOptions {
   runnerPublicKey?: string;
   /** How runs stream: `"http"` (NDJSON, default) or `"websocket"` (`GET /api/runs/ws`, docs/protocol.md §13). */
   transport?: Transport;
-}
-
-interface RequestInit2 {
-  json?: unknown;
-  body?: BodyInit;
-  headers?: Record<string, string>;
-  signal?: AbortSignal;
-  accept?: string;
-  /** Sends after a 429/503 or a network error (idempotent only); default the client's `maxRetries`. */
-  retries?: number;
 }
 
 /** Methods a lost connection may repeat: sending one twice does no harm. */

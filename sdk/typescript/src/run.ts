@@ -5,7 +5,7 @@
  */
 
 import { AbortLink } from "./abort.js";
-import type { AsbxClient } from "./client.js";
+import type { Connection } from "./connection.js";
 import { ClientKeyPair, type Sealed, type SessionCipher } from "./crypto.js";
 import { AsbxError } from "./errors.js";
 import { delayOf, resumable, type Frame } from "./resume.js";
@@ -64,7 +64,7 @@ export class Run implements AsyncIterable<RunEvent> {
   /** The `error` line, once seen. */
   error: { code: string; message: string } | undefined;
 
-  readonly #client: AsbxClient;
+  readonly #client: Connection;
   readonly #tools: Record<string, ClientTool>;
   readonly #keys: Promise<ClientKeyPair> | undefined;
   #cipher: SessionCipher | undefined;
@@ -80,7 +80,7 @@ export class Run implements AsyncIterable<RunEvent> {
   #transport: Transport = "http";
 
   private constructor(
-    client: AsbxClient,
+    client: Connection,
     tools: Record<string, ClientTool>,
     keys: Promise<ClientKeyPair> | undefined,
     signal: AbortSignal | undefined,
@@ -98,7 +98,7 @@ export class Run implements AsyncIterable<RunEvent> {
   }
 
   /** @internal */
-  static create(client: AsbxClient, options: CreateRunOptions): Run {
+  static create(client: Connection, options: CreateRunOptions): Run {
     const { tools = {}, clientTools = [], encrypt, agentId, signal, transport, ...body } = options;
     const viaSocket = (transport ?? client.transport) === "websocket";
     if (viaSocket && agentId) throw new TypeError("transport websocket runs POST /api/runs bodies, not agentId");
@@ -140,7 +140,7 @@ export class Run implements AsyncIterable<RunEvent> {
   }
 
   /** @internal */
-  static attach(client: AsbxClient, id: string, after: number, signal?: AbortSignal, transport?: Transport): Run {
+  static attach(client: Connection, id: string, after: number, signal?: AbortSignal, transport?: Transport): Run {
     return new Run(client, {}, undefined, signal, async (self, link) => {
       self.id = id;
       if ((transport ?? client.transport) === "websocket") {

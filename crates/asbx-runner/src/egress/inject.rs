@@ -33,7 +33,7 @@ use rcgen::{
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use super::Entry;
+use super::allow::Entry;
 
 /// The CA bundle's file name in the sandbox's run folder.
 pub(crate) const CA_FILE: &str = "egress-ca.pem";

@@ -27,9 +27,33 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_rustls::client::TlsStream;
 
+use tokio_util::sync::CancellationToken;
+
+use super::allow::sni_allowed;
 use super::inject::{BODY_SCAN_BYTES, Injections};
+use super::note::{Note, SNI_REFUSED, content_length};
 use super::parse::{self, host_header_matches};
-use super::{Egress, Refusal, sni_allowed};
+use super::refusal::Refusal;
+use super::settings::EgressSettings;
+
+/// What an intercepted tunnel needs of the proxy that opened it. The proxy
+/// (`super::Egress`) implements it, so this half never names the proxy.
+pub(super) trait Proxy: Send + Sync + 'static {
+    /// The secrets bound to hosts, once the allow list is set.
+    fn injections(&self) -> Option<&Injections>;
+    /// The operator's settings (timeouts, upstream TLS).
+    fn settings(&self) -> &EgressSettings;
+    /// Cancelled when the session ends.
+    fn stop(&self) -> &CancellationToken;
+    /// A connection to an allowed `host:port`, at a checked address.
+    fn connect(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> impl Future<Output = Result<TcpStream, Refusal>> + Send;
+    /// Reports one request to the audit log, if there is one.
+    fn note(&self, n: Note<'_>);
+}
 
 /// Refuses a request whose target or headers carry the placeholder of a
 /// secret not bound to `host:port`.
@@ -104,17 +128,17 @@ enum Upstream {
 }
 
 /// Opens TLS to `host` over `tcp`, verifying its certificate.
-async fn connect_tls(
-    egress: Arc<Egress>,
+async fn connect_tls<P: Proxy>(
+    egress: Arc<P>,
     tcp: TcpStream,
     host: String,
 ) -> Result<TlsStream<TcpStream>, String> {
-    let tls = egress.settings.upstream_tls()?;
+    let tls = egress.settings().upstream_tls()?;
     let name = rustls_pki_types::ServerName::try_from(host)
         .map_err(|e| format!("bad server name: {e}"))?;
     let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.client));
     match tokio::time::timeout(
-        egress.settings.connect_timeout,
+        egress.settings().connect_timeout,
         connector.connect(name, tcp),
     )
     .await
@@ -127,9 +151,9 @@ async fn connect_tls(
 
 impl Upstream {
     /// A sender ready for the next request.
-    async fn sender(
+    async fn sender<P: Proxy>(
         &mut self,
-        egress: &Arc<Egress>,
+        egress: &Arc<P>,
         host: &str,
         port: u16,
     ) -> Result<&mut SendRequest<Body>, Refusal> {
@@ -160,7 +184,7 @@ impl Upstream {
             let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .map_err(|e| Refusal::Connect(host.to_owned(), e.to_string()))?;
-            let stop = egress.stop.clone();
+            let stop = egress.stop().clone();
             tokio::spawn(async move {
                 tokio::select! {
                     _ = conn => {}
@@ -183,91 +207,108 @@ impl Upstream {
     }
 }
 
-/// Serves one tunnel to a bound host until either side closes, it idles
-/// out or the session stops.
-pub(super) async fn serve<C>(
-    egress: Arc<Egress>,
+/// The sandbox's side of an intercepted tunnel: its ClientHello read, its
+/// SNI checked against the `CONNECT` host (a refusal is noted), then its
+/// TLS ended with a certificate for `host` from the sandbox's CA. `None`:
+/// the tunnel ends here.
+async fn accept_sandbox<P, C>(
+    egress: &Arc<P>,
     client: C,
-    upstream: TcpStream,
-    host: String,
+    host: &str,
     port: u16,
-) where
-    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+) -> Option<tokio_rustls::server::TlsStream<C>>
+where
+    P: Proxy,
+    C: AsyncRead + AsyncWrite + Unpin,
 {
-    // The host's handshake runs while the sandbox's does.
-    let handshake = tokio::spawn(connect_tls(Arc::clone(&egress), upstream, host.clone()));
-    let upstream = Upstream::Handshake(handshake);
-    let timeout = egress.settings.connect_timeout;
+    let timeout = egress.settings().connect_timeout;
     let acceptor =
         tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client);
     let start = tokio::select! {
         s = tokio::time::timeout(timeout, acceptor) => s,
-        _ = egress.stop.cancelled() => return,
+        _ = egress.stop().cancelled() => return None,
     };
     let Ok(Ok(start)) = start else {
         tracing::debug!(host, "egress: no TLS ClientHello on an intercepted tunnel");
-        return;
+        return None;
     };
     let sni = start
         .client_hello()
         .server_name()
         .map(parse::normalize_host);
-    let verdict = sni_allowed(&host, sni.as_deref());
+    let verdict = sni_allowed(host, sni.as_deref());
     crate::metrics::METRICS.egress(verdict);
     if !verdict {
         tracing::debug!(
             host,
             "egress refused: TLS SNI does not name the CONNECT host"
         );
-        egress.note(super::note::Note {
-            host: &host,
+        egress.note(Note {
+            host,
             port,
             method: Some("CONNECT"),
             bytes_out: 0,
             bytes_in: 0,
-            refused: Some(super::note::SNI_REFUSED),
+            refused: Some(SNI_REFUSED),
             secret: None,
         });
-        return;
+        return None;
     }
-    let Some(inj) = egress.inject.get() else {
-        return;
-    };
-    let config = match inj.server_config(&host) {
+    let inj = egress.injections()?;
+    let config = match inj.server_config(host) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(host, error = %e, "egress: no certificate for a bound host");
-            return;
+            return None;
         }
     };
     let tls = tokio::select! {
         s = tokio::time::timeout(timeout, start.into_stream(config)) => s,
-        _ = egress.stop.cancelled() => return,
+        _ = egress.stop().cancelled() => return None,
     };
     let Ok(Ok(tls)) = tls else {
         tracing::debug!(host, "egress: the sandbox's TLS handshake failed");
+        return None;
+    };
+    Some(tls)
+}
+
+/// Serves one tunnel to a bound host until either side closes, it idles
+/// out or the session stops: the host's TLS handshake started, the
+/// sandbox's [`accept_sandbox`]ed beside it, then one HTTP/1.1 connection
+/// whose requests are [`forward`]ed.
+pub(super) async fn serve<P, C>(
+    egress: Arc<P>,
+    client: C,
+    upstream: TcpStream,
+    host: String,
+    port: u16,
+) where
+    P: Proxy,
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    // The host's handshake runs while the sandbox's does.
+    let handshake = tokio::spawn(connect_tls(Arc::clone(&egress), upstream, host.clone()));
+    let upstream = Upstream::Handshake(handshake);
+    let Some(tls) = accept_sandbox(&egress, client, &host, port).await else {
         return;
     };
     let upstream = Arc::new(tokio::sync::Mutex::new(upstream));
-    let stop = egress.stop.clone();
-    let idle = egress.settings.idle_timeout;
+    let stop = egress.stop().clone();
+    let idle = egress.settings().idle_timeout;
     let svc = service_fn(move |req: Request<Incoming>| {
         let egress = Arc::clone(&egress);
         let upstream = Arc::clone(&upstream);
         let host = host.clone();
         async move {
             let method = req.method().as_str().to_owned();
-            let bytes_out = super::note::content_length(req.headers());
+            let bytes_out = content_length(req.headers());
             let res = forward(&egress, &upstream, &host, port, req).await;
             let (refused, secret, bytes_in) = match &res {
-                Ok((r, secret)) => (
-                    None,
-                    secret.clone(),
-                    super::note::content_length(r.headers()),
-                ),
+                Ok((r, secret)) => (None, secret.clone(), content_length(r.headers())),
                 Err(e) => (Some(e.problem().code), None, 0),
             };
-            egress.note(super::note::Note {
+            egress.note(Note {
                 host: &host,
                 port,
                 method: Some(&method),
@@ -292,14 +333,14 @@ pub(super) async fn serve<C>(
 /// One request on an intercepted tunnel: checked, its secret headers set,
 /// sent on; bodies stream. With the answer, the name of the (first)
 /// secret set on it, for the audit log.
-async fn forward(
-    egress: &Arc<Egress>,
+async fn forward<P: Proxy>(
+    egress: &Arc<P>,
     upstream: &tokio::sync::Mutex<Upstream>,
     host: &str,
     port: u16,
     req: Request<Incoming>,
 ) -> Result<(Response, Option<String>), Refusal> {
-    let Some(inj) = egress.inject.get() else {
+    let Some(inj) = egress.injections() else {
         return Err(Refusal::Bad("no bound secret".into()));
     };
     let authority = if host.contains(':') {
@@ -357,7 +398,7 @@ async fn forward(
     }
     let mut up = upstream.lock().await;
     let sender = up.sender(egress, host, port).await?;
-    let res = tokio::time::timeout(egress.settings.idle_timeout, sender.send_request(req))
+    let res = tokio::time::timeout(egress.settings().idle_timeout, sender.send_request(req))
         .await
         .map_err(|_| Refusal::Connect(host.to_owned(), "no answer".into()))?
         .map_err(|e| Refusal::Connect(host.to_owned(), e.to_string()))?;

@@ -2,10 +2,15 @@
 //! proxy itself over real sockets with a fake resolver.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
+use futures::future::BoxFuture;
 use tokio::net::{TcpListener, UnixStream};
 
+use super::address::{is_own_address, is_public};
+use super::settings::Resolve;
 use super::*;
 
 #[test]

@@ -78,14 +78,20 @@ fn io(e: impl std::fmt::Display) -> CaptureError {
     CaptureError::Io(e.to_string())
 }
 
-/// Walks the folder `root` (an open descriptor of the working directory).
+/// Walks the folder `root` (an open descriptor of the working directory):
+/// each folder's names [`list`]ed, each entry [`Walk::take`]n, folders
+/// after the entries of the one holding them.
 pub(crate) fn capture(
     root: &OwnedFd,
     bounds: Bounds,
     known: &Known,
 ) -> Result<Captured, CaptureError> {
-    let mut out = Captured::default();
-    let mut bytes = 0u64;
+    let mut walk = Walk {
+        bounds,
+        known,
+        out: Captured::default(),
+        bytes: 0,
+    };
     // (folder, its path, its depth)
     let mut stack: Vec<(OwnedFd, String, usize)> =
         vec![(root.try_clone().map_err(io)?, String::new(), 0)];
@@ -93,101 +99,144 @@ pub(crate) fn capture(
         if depth > MAX_DEPTH {
             return Err(CaptureError::TooDeep);
         }
-        let mut names: Vec<Vec<u8>> = Vec::new();
-        let mut listing = nix::dir::Dir::from_fd(dir.try_clone().map_err(io)?).map_err(io)?;
-        for entry in listing.iter() {
-            let entry = entry.map_err(io)?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            names.push(name.to_vec());
-            if out.manifest.entries.len() + names.len() > bounds.max_entries {
-                return Err(CaptureError::TooManyEntries(bounds.max_entries));
-            }
-        }
-        names.sort();
+        let names = list(&dir, walk.out.manifest.entries.len(), bounds.max_entries)?;
         // Folders are walked after this one's entries, last name first off
         // the stack, so parents are always listed before their children.
         let mut subdirs = Vec::new();
         for name in names {
-            let os = std::ffi::OsStr::from_bytes(&name);
-            let text = std::str::from_utf8(&name).map_err(|_| {
-                CaptureError::BadName(
-                    format!("{prefix}{}", os.to_string_lossy()),
-                    "not UTF-8".into(),
-                )
-            })?;
-            let path = format!("{prefix}{text}");
-            check_path(&path).map_err(|m| CaptureError::BadName(path.clone(), m))?;
-            let st = match fstatat(dir.as_fd(), os, AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
-                Err(nix::errno::Errno::ENOENT) => continue,
-                Err(e) => return Err(io(e)),
-            };
-            let mode = st.st_mode & 0o777;
-            match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
-                SFlag::S_IFDIR => {
-                    let fd = openat(
-                        dir.as_fd(),
-                        os,
-                        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(io)?;
-                    out.manifest.entries.push(WorkdirEntry::Dir {
-                        path: path.clone(),
-                        mode,
-                    });
-                    subdirs.push((fd, format!("{path}/"), depth + 1));
-                }
-                SFlag::S_IFREG => {
-                    let (size, sha256) = match known.get(&path) {
-                        Some((stamp, sha)) if *stamp == Stamp::of(&st) => {
-                            (st.st_size as u64, sha.clone())
-                        }
-                        _ => {
-                            out.hashed += 1;
-                            hash_file(&dir, os, bounds.max_bytes.saturating_sub(bytes))?
-                        }
-                    };
-                    bytes += size;
-                    if bytes > bounds.max_bytes {
-                        return Err(CaptureError::TooManyBytes(bounds.max_bytes));
-                    }
-                    out.sources
-                        .entry(sha256.clone())
-                        .or_insert_with(|| path.clone());
-                    out.manifest.entries.push(WorkdirEntry::File {
-                        path,
-                        mode,
-                        size,
-                        sha256,
-                    });
-                }
-                SFlag::S_IFLNK => {
-                    let target = readlinkat(dir.as_fd(), os).map_err(io)?;
-                    let target = target
-                        .to_str()
-                        .filter(|t| {
-                            !t.is_empty() && t.len() <= asbx_protocol::workdir::MAX_LINK_BYTES
-                        })
-                        .ok_or_else(|| {
-                            CaptureError::BadName(path.clone(), "symlink target not kept".into())
-                        })?
-                        .to_owned();
-                    out.manifest
-                        .entries
-                        .push(WorkdirEntry::Symlink { path, target });
-                }
-                // Devices, fifos and sockets are not kept.
-                _ => {}
+            if let Some((fd, path)) = walk.take(&dir, &prefix, &name)? {
+                subdirs.push((fd, format!("{path}/"), depth + 1));
             }
         }
         subdirs.reverse();
         stack.extend(subdirs);
     }
-    Ok(out)
+    Ok(walk.out)
+}
+
+/// The names in `dir` (without `.` and `..`), sorted; refused when they
+/// would make more than `max_entries` with the `taken` entries before them.
+fn list(dir: &OwnedFd, taken: usize, max_entries: usize) -> Result<Vec<Vec<u8>>, CaptureError> {
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    let mut listing = nix::dir::Dir::from_fd(dir.try_clone().map_err(io)?).map_err(io)?;
+    for entry in listing.iter() {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        names.push(name.to_vec());
+        if taken + names.len() > max_entries {
+            return Err(CaptureError::TooManyEntries(max_entries));
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// A capture under way: what it has taken, and the bytes counted so far.
+struct Walk<'k> {
+    bounds: Bounds,
+    known: &'k Known,
+    out: Captured,
+    bytes: u64,
+}
+
+impl Walk<'_> {
+    /// Takes the entry `name` of `dir` (at `prefix`) into the manifest; a
+    /// folder comes back open, with its path, to be walked. Entries gone
+    /// meanwhile, devices, fifos and sockets are left out.
+    fn take(
+        &mut self,
+        dir: &OwnedFd,
+        prefix: &str,
+        name: &[u8],
+    ) -> Result<Option<(OwnedFd, String)>, CaptureError> {
+        let os = std::ffi::OsStr::from_bytes(name);
+        let text = std::str::from_utf8(name).map_err(|_| {
+            CaptureError::BadName(
+                format!("{prefix}{}", os.to_string_lossy()),
+                "not UTF-8".into(),
+            )
+        })?;
+        let path = format!("{prefix}{text}");
+        check_path(&path).map_err(|m| CaptureError::BadName(path.clone(), m))?;
+        let st = match fstatat(dir.as_fd(), os, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(nix::errno::Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        let mode = st.st_mode & 0o777;
+        match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+            SFlag::S_IFDIR => {
+                let fd = openat(
+                    dir.as_fd(),
+                    os,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(io)?;
+                self.out.manifest.entries.push(WorkdirEntry::Dir {
+                    path: path.clone(),
+                    mode,
+                });
+                return Ok(Some((fd, path)));
+            }
+            SFlag::S_IFREG => self.take_file(dir, os, path, mode, &st)?,
+            SFlag::S_IFLNK => {
+                let target = readlinkat(dir.as_fd(), os).map_err(io)?;
+                let target = target
+                    .to_str()
+                    .filter(|t| !t.is_empty() && t.len() <= asbx_protocol::workdir::MAX_LINK_BYTES)
+                    .ok_or_else(|| {
+                        CaptureError::BadName(path.clone(), "symlink target not kept".into())
+                    })?
+                    .to_owned();
+                self.out
+                    .manifest
+                    .entries
+                    .push(WorkdirEntry::Symlink { path, target });
+            }
+            // Devices, fifos and sockets are not kept.
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    /// A regular file: its hash known from the restore while its stamp
+    /// still matches, else read (within the bytes left); counted against
+    /// the byte bound.
+    fn take_file(
+        &mut self,
+        dir: &OwnedFd,
+        os: &std::ffi::OsStr,
+        path: String,
+        mode: u32,
+        st: &FileStat,
+    ) -> Result<(), CaptureError> {
+        let (size, sha256) = match self.known.get(&path) {
+            Some((stamp, sha)) if *stamp == Stamp::of(st) => (st.st_size as u64, sha.clone()),
+            _ => {
+                self.out.hashed += 1;
+                hash_file(dir, os, self.bounds.max_bytes.saturating_sub(self.bytes))?
+            }
+        };
+        self.bytes += size;
+        if self.bytes > self.bounds.max_bytes {
+            return Err(CaptureError::TooManyBytes(self.bounds.max_bytes));
+        }
+        self.out
+            .sources
+            .entry(sha256.clone())
+            .or_insert_with(|| path.clone());
+        self.out.manifest.entries.push(WorkdirEntry::File {
+            path,
+            mode,
+            size,
+            sha256,
+        });
+        Ok(())
+    }
 }
 
 /// Opens a regular file of `dir` without following a link and hashes it:

@@ -56,9 +56,9 @@ pub(crate) enum TurnStart {
 
 /// Starts a turn: [`check`] the request, [`prepare`] what it needs (its
 /// attachments, its chat and settings), [`record`] it (the lease, the user
-/// message and the run, in one transaction), then dispatch it: a live turn
-/// ([`driver::spawn`]), or the runner's refusal persisted and passed
-/// through ([`reject`]).
+/// message and the run, in one transaction) once [`admit_and_record`] finds
+/// room for it, then [`dispatch_turn`]: a live turn ([`driver::spawn`]), or
+/// the runner's refusal persisted and passed through ([`reject`]).
 pub(crate) async fn start_turn(
     state: &Arc<AppState>,
     workspace_id: &str,
@@ -80,6 +80,22 @@ pub(crate) async fn start_turn(
         recover_lost_turn(state, chat).await?;
     }
     let route = dispatch::route(state, &prepared.sandbox_url).await;
+    let recorded =
+        admit_and_record(state, workspace_id, &request, &prepared, &lease, &route).await?;
+    dispatch_turn(state, workspace_id, recorded, turn_id, now, route).await
+}
+
+/// Waits for room under the workspace's quotas and the fleet's fair share,
+/// then [`record`]s the turn; a dispatch that took the room first sends it
+/// back to wait.
+async fn admit_and_record(
+    state: &Arc<AppState>,
+    workspace_id: &str,
+    request: &TurnRequest,
+    prepared: &Prepared,
+    lease: &lease_sql::Lease<'_>,
+    route: &dispatch::Route,
+) -> Result<Recorded, WorkspaceError> {
     let limits = admit::limits(state, workspace_id).await?;
     let capacity = dispatch::fleet_capacity(state, &prepared.sandbox_url).await;
     let mut share = admit::ShareWait::new(state, &limits, workspace_id, capacity);
@@ -87,29 +103,43 @@ pub(crate) async fn start_turn(
         limits: &limits,
         capacity,
     };
-    let Recorded {
-        chat_id,
-        spec,
-        run,
-        user_message_id,
-    } = loop {
+    loop {
         share.turn().await?;
         match record(
             state,
             workspace_id,
-            &request,
+            request,
             prepared.clone(),
-            &lease,
-            &route,
+            lease,
+            route,
             &quota,
         )
         .await
         {
             // Another dispatch took the room first: wait again.
             Err(e) if share.retry(&e) => continue,
-            recorded => break recorded?,
+            recorded => return recorded,
         }
-    };
+    }
+}
+
+/// Dispatches a recorded turn under its lease: a live turn the driver
+/// follows, or the runner's refusal (or its silence) persisted as the
+/// turn's failure, the lease released.
+async fn dispatch_turn(
+    state: &Arc<AppState>,
+    workspace_id: &str,
+    recorded: Recorded,
+    turn_id: String,
+    now: i64,
+    route: dispatch::Route,
+) -> Result<TurnStart, WorkspaceError> {
+    let Recorded {
+        chat_id,
+        spec,
+        run,
+        user_message_id,
+    } = recorded;
     let lease = LeaseGuard::new(Arc::clone(state), chat_id.clone(), turn_id.clone());
 
     let live = LiveTurn::new(
@@ -137,15 +167,7 @@ pub(crate) async fn start_turn(
             content_type,
             body,
         }) => {
-            let (code, message) = match serde_json::from_slice::<asbx_protocol::Problem>(&body) {
-                Ok(p) => (p.code, p.detail),
-                Err(_) => (
-                    crate::error::ProblemCode::UpstreamFailed
-                        .as_str()
-                        .to_owned(),
-                    format!("the sandbox runner answered {status}"),
-                ),
-            };
+            let (code, message) = refusal(status, &body);
             reject(state, lease, &chat_id, &turn_id, &code, &message).await?;
             Ok(TurnStart::Rejected {
                 chat_id,
@@ -167,6 +189,20 @@ pub(crate) async fn start_turn(
             .await?;
             Err(e)
         }
+    }
+}
+
+/// The code and message a runner's refusal is persisted with: its
+/// problem's, or `upstream_failed` when its body is none.
+fn refusal(status: StatusCode, body: &[u8]) -> (String, String) {
+    match serde_json::from_slice::<asbx_protocol::Problem>(body) {
+        Ok(p) => (p.code, p.detail),
+        Err(_) => (
+            crate::error::ProblemCode::UpstreamFailed
+                .as_str()
+                .to_owned(),
+            format!("the sandbox runner answered {status}"),
+        ),
     }
 }
 

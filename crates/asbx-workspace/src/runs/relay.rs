@@ -91,6 +91,8 @@ pub(crate) fn spawn_resumed(
 
 type Storing = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
+/// Relays one run: [`Relay::start`], [`Relay::read`] the runner's stream to
+/// its end, then [`Relay::finish`] (settle the run, close its broadcast).
 async fn relay(
     state: Arc<AppState>,
     run_id: String,
@@ -98,147 +100,224 @@ async fn relay(
     response: Option<reqwest::Response>,
     stored: Vec<u8>,
 ) {
-    let gone = response.is_none();
-    let mut upstream = match response {
-        Some(r) => r.bytes_stream().boxed(),
-        None => futures::stream::empty().boxed(),
-    };
-    let mut tap = OutcomeTap::relaying();
-    // Lines stored before a takeover: read for the outcome and the last
-    // `seq`, not stored again.
-    drop(tap.observe_raw(&Bytes::from(stored)));
-    let mut broken = gone.then(|| "the runner no longer has the session".to_owned());
-    let mut cancelled = false;
-    let mut reading = !gone;
-    let mut superseded = false;
-    let mut renew = tokio::time::interval(lease::renewal_every(&state));
-    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut unstored: Vec<Tapped> = Vec::new();
-    let mut unstored_bytes = 0usize;
-    let mut storing: Option<Storing> = None;
-    // After a cancel the runner is asked to end the session; its last lines
-    // (`error`, `session_ended` with the termination) are still read until
-    // this deadline.
-    let mut wind_down: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-    loop {
-        if storing.is_none() && !unstored.is_empty() {
-            let lines = std::mem::take(&mut unstored);
-            unstored_bytes = 0;
-            storing = Some(Box::pin(publish(
-                Arc::clone(&state),
-                run_id.clone(),
-                live.clone(),
-                lines,
-            )));
+    let mut relay = Relay::start(state, run_id, live, response, stored);
+    relay.read().await;
+    relay.finish().await;
+}
+
+/// One relay's state, from its start to the run's settling.
+struct Relay {
+    state: Arc<AppState>,
+    run_id: String,
+    live: Live,
+    upstream: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    tap: OutcomeTap,
+    /// Why the stream broke before the session's end, if it did.
+    broken: Option<String>,
+    cancelled: bool,
+    /// Whether the runner's stream is still read.
+    reading: bool,
+    /// Another node holds the run now: it is not settled here.
+    superseded: bool,
+    renew: tokio::time::Interval,
+    /// Lines read, waiting for the batch being stored.
+    unstored: Vec<Tapped>,
+    unstored_bytes: usize,
+    /// The batch being stored, then published.
+    storing: Option<Storing>,
+    /// After a cancel the runner is asked to end the session; its last
+    /// lines (`error`, `session_ended` with the termination) are still
+    /// read until this deadline.
+    wind_down: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Relay {
+    /// The relay before its first read: the lines stored before a takeover
+    /// read into the tap (for the outcome and the last `seq`, not stored
+    /// again), the lease's renewal timer started.
+    fn start(
+        state: Arc<AppState>,
+        run_id: String,
+        live: Live,
+        response: Option<reqwest::Response>,
+        stored: Vec<u8>,
+    ) -> Relay {
+        let gone = response.is_none();
+        let upstream = match response {
+            Some(r) => r.bytes_stream().boxed(),
+            None => futures::stream::empty().boxed(),
+        };
+        let mut tap = OutcomeTap::relaying();
+        drop(tap.observe_raw(&Bytes::from(stored)));
+        let mut renew = tokio::time::interval(lease::renewal_every(&state));
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Relay {
+            state,
+            run_id,
+            live,
+            upstream,
+            tap,
+            broken: gone.then(|| "the runner no longer has the session".to_owned()),
+            cancelled: false,
+            reading: !gone,
+            superseded: false,
+            renew,
+            unstored: Vec::new(),
+            unstored_bytes: 0,
+            storing: None,
+            wind_down: None,
         }
-        if !reading {
-            match storing.take() {
-                Some(s) => {
-                    s.await;
-                    continue;
-                }
-                None => break,
+    }
+
+    /// Reads the runner's stream until it ends, the run is cancelled (and
+    /// wound down) or the lease is lost, storing and publishing the lines
+    /// read in batches, one being stored while the next gathers.
+    async fn read(&mut self) {
+        loop {
+            if self.storing.is_none() && !self.unstored.is_empty() {
+                let lines = std::mem::take(&mut self.unstored);
+                self.unstored_bytes = 0;
+                self.storing = Some(Box::pin(publish(
+                    Arc::clone(&self.state),
+                    self.run_id.clone(),
+                    self.live.clone(),
+                    lines,
+                )));
             }
-        }
-        tokio::select! {
-            biased;
-            _ = live.cancel.cancelled(), if !cancelled => {
-                cancelled = true;
-                if dispatch::cancel_on_runner(&state, &run_id).await {
-                    wind_down = Some(Box::pin(tokio::time::sleep(dispatch::CANCEL_WIND_DOWN)));
-                } else {
-                    reading = false;
-                }
-            }
-            () = async {
-                if let Some(d) = wind_down.as_mut() {
-                    d.await;
-                }
-            }, if wind_down.is_some() => {
-                tracing::warn!(run = %run_id, "the runner did not end the cancelled session in time");
-                reading = false;
-            }
-            () = async {
-                match storing.as_mut() {
-                    Some(s) => s.await,
-                    None => std::future::pending().await,
-                }
-            }, if storing.is_some() => storing = None,
-            _ = renew.tick() => match lease::renew(&state, &run_id).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(run = %run_id, "lost the run's lease; leaving the run to its new holder");
-                    superseded = true;
-                    reading = false;
-                }
-                Err(e) => tracing::warn!(run = %run_id, error = %e, "renewing the run's lease failed"),
-            },
-            chunk = upstream.next(), if unstored_bytes < MAX_UNSTORED_BYTES => match &chunk {
-                Some(Ok(bytes)) => {
-                    unstored_bytes += bytes.len();
-                    unstored.extend(tap.observe_raw(bytes));
-                }
-                Some(Err(_)) | None if cancelled || tap.ended() => {
-                    if let Some(Err(e)) = &chunk {
-                        broken = Some(crate::error::error_chain(&e));
+            if !self.reading {
+                match self.storing.take() {
+                    Some(s) => {
+                        s.await;
+                        continue;
                     }
-                    reading = false;
+                    None => break,
                 }
-                // Broken before the session's end: read on from the runner's
-                // resume log, from the line after the last one read.
-                Some(Err(_)) | None => match reattach(&state, &run_id, &live, &mut tap).await {
-                    Reattached::Stream(r) => upstream = r.bytes_stream().boxed(),
+            }
+            tokio::select! {
+                biased;
+                _ = self.live.cancel.cancelled(), if !self.cancelled => {
+                    self.cancelled = true;
+                    if dispatch::cancel_on_runner(&self.state, &self.run_id).await {
+                        self.wind_down = Some(Box::pin(tokio::time::sleep(dispatch::CANCEL_WIND_DOWN)));
+                    } else {
+                        self.reading = false;
+                    }
+                }
+                () = async {
+                    if let Some(d) = self.wind_down.as_mut() {
+                        d.await;
+                    }
+                }, if self.wind_down.is_some() => {
+                    tracing::warn!(run = %self.run_id, "the runner did not end the cancelled session in time");
+                    self.reading = false;
+                }
+                () = async {
+                    match self.storing.as_mut() {
+                        Some(s) => s.await,
+                        None => std::future::pending().await,
+                    }
+                }, if self.storing.is_some() => self.storing = None,
+                _ = self.renew.tick() => match lease::renew(&self.state, &self.run_id).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(run = %self.run_id, "lost the run's lease; leaving the run to its new holder");
+                        self.superseded = true;
+                        self.reading = false;
+                    }
+                    Err(e) => tracing::warn!(run = %self.run_id, error = %e, "renewing the run's lease failed"),
+                },
+                chunk = self.upstream.next(), if self.unstored_bytes < MAX_UNSTORED_BYTES => {
+                    self.on_chunk(chunk).await;
+                }
+            }
+        }
+    }
+
+    /// One read of the runner's stream: a chunk for the tap, or its end
+    /// (the session's, or a break: read on from the runner's resume log,
+    /// from the line after the last one read).
+    async fn on_chunk(&mut self, chunk: Option<reqwest::Result<Bytes>>) {
+        match &chunk {
+            Some(Ok(bytes)) => {
+                self.unstored_bytes += bytes.len();
+                self.unstored.extend(self.tap.observe_raw(bytes));
+            }
+            Some(Err(_)) | None if self.cancelled || self.tap.ended() => {
+                if let Some(Err(e)) = &chunk {
+                    self.broken = Some(crate::error::error_chain(&e));
+                }
+                self.reading = false;
+            }
+            Some(Err(_)) | None => {
+                match reattach(&self.state, &self.run_id, &self.live, &mut self.tap).await {
+                    Reattached::Stream(r) => self.upstream = r.bytes_stream().boxed(),
                     Reattached::Cancelled => {
-                        cancelled = true;
-                        dispatch::cancel_on_runner(&state, &run_id).await;
-                        reading = false;
+                        self.cancelled = true;
+                        dispatch::cancel_on_runner(&self.state, &self.run_id).await;
+                        self.reading = false;
                     }
                     Reattached::Superseded => {
-                        superseded = true;
-                        reading = false;
+                        self.superseded = true;
+                        self.reading = false;
                     }
                     Reattached::Gone => {
                         if let Some(Err(e)) = &chunk {
-                            broken = Some(crate::error::error_chain(&e));
+                            self.broken = Some(crate::error::error_chain(&e));
                         }
-                        reading = false;
+                        self.reading = false;
                     }
-                },
-            },
+                }
+            }
         }
     }
-    // Not read any more: a sandbox that still runs (the relay gave up on
-    // its runner, or a cancel it did not take) ends after its detach grace
-    // (docs/protocol.md §4).
-    drop(upstream);
-    if superseded {
+
+    /// Settles the run once nothing more is read: its outcome and
+    /// termination, a closing `error` line when the runner left the stream
+    /// without its end (as a chat turn's does), published before the
+    /// broadcast closes. A superseded run is left to its new holder.
+    async fn finish(self) {
+        let Relay {
+            state,
+            run_id,
+            live,
+            upstream,
+            mut tap,
+            broken,
+            cancelled,
+            superseded,
+            ..
+        } = self;
+        // Not read any more: a sandbox that still runs (the relay gave up on
+        // its runner, or a cancel it did not take) ends after its detach grace
+        // (docs/protocol.md §4).
+        drop(upstream);
+        if superseded {
+            state.run_hub.close(&run_id);
+            return;
+        }
+        let mut rest = tap.finish_raw();
+        let outcome = match (tap.terminal(), cancelled) {
+            (None, true) => Outcome::Failed {
+                code: asbx_protocol::codes::CANCELLED.to_owned(),
+                message: "the run was cancelled".to_owned(),
+            },
+            _ => tap.outcome(broken.as_deref()),
+        };
+        let termination = match tap.termination() {
+            Some(t) => Some(t.clone()),
+            None if cancelled && !tap.ended() => Some(cancelled_here()),
+            None => None,
+        };
+        let ts = u64::try_from(state.now_ms()).unwrap_or(0);
+        rest.extend(
+            tap.closing_line(&outcome, &run_id, ts)
+                .and_then(Tapped::own),
+        );
+        publish(Arc::clone(&state), run_id.clone(), live.clone(), rest).await;
+        dispatch::settle_ended(&state, &run_id, &outcome, termination.as_ref()).await;
         state.run_hub.close(&run_id);
-        return;
+        events::announce_end(&state, &run_id).await;
     }
-    let mut rest = tap.finish_raw();
-    let outcome = match (tap.terminal(), cancelled) {
-        (None, true) => Outcome::Failed {
-            code: asbx_protocol::codes::CANCELLED.to_owned(),
-            message: "the run was cancelled".to_owned(),
-        },
-        _ => tap.outcome(broken.as_deref()),
-    };
-    let termination = match tap.termination() {
-        Some(t) => Some(t.clone()),
-        None if cancelled && !tap.ended() => Some(cancelled_here()),
-        None => None,
-    };
-    // A stream the runner left without its end (it died, or was cut off)
-    // ends with an `error` line all the same, as a chat turn's does.
-    let ts = u64::try_from(state.now_ms()).unwrap_or(0);
-    rest.extend(
-        tap.closing_line(&outcome, &run_id, ts)
-            .and_then(Tapped::own),
-    );
-    publish(Arc::clone(&state), run_id.clone(), live.clone(), rest).await;
-    dispatch::settle_ended(&state, &run_id, &outcome, termination.as_ref()).await;
-    state.run_hub.close(&run_id);
-    events::announce_end(&state, &run_id).await;
 }
 
 /// What re-attaching a broken stream gave.

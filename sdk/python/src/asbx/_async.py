@@ -29,7 +29,7 @@ import httpx
 
 from . import _api, _core
 from ._api import Answer, Call, Open, deprecated
-from ._core import SseDecoder, StreamState, check_status
+from ._core import RunChannel, SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
 from ._errors import ConflictError, NotFoundError, ServerError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
@@ -212,16 +212,24 @@ class AsyncRunStream(_AsyncStream):
         run_id: str,
         state: StreamState,
         tools: dict[str, ClientTool],
+        *,
+        channel: RunChannel | None = None,
     ) -> None:
         super().__init__(client, response, state, sse=False)
         self.run_id = run_id
         self._tools = tools
+        self._channel = channel
+        """The run's socket (`transport="websocket"`); None: HTTP only."""
 
     @property
     def crypto(self) -> ClientSession | None:
         return self._state.crypto
 
     async def _reopen(self) -> httpx.Response:
+        if self._channel is not None:
+            # A socket, read like the NDJSON response.
+            socket: httpx.Response = self._channel.reopen(self.run_id, self._state.last_seq)
+            return socket
         return await self._client._start(_api.open_run_events(self.run_id, self._state.last_seq))
 
     async def _ended_elsewhere(self) -> bool:
@@ -264,10 +272,14 @@ class AsyncRunStream(_AsyncStream):
         await self._post_answer(call_id, _api.tool_answer(result, error))
 
     async def _post_answer(self, call_id: str, answer: ToolAnswer) -> None:
+        if self._channel is not None and self._channel.answer(call_id, answer, self._state.crypto):
+            return
         await self._client._call(_api.tool_result(self.run_id, call_id, answer, self._state.crypto))
 
     async def cancel(self) -> bool:
         """Cancels the run; the stream still ends with `session_ended` (`terminated`)."""
+        if self._channel is not None and self._channel.cancel():
+            return True
         return await self._client.runs.cancel(self.run_id)
 
 
@@ -441,7 +453,9 @@ class AsyncRuns:
             from . import _ws
 
             state = StreamState(crypto=crypto, last_seq=after)
-            return await _ws.aevents(self._client, run_id, after, state, _api.normalize_tools(tools))
+            channel = await _ws.aopen_events(self._client, run_id, after)
+            lines: Any = channel.lines  # read like the NDJSON response
+            return AsyncRunStream(self._client, lines, run_id, state, _api.normalize_tools(tools), channel=channel)
         resp = await self._client._start(_api.open_run_events(run_id, after))
         state = StreamState(crypto=crypto, last_seq=after)
         return AsyncRunStream(self._client, resp, run_id, state, _api.normalize_tools(tools))
@@ -744,7 +758,9 @@ class AsyncClient:
         if transport == "websocket" and agent_id is None:
             from . import _ws
 
-            return await _ws.arun(self, dict(body), StreamState(crypto=crypto), tool_map)
+            channel, ws_run_id = await _ws.aopen_run(self, dict(body))
+            lines: Any = channel.lines  # read like the NDJSON response
+            return AsyncRunStream(self, lines, ws_run_id, StreamState(crypto=crypto), tool_map, channel=channel)
         resp = await self._start(_api.open_run(body, agent_id))
         run_id = resp.headers.get("x-asbx-run-id")
         if not run_id:

@@ -13,11 +13,12 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ._crypto import ClientSession
 from ._errors import AsbxError, DecryptionError, StreamError
 from ._events import Done, Event, Result, SessionEnded, SessionInit, TerminationInfo, Turn, parse_event
+from ._types import ToolAnswer
 
 USER_AGENT = "asbx-python/0.1.0"
 # Protocol 2 sends a heartbeat after 5 s without another line (docs/protocol.md §4):
@@ -104,6 +105,24 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     return headers
+
+
+class RunChannel(Protocol):
+    """A run's own socket (`transport="websocket"`, `_ws.SocketRun`): a run
+    stream reopens over it, and sends tool answers and `cancel` on it while
+    it is open (the HTTP routes otherwise)."""
+
+    def reopen(self, run_id: str, after: int) -> Any:
+        """A new socket attached to `run_id` after `seq` `after`, read like an NDJSON response."""
+        ...
+
+    def answer(self, call_id: str, answer: ToolAnswer, crypto: ClientSession | None) -> bool:
+        """Sends a tool answer (sealed with `crypto`); False when the socket is not open."""
+        ...
+
+    def cancel(self) -> bool:
+        """Sends `cancel`; False when the socket is not open."""
+        ...
 
 
 class SseDecoder:

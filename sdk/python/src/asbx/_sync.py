@@ -26,7 +26,7 @@ import httpx
 
 from . import _api, _core
 from ._api import Answer, Call, Open, deprecated
-from ._core import SseDecoder, StreamState, check_status
+from ._core import RunChannel, SseDecoder, StreamState, check_status
 from ._crypto import ClientSession
 from ._errors import ConflictError, NotFoundError, ServerError, StreamError
 from ._events import Delta, Event, TerminationInfo, ToolCall
@@ -209,16 +209,24 @@ class RunStream(_Stream):
         run_id: str,
         state: StreamState,
         tools: dict[str, ClientTool],
+        *,
+        channel: RunChannel | None = None,
     ) -> None:
         super().__init__(client, response, state, sse=False)
         self.run_id = run_id
         self._tools = tools
+        self._channel = channel
+        """The run's socket (`transport="websocket"`); None: HTTP only."""
 
     @property
     def crypto(self) -> ClientSession | None:
         return self._state.crypto
 
     def _reopen(self) -> httpx.Response:
+        if self._channel is not None:
+            # A socket, read like the NDJSON response.
+            socket: httpx.Response = self._channel.reopen(self.run_id, self._state.last_seq)
+            return socket
         return self._client._start(_api.open_run_events(self.run_id, self._state.last_seq))
 
     def _ended_elsewhere(self) -> bool:
@@ -259,10 +267,14 @@ class RunStream(_Stream):
         self._post_answer(call_id, _api.tool_answer(result, error))
 
     def _post_answer(self, call_id: str, answer: ToolAnswer) -> None:
+        if self._channel is not None and self._channel.answer(call_id, answer, self._state.crypto):
+            return
         self._client._call(_api.tool_result(self.run_id, call_id, answer, self._state.crypto))
 
     def cancel(self) -> bool:
         """Cancels the run; the stream still ends with `session_ended` (`terminated`)."""
+        if self._channel is not None and self._channel.cancel():
+            return True
         return self._client.runs.cancel(self.run_id)
 
 
@@ -436,7 +448,9 @@ class Runs:
             from . import _ws
 
             state = StreamState(crypto=crypto, last_seq=after)
-            return _ws.events(self._client, run_id, after, state, _api.normalize_tools(tools))
+            channel = _ws.open_events(self._client, run_id, after)
+            lines: Any = channel.lines  # read like the NDJSON response
+            return RunStream(self._client, lines, run_id, state, _api.normalize_tools(tools), channel=channel)
         resp = self._client._start(_api.open_run_events(run_id, after))
         state = StreamState(crypto=crypto, last_seq=after)
         return RunStream(self._client, resp, run_id, state, _api.normalize_tools(tools))
@@ -739,7 +753,9 @@ class Client:
         if transport == "websocket" and agent_id is None:
             from . import _ws
 
-            return _ws.run(self, dict(body), StreamState(crypto=crypto), tool_map)
+            channel, ws_run_id = _ws.open_run(self, dict(body))
+            lines: Any = channel.lines  # read like the NDJSON response
+            return RunStream(self, lines, ws_run_id, StreamState(crypto=crypto), tool_map, channel=channel)
         resp = self._start(_api.open_run(body, agent_id))
         run_id = resp.headers.get("x-asbx-run-id")
         if not run_id:

@@ -14,22 +14,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
 from ._errors import AsbxError, StreamError
-from ._core import StreamState
 
 if TYPE_CHECKING:
+    from ._crypto import ClientSession
     from ._types import ToolAnswer
-    from ._models import ClientTool
-    from ._sync import Client
-
-from ._sync import RunStream
 
 
-def _connect(client: Client) -> Any:
+class Endpoint(Protocol):
+    """What a socket needs of the client: where, with which headers, how long to wait."""
+
+    base_url: str
+    _headers: dict[str, str]
+    _stream_timeout: httpx.Timeout
+
+
+def _connect(client: Endpoint) -> Any:
     try:
         from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
@@ -61,7 +65,7 @@ class SocketLines:
         """Answers (`code`, `message`) to messages sent on the open socket."""
 
     @classmethod
-    def open(cls, client: Client, message: dict[str, Any], run_id: str | None) -> SocketLines:
+    def open(cls, client: Endpoint, message: dict[str, Any], run_id: str | None) -> SocketLines:
         """Opens a socket, sends `message` (`dispatch` or `attach`) and waits for the first line."""
         from websockets.exceptions import ConnectionClosed
 
@@ -127,60 +131,54 @@ class SocketLines:
         self._conn.close()
 
 
-class WebSocketRunStream(RunStream):
-    """A `RunStream` over `GET /api/runs/ws`."""
+class SocketRun:
+    """One run's socket across reconnects: the `RunStream`'s channel
+    (`_core.RunChannel`). Tool answers and `cancel` go over the socket
+    open now; a dropped one is replaced by `reopen`."""
 
-    def _socket(self) -> SocketLines:
-        assert isinstance(self._response, SocketLines)
-        return self._response
+    def __init__(self, client: Endpoint, lines: SocketLines) -> None:
+        self._client = client
+        self.lines = lines
 
-    def _reopen(self) -> Any:
-        return SocketLines.open(
-            self._client,
-            {"type": "attach", "runId": self.run_id, "after": self._state.last_seq},
-            self.run_id,
-        )
+    def reopen(self, run_id: str, after: int) -> SocketLines:
+        self.lines = SocketLines.open(self._client, {"type": "attach", "runId": run_id, "after": after}, run_id)
+        return self.lines
 
-    def _post_answer(self, call_id: str, payload: ToolAnswer) -> None:
+    def answer(self, call_id: str, answer: ToolAnswer, crypto: ClientSession | None) -> bool:
         body: dict[str, Any] = {"type": "tool_result", "callId": call_id}
-        crypto = self._state.crypto
         if crypto is not None:
-            body["encrypted"] = crypto.seal_tool_result(call_id, dict(payload))
+            body["encrypted"] = crypto.seal_tool_result(call_id, dict(answer))
         else:
-            body.update(payload)
-        if not self._socket().send(body):
-            super()._post_answer(call_id, payload)
+            body.update(answer)
+        return self.lines.send(body)
 
     def cancel(self) -> bool:
-        if self._socket().send({"type": "cancel"}):
-            return True
-        return super().cancel()
+        return self.lines.send({"type": "cancel"})
 
 
-def run(client: Client, body: dict[str, Any], state: StreamState, tools: dict[str, ClientTool]) -> RunStream:
-    """Dispatches `body` (of `POST /api/runs`) over a socket."""
+def open_run(client: Endpoint, body: dict[str, Any]) -> tuple[SocketRun, str]:
+    """Dispatches `body` (of `POST /api/runs`) over a socket: the socket and the run's id."""
     lines = SocketLines.open(client, {"type": "dispatch", **body}, None)
     run_id = lines.headers.get("x-asbx-run-id")
     if not run_id:
         lines.close()
         raise StreamError("no line names the run")
-    return WebSocketRunStream(client, lines, run_id, state, tools)  # type: ignore[arg-type]
+    return SocketRun(client, lines), run_id
 
 
-def events(client: Client, run_id: str, after: int, state: StreamState, tools: dict[str, ClientTool]) -> RunStream:
+def open_events(client: Endpoint, run_id: str, after: int) -> SocketRun:
     """Attaches to `run_id` after `after` over a socket."""
-    lines = SocketLines.open(client, {"type": "attach", "runId": run_id, "after": after}, run_id)
-    return WebSocketRunStream(client, lines, run_id, state, tools)  # type: ignore[arg-type]
+    return SocketRun(client, SocketLines.open(client, {"type": "attach", "runId": run_id, "after": after}, run_id))
 
 
-__all__ = ["SocketLines", "WebSocketRunStream", "run", "events"]
+__all__ = ["Endpoint", "SocketLines", "SocketRun", "open_run", "open_events"]
 
 
-async def arun(client: Any, body: dict[str, Any], state: StreamState, tools: dict[str, ClientTool]) -> NoReturn:
+async def aopen_run(client: Any, body: dict[str, Any]) -> tuple[SocketRun, str]:
     """The asyncio client's `transport="websocket"`: not built yet (the blocking `Client` has it)."""
     raise NotImplementedError('transport="websocket" is in the blocking Client only, for now')
 
 
-async def aevents(client: Any, run_id: str, after: int, state: StreamState, tools: dict[str, ClientTool]) -> NoReturn:
+async def aopen_events(client: Any, run_id: str, after: int) -> SocketRun:
     """The asyncio client's `transport="websocket"` attach: not built yet (the blocking `Client` has it)."""
     raise NotImplementedError('transport="websocket" is in the blocking Client only, for now')

@@ -122,6 +122,7 @@ pub(crate) async fn start_turn(
     );
     match dispatch::post(state, &spec, &RunOptions::default(), route, run).await {
         Ok(Started::Streaming { response }) => {
+            crate::quota::enforce::watch_seconds(state, &limits, workspace_id, &turn_id);
             driver::spawn(
                 TurnContext {
                     state: Arc::clone(state),

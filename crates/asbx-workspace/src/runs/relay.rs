@@ -144,6 +144,9 @@ async fn relay(
             biased;
             _ = live.cancel.cancelled(), if !cancelled => {
                 cancelled = true;
+                if let Some(stop) = state.dispatcher.stops.get(&run_id) {
+                    tap.end_errors_with(stop.code(), stop.message());
+                }
                 if dispatch::cancel_on_runner(&state, &run_id).await {
                     wind_down = Some(Box::pin(tokio::time::sleep(dispatch::CANCEL_WIND_DOWN)));
                 } else {
@@ -216,8 +219,15 @@ async fn relay(
         return;
     }
     let mut rest = tap.finish_raw();
-    let outcome = match (tap.terminal(), cancelled) {
-        (None, true) => Outcome::Failed {
+    // Stopped for a quota (`quota::enforce`): that is how it ended,
+    // whatever the runner said of its cancel.
+    let stopped = state.dispatcher.stops.take(&run_id).filter(|_| cancelled);
+    let outcome = match (stopped, tap.terminal(), cancelled) {
+        (Some(stop), _, _) => Outcome::Failed {
+            code: stop.code().to_owned(),
+            message: stop.message(),
+        },
+        (None, None, true) => Outcome::Failed {
             code: asbx_protocol::codes::CANCELLED.to_owned(),
             message: "the run was cancelled".to_owned(),
         },

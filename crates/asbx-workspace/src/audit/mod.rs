@@ -32,9 +32,6 @@ use crate::error::QuotaRefusal;
 use crate::error::WorkspaceError;
 pub(crate) use store::Pending;
 
-/// Records read per query while verifying.
-const VERIFY_PAGE: i64 = 10_000;
-
 /// How often a node prunes records past the retention.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
@@ -172,22 +169,18 @@ pub(crate) async fn verify(
     };
     let mut prev = anchor_hash;
     let mut after = anchor_id;
-    loop {
-        let page = store::page(pool, workspace, None, after, VERIFY_PAGE).await?;
-        let Some(&(last, _)) = page.last() else {
-            break;
-        };
-        for (id, text) in &page {
-            match chain::check(text, *id, workspace, &prev) {
-                Ok(hash) => prev = hash,
-                Err(why) => {
-                    verdict.broken = Some((*id, why.to_string()));
-                    return Ok(verdict);
-                }
+    // Streamed: the database reads ahead while the records are hashed.
+    let mut records = std::pin::pin!(store::stream_after(pool, workspace, anchor_id));
+    while let Some((id, text)) = futures::TryStreamExt::try_next(&mut records).await? {
+        match chain::check(&text, id, workspace, &prev) {
+            Ok(hash) => prev = hash,
+            Err(why) => {
+                verdict.broken = Some((id, why.to_string()));
+                return Ok(verdict);
             }
-            verdict.records += 1;
         }
-        after = last;
+        verdict.records += 1;
+        after = id;
     }
     if head.is_none() && verdict.records > 0 || after != last_id.max(anchor_id) || prev != last_hash
     {

@@ -169,24 +169,51 @@ pub(crate) async fn verify(
     };
     let mut prev = anchor_hash;
     let mut after = anchor_id;
-    // Streamed: the database reads ahead while the records are hashed.
-    let mut records = std::pin::pin!(store::stream_after(pool, workspace, anchor_id));
-    while let Some((id, text)) = futures::TryStreamExt::try_next(&mut records).await? {
-        match chain::check(&text, id, workspace, &prev) {
-            Ok(hash) => prev = hash,
-            Err(why) => {
-                verdict.broken = Some((id, why.to_string()));
-                return Ok(verdict);
-            }
+    // Page by page, the next one read while this one is hashed.
+    let mut next = Some(read_page(pool, workspace, anchor_id));
+    while let Some(reading) = next.take() {
+        let page = reading
+            .await
+            .map_err(|e| WorkspaceError::Corrupt(format!("reading the audit records: {e}")))??;
+        let Some(&(last, _)) = page.last() else {
+            break;
+        };
+        if page.len() == VERIFY_PAGE {
+            next = Some(read_page(pool, workspace, last));
         }
-        verdict.records += 1;
-        after = id;
+        for (id, text) in &page {
+            match chain::check(text, *id, workspace, &prev) {
+                Ok(hash) => prev = hash,
+                Err(why) => {
+                    verdict.broken = Some((*id, why.to_string()));
+                    return Ok(verdict);
+                }
+            }
+            verdict.records += 1;
+        }
+        after = last;
     }
     if head.is_none() && verdict.records > 0 || after != last_id.max(anchor_id) || prev != last_hash
     {
         verdict.broken = Some((after, chain::Broken::Head.to_string()));
     }
     Ok(verdict)
+}
+
+/// Records read per query while verifying.
+const VERIFY_PAGE: usize = 10_000;
+
+/// Reads `workspace`'s page of records after `after` on a task of its own.
+fn read_page(
+    pool: &AnyPool,
+    workspace: &str,
+    after: i64,
+) -> tokio::task::JoinHandle<Result<Vec<(i64, String)>, WorkspaceError>> {
+    let (pool, workspace) = (pool.clone(), workspace.to_owned());
+    tokio::spawn(async move {
+        let limit = i64::try_from(VERIFY_PAGE).unwrap_or(i64::MAX);
+        store::page(&pool, &workspace, None, after, limit).await
+    })
 }
 
 /// Checks every chain (or `only`'s).

@@ -124,6 +124,12 @@ pub(crate) async fn report(
         .collect();
     store::append(state.store.pool(), &workspace, &pending).await?;
     // The model calls' tokens count against `tokens-per-day` as they come.
-    crate::quota::enforce::tokens_used(&state, &workspace, &session_id, tokens).await?;
+    // The report is stored: a failure here must not make the runner send
+    // it again (twice in the chain); the run's `session_ended` counts them.
+    if let Err(e) =
+        crate::quota::enforce::tokens_used(&state, &workspace, &session_id, tokens).await
+    {
+        tracing::warn!(run = %session_id, error = %crate::error::error_chain(&e), "counting a report's tokens failed");
+    }
     Ok(StatusCode::NO_CONTENT)
 }

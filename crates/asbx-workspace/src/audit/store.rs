@@ -191,26 +191,6 @@ pub(crate) async fn page(
         .collect()
 }
 
-/// Every record of `workspace` after `after`, oldest first, as the
-/// database hands them over (one query, no pages).
-pub(crate) fn stream_after<'p>(
-    pool: &'p AnyPool,
-    workspace: &'p str,
-    after: i64,
-) -> impl futures::Stream<Item = Result<(i64, String), WorkspaceError>> + 'p {
-    use futures::StreamExt as _;
-    sqlx::query(
-        "SELECT id, record FROM audit_records WHERE workspace_id = $1 AND id > $2 ORDER BY id",
-    )
-    .bind(workspace)
-    .bind(after)
-    .fetch(pool)
-    .map(|row| {
-        let row = row?;
-        Ok((row.try_get(0)?, row.try_get(1)?))
-    })
-}
-
 /// A chain's head row: `(last_id, last_hash, anchor_id, anchor_hash)`.
 pub(crate) async fn head(
     pool: &AnyPool,

@@ -92,6 +92,8 @@ pub struct Shared {
     pub health: Mutex<Value>,
     /// The session id of every `DELETE /v1/sessions/{id}`, in order.
     pub deletes: Mutex<Vec<String>>,
+    /// The `x-asbx-audit-token` header of each dispatch, in order.
+    pub audit_tokens: Mutex<Vec<Option<String>>>,
 }
 
 impl FakeRunner {
@@ -107,6 +109,7 @@ impl FakeRunner {
             dispatched: Notify::new(),
             health: Mutex::new(json!({"status": "ok"})),
             deletes: Mutex::new(Vec::new()),
+            audit_tokens: Mutex::new(Vec::new()),
         });
         let listener = bind_loopback().await;
         let url = match listener
@@ -159,6 +162,15 @@ impl FakeRunner {
             .health
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = health;
+    }
+
+    /// The audit token of each dispatch (`x-asbx-audit-token`), in order.
+    pub fn audit_tokens(&self) -> Vec<Option<String>> {
+        self.shared
+            .audit_tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub fn deletes(&self) -> Vec<String> {
@@ -279,6 +291,15 @@ async fn stream(
             return (StatusCode::BAD_REQUEST, format!("{errors:?}")).into_response();
         }
     };
+    let audit_token = headers
+        .get(asbx_protocol::audit::AUDIT_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    shared
+        .audit_tokens
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(audit_token);
     record(&shared, authorization, &d);
     let mode = shared
         .mode

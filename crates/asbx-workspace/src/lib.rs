@@ -281,12 +281,49 @@ impl Workspace {
         .await?;
         let event = AuditEvent::ApiKeyCreated {
             name: name.to_owned(),
-            key_id: key.hash.chars().take(12).collect(),
+            key_id: key.hash.chars().take(KEY_ID_LEN).collect(),
         };
         audit::record(&self.state, workspace_id, Default::default(), vec![event]).await;
         Ok(key.plaintext)
     }
+
+    /// Revokes an API key of a workspace, named by the key itself or by its
+    /// `keyId` (the first hex digits of its hash, as the audit log names
+    /// it, at least 12); the revocation is audited (`api_key_revoked`).
+    /// The key's name; `None` when no unrevoked key (or more than one)
+    /// matches.
+    pub async fn revoke_api_key(
+        &self,
+        workspace_id: &str,
+        key: &str,
+    ) -> Result<Option<String>, WorkspaceError> {
+        let hash = if key.starts_with(auth::KEY_PREFIX) {
+            tokens::hash(key)
+        } else if key.len() >= KEY_ID_LEN && key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            key.to_ascii_lowercase()
+        } else {
+            return Err(WorkspaceError::invalid(format!(
+                "a key is {}… or its keyId of at least {KEY_ID_LEN} hex digits",
+                auth::KEY_PREFIX
+            )));
+        };
+        let pool = self.state.store.pool();
+        let now = self.state.now_ms();
+        let Some((hash, name)) = auth::store::revoke_key(pool, workspace_id, &hash, now).await?
+        else {
+            return Ok(None);
+        };
+        let event = AuditEvent::ApiKeyRevoked {
+            name: name.clone(),
+            key_id: hash.chars().take(KEY_ID_LEN).collect(),
+        };
+        audit::record(&self.state, workspace_id, Default::default(), vec![event]).await;
+        Ok(Some(name))
+    }
 }
+
+/// The hex digits of a key's hash the audit log names it by (`keyId`).
+const KEY_ID_LEN: usize = 12;
 
 /// The state every handler shares, passed explicitly as `Arc<AppState>`.
 /// It lives here, at the root, because it holds a part of several features

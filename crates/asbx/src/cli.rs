@@ -234,6 +234,11 @@ pub(crate) struct KeyArgs {
     /// A label for the key.
     #[arg(long, default_value = "cli")]
     pub(crate) name: String,
+    /// Revoke this key of the workspace instead of minting one: the key
+    /// itself, or its `keyId` (the first 12 hex digits of its hash, as the
+    /// audit log names it).
+    #[arg(long, value_name = "KEY", conflicts_with = "new_workspace")]
+    pub(crate) revoke: Option<String>,
     #[arg(long, env = "ASBX_DATA", default_value = ".asbx")]
     pub(crate) data: PathBuf,
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]

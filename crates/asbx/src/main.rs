@@ -53,7 +53,14 @@ fn main() -> ExitCode {
                 Command::Workspace(_) => Some("asbx-workspace"),
                 _ => None,
             };
-            let traces = init_tracing(rt.handle(), service);
+            // The operator's reports print to stdout; their log is what
+            // needs attention, not the workspace opening (a new secret key
+            // file excepted: it must be backed up).
+            let default_log = match &command {
+                Command::Quota(_) | Command::Audit(_) => "warn,asbx_workspace::secrets=info",
+                _ => "info",
+            };
+            let traces = init_tracing(rt.handle(), service, default_log);
             let code = match rt.block_on(cmd::run(command)) {
                 Ok(code) => code,
                 Err(e) => {
@@ -72,19 +79,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr (`ASBX_LOG`), and, for the servers when the environment
+/// Logs to stderr (`ASBX_LOG`, else `default_log`), and, for the servers when the environment
 /// asks for it (`otel::wanted`), OpenTelemetry traces of the runner's and
 /// the workspace's spans; the provider is returned for the flush at exit.
 fn init_tracing(
     rt: &tokio::runtime::Handle,
     service: Option<&'static str>,
+    default_log: &'static str,
 ) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_env("ASBX_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log))
     };
     let provider = match service.filter(|_| otel::wanted()) {
         Some(name) => match otel::provider(rt, name) {

@@ -32,9 +32,6 @@ use crate::error::QuotaRefusal;
 use crate::error::WorkspaceError;
 pub(crate) use store::Pending;
 
-/// Records read per query while verifying.
-const VERIFY_PAGE: i64 = 10_000;
-
 /// How often a node prunes records past the retention.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
@@ -172,11 +169,18 @@ pub(crate) async fn verify(
     };
     let mut prev = anchor_hash;
     let mut after = anchor_id;
-    loop {
-        let page = store::page(pool, workspace, None, after, VERIFY_PAGE).await?;
+    // Page by page, the next one read while this one is hashed.
+    let mut next = Some(read_page(pool, workspace, anchor_id));
+    while let Some(reading) = next.take() {
+        let page = reading
+            .await
+            .map_err(|e| WorkspaceError::Corrupt(format!("reading the audit records: {e}")))??;
         let Some(&(last, _)) = page.last() else {
             break;
         };
+        if page.len() == VERIFY_PAGE {
+            next = Some(read_page(pool, workspace, last));
+        }
         for (id, text) in &page {
             match chain::check(text, *id, workspace, &prev) {
                 Ok(hash) => prev = hash,
@@ -194,6 +198,22 @@ pub(crate) async fn verify(
         verdict.broken = Some((after, chain::Broken::Head.to_string()));
     }
     Ok(verdict)
+}
+
+/// Records read per query while verifying.
+const VERIFY_PAGE: usize = 10_000;
+
+/// Reads `workspace`'s page of records after `after` on a task of its own.
+fn read_page(
+    pool: &AnyPool,
+    workspace: &str,
+    after: i64,
+) -> tokio::task::JoinHandle<Result<Vec<(i64, String)>, WorkspaceError>> {
+    let (pool, workspace) = (pool.clone(), workspace.to_owned());
+    tokio::spawn(async move {
+        let limit = i64::try_from(VERIFY_PAGE).unwrap_or(i64::MAX);
+        store::page(&pool, &workspace, None, after, limit).await
+    })
 }
 
 /// Checks every chain (or `only`'s).

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use asbx_protocol::audit::{AUDIT_VERSION, AUDIT_VERSION_HEADER, RunnerAuditBatch};
+use asbx_protocol::audit::{AUDIT_VERSION, AUDIT_VERSION_HEADER, AuditEvent, RunnerAuditBatch};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use sqlx::Row as _;
@@ -101,6 +101,16 @@ pub(crate) async fn report(
     .ok_or(WorkspaceError::Unauthorized)?;
     let workspace: String = row.try_get(0)?;
     let ts = state.now_ms();
+    let tokens = batch.events.iter().fold(0u64, |sum, e| match e {
+        AuditEvent::ModelCall {
+            input_tokens,
+            output_tokens,
+            ..
+        } => sum
+            .saturating_add(input_tokens.unwrap_or(0))
+            .saturating_add(output_tokens.unwrap_or(0)),
+        _ => sum,
+    });
     let pending: Vec<Pending> = batch
         .events
         .into_iter()
@@ -113,5 +123,13 @@ pub(crate) async fn report(
         })
         .collect();
     store::append(state.store.pool(), &workspace, &pending).await?;
+    // The model calls' tokens count against `tokens-per-day` as they come.
+    // The report is stored: a failure here must not make the runner send
+    // it again (twice in the chain); the run's `session_ended` counts them.
+    if let Err(e) =
+        crate::quota::enforce::tokens_used(&state, &workspace, &session_id, tokens).await
+    {
+        tracing::warn!(run = %session_id, error = %crate::error::error_chain(&e), "counting a report's tokens failed");
+    }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -56,6 +56,36 @@ where
     Ok(())
 }
 
+/// Revokes the unrevoked key of `workspace_id` whose hash is `hash`, or
+/// starts with it (a `keyId`, as the audit log names keys) when exactly
+/// one does: its `(hash, name)`; `None` when none (or several) match.
+pub(crate) async fn revoke_key(
+    db: &sqlx::AnyPool,
+    workspace_id: &str,
+    hash: &str,
+    now_ms: i64,
+) -> Result<Option<(String, String)>, WorkspaceError> {
+    let rows = sqlx::query(
+        "SELECT hash, name FROM api_keys WHERE workspace_id = $1 AND revoked_at IS NULL \
+         AND SUBSTR(hash, 1, LENGTH($2)) = $2",
+    )
+    .bind(workspace_id)
+    .bind(hash)
+    .fetch_all(db)
+    .await?;
+    let [row] = rows.as_slice() else {
+        return Ok(None);
+    };
+    let (hash, name): (String, String) = (row.try_get("hash")?, row.try_get("name")?);
+    let done =
+        sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE hash = $2 AND revoked_at IS NULL")
+            .bind(now_ms)
+            .bind(&hash)
+            .execute(db)
+            .await?;
+    Ok((done.rows_affected() == 1).then_some((hash, name)))
+}
+
 /// The workspace of an unrevoked key.
 pub(crate) async fn key_workspace<'c, E>(
     db: E,

@@ -171,6 +171,9 @@ impl Driver {
                 biased;
                 _ = self.turn.cancelled(), if !cancelled => {
                     cancelled = true;
+                    if let Some(stop) = self.state.dispatcher.stops.get(&self.turn.id) {
+                        self.tap.end_errors_with(stop.code(), stop.message());
+                    }
                     if dispatch::cancel_on_runner(&self.state, &self.turn.id).await {
                         wind_down = Some(Box::pin(tokio::time::sleep(dispatch::CANCEL_WIND_DOWN)));
                     } else {
@@ -250,18 +253,30 @@ impl Driver {
     fn conclude(&mut self, cancelled: bool, broken: Option<&str>) -> (Outcome, TurnStatus) {
         let rest = self.tap.finish_input();
         self.fold(rest, true);
-        let (outcome, status) = match (self.tap.terminal().cloned(), cancelled) {
-            (Some(o @ Outcome::Succeeded { .. }), _) => (o, TurnStatus::Succeeded),
-            (Some(o @ Outcome::Failed { .. }), true) => (o, TurnStatus::Cancelled),
-            (Some(o @ Outcome::Failed { .. }), _) => (o, TurnStatus::Failed),
-            (None, true) => (
+        // Stopped for a quota (`quota::enforce`): failed with its code,
+        // whatever the runner said of its cancel.
+        let stopped = (self.state.dispatcher.stops)
+            .take(&self.turn.id)
+            .filter(|_| cancelled);
+        let (outcome, status) = match (stopped, self.tap.terminal().cloned(), cancelled) {
+            (Some(stop), _, _) => (
+                Outcome::Failed {
+                    code: stop.code().to_owned(),
+                    message: stop.message(),
+                },
+                TurnStatus::Failed,
+            ),
+            (None, Some(o @ Outcome::Succeeded { .. }), _) => (o, TurnStatus::Succeeded),
+            (None, Some(o @ Outcome::Failed { .. }), true) => (o, TurnStatus::Cancelled),
+            (None, Some(o @ Outcome::Failed { .. }), _) => (o, TurnStatus::Failed),
+            (None, None, true) => (
                 Outcome::Failed {
                     code: asbx_protocol::codes::CANCELLED.to_owned(),
                     message: "the turn was cancelled".to_owned(),
                 },
                 TurnStatus::Cancelled,
             ),
-            (None, false) => (self.tap.outcome(broken), TurnStatus::Failed),
+            (None, None, false) => (self.tap.outcome(broken), TurnStatus::Failed),
         };
         crate::metrics::METRICS.chat_turn(match status {
             TurnStatus::Succeeded => "succeeded",

@@ -48,6 +48,12 @@ impl TurnHub {
         self.turns.lock().ok()?.get(turn_id).cloned()
     }
 
+    /// Cancels the turn `turn_id` if this process drives it now.
+    pub(crate) fn cancel(&self, turn_id: &str) -> bool {
+        let turn = self.get(turn_id).filter(|t| !t.is_done());
+        turn.inspect(|t| t.cancel()).is_some()
+    }
+
     /// Whether a turn of this process drives `turn_id` now.
     pub(crate) fn drives(&self, turn_id: &str) -> bool {
         self.get(turn_id).is_some_and(|t| !t.is_done())

@@ -152,6 +152,7 @@ async fn dispatch_turn(
     );
     match dispatch::post(state, &spec, &RunOptions::default(), route, run).await {
         Ok(Started::Streaming { response }) => {
+            crate::quota::enforce::watch_seconds(state, &limits, workspace_id, &turn_id);
             driver::spawn(
                 TurnContext {
                     state: Arc::clone(state),

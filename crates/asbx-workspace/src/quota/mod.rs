@@ -17,6 +17,7 @@
 //! helps; each goes through [`refused`].
 
 pub(crate) mod admit;
+pub(crate) mod enforce;
 pub(crate) mod fair;
 pub(crate) mod report;
 pub(crate) mod store;

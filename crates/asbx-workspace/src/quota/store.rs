@@ -166,7 +166,8 @@ where
     .await
 }
 
-/// Model tokens (input + output) of the workspace's runs that ended today.
+/// Model tokens (input + output) of the workspace's runs that ended today,
+/// and of its running ones so far (their tally of the runner's reports).
 pub(crate) async fn tokens_today<'c, E>(
     db: E,
     workspace_id: &str,
@@ -178,11 +179,41 @@ where
     one_i64(
         db,
         "SELECT CAST(COALESCE(SUM(tokens), 0) AS BIGINT) FROM runs \
-         WHERE workspace_id = $1 AND ended_at >= $2 AND ended_at <= $3",
+         WHERE workspace_id = $1 AND (status = 'running' OR (ended_at >= $2 AND ended_at <= $3))",
         workspace_id,
         now_ms,
     )
     .await
+}
+
+/// Adds `tokens` to a running run's tally; false when it is not running.
+pub(crate) async fn add_tokens<'c, E>(
+    db: E,
+    run_id: &str,
+    tokens: u64,
+) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let done =
+        sqlx::query("UPDATE runs SET tokens = tokens + $1 WHERE id = $2 AND status = 'running'")
+            .bind(i64::try_from(tokens).unwrap_or(i64::MAX))
+            .bind(run_id)
+            .execute(db)
+            .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Whether run `run_id` is still running.
+pub(crate) async fn is_running<'c, E>(db: E, run_id: &str) -> Result<bool, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query("SELECT 1 FROM runs WHERE id = $1 AND status = 'running'")
+        .bind(run_id)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.is_some())
 }
 
 /// Bytes the workspace stores: its live files and its runs' kept lines.

@@ -65,6 +65,8 @@ pub(crate) struct Dispatcher {
     pub(crate) caps: Arc<RunnerCaps>,
     /// This node's dispatches waiting for their fair share of the fleet.
     pub(crate) fair: Arc<crate::quota::fair::FairQueue>,
+    /// This node's runs stopped for a quota, not yet settled.
+    pub(crate) stops: Arc<crate::quota::enforce::Stops>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -94,6 +96,7 @@ impl Dispatcher {
             fleet: OnceLock::new(),
             caps: Arc::default(),
             fair: Default::default(),
+            stops: Default::default(),
         })
     }
 
@@ -166,7 +169,11 @@ pub(crate) async fn start_with(
         }
         let recorded = record(&mut tx, spec, &route, now).await?;
         tx.commit().await?;
-        return post(state, spec, options, route, recorded).await;
+        let started = post(state, spec, options, route, recorded).await?;
+        if matches!(started, Started::Streaming { .. }) {
+            crate::quota::enforce::watch_seconds(state, &limits, &spec.workspace_id, &spec.id);
+        }
+        return Ok(started);
     }
 }
 

@@ -197,6 +197,9 @@ impl Relay {
                 biased;
                 _ = self.live.cancel.cancelled(), if !self.cancelled => {
                     self.cancelled = true;
+                    if let Some(stop) = self.state.dispatcher.stops.get(&self.run_id) {
+                        self.tap.end_errors_with(stop.code(), stop.message());
+                    }
                     if dispatch::cancel_on_runner(&self.state, &self.run_id).await {
                         self.wind_down = Some(Box::pin(tokio::time::sleep(dispatch::CANCEL_WIND_DOWN)));
                     } else {
@@ -296,8 +299,15 @@ impl Relay {
             return;
         }
         let mut rest = tap.finish_raw();
-        let outcome = match (tap.terminal(), cancelled) {
-            (None, true) => Outcome::Failed {
+        // Stopped for a quota (`quota::enforce`): that is how it ended,
+        // whatever the runner said of its cancel.
+        let stopped = state.dispatcher.stops.take(&run_id).filter(|_| cancelled);
+        let outcome = match (stopped, tap.terminal(), cancelled) {
+            (Some(stop), _, _) => Outcome::Failed {
+                code: stop.code().to_owned(),
+                message: stop.message(),
+            },
+            (None, None, true) => Outcome::Failed {
                 code: asbx_protocol::codes::CANCELLED.to_owned(),
                 message: "the run was cancelled".to_owned(),
             },

@@ -169,16 +169,19 @@ where
             Some(message.as_str()),
         ),
     };
-    // `tokens-per-day` sums what each run's `session_ended` counted.
+    // `tokens-per-day` sums what each run's `session_ended` counted, or the
+    // tally of the runner's reports while it ran when that is more (no
+    // `session_ended`, or one the workspace made up on a cancel:
+    // `quota::enforce::tokens_used`).
     let tokens = termination
         .and_then(|t| serde_json::from_str::<asbx_protocol::session::Termination>(t).ok())
-        .map_or(0, |t| {
+        .map(|t| {
             let s = t.stats;
             i64::try_from(s.input_tokens.saturating_add(s.output_tokens)).unwrap_or(i64::MAX)
         });
     let done = sqlx::query(
         "UPDATE runs SET status = $1, result = $2, error_code = $3, error_message = $4, \
-         ended_at = $5, termination = $7, tokens = $8 WHERE id = $6 AND status = 'running'",
+         ended_at = $5, termination = $7, tokens = CASE WHEN $8 > tokens THEN $8 ELSE tokens END WHERE id = $6 AND status = 'running'",
     )
     .bind(status.as_str())
     .bind(result)

@@ -61,6 +61,9 @@ pub(crate) struct OutcomeTap {
     kind_only: bool,
     /// Room for [`common_stamped`].
     scratch: Vec<u8>,
+    /// `(code, message)` every later `error` line is rewritten to say
+    /// ([`OutcomeTap::end_errors_with`]).
+    error_override: Option<(String, String)>,
 }
 
 impl OutcomeTap {
@@ -164,7 +167,8 @@ impl OutcomeTap {
             });
         }
         match asbx_protocol::decode::decode_line(&raw) {
-            Ok(line) => {
+            Ok(mut line) => {
+                let raw = self.override_error(&mut line).unwrap_or(raw);
                 let kind = line.event.kind();
                 self.note(kind, Some(&line.event));
                 self.last_seq = self.last_seq.max(line.seq);
@@ -197,6 +201,26 @@ impl OutcomeTap {
                 }
             }
         }
+    }
+
+    /// From now on, an `error` line (the runner's answer to a cancel) says
+    /// `code` and `message` instead: the run was stopped for a reason only
+    /// the workspace knows (`quota::enforce`). Encrypted lines stay as
+    /// they are.
+    pub(crate) fn end_errors_with(&mut self, code: &str, message: String) {
+        self.error_override = Some((code.to_owned(), message));
+    }
+
+    /// Rewrites an `error` line as [`OutcomeTap::end_errors_with`] asked;
+    /// its new bytes.
+    fn override_error(&self, line: &mut Line) -> Option<Bytes> {
+        let (code, message) = self.error_override.as_ref()?;
+        let Event::Error(e) = &mut line.event else {
+            return None;
+        };
+        code.clone_into(&mut e.code);
+        message.clone_into(&mut e.message);
+        serde_json::to_vec(&line).ok().map(Bytes::from)
     }
 
     /// Records what a line says about the end of the run; `event` is `None`

@@ -265,3 +265,57 @@ async fn the_api_pages_and_refuses_bad_bounds() {
     assert_eq!(records[0]["keyId"], &sha256_hex(&key)[..12]);
     assert!(!records[0].to_string().contains(&key));
 }
+
+on_both!(a_key_revoked_is_recorded_and_opens_nothing);
+async fn a_key_revoked_is_recorded_and_opens_nothing(db: Db) {
+    let ws = TestWorkspace::start_on(db, None, |_| {}).await;
+    let id = ws.workspace.create_workspace("team").await.unwrap();
+    let one = ws.workspace.create_api_key(&id, "one").await.unwrap();
+    let two = ws.workspace.create_api_key(&id, "two").await.unwrap();
+    let usage = |key: &str| {
+        client()
+            .get(ws.url("/api/usage"))
+            .bearer_auth(key.to_owned())
+            .send()
+    };
+    assert_eq!(usage(&one).await.unwrap().status(), 200);
+    // By the key itself.
+    let w = &ws.workspace;
+    assert_eq!(
+        w.revoke_api_key(&id, &one).await.unwrap().as_deref(),
+        Some("one")
+    );
+    assert_eq!(usage(&one).await.unwrap().status(), 401);
+    assert_eq!(w.revoke_api_key(&id, &one).await.unwrap(), None, "once");
+    // By its keyId, as the log names it; not another workspace's.
+    let key_id = &sha256_hex(&two)[..12];
+    assert_eq!(w.revoke_api_key("default", key_id).await.unwrap(), None);
+    assert_eq!(usage(&two).await.unwrap().status(), 200);
+    assert!(w.revoke_api_key(&id, "nothex").await.is_err());
+    assert_eq!(
+        w.revoke_api_key(&id, key_id).await.unwrap().as_deref(),
+        Some("two")
+    );
+    assert_eq!(usage(&two).await.unwrap().status(), 401);
+    let reader = w.create_api_key(&id, "reader").await.unwrap();
+    let text = client()
+        .get(ws.url("/api/audit"))
+        .bearer_auth(reader)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["kind"] == "api_key_revoked")
+        .collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    assert_eq!(records[0]["name"], "one");
+    assert_eq!(records[0]["keyId"], &sha256_hex(&one)[..12]);
+    assert_eq!(records[1]["name"], "two");
+    assert_eq!(records[1]["keyId"], key_id);
+    assert!(!records[0].to_string().contains(&one));
+}

@@ -15,6 +15,7 @@ mod chats;
 mod environments;
 mod fleet;
 mod quota;
+mod quota_running;
 mod readiness;
 mod runs;
 mod runs_api;

@@ -75,8 +75,33 @@ async fn show(workspace: &Workspace, id: &str) -> anyhow::Result<ExitCode> {
         } else {
             "default".to_owned()
         };
-        let used = usage["used"][name].as_f64().unwrap_or(0.0);
+        let used = used_text(quota, usage["used"][name].as_f64().unwrap_or(0.0));
         print_line(&format!("{name:<24} {value:<10} used {used}"));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A usage figure as an operator reads it: a count for the counted quotas,
+/// megabytes with one decimal for `storage-mb`.
+fn used_text(quota: Quota, used: f64) -> String {
+    match quota {
+        Quota::StorageMb => format!("{used:.1} MB"),
+        Quota::ConcurrentSandboxes
+        | Quota::RequestsPerMinute
+        | Quota::SandboxSecondsPerDay
+        | Quota::TokensPerDay => format!("{used:.0}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_prints_counts_and_megabytes_with_one_decimal() {
+        assert_eq!(used_text(Quota::StorageMb, 0.0012), "0.0 MB");
+        assert_eq!(used_text(Quota::StorageMb, 12.345), "12.3 MB");
+        assert_eq!(used_text(Quota::TokensPerDay, 1234.0), "1234");
+        assert_eq!(used_text(Quota::SandboxSecondsPerDay, 9.0), "9");
+    }
 }

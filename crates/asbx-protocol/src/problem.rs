@@ -101,11 +101,16 @@ pub enum ProblemCode {
     // `429`: a workspace quota is used up (workspace; `quota` names it,
     // `Retry-After` when waiting helps).
     QuotaExceeded,
+    // `409`: a chat that kept no working directory to start from (workspace).
+    WorkdirNotKept,
+    // `410`: a turn's working directory whose bytes are no longer kept,
+    // past its chat's `ASBX_WORKDIR_KEEP_TURNS` (workspace).
+    WorkdirGone,
 }
 
 impl ProblemCode {
     /// Every code.
-    pub const ALL: [ProblemCode; 41] = [
+    pub const ALL: [ProblemCode; 43] = [
         ProblemCode::InvalidRequest,
         ProblemCode::Unauthorized,
         ProblemCode::OtpRejected,
@@ -147,6 +152,8 @@ impl ProblemCode {
         ProblemCode::EgressHostMismatch,
         ProblemCode::TooManyConnections,
         ProblemCode::QuotaExceeded,
+        ProblemCode::WorkdirNotKept,
+        ProblemCode::WorkdirGone,
     ];
 
     /// The code on the wire.
@@ -193,6 +200,8 @@ impl ProblemCode {
             ProblemCode::EgressHostMismatch => "egress_host_mismatch",
             ProblemCode::TooManyConnections => "too_many_connections",
             ProblemCode::QuotaExceeded => "quota_exceeded",
+            ProblemCode::WorkdirNotKept => "workdir_not_kept",
+            ProblemCode::WorkdirGone => "workdir_gone",
         }
     }
 

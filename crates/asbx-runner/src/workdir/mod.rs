@@ -79,6 +79,12 @@ impl Workdir {
         })
     }
 
+    /// Whether the directory is captured when the turn ends (a run that
+    /// only starts from a chat's directory keeps nothing).
+    pub(crate) fn captures(&self) -> bool {
+        self.spec.capture
+    }
+
     fn url(&self, route: &str) -> String {
         format!("{}/{route}", self.agent_url)
     }

@@ -414,6 +414,7 @@ fn run_spec(
             ..settings_run.config
         },
         sandbox_url,
+        workdir_from: None,
     }
 }
 

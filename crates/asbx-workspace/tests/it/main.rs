@@ -24,3 +24,4 @@ mod security;
 mod streams;
 mod support;
 mod tokens;
+mod workdir;

@@ -173,7 +173,9 @@ export type ProblemCode =
   | "egress_internal_address"
   | "egress_host_mismatch"
   | "too_many_connections"
-  | "quota_exceeded";
+  | "quota_exceeded"
+  | "workdir_not_kept"
+  | "workdir_gone";
 
 /** Every `ProblemCode`, in schema order. */
 export const PROBLEM_CODES: readonly ProblemCode[] = [
@@ -218,4 +220,6 @@ export const PROBLEM_CODES: readonly ProblemCode[] = [
   "egress_host_mismatch",
   "too_many_connections",
   "quota_exceeded",
+  "workdir_not_kept",
+  "workdir_gone",
 ] as const;

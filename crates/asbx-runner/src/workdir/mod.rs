@@ -35,7 +35,7 @@ const READY_WAIT: Duration = Duration::from_secs(30);
 /// until the capture, so the capture reads it after the sandbox's
 /// namespaces are gone.
 #[derive(Debug)]
-pub(crate) struct Workdir {
+pub struct Workdir {
     root: OwnedFd,
     spec: WorkdirDispatch,
     agent_url: String,
@@ -47,7 +47,7 @@ impl Workdir {
     /// Opens the sandbox's working directory: the host folder of an
     /// unconfined agent, or a jail's `/work` through its init's root (once
     /// the jail has built it: init has left the host's user namespace).
-    pub(crate) async fn open(
+    pub async fn open(
         spec: WorkdirDispatch,
         agent_url: &str,
         client: reqwest::Client,
@@ -90,7 +90,7 @@ impl Workdir {
     }
 
     /// Restores `workdir.restore`, if any, before the agent starts.
-    pub(crate) async fn restore(&mut self, owner: restore::Owner) -> Result<(), String> {
+    pub async fn restore(&mut self, owner: restore::Owner) -> Result<(), String> {
         let Some(manifest) = self.spec.restore.take() else {
             return Ok(());
         };
@@ -159,7 +159,7 @@ impl Workdir {
     /// Captures the directory (the sandbox's processes gone) and sends it:
     /// the blobs the workspace lacks, then the manifest, or why it was not
     /// kept.
-    pub(crate) async fn capture_and_send(self) -> Result<(), String> {
+    pub async fn capture_and_send(self) -> Result<(), String> {
         let bounds = Bounds {
             max_entries: self.spec.max_entries,
             max_bytes: self.spec.max_bytes,

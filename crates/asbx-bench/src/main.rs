@@ -27,6 +27,9 @@
 //!   (with `ASBX_BENCH_PG_URL`) PostgreSQL.
 //! - `relay`: a run's lines through the workspace to an SSE client, beside
 //!   raw chunked HTTP, on SQLite and (with `ASBX_BENCH_PG_URL`) PostgreSQL.
+//! - `workdir`: a chat's kept working directory of 1,000 files and 50 MB
+//!   restored into a fresh tmpfs by the runner's code, beside `cp -a`;
+//!   captured after a one-file change, beside a full capture.
 //!
 //! Build with `cargo build --release -p asbx -p asbx-bench`, then run
 //! `target/release/asbx-bench all`. Needs root for the jailed parts.
@@ -51,6 +54,7 @@ mod nodes;
 mod relay;
 mod system;
 mod turn;
+mod workdir;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -82,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             "nodes" => nodes::nodes(n.min(5000)).await,
             "chat-append" => nodes::chat_append(n.min(1000)).await,
             "audit" => audit::audit().await,
+            "workdir" => workdir::workdir().await,
             "relay" => {
                 let lines = args.get(2).and_then(|v| v.parse().ok());
                 relay::relay(lines.unwrap_or(1_000_000)).await
@@ -96,7 +101,7 @@ fn main() -> anyhow::Result<()> {
                 nodes::chat_append(50).await?;
                 relay::relay(1_000_000).await
             }
-            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | relay [N] | audit | all"),
+            other => bail!("unknown bench {other:?}: throughput | first-line [N] | idle [N] | jail-startup [N] | burst [N] | turn [N] | nodes [N] | chat-append [N] | relay [N] | audit | workdir | all"),
         }
     });
     // A bench that failed half-way left its folders: what it started is

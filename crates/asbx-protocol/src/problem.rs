@@ -104,11 +104,16 @@ pub enum ProblemCode {
     // `502`: the runner could not fetch a chat's kept working directory
     // from the workspace (after retrying), so the sandbox did not start.
     WorkdirUnavailable,
+    // `409`: a chat that kept no working directory to start from (workspace).
+    WorkdirNotKept,
+    // `410`: a turn's working directory whose bytes are no longer kept,
+    // past its chat's `ASBX_WORKDIR_KEEP_TURNS` (workspace).
+    WorkdirGone,
 }
 
 impl ProblemCode {
     /// Every code.
-    pub const ALL: [ProblemCode; 42] = [
+    pub const ALL: [ProblemCode; 44] = [
         ProblemCode::InvalidRequest,
         ProblemCode::Unauthorized,
         ProblemCode::OtpRejected,
@@ -151,6 +156,8 @@ impl ProblemCode {
         ProblemCode::TooManyConnections,
         ProblemCode::QuotaExceeded,
         ProblemCode::WorkdirUnavailable,
+        ProblemCode::WorkdirNotKept,
+        ProblemCode::WorkdirGone,
     ];
 
     /// The code on the wire.
@@ -198,6 +205,8 @@ impl ProblemCode {
             ProblemCode::TooManyConnections => "too_many_connections",
             ProblemCode::QuotaExceeded => "quota_exceeded",
             ProblemCode::WorkdirUnavailable => "workdir_unavailable",
+            ProblemCode::WorkdirNotKept => "workdir_not_kept",
+            ProblemCode::WorkdirGone => "workdir_gone",
         }
     }
 

@@ -187,6 +187,10 @@ pub fn check_path(path: &str) -> Result<(), String> {
 /// - `token`: the bearer of the `workdir/...` routes ([`routes`]).
 /// - `restore`: the directory to restore before the agent starts.
 /// - `max_entries`, `max_bytes`: the capture's bounds.
+/// - `capture`: whether the directory is captured and sent when the turn
+///   ends (default `true`); `false` for a run that only starts from a
+///   chat's directory (`POST /api/runs` with `workdir.from`), which keeps
+///   nothing (left out of the JSON when `true`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkdirDispatch {
@@ -197,6 +201,17 @@ pub struct WorkdirDispatch {
     pub max_entries: usize,
     #[serde(default = "default_max_bytes")]
     pub max_bytes: u64,
+    #[serde(default = "default_capture", skip_serializing_if = "is_true")]
+    pub capture: bool,
+}
+
+fn default_capture() -> bool {
+    true
+}
+
+// serde's `skip_serializing_if` passes a reference.
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 fn default_max_entries() -> usize {

@@ -54,6 +54,9 @@ pub use config::{ProviderConfig, RunnerConfig};
 pub use egress::Cidr;
 pub use error::RunnerError;
 pub use otel::enable as enable_traces;
+/// A sandbox's kept working directory (CONTRACT §11): public for
+/// `asbx-bench workdir`, which restores and captures one outside a sandbox.
+pub use workdir::{RestoreError, Workdir};
 
 use crate::sandbox::{Jailed, Sandbox, Unconfined};
 use crate::session::Sessions;

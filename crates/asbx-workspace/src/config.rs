@@ -82,6 +82,9 @@ use crate::runner_url;
 ///   fleet (`quota::fair`) before `429 quota_exceeded`.
 /// - `quotas`: each quota's default for every workspace (`ASBX_QUOTA_*`,
 ///   `None` unlimited); a workspace's override (`asbx quota set`) wins.
+/// - `workdir_keep_turns`: how many of a chat's latest kept working
+///   directories stay restorable (`ASBX_WORKDIR_KEEP_TURNS`, default 20);
+///   older turns keep their manifest, their bytes are freed.
 /// - `audit_retention`: how long audit records are kept
 ///   (`ASBX_AUDIT_RETENTION_DAYS`); `None`: forever. Pruning leaves an
 ///   anchor, so the chain still verifies.
@@ -111,7 +114,12 @@ pub struct WorkspaceConfig {
     pub quotas: QuotaDefaults,
     pub queue_wait: Duration,
     pub audit_retention: Option<Duration>,
+    pub workdir_keep_turns: u32,
 }
+
+/// How many of a chat's latest kept working directories stay restorable by
+/// default (`ASBX_WORKDIR_KEEP_TURNS`); older turns keep their manifest.
+pub(crate) const DEFAULT_WORKDIR_KEEP_TURNS: u32 = 20;
 
 impl WorkspaceConfig {
     /// A configuration with defaults for every optional field.
@@ -141,6 +149,7 @@ impl WorkspaceConfig {
             quotas: Default::default(),
             queue_wait: Duration::from_secs(30),
             audit_retention: None,
+            workdir_keep_turns: DEFAULT_WORKDIR_KEEP_TURNS,
         }
     }
 }
@@ -223,6 +232,7 @@ impl fmt::Debug for WorkspaceConfig {
             .field("restrict_models", &self.restrict_models)
             .field("detach_grace", &self.detach_grace)
             .field("runner_detach_grace", &self.runner_detach_grace)
+            .field("workdir_keep_turns", &self.workdir_keep_turns)
             .field("lease_ttl", &self.lease_ttl)
             .field("replay_safety_poll", &self.replay_safety_poll)
             .field("require_auth", &self.require_auth)

@@ -45,6 +45,17 @@ pub enum WorkspaceError {
     /// to something since deleted): `409 conflict`.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A chat that kept no working directory to start a run from (none
+    /// yet, or its latest turn's was refused): `409 workdir_not_kept`.
+    #[error("chat {chat_id} kept no working directory{at}")]
+    WorkdirNotKept { chat_id: String, at: String },
+    /// A turn's working directory past its chat's `ASBX_WORKDIR_KEEP_TURNS`
+    /// latest: its file list is kept, its bytes are not (`410 workdir_gone`).
+    #[error(
+        "the working directory of chat {chat_id}{at} is no longer kept (only the latest \
+         ASBX_WORKDIR_KEEP_TURNS turns' are)"
+    )]
+    WorkdirGone { chat_id: String, at: String },
     #[error("no SANDBOX_URL: start the workspace with SANDBOX_URL")]
     SandboxUrlMissing,
     #[error(
@@ -216,6 +227,20 @@ impl WorkspaceError {
                 "Conflict",
                 what.clone(),
             ),
+            WorkspaceError::WorkdirNotKept { chat_id, .. } => Problem::new(
+                409,
+                ProblemCode::WorkdirNotKept.as_str(),
+                "No working directory kept",
+                self.to_string(),
+            )
+            .with("chatId", chat_id.clone()),
+            WorkspaceError::WorkdirGone { chat_id, .. } => Problem::new(
+                410,
+                ProblemCode::WorkdirGone.as_str(),
+                "Working directory no longer kept",
+                self.to_string(),
+            )
+            .with("chatId", chat_id.clone()),
             WorkspaceError::SandboxUrlMissing => Problem::new(
                 503,
                 ProblemCode::SandboxUrlMissing.as_str(),

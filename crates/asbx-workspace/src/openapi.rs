@@ -283,6 +283,14 @@ mod tests {
                 limit: 1,
                 retry_after_s: None,
             },
+            E::WorkdirNotKept {
+                chat_id: "c".into(),
+                at: String::new(),
+            },
+            E::WorkdirGone {
+                chat_id: "c".into(),
+                at: String::new(),
+            },
         ];
         let mut answered: std::collections::BTreeSet<String> =
             errors.iter().map(|e| e.problem().code).collect();

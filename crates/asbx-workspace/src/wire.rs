@@ -58,6 +58,12 @@ macro_rules! stored_names {
 ///   no request. Absent: the server's `SANDBOX_URL` (its fleet). A caller
 ///   never picks an address of its own: the workspace sends its runner
 ///   token and three one-time tokens to that URL.
+/// - `workdir`: `{"from": chatId, "afterMessageId"?}`: the sandbox's
+///   working directory starts as that chat of the caller's workspace kept
+///   it (CONTRACT §11), its latest or after that assistant message's turn;
+///   the run keeps nothing back. Another workspace's chat is `404`, a chat
+///   that kept none `409 workdir_not_kept`, one no longer kept `410
+///   workdir_gone`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct CreateRunRequest {
@@ -93,6 +99,19 @@ pub(crate) struct CreateRunRequest {
     pub environment: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<RunWorkdir>,
+}
+
+/// `workdir` of `POST /api/runs`: the chat whose kept working directory
+/// the run starts from, and optionally the assistant message whose turn
+/// left it (default: the chat's latest).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct RunWorkdir {
+    pub from: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_message_id: Option<String>,
 }
 
 /// `POST /api/runs/{id}/tool-result`: `{"callId", "result"}`,

@@ -184,6 +184,12 @@ pub(crate) struct WorkspaceOpts {
     /// ASBX_QUOTA_CONCURRENT_SANDBOXES sets a limit), in ms.
     #[arg(long, env = "ASBX_QUEUE_WAIT_MS", default_value_t = 30_000)]
     pub(crate) queue_wait_ms: u64,
+    /// How many of a chat's latest kept working directories stay
+    /// restorable (forks, `workdir.tar`, runs from the chat); older turns
+    /// keep their file list only, their bytes freed. At least 1.
+    #[arg(long, env = "ASBX_WORKDIR_KEEP_TURNS", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) workdir_keep_turns: u32,
     #[command(flatten)]
     pub(crate) quotas: QuotaDefaultsOpts,
 }

@@ -194,6 +194,14 @@ def test_run_bodies_carry_the_protocol_2_choices() -> None:
     }
     with pytest.raises(ValueError):
         _api.run_options({"prompt": "x"}, {}, None, ["delta"], ["log"])
+    # A run from a chat's kept working directory (CONTRACT §11).
+    assert _api.run_body("x", workdir_from="c1")["workdir"] == {"from": "c1"}
+    assert _api.run_body("x", workdir_from="c1", workdir_after_message_id="m1")["workdir"] == {
+        "from": "c1",
+        "afterMessageId": "m1",
+    }
+    with pytest.raises(ValueError):
+        _api.run_body("x", workdir_after_message_id="m1")
     open_ = _api.open_run({"prompt": "x"}, "a b")
     assert (open_.method, open_.path, open_.headers["accept"]) == (
         "POST",

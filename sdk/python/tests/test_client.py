@@ -364,3 +364,16 @@ def test_a_replay_past_a_finished_runs_end_is_empty(client: Client) -> None:
     assert tail.termination == run.termination, "taken from the run's record"
     again = client.events(run.run_id, after=2).wait()
     assert [e.raw for e in again] == [e.raw for e in events[2:]]
+
+
+def test_a_run_starts_from_a_chats_kept_working_directory(client: Client) -> None:
+    turn = client.chat(script({"tool": "shell", "args": {"command": "echo kept-7713 > notes.txt"}}, {"say": "wrote"}))
+    turn.wait()
+    run = client.runs.create(
+        script({"tool": "shell", "args": {"command": "cat notes.txt"}}, {"say": "read"}),
+        workdir_from=turn.chat_id,
+    )
+    out = "".join(e.chunk for e in run.wait() if isinstance(e, asbx.Stdout))
+    assert "kept-7713" in out, out
+    with pytest.raises(asbx.NotFoundError):
+        client.runs.create("x", workdir_from="no-such-chat").wait()

@@ -241,7 +241,16 @@ export interface CreateRunBody {
   filter?: Filter;
   /** Workspace environment (name or id), where the server supports it. */
   environment?: string;
+  /**
+   * Start the sandbox's working directory from a chat's kept one
+   * (CONTRACT §11): `{ from: chatId }` its latest, `afterMessageId` as that
+   * assistant message's turn left it. The run keeps nothing back.
+   */
+  workdir?: RunWorkdir;
 }
+
+/** `workdir` of a run: the chat (and turn) whose kept directory it starts from. */
+export type RunWorkdir = Schemas["RunWorkdir"];
 
 /**
  * `GET /api/runs/{id}`: `kind` (`run`, `chat`, `agent`), `chatId` or

@@ -25,6 +25,10 @@ export async function runs(): Promise<TerminationInfo | undefined> {
     filter: { blockedTypes: ["log"] },
     tools: { pick: { handler: (args: { n: number }) => args.n + 1 } },
   });
+  // A run from a chat's kept working directory (CONTRACT §11).
+  client.runs.create({ prompt: "x", workdir: { from: "chat", afterMessageId: "m" } });
+  // @ts-expect-error `from` is required
+  client.runs.create({ prompt: "x", workdir: { afterMessageId: "m" } });
   for await (const ev of run) {
     const e: RunEvent = ev;
     if (e.type === "delta") {

@@ -172,3 +172,18 @@ test("audit: a run's records, and the workspace's in one chain", { skip: why }, 
   const last = all[all.length - 1];
   assert.deepEqual((await c.audit.list({ after: last.id - 1, limit: 1 })).map((r) => r.id), [last.id]);
 });
+
+test("a run starts from a chat's kept working directory (CONTRACT §11)", { skip: why }, async () => {
+  const c = client();
+  const turn = c.chat({ message: script({ tool: "shell", args: { command: "echo kept-5521 > notes.txt" } }, { say: "wrote" }) });
+  await drain(turn);
+  const run = c.runs.create({
+    prompt: script({ tool: "shell", args: { command: "cat notes.txt" } }, { say: "read" }),
+    workdir: { from: turn.chatId },
+  });
+  const out = (await drain(run)).filter((e) => e.type === "stdout").map((e) => e.chunk).join("");
+  assert.match(out, /kept-5521/);
+  // A chat that is not there is refused before any sandbox starts.
+  const none = c.runs.create({ prompt: "x", workdir: { from: "no-such-chat" } });
+  await assert.rejects(none.ready, (e) => e instanceof AsbxError && e.status === 404 && e.code === "not_found");
+});

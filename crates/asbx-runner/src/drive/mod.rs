@@ -136,6 +136,8 @@ async fn sandbox_ended(end: End, child: &mut SandboxChild) -> Option<std::proces
 /// capped or crashed turn keeps the previous one.
 async fn keep_workdir(end: End, w: crate::workdir::Workdir, child: &mut SandboxChild, id: &str) {
     match end {
+        // A run that only started from a chat's directory keeps nothing.
+        End::Result | End::AgentError if !w.captures() => {}
         End::Result | End::AgentError => {
             reap(child).await;
             if let Err(e) = w.capture_and_send().await {

@@ -39,18 +39,26 @@ const FETCH_BACKOFF: Duration = Duration::from_millis(200);
 
 /// Why a restore failed.
 #[derive(Debug)]
-pub(crate) enum RestoreError {
+pub enum RestoreError {
     /// The workspace did not give a blob (after [`FETCH_TRIES`]).
     Fetch(String),
     /// The manifest or this host refused it.
     Local(String),
 }
 
+impl std::fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestoreError::Fetch(e) | RestoreError::Local(e) => f.write_str(e),
+        }
+    }
+}
+
 /// A dispatch's working directory, held open from before the agent starts
 /// until the capture, so the capture reads it after the sandbox's
 /// namespaces are gone.
 #[derive(Debug)]
-pub(crate) struct Workdir {
+pub struct Workdir {
     root: OwnedFd,
     spec: WorkdirDispatch,
     agent_url: String,
@@ -62,7 +70,7 @@ impl Workdir {
     /// Opens the sandbox's working directory: the host folder of an
     /// unconfined agent, or a jail's `/work` through its init's root (once
     /// the jail has built it: init has left the host's user namespace).
-    pub(crate) async fn open(
+    pub async fn open(
         spec: WorkdirDispatch,
         agent_url: &str,
         client: reqwest::Client,
@@ -94,12 +102,18 @@ impl Workdir {
         })
     }
 
+    /// Whether the directory is captured when the turn ends (a run that
+    /// only starts from a chat's directory keeps nothing).
+    pub(crate) fn captures(&self) -> bool {
+        self.spec.capture
+    }
+
     fn url(&self, route: &str) -> String {
         format!("{}/{route}", self.agent_url)
     }
 
     /// Restores `workdir.restore`, if any, before the agent starts.
-    pub(crate) async fn restore(&mut self, owner: restore::Owner) -> Result<(), RestoreError> {
+    pub async fn restore(&mut self, owner: restore::Owner) -> Result<(), RestoreError> {
         let Some(manifest) = self.spec.restore.take() else {
             return Ok(());
         };
@@ -200,7 +214,7 @@ impl Workdir {
     /// Captures the directory (the sandbox's processes gone) and sends it:
     /// the blobs the workspace lacks, then the manifest, or why it was not
     /// kept.
-    pub(crate) async fn capture_and_send(self) -> Result<(), String> {
+    pub async fn capture_and_send(self) -> Result<(), String> {
         let bounds = Bounds {
             max_entries: self.spec.max_entries,
             max_bytes: self.spec.max_bytes,

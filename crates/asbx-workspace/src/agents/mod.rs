@@ -286,6 +286,7 @@ pub(crate) async fn run_spec(
             limits: d.limits,
         },
         sandbox_url,
+        workdir_from: None,
     })
 }
 

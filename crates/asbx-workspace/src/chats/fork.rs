@@ -21,6 +21,7 @@ use crate::auth::Caller;
 use crate::chats::store as chats;
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
+use crate::workdir::source::{self, at_message};
 use crate::workdir::store as kept;
 
 /// `POST /api/assistant/chats/{id}/fork`.
@@ -118,6 +119,7 @@ pub(crate) async fn workdir(
         (status = 400, description = "`invalid_request`: not an assistant message of the chat", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, response = inline(doc::ChatNotFound)),
+        (status = 410, description = "`workdir_gone`: that turn's directory's bytes are no longer kept (past `ASBX_WORKDIR_KEEP_TURNS`)", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn fork(
@@ -145,6 +147,12 @@ pub(crate) async fn fork(
     .bind(&req.after_message_id)
     .execute(&mut *tx)
     .await?;
+    if let Some(from) = &from {
+        // A directory no longer kept: no fork that would lack it.
+        if let Some(s) = kept::get(&mut *tx, from).await? {
+            source::restorable(s, &chat_id, Some(&req.after_message_id))?;
+        }
+    }
     copy_messages(&mut tx, &chat_id, &id, position).await?;
     if let Some(from) = from {
         kept::copy(&mut tx, &from, &crate::tokens::random_id(), &id, now).await?;
@@ -154,37 +162,6 @@ pub(crate) async fn fork(
         .chat_events
         .emit(&caller.workspace_id, &id, None, "updated");
     Ok((StatusCode::CREATED, Json(Forked { id })))
-}
-
-/// The assistant message `message_id` of `chat_id`: its position, and
-/// the kept directory the chat had when its turn ended.
-async fn at_message(
-    conn: &mut sqlx::AnyConnection,
-    chat_id: &str,
-    message_id: &str,
-) -> Result<(i64, Option<String>), WorkspaceError> {
-    let after = sqlx::query(
-        "SELECT position, role, turn_id, created_at FROM messages WHERE id = $1 AND chat_id = $2",
-    )
-    .bind(message_id)
-    .bind(chat_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let not_assistant = || {
-        WorkspaceError::invalid_fields(vec![asbx_protocol::FieldError::new(
-            "afterMessageId",
-            "not an assistant message of this chat",
-        )])
-    };
-    let after = after.ok_or_else(not_assistant)?;
-    if after.try_get::<String, _>("role")? != "assistant" {
-        return Err(not_assistant());
-    }
-    let position: i64 = after.try_get("position")?;
-    let turn_id: Option<String> = after.try_get("turn_id")?;
-    let at: i64 = after.try_get("created_at")?;
-    let from = kept::at_turn(&mut *conn, chat_id, turn_id.as_deref(), at).await?;
-    Ok((position, from))
 }
 
 #[utoipa::path(
@@ -201,7 +178,7 @@ async fn at_message(
         (status = 400, description = "`invalid_request`: not an assistant message of the chat", body = doc::Problem, content_type = "application/problem+json"),
         (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, response = inline(doc::ChatNotFound)),
-        (status = 409, description = "`conflict`: that directory's bytes are no longer kept", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`workdir_gone`: that directory's bytes are no longer kept (past `ASBX_WORKDIR_KEEP_TURNS`)", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn workdir_tar(
@@ -229,12 +206,12 @@ pub(crate) async fn workdir_tar(
     drop(conn);
     let manifest = match snapshot {
         None => Default::default(),
-        Some(s) if !s.restorable => {
-            return Err(WorkspaceError::Conflict(
-                "that working directory's bytes are no longer kept".into(),
-            ));
+        Some(s) => {
+            let after = query.get("afterMessageId").map(String::as_str);
+            source::restorable(s, &chat_id, after)?
+                .manifest
+                .unwrap_or_default()
         }
-        Some(s) => s.manifest.unwrap_or_default(),
     };
     let body = Body::from_stream(crate::workdir::tar::archive(state.blobs.clone(), manifest));
     Ok((

@@ -80,9 +80,9 @@ pub(crate) async fn start_turn(
         recover_lost_turn(state, chat).await?;
     }
     let route = dispatch::route(state, &prepared.sandbox_url).await;
-    let recorded =
+    let (recorded, limits) =
         admit_and_record(state, workspace_id, &request, &prepared, &lease, &route).await?;
-    dispatch_turn(state, workspace_id, recorded, turn_id, now, route).await
+    dispatch_turn(state, workspace_id, recorded, &limits, turn_id, now, route).await
 }
 
 /// Waits for room under the workspace's quotas and the fleet's fair share,
@@ -95,7 +95,7 @@ async fn admit_and_record(
     prepared: &Prepared,
     lease: &lease_sql::Lease<'_>,
     route: &dispatch::Route,
-) -> Result<Recorded, WorkspaceError> {
+) -> Result<(Recorded, crate::quota::Limits), WorkspaceError> {
     let limits = admit::limits(state, workspace_id).await?;
     let capacity = dispatch::fleet_capacity(state, &prepared.sandbox_url).await;
     let mut share = admit::ShareWait::new(state, &limits, workspace_id, capacity);
@@ -118,7 +118,7 @@ async fn admit_and_record(
         {
             // Another dispatch took the room first: wait again.
             Err(e) if share.retry(&e) => continue,
-            recorded => return recorded,
+            recorded => return recorded.map(|r| (r, limits)),
         }
     }
 }
@@ -130,6 +130,7 @@ async fn dispatch_turn(
     state: &Arc<AppState>,
     workspace_id: &str,
     recorded: Recorded,
+    limits: &crate::quota::Limits,
     turn_id: String,
     now: i64,
     route: dispatch::Route,
@@ -152,7 +153,7 @@ async fn dispatch_turn(
     );
     match dispatch::post(state, &spec, &RunOptions::default(), route, run).await {
         Ok(Started::Streaming { response }) => {
-            crate::quota::enforce::watch_seconds(state, &limits, workspace_id, &turn_id);
+            crate::quota::enforce::watch_seconds(state, limits, workspace_id, &turn_id);
             driver::spawn(
                 TurnContext {
                     state: Arc::clone(state),
@@ -451,6 +452,7 @@ fn run_spec(
             ..settings_run.config
         },
         sandbox_url,
+        workdir_from: None,
     }
 }
 

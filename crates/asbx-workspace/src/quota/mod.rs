@@ -1,7 +1,8 @@
 //! Quotas per workspace (CONTRACT.md §10): `concurrent-sandboxes`,
 //! `requests-per-minute` (per API key or browser session),
 //! `sandbox-seconds-per-day`, `tokens-per-day` (model input + output) and
-//! `storage-mb` (the file bag and the stored run lines).
+//! `storage-mb` (the file bag, the stored run lines, and the distinct
+//! blobs of the chats' restorable working directories).
 //!
 //! Each has a server default ([`QuotaDefaults`], `ASBX_QUOTA_*`) and a
 //! per-workspace override in `workspace_quotas` (`asbx quota set`). Usage

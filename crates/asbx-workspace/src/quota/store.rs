@@ -216,7 +216,10 @@ where
     Ok(row.is_some())
 }
 
-/// Bytes the workspace stores: its live files and its runs' kept lines.
+/// Bytes the workspace stores: its live files, its runs' kept lines, and
+/// the distinct blobs its chats' restorable working directories name
+/// (each counted once however many turns or forks name it; a turn past
+/// `ASBX_WORKDIR_KEEP_TURNS` no longer counts).
 pub(crate) async fn storage_bytes<'c, E>(db: E, workspace_id: &str) -> Result<i64, WorkspaceError>
 where
     E: Executor<'c, Database = Any>,
@@ -225,7 +228,10 @@ where
         "SELECT CAST(COALESCE((SELECT SUM(size) FROM files \
          WHERE workspace_id = $1 AND deleted_at IS NULL), 0) + \
          COALESCE((SELECT SUM(LENGTH(e.line)) FROM run_events e \
-         JOIN runs r ON r.id = e.run_id WHERE r.workspace_id = $1), 0) AS BIGINT)",
+         JOIN runs r ON r.id = e.run_id WHERE r.workspace_id = $1), 0) + \
+         COALESCE((SELECT SUM(k.size) FROM (SELECT DISTINCT b.sha256, b.size \
+         FROM workdir_blobs b JOIN workdir_snapshots s ON s.id = b.snapshot_id \
+         WHERE s.workspace_id = $1) k), 0) AS BIGINT)",
     )
     .bind(workspace_id)
     .fetch_one(db)

@@ -124,6 +124,16 @@ pub(crate) struct RunSpec {
     /// `/config`, stdio MCP `env` values sealed (`secrets`).
     pub config: ConfigResponse,
     pub sandbox_url: Url,
+    /// A run that starts from a chat's kept working directory (CONTRACT
+    /// §11): that chat and the directory, restored and never captured.
+    pub workdir_from: Option<WorkdirFrom>,
+}
+
+/// The chat a run's working directory starts from, and what it kept.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkdirFrom {
+    pub chat_id: String,
+    pub manifest: asbx_protocol::workdir::WorkdirManifest,
 }
 
 /// The protocol 2 choices of a dispatch (docs/protocol.md §4); the default
@@ -267,6 +277,7 @@ pub(crate) async fn record(
             env_secrets: env_secrets.as_deref(),
             config_json: &config_json,
             sandbox_url: first.as_str(),
+            workdir_from: spec.workdir_from.as_ref().map(|w| w.chat_id.as_str()),
             now_ms: now,
         },
     )
@@ -274,6 +285,11 @@ pub(crate) async fn record(
     let rows = minted.each_ref().map(|(kind, m)| (*kind, m));
     token_store::insert_all(&mut *conn, &rows, &spec.id, cap_ms, now).await?;
     let workdir = match (spec.kind, &spec.chat_id) {
+        _ if spec.workdir_from.is_some() => {
+            let m = tokens::mint(tokens::WORKDIR_PREFIX);
+            token_store::insert(&mut *conn, &m, TokenKind::Workdir, &spec.id, cap_ms, now).await?;
+            Some(m)
+        }
         (RunKind::Chat, Some(_)) => {
             let m = tokens::mint(tokens::WORKDIR_PREFIX);
             token_store::insert(&mut *conn, &m, TokenKind::Workdir, &spec.id, cap_ms, now).await?;
@@ -300,7 +316,23 @@ async fn workdir_dispatch(
         restore,
         max_entries: asbx_protocol::workdir::DEFAULT_MAX_ENTRIES,
         max_bytes: asbx_protocol::workdir::DEFAULT_MAX_BYTES,
+        capture: true,
     })
+}
+
+/// A run's `workdir` when it starts from a chat's directory: restored,
+/// never captured (the chat's directory is the chat's turns' alone).
+fn workdir_restore_only(
+    from: &WorkdirFrom,
+    token: tokens::Minted,
+) -> asbx_protocol::workdir::WorkdirDispatch {
+    asbx_protocol::workdir::WorkdirDispatch {
+        token: token.plaintext,
+        restore: Some(from.manifest.clone()).filter(|m| !m.entries.is_empty()),
+        max_entries: asbx_protocol::workdir::DEFAULT_MAX_ENTRIES,
+        max_bytes: asbx_protocol::workdir::DEFAULT_MAX_BYTES,
+        capture: false,
+    }
 }
 
 /// Posts the dispatch of a run [`record`]ed and committed, to the first of
@@ -320,8 +352,9 @@ pub(crate) async fn post(
     let cap_ms = tokens::runtime_cap_ms(spec.config.limits.as_ref(), runner_cap_ms);
     let audit_token = crate::audit::runner::mint(state, &spec.id, cap_ms).await?;
     let [(_, setup), (_, run), (_, upload)] = recorded.minted;
-    let workdir = match (recorded.workdir, &spec.chat_id) {
-        (Some(token), Some(chat_id)) => Some(workdir_dispatch(state, chat_id, token).await?),
+    let workdir = match (recorded.workdir, &spec.workdir_from, &spec.chat_id) {
+        (Some(token), Some(from), _) => Some(workdir_restore_only(from, token)),
+        (Some(token), None, Some(chat_id)) => Some(workdir_dispatch(state, chat_id, token).await?),
         _ => None,
     };
     let request = DispatchRequest {

@@ -654,6 +654,7 @@ mod tests {
             env_secrets: None,
             config_json: "{}",
             sandbox_url: "http://127.0.0.1/",
+            workdir_from: None,
             now_ms: 0,
         };
         runs::insert(state.store.pool(), &new).await.unwrap();

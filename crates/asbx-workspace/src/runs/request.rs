@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::AppState;
 use crate::environments;
 use crate::error::WorkspaceError;
-use crate::runs::dispatch::{RunOptions, RunSpec};
+use crate::runs::dispatch::{RunOptions, RunSpec, WorkdirFrom};
 use crate::tokens;
 use crate::validate;
 use crate::wire::{CreateRunRequest, RunKind};
@@ -75,6 +75,23 @@ pub(crate) async fn to_spec(
             .clone()
             .ok_or(WorkspaceError::SandboxUrlMissing)?,
     };
+    let workdir_from = match request.workdir {
+        Some(w) => {
+            let pool = state.store.pool();
+            let manifest = crate::workdir::source::for_run(
+                pool,
+                workspace_id,
+                &w.from,
+                w.after_message_id.as_deref(),
+            )
+            .await?;
+            Some(WorkdirFrom {
+                chat_id: w.from,
+                manifest,
+            })
+        }
+        None => None,
+    };
     let (env, secrets) = environments::merged_env(
         named,
         request.variables,
@@ -101,6 +118,7 @@ pub(crate) async fn to_spec(
         },
         prompt: request.prompt,
         sandbox_url,
+        workdir_from,
     };
     Ok((spec, stream))
 }

@@ -30,6 +30,8 @@ pub(crate) struct NewRun<'a> {
     pub(crate) config_json: &'a str,
     /// The runner it is dispatched to.
     pub(crate) sandbox_url: &'a str,
+    /// The chat whose kept working directory it starts from.
+    pub(crate) workdir_from: Option<&'a str>,
     pub(crate) now_ms: i64,
 }
 
@@ -78,8 +80,8 @@ where
 {
     sqlx::query(
         "INSERT INTO runs (id, workspace_id, kind, chat_id, agent_id, status, prompt, model, \
-         env_json, config_json, created_at, sandbox_url, env_secrets) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+         env_json, config_json, created_at, sandbox_url, env_secrets, workdir_from) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(run.id)
     .bind(run.workspace_id)
@@ -94,6 +96,7 @@ where
     .bind(run.now_ms)
     .bind(run.sandbox_url)
     .bind(run.env_secrets)
+    .bind(run.workdir_from)
     .execute(db)
     .await?;
     Ok(())

@@ -165,6 +165,40 @@ where
         .transpose()
 }
 
+/// The run a `workdir` bearer (by hash) opens, as [`bearer_of`]:
+/// `(workspace_id, chat_id, workdir_from)`, the chat of a chat turn and the
+/// chat a run starts from (`POST /api/runs` with `workdir.from`).
+pub(crate) async fn workdir_bearer<'c, E>(
+    db: E,
+    hash: &str,
+    session_id: &str,
+    now_ms: i64,
+) -> Result<Option<(String, Option<String>, Option<String>)>, WorkspaceError>
+where
+    E: Executor<'c, Database = Any>,
+{
+    let row = sqlx::query(
+        "SELECT r.workspace_id, r.chat_id, r.workdir_from FROM tokens t \
+         JOIN runs r ON r.id = t.session_id \
+         WHERE t.hash = $1 AND t.kind = $2 AND t.session_id = $3 AND t.used_at IS NULL \
+         AND t.expires_at > $4 AND r.status = 'running'",
+    )
+    .bind(hash)
+    .bind(TokenKind::Workdir.as_str())
+    .bind(session_id)
+    .bind(now_ms)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| {
+        Ok((
+            r.try_get("workspace_id")?,
+            r.try_get("chat_id")?,
+            r.try_get("workdir_from")?,
+        ))
+    })
+    .transpose()
+}
+
 /// Marks every unused token of a session used: once its stream has ended, the
 /// sandbox is gone and nothing may redeem them any more.
 pub(crate) async fn revoke_session<'c, E>(

@@ -1,7 +1,9 @@
 //! The runner's routes of a kept working directory (CONTRACT §11), below
 //! a dispatch's `agent_url`, behind its `workdir` token (which the runner
 //! never hands to the sandbox): which blobs are missing, storing and
-//! reading one, and the snapshot a turn ended with.
+//! reading one, and the snapshot a turn ended with. A run that starts from
+//! a chat's directory (`POST /api/runs` with `workdir.from`) may read that
+//! chat's blobs and nothing more.
 
 use std::sync::Arc;
 
@@ -15,30 +17,62 @@ use tokio_util::io::ReaderStream;
 
 use crate::AppState;
 use crate::error::WorkspaceError;
-use crate::tokens::{self, TokenKind, bearer, store as token_store};
+use crate::tokens::{self, bearer, store as token_store};
 use crate::workdir::store;
 
 /// Largest blob a capture sends.
 pub(crate) const MAX_BLOB_BYTES: usize = workdir::DEFAULT_MAX_BYTES as usize;
 
-/// The run's workspace and chat, when the bearer is its `workdir` token.
-async fn authorize(
+/// What a run's `workdir` token opens.
+enum Access {
+    /// A chat turn: its workspace and chat, whose directory it keeps.
+    Turn {
+        workspace_id: String,
+        chat_id: String,
+    },
+    /// A run starting from the chat's kept directory: it reads only.
+    Reads { chat_id: String },
+}
+
+/// What the bearer opens, when it is the run's `workdir` token.
+async fn access(
     state: &AppState,
     session_id: &str,
     headers: &HeaderMap,
-) -> Result<(String, String), WorkspaceError> {
+) -> Result<Access, WorkspaceError> {
     let token = bearer(headers).ok_or(WorkspaceError::Unauthorized)?;
-    let found = token_store::bearer_of(
+    let found = token_store::workdir_bearer(
         state.store.pool(),
-        TokenKind::Workdir,
         &tokens::hash(token),
         session_id,
         state.now_ms(),
     )
     .await?;
     match found {
-        Some((ws, Some(chat))) => Ok((ws, chat)),
-        Some((_, None)) | None => Err(WorkspaceError::Unauthorized),
+        Some((workspace_id, Some(chat_id), _)) => Ok(Access::Turn {
+            workspace_id,
+            chat_id,
+        }),
+        Some((_, None, Some(chat_id))) => Ok(Access::Reads { chat_id }),
+        Some((_, None, None)) | None => Err(WorkspaceError::Unauthorized),
+    }
+}
+
+/// The run's workspace and chat, when the bearer is a chat turn's
+/// `workdir` token (a run that only reads keeps nothing: `403`).
+async fn authorize(
+    state: &AppState,
+    session_id: &str,
+    headers: &HeaderMap,
+) -> Result<(String, String), WorkspaceError> {
+    match access(state, session_id, headers).await? {
+        Access::Turn {
+            workspace_id,
+            chat_id,
+        } => Ok((workspace_id, chat_id)),
+        Access::Reads { .. } => Err(WorkspaceError::Forbidden(
+            "a run started from a chat's working directory keeps nothing".into(),
+        )),
     }
 }
 
@@ -60,6 +94,7 @@ fn bad_hash(sha: &str) -> WorkspaceError {
     responses(
         (status = 200, description = "`{\"missing\": [..]}`: the hashes the workspace lacks", body = Object),
         (status = 401, description = "Not the run's workdir token", body = crate::apidoc::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: a run started from a chat's directory keeps nothing", body = crate::apidoc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn missing(
@@ -98,6 +133,7 @@ pub(crate) async fn missing(
         (status = 204, description = "Stored"),
         (status = 400, description = "The bytes' SHA-256 is another", body = crate::apidoc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "Not the run's workdir token", body = crate::apidoc::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: a run started from a chat's directory keeps nothing", body = crate::apidoc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn put_blob(
@@ -149,7 +185,9 @@ pub(crate) async fn get_blob(
     Path((session_id, sha)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, WorkspaceError> {
-    let (_, chat_id) = authorize(&state, &session_id, &headers).await?;
+    let chat_id = match access(&state, &session_id, &headers).await? {
+        Access::Turn { chat_id, .. } | Access::Reads { chat_id } => chat_id,
+    };
     if !is_sha256(&sha) || !store::chat_names_blob(state.store.pool(), &chat_id, &sha).await? {
         return Err(WorkspaceError::NotFound(format!("blob {sha}")));
     }
@@ -168,6 +206,7 @@ pub(crate) async fn get_blob(
         (status = 204, description = "Kept"),
         (status = 400, description = "A bad manifest, or a blob it names is not stored", body = crate::apidoc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "Not the run's workdir token", body = crate::apidoc::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: a run started from a chat's directory keeps nothing", body = crate::apidoc::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub(crate) async fn snapshot(
@@ -191,9 +230,11 @@ pub(crate) async fn snapshot(
         chat_id: &chat_id,
         run_id: Some(&session_id),
     };
+    let now = state.now_ms();
+    let keep = state.config.workdir_keep_turns;
     let mut tx = crate::store::begin_write(state.store.pool()).await?;
-    store::insert(&mut tx, &session_id, &owner, &report, state.now_ms()).await?;
-    let retired = store::retire_old(&mut tx, &chat_id).await?;
+    store::insert(&mut tx, &session_id, &owner, &report, now).await?;
+    let retired = store::retire_old(&mut tx, &chat_id, keep, now).await?;
     tx.commit().await?;
     state.blobs.release_workdir(&session_id).await;
     state.blobs.free_all(retired).await;

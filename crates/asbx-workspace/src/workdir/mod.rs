@@ -5,5 +5,6 @@
 //! and the chat's next dispatch carries the latest one to restore.
 
 pub(crate) mod api;
+pub(crate) mod source;
 pub(crate) mod store;
 pub(crate) mod tar;

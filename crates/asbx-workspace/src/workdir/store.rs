@@ -1,15 +1,14 @@
-//! The rows of kept working directories (`migrations/0015_workdir_snapshots.sql`):
-//! one per turn that ended on its own, its manifest, and the blobs it names
-//! while it is restorable.
+//! The rows of kept working directories (`migrations/0015_workdir_snapshots.sql`,
+//! `0018_workdir_runs.sql`): one per turn that ended on its own, its
+//! manifest, and the blobs it names (with their sizes) while it is
+//! restorable.
 
-use asbx_protocol::workdir::{SnapshotReport, WorkdirManifest};
+use std::collections::BTreeMap;
+
+use asbx_protocol::workdir::{SnapshotReport, WorkdirEntry, WorkdirManifest};
 use sqlx::{Any, Executor, Row as _};
 
 use crate::error::WorkspaceError;
-
-/// How many of a chat's latest kept directories stay restorable (their
-/// blobs kept); older turns keep their manifest only.
-pub(crate) const KEEP_RESTORABLE: i64 = 20;
 
 /// Who a snapshot belongs to.
 pub(crate) struct Owner<'a> {
@@ -56,43 +55,72 @@ pub(crate) async fn insert(
     .execute(&mut *conn)
     .await?;
     if let Some(m) = &report.manifest {
-        for sha in m.hashes() {
-            sqlx::query("INSERT INTO workdir_blobs (snapshot_id, sha256) VALUES ($1, $2)")
-                .bind(id)
-                .bind(sha)
-                .execute(&mut *conn)
-                .await?;
+        for (sha, size) in sizes(m) {
+            sqlx::query(
+                "INSERT INTO workdir_blobs (snapshot_id, sha256, size) VALUES ($1, $2, $3)",
+            )
+            .bind(id)
+            .bind(sha)
+            .bind(i64::try_from(size).unwrap_or(i64::MAX))
+            .execute(&mut *conn)
+            .await?;
         }
     }
     Ok(())
 }
 
-/// Drops the blob rows of a chat's snapshots older than its
-/// [`KEEP_RESTORABLE`] latest; the hashes no longer named there.
+/// Each distinct blob of `m` and its size.
+fn sizes(m: &WorkdirManifest) -> BTreeMap<&str, u64> {
+    m.entries
+        .iter()
+        .filter_map(|e| match e {
+            WorkdirEntry::File { sha256, size, .. } => Some((sha256.as_str(), *size)),
+            WorkdirEntry::Dir { .. } | WorkdirEntry::Symlink { .. } => None,
+        })
+        .collect()
+}
+
+/// Retires the restorable snapshots of a chat older than its `keep`
+/// latest kept ones: their blob rows go (the manifest stays) and
+/// `released_at` is set to `now`; the hashes they named (to free).
 pub(crate) async fn retire_old(
     conn: &mut sqlx::AnyConnection,
     chat_id: &str,
+    keep: u32,
+    now: i64,
 ) -> Result<Vec<String>, WorkspaceError> {
-    let old = "SELECT s.id FROM workdir_snapshots s WHERE s.chat_id = $1 AND \
-               (SELECT COUNT(*) FROM workdir_snapshots n WHERE n.chat_id = s.chat_id \
-               AND n.status = 'ok' AND n.created_at > s.created_at) >= $2";
-    let rows = sqlx::query(&format!(
-        "SELECT DISTINCT sha256 FROM workdir_blobs WHERE snapshot_id IN ({old})"
-    ))
+    let old = sqlx::query(
+        "SELECT s.id FROM workdir_snapshots s WHERE s.chat_id = $1 AND s.status = 'ok' \
+         AND s.released_at IS NULL AND (SELECT COUNT(*) FROM workdir_snapshots n \
+         WHERE n.chat_id = s.chat_id AND n.status = 'ok' AND n.created_at > s.created_at) >= $2",
+    )
     .bind(chat_id)
-    .bind(KEEP_RESTORABLE)
+    .bind(i64::from(keep))
     .fetch_all(&mut *conn)
     .await?;
-    sqlx::query(&format!(
-        "DELETE FROM workdir_blobs WHERE snapshot_id IN ({old})"
-    ))
-    .bind(chat_id)
-    .bind(KEEP_RESTORABLE)
-    .execute(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
-        .collect()
+    let mut hashes = Vec::new();
+    for row in old {
+        let id: String = row.try_get(0)?;
+        let named = sqlx::query("SELECT sha256 FROM workdir_blobs WHERE snapshot_id = $1")
+            .bind(&id)
+            .fetch_all(&mut *conn)
+            .await?;
+        for r in named {
+            hashes.push(r.try_get::<String, _>(0)?);
+        }
+        sqlx::query("DELETE FROM workdir_blobs WHERE snapshot_id = $1")
+            .bind(&id)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("UPDATE workdir_snapshots SET released_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(&id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    hashes.sort();
+    hashes.dedup();
+    Ok(hashes)
 }
 
 /// A kept directory: its manifest, or why it was not kept.
@@ -121,12 +149,12 @@ fn from_row(r: &sqlx::any::AnyRow) -> Result<Snapshot, WorkspaceError> {
             .map(|m| serde_json::from_str(&m))
             .transpose()
             .map_err(|e| WorkspaceError::Corrupt(format!("manifest: {e}")))?,
-        restorable: r.try_get::<i64, _>("restorable")? > 0 || r.try_get::<i64, _>("entries")? == 0,
+        restorable: r.try_get::<i64, _>("restorable")? > 0,
     })
 }
 
 const COLUMNS: &str = "s.id, s.run_id, s.error, s.manifest, s.entries, s.bytes, s.created_at, \
-    (SELECT COUNT(*) FROM workdir_blobs b WHERE b.snapshot_id = s.id) AS restorable";
+    CAST(CASE WHEN s.released_at IS NULL THEN 1 ELSE 0 END AS BIGINT) AS restorable";
 
 /// The chat's latest kept directory, if any turn kept one.
 pub(crate) async fn latest<'c, E>(db: E, chat_id: &str) -> Result<Option<Snapshot>, WorkspaceError>
@@ -231,7 +259,8 @@ where
 }
 
 /// Copies snapshot `from` (and the blobs it names) into chat `chat_id` as
-/// snapshot `id`, stamped `now`.
+/// snapshot `id`, stamped `now` (restorable: the caller checked `from`
+/// is).
 pub(crate) async fn copy(
     conn: &mut sqlx::AnyConnection,
     from: &str,
@@ -251,8 +280,8 @@ pub(crate) async fn copy(
     .execute(&mut *conn)
     .await?;
     sqlx::query(
-        "INSERT INTO workdir_blobs (snapshot_id, sha256) SELECT $1, sha256 FROM workdir_blobs \
-         WHERE snapshot_id = $2",
+        "INSERT INTO workdir_blobs (snapshot_id, sha256, size) SELECT $1, sha256, size \
+         FROM workdir_blobs WHERE snapshot_id = $2",
     )
     .bind(id)
     .bind(from)

@@ -25,3 +25,4 @@ mod security;
 mod streams;
 mod support;
 mod tokens;
+mod workdir;

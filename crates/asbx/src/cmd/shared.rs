@@ -30,6 +30,7 @@ pub(super) fn apply_workspace_opts(config: &mut WorkspaceConfig, opts: &crate::c
     config.restrict_models = !config.models.is_empty();
     config.allowed_sandbox_urls = opts.allowed_sandbox_urls.clone();
     config.queue_wait = Duration::from_millis(opts.queue_wait_ms);
+    config.workdir_keep_turns = opts.workdir_keep_turns;
     let q = &opts.quotas;
     for (quota, value) in [
         (Quota::ConcurrentSandboxes, q.quota_concurrent_sandboxes),

@@ -1,6 +1,7 @@
 //! A chat's working directory lives on between turns (CONTRACT §11),
 //! through the real `asbx up` in the jail the host allows (strict where it
-//! can): what turn 1 wrote, turn 2 finds byte for byte; a symlink to
+//! can): what turn 1 wrote, turn 2 finds byte for byte, and so does a run
+//! of `POST /api/runs` from the chat (which keeps nothing); a symlink to
 //! `/etc/shadow` comes back as a link and reads nothing of the host's; a
 //! hostile turn's 20,000 files are refused while its answer is kept and
 //! the turn before it stays; a fork after turn 1 finds turn 1's files;
@@ -60,6 +61,28 @@ async fn turn(url: &str, chat_id: Option<&str>, command: &str, say: &str) -> Set
         }
     }
     out
+}
+
+/// A run of `command` (`POST /api/runs`) starting from `chat`'s kept
+/// directory: its NDJSON, read to the end.
+async fn run_from(url: &str, chat: &str, command: &str) -> String {
+    let res = reqwest::Client::new()
+        .post(format!("{url}/api/runs"))
+        .json(&json!({
+            "prompt": script(json!([
+                {"tool": "shell", "args": {"command": command}},
+                {"say": "ran"}
+            ])),
+            "workdir": {"from": chat}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    tokio::time::timeout(Duration::from_secs(240), res.text())
+        .await
+        .expect("the run went on too long")
+        .unwrap()
 }
 
 /// The `sha256sum` line's hash of `name` in `out`.
@@ -233,6 +256,17 @@ async fn lives_on(
         assert!(second.stdout.contains("HAS_GIT"), "{}", second.stdout);
     }
 
+    // A run from the chat starts in its latest directory and keeps
+    // nothing back (`run.txt` is gone in the turns after it).
+    let ran = run_from(
+        url,
+        &chat,
+        "cat src/a.py; sha256sum big.bin; echo RUN_WROTE > run.txt",
+    )
+    .await;
+    assert!(ran.contains("print(2)"), "{ran}");
+    assert!(ran.contains(&big), "{ran}");
+
     // A fork after turn 1 finds turn 1's files, not turn 2's.
     let messages = chat_detail(url, &chat).await["messages"].clone();
     let after_first = messages
@@ -295,12 +329,14 @@ async fn lives_on(
     let after = turn(
         url,
         Some(&chat),
-        "cat src/a.py; test -e many && echo MANY_KEPT || echo MANY_GONE",
+        "cat src/a.py; test -e many && echo MANY_KEPT || echo MANY_GONE; \
+         test -e run.txt && echo RUN_KEPT || echo RUN_NOT_KEPT",
         "checked",
     )
     .await;
     assert!(after.stdout.contains("print(2)"), "{}", after.stdout);
     assert!(after.stdout.contains("MANY_GONE"), "{}", after.stdout);
+    assert!(after.stdout.contains("RUN_NOT_KEPT"), "{}", after.stdout);
     // The refusal is told, with its reason.
     let kept: Value = reqwest::Client::new()
         .get(format!("{url}/api/assistant/chats/{chat}/workdir"))

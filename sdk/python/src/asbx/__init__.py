@@ -89,6 +89,7 @@ from ._types import (
     McpServer,
     RunError,
     RunLimits,
+    RunWorkdir,
     Skill,
     TurnRequest,
 )
@@ -178,6 +179,7 @@ __all__ = [
     "RunInfo",
     "RunLimits",
     "RunStream",
+    "RunWorkdir",
     "Runs",
     "STEP_STATUS_VALUES",
     "ServerError",

@@ -31,6 +31,7 @@ from ._types import (
     EnvironmentBody,
     McpServer,
     RunLimits,
+    RunWorkdir,
     Skill,
     ToolAnswer,
     ToolResultRequest,
@@ -309,6 +310,8 @@ def run_body(
     skills: Sequence[Skill] | None = None,
     mcp_servers: Sequence[McpServer] | None = None,
     environment: str | None = None,
+    workdir_from: str | None = None,
+    workdir_after_message_id: str | None = None,
 ) -> CreateRunRequest:
     """`POST /api/runs`'s body, protocol 2 choices aside; only what is given."""
     body: CreateRunRequest = {"prompt": prompt}
@@ -330,6 +333,13 @@ def run_body(
         body["mcpServers"] = list(mcp_servers)
     if environment is not None:
         body["environment"] = environment
+    if workdir_from is not None:
+        workdir: RunWorkdir = {"from": workdir_from}
+        if workdir_after_message_id is not None:
+            workdir["afterMessageId"] = workdir_after_message_id
+        body["workdir"] = workdir
+    elif workdir_after_message_id is not None:
+        raise ValueError("workdir_after_message_id needs workdir_from")
     return body
 
 

@@ -410,12 +410,16 @@ class AsyncRuns:
         limits: RunLimits | None = None,
         skills: Sequence[Skill] | None = None,
         mcp_servers: Sequence[McpServer] | None = None,
+        workdir_from: str | None = None,
+        workdir_after_message_id: str | None = None,
         extra: Mapping[str, Any] | None = None,
         transport: str = "http",
     ) -> AsyncRunStream:
         """Starts a protocol 2 run (`POST /api/runs`, or a stored agent's with `agent_id`);
         iterate the result for its events. `transport="websocket"` streams it over
-        `GET /api/runs/ws` (the blocking client only; needs `asbx[websocket]`)."""
+        `GET /api/runs/ws` (the blocking client only; needs `asbx[websocket]`).
+        `workdir_from`: a chat id whose kept working directory the sandbox starts with
+        (its latest, or `workdir_after_message_id`'s turn's); the run keeps nothing back."""
         body = _api.run_body(
             prompt,
             model=model,
@@ -427,6 +431,8 @@ class AsyncRuns:
             skills=skills,
             mcp_servers=mcp_servers,
             environment=environment,
+            workdir_from=workdir_from,
+            workdir_after_message_id=workdir_after_message_id,
         )
         return await self._client._run(
             body,

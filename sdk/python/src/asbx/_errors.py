@@ -102,7 +102,8 @@ class TurnInFlightError(ConflictError):
 
 
 class GoneError(AsbxError):
-    """410 `events_gone`: the lines asked for are past retention (`.problem["oldestSeq"]`)."""
+    """410 `events_gone`: the lines asked for are past retention (`.problem["oldestSeq"]`);
+    `workdir_gone`: a chat turn's working directory is past `ASBX_WORKDIR_KEEP_TURNS`."""
 
 
 class PayloadTooLargeError(AsbxError):

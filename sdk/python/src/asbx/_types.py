@@ -145,6 +145,14 @@ class AgentRunRequest(RunOptions):
     sandboxUrl: NotRequired[str]
 
 
+# `workdir` of `POST /api/runs`: the chat whose kept working directory the run starts
+# from, its latest or as `afterMessageId`'s turn left it (CONTRACT §11). `from` is a
+# Python keyword, so the functional syntax.
+RunWorkdir = TypedDict(
+    "RunWorkdir", {"from": Required[str], "afterMessageId": str}, total=False
+)
+
+
 class CreateRunRequest(RunOptions, total=False):
     """`POST /api/runs` (docs/api-runs.md)."""
 
@@ -159,6 +167,7 @@ class CreateRunRequest(RunOptions, total=False):
     mcpServers: list[McpServer]
     environment: str | None
     sandboxUrl: str
+    workdir: RunWorkdir
 
 
 class TurnRequest(TypedDict, total=False):

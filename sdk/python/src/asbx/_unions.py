@@ -186,6 +186,8 @@ ProblemCode = Literal[
     "too_many_connections",
     "quota_exceeded",
     "workdir_unavailable",
+    "workdir_not_kept",
+    "workdir_gone",
 ]
 """Every stable `code` a problem body of asbx carries, the runner's (its routes, gateway and egress proxy) and the workspace's in one list, so a code the workspace passes through from a runner is the same value on both sides, and one condition has one name (`body_too_large`). (schemas/problem-code.json)"""
 
@@ -232,6 +234,8 @@ PROBLEM_CODES: tuple[ProblemCode, ...] = (
     "too_many_connections",
     "quota_exceeded",
     "workdir_unavailable",
+    "workdir_not_kept",
+    "workdir_gone",
 )
 """Every `ProblemCode`, in schema order."""
 

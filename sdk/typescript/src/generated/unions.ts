@@ -174,7 +174,9 @@ export type ProblemCode =
   | "egress_host_mismatch"
   | "too_many_connections"
   | "quota_exceeded"
-  | "workdir_unavailable";
+  | "workdir_unavailable"
+  | "workdir_not_kept"
+  | "workdir_gone";
 
 /** Every `ProblemCode`, in schema order. */
 export const PROBLEM_CODES: readonly ProblemCode[] = [
@@ -220,4 +222,6 @@ export const PROBLEM_CODES: readonly ProblemCode[] = [
   "too_many_connections",
   "quota_exceeded",
   "workdir_unavailable",
+  "workdir_not_kept",
+  "workdir_gone",
 ] as const;

@@ -592,8 +592,13 @@ export interface components {
          *     - `token`: the bearer of the `workdir/...` routes ([`routes`]).
          *     - `restore`: the directory to restore before the agent starts.
          *     - `max_entries`, `max_bytes`: the capture's bounds.
+         *     - `capture`: whether the directory is captured and sent when the turn
+         *       ends (default `true`); `false` for a run that only starts from a
+         *       chat's directory (`POST /api/runs` with `workdir.from`), which keeps
+         *       nothing (left out of the JSON when `true`).
          */
         WorkdirDispatch: {
+            capture?: boolean;
             /**
              * Format: uint64
              * @default 1073741824

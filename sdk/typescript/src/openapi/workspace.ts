@@ -1187,6 +1187,12 @@ export interface components {
          *       no request. Absent: the server's `SANDBOX_URL` (its fleet). A caller
          *       never picks an address of its own: the workspace sends its runner
          *       token and three one-time tokens to that URL.
+         *     - `workdir`: `{"from": chatId, "afterMessageId"?}`: the sandbox's
+         *       working directory starts as that chat of the caller's workspace kept
+         *       it (CONTRACT §11), its latest or after that assistant message's turn;
+         *       the run keeps nothing back. Another workspace's chat is `404`, a chat
+         *       that kept none `409 workdir_not_kept`, one no longer kept `410
+         *       workdir_gone`.
          */
         CreateRunRequest: {
             allowedHosts?: string[];
@@ -1206,6 +1212,7 @@ export interface components {
             variables?: {
                 [key: string]: string;
             };
+            workdir?: components["schemas"]["RunWorkdir"] | null;
         };
         /**
          * @description The `done` SSE event's payload, last on every turn stream.
@@ -1686,6 +1693,15 @@ export interface components {
          * @enum {string}
          */
         RunStatus: "running" | "succeeded" | "failed";
+        /**
+         * @description `workdir` of `POST /api/runs`: the chat whose kept working directory
+         *     the run starts from, and optionally the assistant message whose turn
+         *     left it (default: the chat's latest).
+         */
+        RunWorkdir: {
+            afterMessageId?: string | null;
+            from: string;
+        };
         /**
          * RunnerAuditBatch
          * @description `POST /api/audit/runner` (the runner's report, authenticated by the
@@ -2939,6 +2955,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description `workdir_gone`: that turn's directory's bytes are no longer kept (past `ASBX_WORKDIR_KEEP_TURNS`) */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description `internal`: see the workspace's log */
             500: {
                 headers: {
@@ -3283,8 +3308,8 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `conflict`: that directory's bytes are no longer kept */
-            409: {
+            /** @description `workdir_gone`: that directory's bytes are no longer kept (past `ASBX_WORKDIR_KEEP_TURNS`) */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3956,7 +3981,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            /** @description `forbidden`: a run started from a chat's directory keeps nothing */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4020,7 +4045,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            /** @description `forbidden`: a run started from a chat's directory keeps nothing */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4091,7 +4116,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `host_not_allowed`: a `Host` this server does not answer to; `cross_origin`: a state-changing request from another origin */
+            /** @description `forbidden`: a run started from a chat's directory keeps nothing */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5118,8 +5143,26 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description `conflict`: a named environment was deleted meanwhile */
+            /** @description `not_found`: no chat `workdir.from` in this workspace */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `conflict`: a named environment was deleted meanwhile; `workdir_not_kept`: the chat `workdir.from` kept no working directory (at that message) */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `workdir_gone`: that working directory's bytes are no longer kept (past `ASBX_WORKDIR_KEEP_TURNS`) */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -40,7 +40,7 @@ const FETCH_BACKOFF: Duration = Duration::from_millis(200);
 /// Why a restore failed.
 #[derive(Debug)]
 pub enum RestoreError {
-    /// The workspace did not give a blob (after [`FETCH_TRIES`]).
+    /// The workspace did not give a blob (after a few tries).
     Fetch(String),
     /// The manifest or this host refused it.
     Local(String),

@@ -31,7 +31,7 @@ fn body_with_workdir(ws: &FakeWorkspace, test: &str) -> (serde_json::Value, Vec<
 #[tokio::test]
 async fn a_blob_refused_for_a_while_is_fetched_again_and_never_for_ever() {
     let runner = RunnerProc::start(&[]);
-    let ws = FakeWorkspace::start(scripted("scripted")).await;
+    let ws = FakeWorkspace::start(scripted("scripted:test")).await;
 
     // Two `503`s (a node dying), then the blob: the turn runs with it.
     ws.fail_blobs(2);

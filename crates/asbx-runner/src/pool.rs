@@ -387,10 +387,13 @@ impl Pool {
                 return false; // draining
             }
             // One counter per process: two runners in one process (tests,
-            // benches) must not name two sandboxes alike.
+            // benches) must not name two sandboxes alike. A word drawn at
+            // start after the pid: a killed runner's leftover cgroup must
+            // not collide with a later runner given the same pid.
             static COUNTER: AtomicU64 = AtomicU64::new(0);
+            static START: std::sync::LazyLock<u32> = std::sync::LazyLock::new(rand::random);
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let name = format!("warm-{}-{n}", std::process::id());
+            let name = format!("warm-{}-{:08x}{n}", std::process::id(), *START);
             // Spawning needs the runtime's reactor (the child's pipes).
             let booted = {
                 let _rt = handle.enter();

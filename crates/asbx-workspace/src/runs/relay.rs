@@ -196,6 +196,7 @@ impl Relay {
             tokio::select! {
                 biased;
                 _ = self.live.cancel.cancelled(), if !self.cancelled => {
+                    self.drain().await;
                     self.cancelled = true;
                     if let Some(stop) = self.state.dispatcher.stops.get(&self.run_id) {
                         self.tap.end_errors_with(stop.code(), stop.message());
@@ -220,7 +221,10 @@ impl Relay {
                         None => std::future::pending().await,
                     }
                 }, if self.storing.is_some() => self.storing = None,
-                _ = self.renew.tick() => match lease::renew(&self.state, &self.run_id).await {
+                _ = self.renew.tick() => match {
+                    self.drain().await;
+                    lease::renew(&self.state, &self.run_id).await
+                } {
                     Ok(true) => {}
                     Ok(false) => {
                         tracing::warn!(run = %self.run_id, "lost the run's lease; leaving the run to its new holder");
@@ -233,6 +237,18 @@ impl Relay {
                     self.on_chunk(chunk).await;
                 }
             }
+        }
+    }
+
+    /// Finishes storing the batch in flight, if any, before the relay
+    /// awaits anything else: the batch's transaction holds SQLite's one
+    /// write lock, and a lease renewal (or a cancel, or a re-attach that
+    /// settles) awaited beside it while it is not polled waited for that
+    /// lock until the busy timeout, then failed (the stall behind the
+    /// `500`s of SQLite runs).
+    async fn drain(&mut self) {
+        if let Some(s) = self.storing.take() {
+            s.await;
         }
     }
 
@@ -252,6 +268,7 @@ impl Relay {
                 self.reading = false;
             }
             Some(Err(_)) | None => {
+                self.drain().await;
                 match reattach(&self.state, &self.run_id, &self.live, &mut self.tap).await {
                     Reattached::Stream(r) => self.upstream = r.bytes_stream().boxed(),
                     Reattached::Cancelled => {

@@ -221,18 +221,18 @@ impl Relay {
                         None => std::future::pending().await,
                     }
                 }, if self.storing.is_some() => self.storing = None,
-                _ = self.renew.tick() => match {
+                _ = self.renew.tick() => {
                     self.drain().await;
-                    lease::renew(&self.state, &self.run_id).await
-                } {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(run = %self.run_id, "lost the run's lease; leaving the run to its new holder");
-                        self.superseded = true;
-                        self.reading = false;
+                    match lease::renew(&self.state, &self.run_id).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(run = %self.run_id, "lost the run's lease; leaving the run to its new holder");
+                            self.superseded = true;
+                            self.reading = false;
+                        }
+                        Err(e) => tracing::warn!(run = %self.run_id, error = %e, "renewing the run's lease failed"),
                     }
-                    Err(e) => tracing::warn!(run = %self.run_id, error = %e, "renewing the run's lease failed"),
-                },
+                }
                 chunk = self.upstream.next(), if self.unstored_bytes < MAX_UNSTORED_BYTES => {
                     self.on_chunk(chunk).await;
                 }

@@ -26,7 +26,7 @@ from typing import Any
 # Warnings about a route the generator cannot express, not about a schema:
 # the NDJSON run streams and the raw-bytes file bodies (`*/*`). Every other
 # line the generator prints beyond these fails the check.
-BENIGN_REASON = re.compile(r"Unsupported content[ _]type (application/x-ndjson|\*/\*)")
+BENIGN_REASON = re.compile(r"Unsupported content[ _]type (application/x-ndjson|application/x-tar|\*/\*)")
 BENIGN_LINE = re.compile(
     r"^(Generating |Warning\(s\) encountered while generating|Skipping Integration$"
     r"|ruff is not in PATH$|If you believe this was a mistake)"
@@ -34,6 +34,12 @@ BENIGN_LINE = re.compile(
 
 # GET routes not read here, and why.
 SKIPPED = {
+    # Bytes, not JSON: the kept working directory as a tar archive.
+    "/api/assistant/chats/{id}/workdir.tar": "a tar archive",
+    # NDJSON audit records, not run lines (`parse_ndjson` reads run lines);
+    # docs/api-audit.md's examples run as tests.
+    "/api/audit": "audit records, read by the docs' tests",
+    "/api/runs/{id}/audit": "audit records, read by the docs' tests",
     # Endless by design: the workspace's chat events.
     "/api/assistant/events": "an endless event stream",
     # Answers only while a turn is in flight (a 404 after it ended).
@@ -158,6 +164,7 @@ def make_data(ws: str) -> dict[str, str]:
         "/api/runs/{id}": run_id,
         "/api/runs/{id}/events": run_id,
         "/api/assistant/chats/{id}": chat_id,
+        "/api/assistant/chats/{id}/workdir": chat_id,
     }
 
 

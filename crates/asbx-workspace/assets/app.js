@@ -667,6 +667,9 @@ async function consumeOnce(res, node, onId) {
           applyBlock(node, { type: "error", code: payload.code, message: payload.message });
         } else if (event === "done") {
           settleNode(node);
+          // As the thread from history shows it (renderMessage).
+          if (payload.messageId && state.chatId) node.append(forkButton(state.chatId, payload.messageId));
+          if (payload.turnId) node.append(auditView(payload.turnId));
           if (nearEnd) scrollDown();
           return "done";
         }

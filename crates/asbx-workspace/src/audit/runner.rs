@@ -58,6 +58,8 @@ pub(crate) async fn mint(
     responses(
         (status = 204, description = "The events are appended to the run's workspace's audit chain"),
         (status = 400, description = "`invalid_request`: not a report, an event the runner may not report, or an unknown `x-asbx-audit-version`", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, response = inline(crate::apidoc::NotJson)),
+        (status = 422, description = "`invalid_request`: a JSON body of the wrong shape", body = crate::apidoc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: not this run's audit token, or it expired", body = doc::Problem, content_type = "application/problem+json"),
     ),
 )]

@@ -117,6 +117,7 @@ pub(crate) async fn workdir(
     responses(
         (status = 201, description = "The new chat", body = Forked),
         (status = 400, description = "`invalid_request`: not an assistant message of the chat", body = doc::Problem, content_type = "application/problem+json"),
+        (status = 415, response = inline(crate::apidoc::NotJson)),
         (status = 401, response = inline(doc::Unauthorized)),
         (status = 404, response = inline(doc::ChatNotFound)),
         (status = 410, description = "`workdir_gone`: that turn's directory's bytes are no longer kept (past `ASBX_WORKDIR_KEEP_TURNS`)", body = doc::Problem, content_type = "application/problem+json"),

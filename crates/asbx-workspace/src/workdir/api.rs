@@ -93,6 +93,8 @@ fn bad_hash(sha: &str) -> WorkspaceError {
     request_body(content = Object, content_type = "application/json", description = "`{\"hashes\": [sha256, ..]}`"),
     responses(
         (status = 200, description = "`{\"missing\": [..]}`: the hashes the workspace lacks", body = Object),
+        (status = 415, response = inline(crate::apidoc::NotJson)),
+        (status = 422, description = "`invalid_request`: a JSON body of the wrong shape", body = crate::apidoc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "Not the run's workdir token", body = crate::apidoc::Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: a run started from a chat's directory keeps nothing", body = crate::apidoc::Problem, content_type = "application/problem+json"),
     ),
@@ -205,6 +207,8 @@ pub(crate) async fn get_blob(
     responses(
         (status = 204, description = "Kept"),
         (status = 400, description = "A bad manifest, or a blob it names is not stored", body = crate::apidoc::Problem, content_type = "application/problem+json"),
+        (status = 415, response = inline(crate::apidoc::NotJson)),
+        (status = 422, description = "`invalid_request`: a JSON body of the wrong shape", body = crate::apidoc::Problem, content_type = "application/problem+json"),
         (status = 401, description = "Not the run's workdir token", body = crate::apidoc::Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: a run started from a chat's directory keeps nothing", body = crate::apidoc::Problem, content_type = "application/problem+json"),
     ),

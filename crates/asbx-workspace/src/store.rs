@@ -118,11 +118,24 @@ pub(crate) fn begin_write(
     pool: &AnyPool,
 ) -> impl std::future::Future<Output = Result<WriteTx, sqlx::Error>> + Send + '_ {
     let at = std::panic::Location::caller();
-    begin_write_at(pool, at)
+    // In a task of its own, so that it is never given up half-way: a
+    // handler's future is dropped when its client goes away, and sqlx's
+    // `begin_with` dropped after SQLite's `BEGIN` ran (while it checks the
+    // transaction began) leaves the connection in a transaction nobody owns,
+    // holding SQLite's write lock for ever. A task runs to its end; a
+    // transaction nobody awaits any more is dropped there, rolled back.
+    let task = tokio::spawn(begin_write_at(pool.clone(), at));
+    async move {
+        match task.await {
+            Ok(begun) => begun,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(sqlx::Error::PoolClosed),
+        }
+    }
 }
 
 async fn begin_write_at(
-    pool: &AnyPool,
+    pool: AnyPool,
     at: &'static std::panic::Location<'static>,
 ) -> Result<WriteTx, sqlx::Error> {
     let url = &pool.connect_options().database_url;
@@ -316,4 +329,88 @@ fn private_sqlite_files(url: &str) -> Result<(), WorkspaceError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A `begin_write` given up at any point (a client that went away has
+    /// its handler's future dropped) leaves no transaction open: every
+    /// writer after it gets the write lock at once. sqlx 0.8.6's
+    /// `begin_with` leaves one open on SQLite when dropped while it checks
+    /// the transaction began (upstream issue 3932; this test fails at its
+    /// first write without the task); PostgreSQL has the like upstream
+    /// issue 4385, not hit here, and the same guard.
+    async fn a_begin_given_up_at_any_point_leaves_no_transaction_open(store: &Store) {
+        sqlx::query("CREATE TABLE t (x BIGINT)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        for i in 0..400u64 {
+            let wait = Duration::from_micros(i % 50 * 4);
+            let _ = tokio::time::timeout(wait, begin_write(store.pool())).await;
+        }
+        for n in 0..20 {
+            let write = async {
+                let mut tx = begin_write(store.pool()).await?;
+                sqlx::query("INSERT INTO t VALUES (1)")
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await
+            };
+            tokio::time::timeout(Duration::from_secs(5), write)
+                .await
+                .unwrap_or_else(|_| panic!("write {n} waited 5 s for the write lock"))
+                .unwrap_or_else(|e| panic!("write {n}: {e}"));
+        }
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM t")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(rows, 20, "every committed write is there, and no other");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_begin_given_up_leaves_no_transaction_open_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(None, dir.path()).await.unwrap();
+        a_begin_given_up_at_any_point_leaves_no_transaction_open(&store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_begin_given_up_leaves_no_transaction_open_on_postgres() {
+        let Some(server) = std::env::var("ASBX_TEST_PG_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        else {
+            return asbx_test_support::skip(
+                "store::tests::..._on_postgres",
+                "set ASBX_TEST_PG_URL to run on PostgreSQL",
+            );
+        };
+        sqlx::any::install_default_drivers();
+        let name = format!("asbx_store_{}", std::process::id());
+        let admin = sqlx::AnyPool::connect(&server).await.unwrap();
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let mut url = url::Url::parse(&server).unwrap();
+        url.set_path(&format!("/{name}"));
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(Some(url.as_str()), dir.path()).await.unwrap();
+        a_begin_given_up_at_any_point_leaves_no_transaction_open(&store).await;
+        store.pool().close().await;
+        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
 }

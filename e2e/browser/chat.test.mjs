@@ -15,7 +15,10 @@
 // pages back through a long thread. A third (issue 28) loads the page
 // through a plain TCP forwarder on another port, as an SSH tunnel does
 // (`Host: localhost:<its port>`), runs a turn there, and sees a command
-// that exits 3 shown failed with its exit code and its output.
+// that exits 3 shown failed with its exit code and its output. A fourth
+// (issue 27) fills the workspace's fair share of the runners with an API
+// run and sees the page say that its turn is queued, run it once the room
+// frees, and leave the queue on Stop.
 //
 // Run: `node --test e2e/browser/` after `cargo build -p asbx` (as root: the
 // jail needs it). Environment: ASBX_BIN (default target/debug/asbx),
@@ -153,10 +156,10 @@ function cleanEnv(extra) {
 
 // Starts `asbx up --listen 127.0.0.1:0`; resolves with the process and the
 // URL from its banner line `  open  http://127.0.0.1:PORT`.
-function startAsbx(dataDir) {
+function startAsbx(dataDir, extraEnv = {}) {
   const child = spawn(ASBX_BIN, ["up", "--listen", "127.0.0.1:0"], {
     cwd: ROOT,
-    env: cleanEnv({ ASBX_DATA: dataDir, ASBX_LOG: process.env.ASBX_LOG || "warn" }),
+    env: cleanEnv({ ASBX_DATA: dataDir, ASBX_LOG: process.env.ASBX_LOG || "warn", ...extraEnv }),
     stdio: ["ignore", "pipe", "pipe"],
   });
   const output = [];
@@ -658,6 +661,95 @@ test("through a forwarded port (an SSH tunnel): the page loads under the tunnel'
     await settled(page);
     assert.deepEqual(await shown(), live);
     assert.deepEqual([...hosts], [tunnel], "every request went through the tunnel");
+    assert.deepEqual(pageErrors, [], "no errors in the page");
+  } catch (e) {
+    t.diagnostic(`asbx output (tail):\n${asbx.output.join("").slice(-8_000)}`);
+    t.diagnostic(`page html (tail):\n${(await page.content().catch(() => "")).slice(-4_000)}`);
+    throw e;
+  }
+});
+
+test("queued: a turn waiting for its fair share says so, runs once room frees, and Stop leaves the queue", { timeout: 600_000 }, async (t) => {
+  assert.ok(existsSync(ASBX_BIN), `${ASBX_BIN} is missing: run cargo build -p asbx first`);
+  const cleanups = [];
+  t.after(async () => {
+    for (const undo of cleanups.reverse()) {
+      try { await undo(); } catch (e) { t.diagnostic(`cleanup: ${e.message}`); }
+    }
+  });
+  const tmp = await mkdtemp(path.join(tmpdir(), "asbx-e2e-queued-"));
+  cleanups.push(() => rm(tmp, { recursive: true, force: true }));
+  // A runner of 2 sandboxes: a workspace's fair share is 1.
+  const asbx = startAsbx(path.join(tmp, "data"), { ASBX_MAX_SANDBOXES: "2", ASBX_QUEUE_WAIT_MS: "120000" });
+  cleanups.push(() => stopProcess(asbx.child));
+  const base = await asbx.ready;
+
+  // Holds the share: an API run sleeping until it is cancelled.
+  const hold = async () => {
+    const ac = new AbortController();
+    cleanups.push(() => ac.abort());
+    const res = await fetch(`${base}/api/runs`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: JSON.stringify({ script: [{ sleep_ms: 110_000 }, { say: "late" }] }), protocol: 2 }),
+      signal: ac.signal,
+    });
+    // The body is left unread: it ends when the run does.
+    assert.equal(res.status, 200);
+    return res.headers.get("x-asbx-run-id");
+  };
+  const cancel = async (id) => {
+    const res = await fetch(`${base}/api/runs/${id}`, { method: "DELETE" });
+    assert.equal(res.status, 202);
+  };
+
+  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
+    executablePath: CHROMIUM,
+    headless: true,
+    chromiumSandbox: false,
+    env: cleanEnv({}),
+    args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+      "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost"],
+  });
+  cleanups.push(() => context.close());
+  context.setDefaultTimeout(WAIT_LIMIT_MS);
+  const page = context.pages()[0] ?? (await context.newPage());
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+
+  try {
+    await page.goto(base + "/");
+    await page.waitForSelector("#app:not([hidden])");
+
+    // Queued, then run once the held run is cancelled.
+    const held = await hold();
+    await send(page, JSON.stringify({ script: [{ say: "After the queue." }] }));
+    await page.waitForSelector("#composer[data-queued=true]");
+    assert.match(await page.textContent("#status"), /^Queued: waiting for a sandbox \(at most 1[12]\d s\)/);
+    assert.equal(await page.$$eval("[data-role=assistant] > [data-part=text]", (es) => es.map((e) => e.textContent.trim()).join("")), "", "nothing ran yet");
+    await cancel(held);
+    await page.waitForFunction(() => [...document.querySelectorAll("[data-role=assistant] > [data-part=text]")]
+      .some((e) => e.textContent.trim() === "After the queue."));
+    await settled(page);
+    assert.equal(await page.$("#composer[data-queued]"), null, "no longer queued");
+    const chatId = new URL(page.url()).hash.replace("#chat=", "");
+    assert.ok(chatId, "the new chat learnt its id from the turn");
+
+    // Queued again, then Stop: the page leaves the queue, no turn runs.
+    const held2 = await hold();
+    await send(page, JSON.stringify({ script: [{ say: "never" }] }));
+    await page.waitForSelector("#composer[data-queued=true]");
+    await page.click("#stop");
+    await settled(page);
+    await page.waitForFunction(() => [...document.querySelectorAll("[data-role=assistant] [data-part=error]")]
+      .some((e) => /Left the queue/.test(e.textContent)));
+    await cancel(held2);
+    // The chat has the first turn only: nothing of the one that left.
+    const chat = await (await fetch(`${base}/api/assistant/chats/${chatId}`)).json();
+    const texts = JSON.stringify(chat);
+    assert.ok(texts.includes("After the queue."), texts.slice(0, 2_000));
+    assert.ok(!texts.includes("never"), "the turn that left the queue was never recorded");
     assert.deepEqual(pageErrors, [], "no errors in the page");
   } catch (e) {
     t.diagnostic(`asbx output (tail):\n${asbx.output.join("").slice(-8_000)}`);

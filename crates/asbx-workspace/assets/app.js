@@ -585,11 +585,14 @@ async function consume(res, node) {
   let lastId = null;
   let finished = false;
   let left = false;
+  let noTurn = false;
   for (let attempt = 0; ; attempt++) {
     const outcome = await consumeOnce(res, node, (id) => { lastId = id; attempt = 0; });
     // A new chat learns its id from the turn's first event.
     if (chatId === null) chatId = state.chatId;
     if (outcome === "done") { finished = true; break; }
+    // Refused after waiting in the queue, or the queue given up: no turn ran.
+    if (outcome === "refused" || outcome === "unqueued") { delete $("composer").dataset.queued; noTurn = true; break; }
     if (outcome === "left" || state.chatId !== chatId) { left = true; break; }
     const id = chatId;
     if (!id) break;
@@ -610,6 +613,8 @@ async function consume(res, node) {
   state.turn = null;
   if (left) return;
   setBusy(false);
+  // The error block says why; the thread is as it was.
+  if (noTurn) return;
   if (!finished && state.chatId) {
     // The turn ended while we were away: the thread has how.
     return openChat(state.chatId);
@@ -634,7 +639,12 @@ async function consumeOnce(res, node, onId) {
   const decoder = new TextDecoder();
   let buf = "";
   let left = false;
-  state.abort = { abort: () => { left = true; reader.cancel(); } };
+  let unqueued = false;
+  state.abort = {
+    abort: () => { left = true; reader.cancel(); },
+    // Stop while queued: closing the request gives up the turn's place.
+    unqueue: () => { unqueued = true; reader.cancel(); },
+  };
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -655,7 +665,18 @@ async function consumeOnce(res, node, onId) {
         const payload = JSON.parse(data);
         const t = $("thread");
         const nearEnd = t.scrollHeight - t.scrollTop - t.clientHeight < 80;
-        if (event === "turn") {
+        if (event === "queued") {
+          // Waiting for a sandbox (the workspace's fair share of the fleet).
+          $("composer").dataset.queued = "true";
+          showStatus("Queued: waiting for a sandbox (at most " + payload.waitS + " s)…");
+          continue;
+        } else if (event === "refused") {
+          const p = payload.problem || {};
+          applyBlock(node, { type: "error", code: p.code || String(payload.status), message: p.detail || "refused" });
+          settleNode(node);
+          return "refused";
+        } else if (event === "turn") {
+          if ($("composer").dataset.queued) { delete $("composer").dataset.queued; showStatus("Working…"); }
           state.turn = payload.turnId;
           state.ownTurns.add(payload.turnId);
           if (!state.chatId) { state.chatId = payload.chatId; location.hash = "chat=" + payload.chatId; loadChats(); }
@@ -678,6 +699,11 @@ async function consumeOnce(res, node, onId) {
     }
   } catch (_) {
     // A network error: resumed by the caller.
+  }
+  if (unqueued) {
+    applyBlock(node, { type: "error", code: "cancelled", message: "Left the queue: no turn ran." });
+    settleNode(node);
+    return "unqueued";
   }
   return left ? "left" : "dropped";
 }
@@ -709,7 +735,9 @@ async function send(ev) {
     res = await fetch("/api/assistant/chat/stream", {
       method: "POST",
       credentials: "same-origin",
-      headers: { "content-type": "application/json" },
+      // Answered at once when the turn must wait for a sandbox (event
+      // `queued`), not after the wait.
+      headers: { "content-type": "application/json", "prefer": "queued-notice" },
       body: JSON.stringify(body),
     });
   } catch (e) {
@@ -733,6 +761,7 @@ async function send(ev) {
 }
 
 async function stop() {
+  if ($("composer").dataset.queued && state.abort) return state.abort.unqueue();
   if (!state.chatId) return;
   try { await api("/api/assistant/chats/" + encodeURIComponent(state.chatId) + "/cancel", { method: "POST" }); }
   catch (e) { showStatus(e.message, true); }

@@ -167,7 +167,7 @@ pub(crate) async fn run(
     let spec = agents::run_spec(&state, &caller.workspace_id, &id, request).await?;
     let agent_id = HeaderValue::from_str(spec.agent_id.as_deref().unwrap_or_default())
         .map_err(|_| WorkspaceError::Corrupt("agent id".into()))?;
-    let mut response = crate::runs::api::stream_response(state, &spec, &stream).await?;
+    let mut response = crate::runs::api::stream_response(state, &spec, &stream, None).await?;
     response.headers_mut().insert(AGENT_ID_HEADER, agent_id);
     Ok(response)
 }

@@ -23,6 +23,7 @@ use crate::chats::turn::{self as chat, TurnStart};
 use crate::chats::view::{self as chat_view, MAX_UPLOAD_BYTES};
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
+use crate::quota::notice;
 use crate::wire::{
     CHAT_ID_HEADER, CancelAccepted, ChatDetail, ChatPageQuery, ChatSummary, FileInfo,
     TURN_ID_HEADER, TurnRequest,
@@ -34,6 +35,7 @@ use crate::wire::{
     tag = "chats",
     security((), ("api_key" = []), ("session_cookie" = [])),
     request_body(content = TurnRequest, content_type = "application/json"),
+    params(("Prefer" = Option<String>, Header, description = "`queued-notice`: when the turn must wait for its fair share of the runners, answer `200` at once, the stream opening with `event: queued` (`{\"quota\",\"waitS\"}`, no id), then the turn's events, or one `event: refused` (`{\"status\",\"retryAfter\"?,\"problem\"}`) (docs/api-usage.md)")),
     responses(
         (status = 200, description = "The turn as SSE: `turn` (TurnInfo) first, the run's lines by type, `done` (Done) last", body = crate::wire::TurnEvent, content_type = "text/event-stream"),
         (status = 400, response = inline(doc::BadFieldsOrModel)),
@@ -50,10 +52,22 @@ use crate::wire::{
 pub(crate) async fn turn(
     State(state): State<Arc<AppState>>,
     caller: Caller,
+    headers: HeaderMap,
     JsonBody(request): JsonBody<TurnRequest>,
 ) -> Result<Response, WorkspaceError> {
-    match chat::start_turn(&state, &caller.workspace_id, request).await? {
-        TurnStart::Live(turn) => Ok(sse_response(turn, 0)),
+    let wanted = notice::wanted(&headers);
+    notice::answer(wanted, notice::Framing::Sse, move |notify| async move {
+        let start = chat::start_turn(&state, &caller.workspace_id, request, notify).await?;
+        Ok(turn_response(start))
+    })
+    .await
+}
+
+/// A started turn's answer: its live SSE, or the runner's refusal passed
+/// through, the ids in the headers.
+fn turn_response(start: TurnStart) -> Response {
+    match start {
+        TurnStart::Live(turn) => sse_response(turn, 0),
         TurnStart::Rejected {
             chat_id,
             turn_id,
@@ -68,7 +82,7 @@ pub(crate) async fn turn(
                 h.insert(header::CONTENT_TYPE, ct);
             }
             insert_ids(h, &chat_id, &turn_id);
-            Ok(r)
+            r
         }
     }
 }

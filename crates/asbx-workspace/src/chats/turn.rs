@@ -59,10 +59,13 @@ pub(crate) enum TurnStart {
 /// message and the run, in one transaction) once [`admit_and_record`] finds
 /// room for it, then [`dispatch_turn`]: a live turn ([`driver::spawn`]), or
 /// the runner's refusal persisted and passed through ([`reject`]).
+/// `notify` is told if it waits for its fair share
+/// ([`crate::quota::notice`]).
 pub(crate) async fn start_turn(
     state: &Arc<AppState>,
     workspace_id: &str,
     mut request: TurnRequest,
+    notify: crate::quota::notice::Notify,
 ) -> Result<TurnStart, WorkspaceError> {
     let sandbox_url = check(state, &request)?;
     let prepared = prepare(state, workspace_id, &mut request, sandbox_url).await?;
@@ -80,8 +83,16 @@ pub(crate) async fn start_turn(
         recover_lost_turn(state, chat).await?;
     }
     let route = dispatch::route(state, &prepared.sandbox_url).await;
-    let (recorded, limits) =
-        admit_and_record(state, workspace_id, &request, &prepared, &lease, &route).await?;
+    let (recorded, limits) = admit_and_record(
+        state,
+        workspace_id,
+        &request,
+        &prepared,
+        &lease,
+        &route,
+        notify,
+    )
+    .await?;
     dispatch_turn(state, workspace_id, recorded, &limits, turn_id, now, route).await
 }
 
@@ -95,10 +106,11 @@ async fn admit_and_record(
     prepared: &Prepared,
     lease: &lease_sql::Lease<'_>,
     route: &dispatch::Route,
+    notify: crate::quota::notice::Notify,
 ) -> Result<(Recorded, crate::quota::Limits), WorkspaceError> {
     let limits = admit::limits(state, workspace_id).await?;
     let capacity = dispatch::fleet_capacity(state, &prepared.sandbox_url).await;
-    let mut share = admit::ShareWait::new(state, &limits, workspace_id, capacity);
+    let mut share = admit::ShareWait::new(state, &limits, workspace_id, capacity).notify(notify);
     let quota = Admission {
         limits: &limits,
         capacity,
@@ -690,7 +702,7 @@ mod tests {
             message: "next".into(),
             ..Default::default()
         };
-        let in_flight = start_turn(&state, workspace, request()).await;
+        let in_flight = start_turn(&state, workspace, request(), None).await;
         assert!(
             matches!(in_flight, Err(WorkspaceError::TurnInFlight { .. })),
             "a turn without its message is in flight"
@@ -708,7 +720,7 @@ mod tests {
         chats::append_message(pool, "chat-1", &answer)
             .await
             .unwrap();
-        let next = start_turn(&state, workspace, request()).await;
+        let next = start_turn(&state, workspace, request(), None).await;
         assert!(
             !matches!(next, Err(WorkspaceError::TurnInFlight { .. })),
             "the finished turn's lease was taken over"
@@ -753,7 +765,7 @@ mod tests {
             message: "hello".into(),
             ..Default::default()
         };
-        let failed = start_turn(&state, workspace, request(Some("chat-1"))).await;
+        let failed = start_turn(&state, workspace, request(Some("chat-1")), None).await;
         assert!(failed.is_err(), "the run's row was refused");
         let chat = chats::get(pool, "chat-1", workspace)
             .await
@@ -777,14 +789,18 @@ mod tests {
         assert_eq!(count("tokens").await, 0, "no token minted");
         // A first turn (its chat made in the same transaction) leaves no
         // chat either.
-        assert!(start_turn(&state, workspace, request(None)).await.is_err());
+        assert!(
+            start_turn(&state, workspace, request(None), None)
+                .await
+                .is_err()
+        );
         assert_eq!(count("chats").await, 1, "no chat left behind");
         // With the trigger gone, the chat takes a turn: its lease is free.
         sqlx::query("DROP TRIGGER no_runs")
             .execute(pool)
             .await
             .unwrap();
-        let next = start_turn(&state, workspace, request(Some("chat-1"))).await;
+        let next = start_turn(&state, workspace, request(Some("chat-1")), None).await;
         assert!(
             !matches!(next, Err(WorkspaceError::TurnInFlight { .. })),
             "the lease was free"

@@ -119,6 +119,8 @@ pub(crate) struct ShareWait<'s> {
     capacity: Option<u64>,
     deadline: tokio::time::Instant,
     ticket: Option<quota::fair::Ticket<'s>>,
+    /// Told once, when it starts to wait ([`quota::notice`]).
+    notify: quota::notice::Notify,
 }
 
 impl<'s> ShareWait<'s> {
@@ -134,7 +136,14 @@ impl<'s> ShareWait<'s> {
             capacity: fair_capacity(limits, capacity),
             deadline: tokio::time::Instant::now() + state.config.queue_wait,
             ticket: None,
+            notify: None,
         }
+    }
+
+    /// Tells `notify` when the dispatch starts to wait.
+    pub(crate) fn notify(mut self, notify: quota::notice::Notify) -> Self {
+        self.notify = notify;
+        self
     }
 
     /// Whether `e` (from [`dispatch`]) means: wait and try again.
@@ -171,6 +180,12 @@ impl<'s> ShareWait<'s> {
                     quota::fair::share(capacity),
                     Some(SANDBOX_RETRY_S),
                 ));
+            }
+            if let Some(tell) = self.notify.take() {
+                let _ = tell.send(quota::notice::Queued {
+                    quota: Quota::ConcurrentSandboxes.name(),
+                    wait_s: left.as_secs_f64().ceil() as u64,
+                });
             }
             let ticket = self
                 .ticket

@@ -20,6 +20,7 @@
 pub(crate) mod admit;
 pub(crate) mod enforce;
 pub(crate) mod fair;
+pub(crate) mod notice;
 pub(crate) mod report;
 pub(crate) mod store;
 

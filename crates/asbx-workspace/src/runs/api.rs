@@ -18,6 +18,7 @@ use crate::apidoc as doc;
 use crate::auth::Caller;
 use crate::error::WorkspaceError;
 use crate::http::{JsonBody, MAX_DEFINITION_BODY};
+use crate::quota::notice;
 use crate::runs::dispatch::{self, RunSpec, Started};
 use crate::runs::request::Stream;
 use crate::runs::store::{self as runs, Outcome, RunRow};
@@ -32,6 +33,7 @@ use crate::wire::{
     tag = "runs",
     security((), ("api_key" = []), ("session_cookie" = [])),
     request_body(content = CreateRunRequest, content_type = "application/json"),
+    params(("Prefer" = Option<String>, Header, description = "`queued-notice` (protocol 2): when the run must wait for its fair share of the runners, answer `200` at once, the body opening with `{\"type\":\"queued\",\"quota\",\"waitS\"}` lines (no `seq`), then the run's lines, or one `{\"type\":\"refused\",\"status\",\"retryAfter\"?,\"problem\"}` line (docs/api-usage.md)")),
     responses(
         (status = 200, description = "The run's lines as the runner streams them", body = doc::Line, content_type = "application/x-ndjson", headers(("x-asbx-run-id" = String, description = "The run id"))),
         (status = 400, response = inline(doc::BadRunSettings)),
@@ -49,10 +51,21 @@ use crate::wire::{
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     caller: Caller,
+    headers: HeaderMap,
     JsonBody(request): JsonBody<CreateRunRequest, MAX_DEFINITION_BODY>,
 ) -> Result<Response, WorkspaceError> {
     let (spec, stream) = run_request::to_spec(&state, request, &caller.workspace_id).await?;
-    stream_response(state, &spec, &stream).await
+    // Protocol 2 only: protocol 1's consumers know no line but its four.
+    let wanted = stream.protocol2 && notice::wanted(&headers);
+    let run_id =
+        HeaderValue::from_str(&spec.id).map_err(|_| WorkspaceError::Corrupt("run id".into()))?;
+    let mut r = notice::answer(wanted, notice::Framing::Ndjson, move |notify| async move {
+        stream_response(state, &spec, &stream, notify).await
+    })
+    .await?;
+    // Answered while queued too: the id the run has once admitted.
+    r.headers_mut().entry(RUN_ID_HEADER).or_insert(run_id);
+    Ok(r)
 }
 
 fn ndjson_headers(r: &mut Response) {
@@ -69,13 +82,15 @@ fn ndjson_headers(r: &mut Response) {
 /// or protocol 1's, see [`relay::protocol1_body`]) or the runner's
 /// rejection passed through, the run id in `x-asbx-run-id`. The run is
 /// relayed by a task of its own: a protocol 2 caller that goes away can
-/// resume with `GET /api/runs/{id}/events`.
+/// resume with `GET /api/runs/{id}/events`. `notify` is told if the
+/// dispatch waits for its fair share ([`notice`]).
 pub(crate) async fn stream_response(
     state: Arc<AppState>,
     spec: &RunSpec,
     stream: &Stream,
+    notify: notice::Notify,
 ) -> Result<Response, WorkspaceError> {
-    let started = dispatch::start_with(&state, spec, &stream.options).await?;
+    let started = dispatch::start_with(&state, spec, &stream.options, notify).await?;
     let run_id =
         HeaderValue::from_str(&spec.id).map_err(|_| WorkspaceError::Corrupt("run id".into()))?;
     let mut response = match started {

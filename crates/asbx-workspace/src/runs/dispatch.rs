@@ -159,15 +159,18 @@ pub(crate) enum Started {
 }
 
 /// Records the run, mints its tokens and posts the dispatch.
+/// `notify` is told if it waits for its fair share ([`crate::quota::notice`]).
 pub(crate) async fn start_with(
     state: &AppState,
     spec: &RunSpec,
     options: &RunOptions,
+    notify: crate::quota::notice::Notify,
 ) -> Result<Started, WorkspaceError> {
     let route = route(state, &spec.sandbox_url).await;
     let limits = admit::limits(state, &spec.workspace_id).await?;
     let capacity = fleet_capacity(state, &spec.sandbox_url).await;
-    let mut share = admit::ShareWait::new(state, &limits, &spec.workspace_id, capacity);
+    let mut share =
+        admit::ShareWait::new(state, &limits, &spec.workspace_id, capacity).notify(notify);
     loop {
         share.turn().await?;
         let mut tx = crate::store::begin_write(state.store.pool()).await?;

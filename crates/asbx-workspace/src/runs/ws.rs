@@ -234,9 +234,12 @@ async fn handle(
                         return Err(Refusal::error(e, true).await);
                     }
                 };
+            // No queue notice on a socket (yet): its dispatch answers once
+            // admitted, as without `Prefer: queued-notice`.
             let res = crate::runs::api::create(
                 State(Arc::clone(state)),
                 caller.clone(),
+                axum::http::HeaderMap::new(),
                 JsonBody(request),
             )
             .await;

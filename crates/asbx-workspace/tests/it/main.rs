@@ -14,6 +14,7 @@ mod chat_pages;
 mod chats;
 mod environments;
 mod fleet;
+mod queued;
 mod quota;
 mod quota_running;
 mod readiness;

@@ -33,7 +33,11 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(m) = &args.model {
         body["model"] = m.clone().into();
     }
-    let mut req = reqwest::Client::new().post(url.clone()).json(&body);
+    // Told at once when the run waits for a sandbox (docs/api-usage.md).
+    let mut req = reqwest::Client::new()
+        .post(url.clone())
+        .header("prefer", "queued-notice")
+        .json(&body);
     if let Some(key) = &args.api_key {
         req = req.bearer_auth(key);
     }
@@ -47,41 +51,118 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         bail!("the workspace answered {status}: {text}");
     }
     let mut ui = Ui::new();
-    let mut decoder = LineDecoder::default();
+    let mut lines = Lines {
+        json: args.json,
+        decoder: LineDecoder::default(),
+        raw: Vec::new(),
+        code: ExitCode::from(1),
+    };
+    let mut preamble = Some(Vec::new());
     let mut stream = res.bytes_stream();
-    let mut code = ExitCode::from(1);
-    let mut raw = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.context("reading the stream")?;
-        if args.json {
-            // Whole lines only, so no character is split between two writes.
-            use std::io::Write;
-            raw.extend_from_slice(&chunk);
-            if let Some(end) = memchr::memrchr(b'\n', &raw) {
-                let mut out = std::io::stdout().lock();
-                out.write_all(&escape_json_controls(&raw[..=end]))?;
-                out.flush()?;
-                raw.drain(..=end);
+        match preamble.as_mut() {
+            Some(head) => {
+                head.extend_from_slice(&chunk);
+                if notices(head, &ui)? {
+                    let rest = preamble.take().unwrap_or_default();
+                    lines.feed(&rest, &mut ui)?;
+                }
+            }
+            None => lines.feed(&chunk, &mut ui)?,
+        }
+    }
+    if let Some(rest) = preamble.filter(|r| !r.is_empty()) {
+        lines.feed(&rest, &mut ui)?;
+    }
+    lines.finish()
+}
+
+/// The workspace's notices before the session's first line, asked for
+/// with `Prefer: queued-notice` (docs/api-usage.md, "Queued").
+#[derive(Debug, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Notice {
+    /// The run waits for a sandbox, at most `waitS` seconds.
+    Queued {
+        #[serde(rename = "waitS")]
+        wait_s: u64,
+    },
+    /// The wait ended in a refusal: what the status answer would have said.
+    Refused {
+        status: u16,
+        problem: serde_json::Value,
+    },
+}
+
+/// Takes the notices at the start of `head` off it, each shown; `true`
+/// once a line that is not a notice starts it (the session's lines
+/// follow), `false` while more may come.
+fn notices(head: &mut Vec<u8>, ui: &Ui) -> anyhow::Result<bool> {
+    while let Some(end) = memchr::memchr(b'\n', head) {
+        let Ok(notice) = serde_json::from_slice::<Notice>(&head[..end]) else {
+            return Ok(true);
+        };
+        match notice {
+            Notice::Queued { wait_s } => {
+                ui.note(&format!(
+                    "queued: waiting for a sandbox (at most {wait_s} s)"
+                ));
+            }
+            Notice::Refused { status, problem } => {
+                let detail = escape_controls(&problem.to_string(), false).into_owned();
+                bail!("the workspace answered {status} after the queue: {detail}");
             }
         }
-        for line in decoder.push(&chunk) {
+        head.drain(..=end);
+    }
+    Ok(false)
+}
+
+/// The session's lines: printed raw (`--json`) and shown.
+struct Lines {
+    json: bool,
+    decoder: LineDecoder,
+    /// `--json`: the bytes after the last whole line printed.
+    raw: Vec<u8>,
+    code: ExitCode,
+}
+
+impl Lines {
+    fn feed(&mut self, chunk: &[u8], ui: &mut Ui) -> anyhow::Result<()> {
+        if self.json {
+            // Whole lines only, so no character is split between two writes.
+            use std::io::Write;
+            self.raw.extend_from_slice(chunk);
+            if let Some(end) = memchr::memrchr(b'\n', &self.raw) {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&escape_json_controls(&self.raw[..=end]))?;
+                out.flush()?;
+                self.raw.drain(..=end);
+            }
+        }
+        for line in self.decoder.push(chunk) {
             match line {
                 Ok(line) => {
-                    if let Some(c) = ui.show(&line.event, args.json) {
-                        code = c;
+                    if let Some(c) = ui.show(&line.event, self.json) {
+                        self.code = c;
                     }
                 }
                 Err(e) => ui.note(&format!("skipped a bad line: {e}")),
             }
         }
+        Ok(())
     }
-    if args.json && !raw.is_empty() {
-        use std::io::Write;
-        std::io::stdout()
-            .lock()
-            .write_all(&escape_json_controls(&raw))?;
+
+    fn finish(self) -> anyhow::Result<ExitCode> {
+        if self.json && !self.raw.is_empty() {
+            use std::io::Write;
+            std::io::stdout()
+                .lock()
+                .write_all(&escape_json_controls(&self.raw))?;
+        }
+        Ok(self.code)
     }
-    Ok(code)
 }
 
 struct Ui {
@@ -313,6 +394,39 @@ fn escape_json_controls(bytes: &[u8]) -> Cow<'_, [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_notices_are_taken_off_before_the_session_lines() {
+        let ui = Ui::new();
+        let mut head = br#"{"type":"queued","quota":"concurrent-sandboxes","waitS":30}"#.to_vec();
+        assert!(!notices(&mut head, &ui).unwrap(), "no whole line yet");
+        head.extend_from_slice(b"\n{\"type\":\"queued\",\"waitS\":15}\n{\"seq\":1,");
+        assert!(
+            !notices(&mut head, &ui).unwrap(),
+            "the session line is not whole yet"
+        );
+        assert_eq!(head, b"{\"seq\":1,", "both notices taken off");
+        head.extend_from_slice(b"\"type\":\"log\"}\n");
+        assert!(
+            notices(&mut head, &ui).unwrap(),
+            "a session line ends the notices"
+        );
+        assert!(
+            head.starts_with(b"{\"seq\":1,"),
+            "and is left for the decoder"
+        );
+    }
+
+    #[test]
+    fn a_refusal_after_the_queue_is_an_error_naming_its_code() {
+        let ui = Ui::new();
+        let mut head = br#"{"type":"queued","waitS":1}
+{"type":"refused","status":429,"retryAfter":5,"problem":{"code":"quota_exceeded","quota":"concurrent-sandboxes"}}
+"#
+        .to_vec();
+        let e = notices(&mut head, &ui).unwrap_err().to_string();
+        assert!(e.contains("429") && e.contains("quota_exceeded"), "{e}");
+    }
 
     #[test]
     fn control_characters_are_shown_escaped() {

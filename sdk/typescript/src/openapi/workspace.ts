@@ -2479,7 +2479,10 @@ export interface operations {
     chats_turn: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description `queued-notice`: when the turn must wait for its fair share of the runners, answer `200` at once, the stream opening with `event: queued` (`{"quota","waitS"}`, no id), then the turn's events, or one `event: refused` (`{"status","retryAfter"?,"problem"}`) (docs/api-usage.md) */
+                Prefer?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -5158,7 +5161,10 @@ export interface operations {
     runs_create: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description `queued-notice` (protocol 2): when the run must wait for its fair share of the runners, answer `200` at once, the body opening with `{"type":"queued","quota","waitS"}` lines (no `seq`), then the run's lines, or one `{"type":"refused","status","retryAfter"?,"problem"}` line (docs/api-usage.md) */
+                Prefer?: string | null;
+            };
             path?: never;
             cookie?: never;
         };

@@ -54,6 +54,22 @@ pub(crate) async fn one_turn(
     bail!("the turn's stream ended without done")
 }
 
+/// The secret key every workspace node of this bench seals secrets with
+/// (`ASBX_SECRET_KEY`): 32 random bytes drawn once, base64.
+fn bench_secret_key() -> anyhow::Result<&'static str> {
+    use base64::Engine as _;
+    use std::io::Read as _;
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(key) = KEY.get() {
+        return Ok(key);
+    }
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom")?;
+    Ok(KEY.get_or_init(|| base64::engine::general_purpose::STANDARD.encode(bytes)))
+}
+
 /// One `asbx` process (`runner`, `workspace` or `up`); SIGTERM by PID on drop.
 pub(crate) struct Proc {
     child: Child,
@@ -74,6 +90,8 @@ impl Proc {
             .env_remove("ASBX_RUNNER_TOKEN")
             .env_remove("DATABASE_URL")
             .env_remove("SANDBOX_URL")
+            // PostgreSQL needs one secret key on every node of a database.
+            .env("ASBX_SECRET_KEY", bench_secret_key()?)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -431,6 +431,9 @@ impl TurnEnd<'_> {
         runs::finish(&mut *tx, &turn.id, self.outcome, self.termination, now).await?;
         crate::tokens::store::revoke_session(&mut *tx, &turn.id, now).await?;
         tx.commit().await?;
+        // The steps that ended among these last lines are tool calls, as
+        // the batches stored before them were (`runs::events::append_rows`).
+        crate::audit::tools::record(state, &turn.id, &rows).await;
         Ok(true)
     }
 }

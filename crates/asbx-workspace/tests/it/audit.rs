@@ -319,3 +319,45 @@ async fn a_key_revoked_is_recorded_and_opens_nothing(db: Db) {
     assert_eq!(records[1]["keyId"], key_id);
     assert!(!records[0].to_string().contains(&one));
 }
+
+on_both!(a_chat_turns_tool_calls_are_recorded);
+async fn a_chat_turns_tool_calls_are_recorded(db: Db) {
+    // A short turn: its lines are stored with its end, in one transaction.
+    let runner = FakeRunner::start(Mode::Full { files: vec![] }).await;
+    let ws = TestWorkspace::start_on(db, Some(runner.url.clone()), |_| {}).await;
+    let resp = post_turn(&ws, serde_json::json!({"message": "hi"})).await;
+    let turn_id = resp.headers()["x-asbx-turn-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let events = SseReader::new(resp).until_done().await;
+    assert_eq!(events.last().unwrap().data["status"], "succeeded");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let records = loop {
+        let resp = client()
+            .get(ws.url(&format!("/api/runs/{turn_id}/audit")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if records.iter().any(|r| r["kind"] == "tool_call")
+            || tokio::time::Instant::now() > deadline
+        {
+            break records;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let tools: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "tool_call")
+        .collect();
+    assert_eq!(tools.len(), 1, "{records:?}");
+    assert_eq!(tools[0]["name"], "shell");
+    assert_eq!(tools[0]["exitCode"], 0);
+    assert_eq!(tools[0]["durationMs"], 5);
+}

@@ -193,6 +193,37 @@ function startAsbx(dataDir, extraEnv = {}) {
   return { child, ready, output };
 }
 
+// Starts Debian's headless chromium with a profile under `tmp` (closed by
+// `cleanups`): no background networking, no proxy, and a host resolver that
+// resolves nothing but 127.0.0.1 (and localhost, unless `localhost` is
+// false). The page, and the list its errors are pushed to.
+async function openBrowser(tmp, cleanups, { localhost = true } = {}) {
+  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
+    executablePath: CHROMIUM,
+    headless: true,
+    chromiumSandbox: false,
+    env: cleanEnv({}),
+    args: [
+      "--no-sandbox",
+      "--headless",
+      "--disable-gpu",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+      "--no-first-run",
+      "--disable-quic",
+      "--no-proxy-server",
+      "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1" + (localhost ? ", EXCLUDE localhost" : ""),
+    ],
+  });
+  cleanups.push(() => context.close());
+  context.setDefaultTimeout(WAIT_LIMIT_MS);
+  const page = context.pages()[0] ?? (await context.newPage());
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+  return { context, page, pageErrors };
+}
+
 // SIGTERM, then SIGKILL if it is still alive a few seconds later. Only the
 // process this test started, by its PID.
 async function stopProcess(child) {
@@ -240,30 +271,7 @@ test("web chat: streaming text, live tool output, a crash explained, sanitised M
   cleanups.push(() => stopProcess(asbx.child));
   const base = await asbx.ready;
 
-  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
-    executablePath: CHROMIUM,
-    headless: true,
-    chromiumSandbox: false,
-    env: cleanEnv({}),
-    args: [
-      "--no-sandbox",
-      "--headless",
-      "--disable-gpu",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-      "--no-first-run",
-      "--disable-quic",
-      "--no-proxy-server",
-      // Resolve no host names at all: the page lives on 127.0.0.1.
-      "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-    ],
-  });
-  cleanups.push(() => context.close());
-  context.setDefaultTimeout(WAIT_LIMIT_MS);
-  const page = context.pages()[0] ?? (await context.newPage());
-  const pageErrors = [];
-  page.on("pageerror", (e) => pageErrors.push(e.message));
+  const { context, page, pageErrors } = await openBrowser(tmp, cleanups, { localhost: false });
   page.on("console", (m) => {
     // Failed loads are reported by URL below; the page has no favicon.
     if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) pageErrors.push(m.text());
@@ -453,20 +461,7 @@ test("assistant: an environment and a model chosen on the page, a file made thro
   const proxy = await cuttableProxy(base);
   cleanups.push(() => proxy.close());
 
-  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
-    executablePath: CHROMIUM,
-    headless: true,
-    chromiumSandbox: false,
-    env: cleanEnv({}),
-    args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-      "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-      "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"],
-  });
-  cleanups.push(() => context.close());
-  context.setDefaultTimeout(WAIT_LIMIT_MS);
-  const page = context.pages()[0] ?? (await context.newPage());
-  const pageErrors = [];
-  page.on("pageerror", (e) => pageErrors.push(e.message));
+  const { context, page, pageErrors } = await openBrowser(tmp, cleanups, { localhost: false });
   const resumes = [];
   page.on("request", (r) => {
     if (r.method() === "GET" && r.url().endsWith("/stream")) resumes.push(r.headers()["last-event-id"]);
@@ -607,21 +602,8 @@ test("through a forwarded port (an SSH tunnel): the page loads under the tunnel'
   assert.notEqual(String(fwd.port), new URL(base).port);
   const tunnel = `localhost:${fwd.port}`;
 
-  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
-    executablePath: CHROMIUM,
-    headless: true,
-    chromiumSandbox: false,
-    env: cleanEnv({}),
-    args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-      "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-      "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost"],
-  });
-  cleanups.push(() => context.close());
-  context.setDefaultTimeout(WAIT_LIMIT_MS);
-  const page = context.pages()[0] ?? (await context.newPage());
-  const pageErrors = [];
+  const { page, pageErrors } = await openBrowser(tmp, cleanups);
   const hosts = new Set();
-  page.on("pageerror", (e) => pageErrors.push(e.message));
   page.on("request", (r) => hosts.add(new URL(r.url()).host));
   page.on("response", (r) => {
     if (r.status() >= 400 && new URL(r.url()).pathname !== "/favicon.ico") {
@@ -703,20 +685,7 @@ test("queued: a turn waiting for its fair share says so, runs once room frees, a
     assert.equal(res.status, 202);
   };
 
-  const context = await chromium.launchPersistentContext(path.join(tmp, "chromium"), {
-    executablePath: CHROMIUM,
-    headless: true,
-    chromiumSandbox: false,
-    env: cleanEnv({}),
-    args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-      "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-      "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost"],
-  });
-  cleanups.push(() => context.close());
-  context.setDefaultTimeout(WAIT_LIMIT_MS);
-  const page = context.pages()[0] ?? (await context.newPage());
-  const pageErrors = [];
-  page.on("pageerror", (e) => pageErrors.push(e.message));
+  const { page, pageErrors } = await openBrowser(tmp, cleanups);
 
   try {
     await page.goto(base + "/");

@@ -43,6 +43,13 @@ struct Lines {
 }
 
 impl Lines {
+    fn new(resp: reqwest::Response) -> Self {
+        Lines {
+            resp,
+            buf: Vec::new(),
+        }
+    }
+
     async fn next(&mut self) -> Option<Value> {
         tokio::time::timeout(Duration::from_secs(20), async {
             loop {
@@ -70,22 +77,20 @@ fn queued_at_once(resp: &reqwest::Response, started: tokio::time::Instant, conte
     );
 }
 
+/// A protocol 2 run asking for the notice, answered at once as queued;
+/// when it was posted.
+async fn queued_run(ws: &TestWorkspace) -> (tokio::time::Instant, reqwest::Response) {
+    let started = tokio::time::Instant::now();
+    let resp = post(ws, "/api/runs", json!({"prompt": "y", "protocol": 2}), true).await;
+    queued_at_once(&resp, started, "application/x-ndjson");
+    (started, resp)
+}
+
 on_both!(a_queued_run_is_told_at_once_then_refused_in_the_stream);
 async fn a_queued_run_is_told_at_once_then_refused_in_the_stream(db: Db) {
     let (runner, ws, held) = one_held(db, Duration::from_millis(1500)).await;
-    let started = tokio::time::Instant::now();
-    let resp = post(
-        &ws,
-        "/api/runs",
-        json!({"prompt": "y", "protocol": 2}),
-        true,
-    )
-    .await;
-    queued_at_once(&resp, started, "application/x-ndjson");
-    let mut lines = Lines {
-        resp,
-        buf: Vec::new(),
-    };
+    let (started, resp) = queued_run(&ws).await;
+    let mut lines = Lines::new(resp);
     let queued = lines.next().await.unwrap();
     assert_eq!(
         queued,
@@ -120,20 +125,9 @@ async fn a_queued_run_is_told_at_once_then_refused_in_the_stream(db: Db) {
 on_both!(a_queued_run_runs_in_the_same_answer_once_room_frees);
 async fn a_queued_run_runs_in_the_same_answer_once_room_frees(db: Db) {
     let (runner, ws, held) = one_held(db, Duration::from_secs(20)).await;
-    let started = tokio::time::Instant::now();
-    let resp = post(
-        &ws,
-        "/api/runs",
-        json!({"prompt": "y", "protocol": 2}),
-        true,
-    )
-    .await;
-    queued_at_once(&resp, started, "application/x-ndjson");
+    let (_, resp) = queued_run(&ws).await;
     let run_id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
-    let mut lines = Lines {
-        resp,
-        buf: Vec::new(),
-    };
+    let mut lines = Lines::new(resp);
     assert_eq!(lines.next().await.unwrap()["type"], "queued");
     // The held run ends: the queued one is dispatched, its lines follow.
     runner.shared.release.notify_one();
@@ -163,17 +157,8 @@ async fn a_queued_run_runs_in_the_same_answer_once_room_frees(db: Db) {
 on_both!(a_client_gone_while_queued_gives_up_its_place);
 async fn a_client_gone_while_queued_gives_up_its_place(db: Db) {
     let (runner, ws, held) = one_held(db, Duration::from_secs(20)).await;
-    let resp = post(
-        &ws,
-        "/api/runs",
-        json!({"prompt": "y", "protocol": 2}),
-        true,
-    )
-    .await;
-    let mut lines = Lines {
-        resp,
-        buf: Vec::new(),
-    };
+    let (_, resp) = queued_run(&ws).await;
+    let mut lines = Lines::new(resp);
     assert_eq!(lines.next().await.unwrap()["type"], "queued");
     drop(lines);
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -36,6 +36,10 @@ trap cleanup EXIT
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q --disable-pip-version-check "openapi-python-client==$version"
 
+# Made before the start: the loop below reads them at once, maybe before
+# the background command opened them (under load, `sed` found no file).
+: >"$work/banner"
+: >"$work/log"
 env -u OPENAI_API_KEY -u OPENAI_BASE_URL -u ANTHROPIC_API_KEY -u ANTHROPIC_BASE_URL \
   -u ASBX_MODEL -u ASBX_REQUIRE_AUTH -u DATABASE_URL -u ASBX_RUNNER_TOKEN \
   ASBX_LOG=warn "$bin" up --listen 127.0.0.1:0 --data "$work/data" \

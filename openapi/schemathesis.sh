@@ -35,6 +35,10 @@ python3 -m venv "$work/venv"
 st="$work/venv/bin/schemathesis"
 
 token="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+# Made before the start: the loop below reads them at once, maybe before
+# the background command opened them (under load, `sed` found no file).
+: >"$work/banner"
+: >"$work/log"
 ASBX_RUNNER_TOKEN="$token" ASBX_LOG=warn "$bin" up --listen 127.0.0.1:0 --data "$work/data" \
   --warm-pool 1 >"$work/banner" 2>"$work/log" &
 up_pid=$!

@@ -6,18 +6,7 @@ use std::time::Duration;
 use asbx_workspace::Quota;
 use serde_json::{Value, json};
 
-use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem};
-
-/// Moves the test clock to the next UTC noon, so a test's minutes and
-/// seconds never cross a day.
-fn to_noon(ws: &TestWorkspace) {
-    use asbx_workspace::Clock as _;
-    const DAY: i64 = 86_400_000;
-    let now = ws.clock.now_ms();
-    let noon = now - now.rem_euclid(DAY) + DAY + DAY / 2;
-    ws.clock
-        .advance(Duration::from_millis(u64::try_from(noon - now).unwrap()));
-}
+use crate::support::{Db, FakeRunner, Mode, TestWorkspace, client, on_both, problem, to_noon};
 
 async fn usage(ws: &TestWorkspace) -> Value {
     let resp = client().get(ws.url("/api/usage")).send().await.unwrap();

@@ -9,18 +9,9 @@ use asbx_workspace::Quota;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Db, FakeRunner, Mode, SseReader, TestWorkspace, client, on_both, post_turn, settled_run,
+    Db, FakeRunner, Mode, SseReader, TestWorkspace, client, get_json, on_both, post_turn,
+    settled_run, to_noon,
 };
-
-/// Moves the test clock to the next UTC noon, so the test never crosses a day.
-fn to_noon(ws: &TestWorkspace) {
-    use asbx_workspace::Clock as _;
-    const DAY: i64 = 86_400_000;
-    let now = ws.clock.now_ms();
-    let noon = now - now.rem_euclid(DAY) + DAY + DAY / 2;
-    ws.clock
-        .advance(Duration::from_millis(u64::try_from(noon - now).unwrap()));
-}
 
 async fn post_run(ws: &TestWorkspace) -> reqwest::Response {
     let resp = client()
@@ -71,14 +62,7 @@ async fn read_lines(mut resp: reqwest::Response) -> Vec<Value> {
 }
 
 async fn used_tokens(ws: &TestWorkspace) -> Value {
-    let u: Value = client()
-        .get(ws.url("/api/usage"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let u: Value = get_json(ws, "/api/usage").await;
     u["used"]["tokens-per-day"].clone()
 }
 
@@ -141,14 +125,7 @@ async fn a_run_crossing_tokens_per_day_ends_quota_exceeded(db: Db) {
 
 /// The run's `status`, read once.
 async fn settled_or_running(ws: &TestWorkspace, id: &str) -> Value {
-    let v: Value = client()
-        .get(ws.url(&format!("/api/runs/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(ws, &format!("/api/runs/{id}")).await;
     v["status"].clone()
 }
 
@@ -212,14 +189,7 @@ async fn a_chat_turn_crossing_tokens_per_day_is_stored_failed(db: Db) {
     assert_eq!(last_two[1].data["status"], "failed");
     let detail = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            let d: Value = client()
-                .get(ws.url(&format!("/api/assistant/chats/{chat_id}")))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let d: Value = get_json(&ws, &format!("/api/assistant/chats/{chat_id}")).await;
             if d["messages"].as_array().unwrap().len() >= 2 && d["activeTurnId"].is_null() {
                 return d;
             }

@@ -291,6 +291,29 @@ pub(crate) struct SseEvent {
     pub(crate) data: Value,
 }
 
+/// `GET path` without credentials, its JSON answer (any status).
+pub(crate) async fn get_json(ws: &TestWorkspace, path: &str) -> Value {
+    client()
+        .get(ws.url(path))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Moves the test clock to the next UTC noon, so a test's minutes and
+/// seconds never cross a day.
+pub(crate) fn to_noon(ws: &TestWorkspace) {
+    use asbx_workspace::Clock as _;
+    const DAY: i64 = 86_400_000;
+    let now = ws.clock.now_ms();
+    let noon = now - now.rem_euclid(DAY) + DAY + DAY / 2;
+    ws.clock
+        .advance(Duration::from_millis(u64::try_from(noon - now).unwrap()));
+}
+
 /// Reads server-sent events from a response.
 pub(crate) struct SseReader {
     resp: reqwest::Response,

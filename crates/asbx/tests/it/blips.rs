@@ -34,6 +34,18 @@ fn printing(tag: &str, n: usize) -> (String, String) {
     (prompt, expected)
 }
 
+/// `resp` if it is a `200`; else a panic naming its status and body.
+async fn answered_200(resp: reqwest::Response) -> reqwest::Response {
+    let status = resp.status();
+    if status != 200 {
+        panic!(
+            "answered {status}: {}",
+            resp.text().await.unwrap_or_default()
+        );
+    }
+    resp
+}
+
 /// What a run or turn ended with: its status and its tool's output.
 #[derive(Debug)]
 struct Ended {
@@ -50,7 +62,7 @@ async fn api_run(ws: &str, prompt: &str) -> Ended {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
+    let resp = answered_200(resp).await;
     let id = resp.headers()["x-asbx-run-id"].to_str().unwrap().to_owned();
     let body = tokio::time::timeout(Duration::from_secs(240), resp.bytes())
         .await
@@ -89,8 +101,7 @@ async fn chat_turn(ws: &str, prompt: &str) -> Ended {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut resp = resp;
+    let mut resp = answered_200(resp).await;
     let mut text = String::new();
     let finished = |t: &str| {
         t.find("event: done")
@@ -167,19 +178,31 @@ async fn runs_and_turns_outlive_connections_cut_at_random() {
         let chat = i % 2 == 0;
         let tag = format!("{}{i}", if chat { "turn" } else { "run" });
         let (prompt, expected) = printing(&tag, 10 + rand::random_range(0..=20));
-        tasks.push(tokio::spawn(async move {
-            let _slot = gate.acquire_owned().await.unwrap();
-            let ended = if chat {
-                chat_turn(&url, &prompt).await
-            } else {
-                api_run(&url, &prompt).await
-            };
-            (tag, expected, ended)
-        }));
+        let named = tag.clone();
+        tasks.push((
+            named,
+            tokio::spawn(async move {
+                let _slot = gate.acquire_owned().await.unwrap();
+                let ended = if chat {
+                    chat_turn(&url, &prompt).await
+                } else {
+                    api_run(&url, &prompt).await
+                };
+                (tag, expected, ended)
+            }),
+        ));
     }
+    // Every task's end is looked at (a panic in one is a failure named by
+    // its tag, beside the others'), and then the whole list is asserted.
     let mut failures = Vec::new();
-    for t in tasks {
-        let (tag, expected, ended) = t.await.unwrap();
+    for (named, t) in tasks {
+        let (tag, expected, ended) = match t.await {
+            Ok(ended) => ended,
+            Err(e) => {
+                failures.push(format!("{named}: {e}"));
+                continue;
+            }
+        };
         if ended.status != "succeeded" || ended.output != expected {
             failures.push(format!("{tag}: {ended:?}, expected {expected:?}"));
         }

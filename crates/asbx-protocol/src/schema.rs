@@ -116,6 +116,33 @@ pub fn prune_components(doc: &mut serde_json::Value) {
     schemas.sort_keys();
 }
 
+/// Serializes an OpenAPI document (`api`, utoipa's) and fills the stand-ins
+/// among its `components.schemas` (a reference to themselves, where the
+/// code names a protocol type) with the protocol's [`components`]; a name
+/// the code's own schemas took stays theirs (each service's tests check
+/// none clash). The schemas are fixed at build time and checked by a test;
+/// an error here would leave the references dangling, which those tests
+/// catch.
+pub fn document_with_components(api: &impl serde::Serialize) -> serde_json::Value {
+    let mut doc = serde_json::to_value(api).unwrap_or_default();
+    let protocol = components().unwrap_or_default();
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    {
+        for (name, schema) in protocol {
+            let stand_in = serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
+            match schemas.get(&name) {
+                Some(have) if *have != stand_in => {}
+                _ => {
+                    schemas.insert(name, schema);
+                }
+            }
+        }
+    }
+    doc
+}
+
 /// Wraps the schema of every `text/event-stream` response of an OpenAPI
 /// document in the schema of one server-sent event: the SSE fields
 /// (`event`, `id`, `retry`) and `data`, a string of JSON whose own schema is

@@ -54,28 +54,9 @@ pub(crate) fn document() -> &'static serde_json::Value {
     DOC.get_or_init(|| build(crate::api().into_openapi()))
 }
 
-/// Serializes `api` and puts the protocol's schemas into its components.
+/// `api` with the protocol's schemas in its components, finished.
 fn build(api: utoipa::openapi::OpenApi) -> serde_json::Value {
-    let mut doc = serde_json::to_value(&api).unwrap_or_default();
-    // The schemas are fixed at build time and checked by a test; an error
-    // here would leave the references dangling, which that test catches.
-    let protocol = asbx_protocol::schema::components().unwrap_or_default();
-    if let Some(schemas) = doc
-        .pointer_mut("/components/schemas")
-        .and_then(|s| s.as_object_mut())
-    {
-        // Fill the stand-ins (a reference to themselves); a name the
-        // code's own schemas took stays theirs (a test checks none clash).
-        for (name, schema) in protocol {
-            let stand_in = serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
-            match schemas.get(&name) {
-                Some(have) if *have != stand_in => {}
-                _ => {
-                    schemas.insert(name, schema);
-                }
-            }
-        }
-    }
+    let mut doc = asbx_protocol::schema::document_with_components(&api);
     asbx_protocol::schema::sse_envelopes(&mut doc);
     asbx_protocol::schema::name_variants(&mut doc);
     asbx_protocol::schema::prune_components(&mut doc);

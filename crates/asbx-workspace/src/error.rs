@@ -146,174 +146,131 @@ impl WorkspaceError {
         }
     }
 
-    /// The problem body this error is answered with.
+    /// The problem body this error is answered with: its
+    /// [`kind`](Self::kind), [`detail`](Self::detail) and
+    /// [`members`](Self::members).
     pub(crate) fn problem(&self) -> Problem {
+        let (status, code, title) = self.kind();
+        self.members(Problem::new(status, code.as_str(), title, self.detail()))
+    }
+
+    /// Status, stable code and title: what a client branches on.
+    fn kind(&self) -> (u16, ProblemCode, &'static str) {
+        use ProblemCode as C;
+        use WorkspaceError as E;
         match self {
-            WorkspaceError::InvalidRequest { detail, errors } => Problem::new(
-                400,
-                ProblemCode::InvalidRequest.as_str(),
-                "Invalid request",
-                detail.clone(),
-            )
-            .with_errors(errors.clone()),
-            WorkspaceError::Unauthorized => Problem::new(
-                401,
-                ProblemCode::Unauthorized.as_str(),
-                "Unauthorized",
-                "missing or malformed credentials",
+            E::InvalidRequest { .. } => (400, C::InvalidRequest, "Invalid request"),
+            E::Unauthorized => (401, C::Unauthorized, "Unauthorized"),
+            E::OtpRejected => (401, C::OtpRejected, "Token rejected"),
+            E::Forbidden(_) => (403, C::Forbidden, "Forbidden"),
+            E::CrossOrigin { .. } => (403, C::CrossOrigin, "Cross-origin request refused"),
+            E::HostNotAllowed { .. } => (403, C::HostNotAllowed, "Host not allowed"),
+            E::MethodNotAllowed { .. } => (405, C::MethodNotAllowed, "Method not allowed"),
+            E::UnsupportedMediaType { .. } => {
+                (415, C::UnsupportedMediaType, "Unsupported media type")
+            }
+            E::NotFound(_) => (404, C::NotFound, "Not found"),
+            E::BodyTooLarge { .. } => (413, C::BodyTooLarge, "Request body too large"),
+            E::TurnInFlight { .. } => (409, C::TurnInFlight, "Turn in flight"),
+            E::Conflict(_) => (409, C::Conflict, "Conflict"),
+            E::WorkdirNotKept { .. } => (409, C::WorkdirNotKept, "No working directory kept"),
+            E::WorkdirGone { .. } => (410, C::WorkdirGone, "Working directory no longer kept"),
+            E::SandboxUrlMissing | E::AgentSandboxUrlMissing { .. } => {
+                (503, C::SandboxUrlMissing, "Sandbox runner not configured")
+            }
+            E::SandboxUrlNotAllowed { .. } => (400, C::SandboxUrlNotAllowed, "Runner not allowed"),
+            E::ModelNotAllowed { .. } => (400, C::ModelNotAllowed, "Model not allowed"),
+            E::Upstream(_) => (502, C::UpstreamFailed, "Sandbox runner unreachable"),
+            E::EventsGone { .. } => (410, C::EventsGone, "Lines no longer kept"),
+            E::QuotaExceeded { .. } => (429, C::QuotaExceeded, "Quota exceeded"),
+            E::Database(e) if unreachable(e) => {
+                (503, C::DatabaseUnavailable, "Database unavailable")
+            }
+            E::Config(_)
+            | E::AuthRequired { .. }
+            | E::Database(_)
+            | E::Migrate(_)
+            | E::Io { .. }
+            | E::Corrupt(_) => (500, C::Internal, "Internal error"),
+        }
+    }
+
+    /// What a person reads. An internal error's own words stay in the log
+    /// ([`IntoResponse`]); the client gets a generic sentence.
+    fn detail(&self) -> String {
+        use WorkspaceError as E;
+        match self {
+            E::InvalidRequest { detail, .. } => detail.clone(),
+            E::Unauthorized => "missing or malformed credentials".to_owned(),
+            E::OtpRejected => {
+                "the one-time token is unknown, expired, already used, or not valid here".to_owned()
+            }
+            E::Forbidden(what) | E::Conflict(what) => what.clone(),
+            E::CrossOrigin { origin } => format!(
+                "a state-changing request from origin {origin} is refused: only this \
+                 server's own origin may make one"
             ),
-            WorkspaceError::OtpRejected => Problem::new(
-                401,
-                ProblemCode::OtpRejected.as_str(),
-                "Token rejected",
-                "the one-time token is unknown, expired, already used, or not valid here",
-            ),
-            WorkspaceError::Forbidden(what) => Problem::new(
-                403,
-                ProblemCode::Forbidden.as_str(),
-                "Forbidden",
-                what.clone(),
-            ),
-            WorkspaceError::CrossOrigin { origin } => Problem::new(
-                403,
-                ProblemCode::CrossOrigin.as_str(),
-                "Cross-origin request refused",
-                format!(
-                    "a state-changing request from origin {origin} is refused: only this \
-                     server's own origin may make one"
-                ),
-            ),
-            WorkspaceError::HostNotAllowed { host } => Problem::new(
-                403,
-                ProblemCode::HostNotAllowed.as_str(),
-                "Host not allowed",
-                format!("this server does not answer to Host {host:?}"),
-            ),
-            WorkspaceError::MethodNotAllowed { method } => Problem::new(
-                405,
-                ProblemCode::MethodNotAllowed.as_str(),
-                "Method not allowed",
-                format!("{method} is not allowed on this route"),
-            ),
-            WorkspaceError::UnsupportedMediaType { found } => Problem::new(
-                415,
-                ProblemCode::UnsupportedMediaType.as_str(),
-                "Unsupported media type",
-                format!("this route takes Content-Type: application/json, not {found}"),
-            ),
-            WorkspaceError::NotFound(what) => Problem::new(
-                404,
-                ProblemCode::NotFound.as_str(),
-                "Not found",
-                format!("{what} not found"),
-            ),
-            WorkspaceError::BodyTooLarge { limit } => Problem::new(
-                413,
-                ProblemCode::BodyTooLarge.as_str(),
-                "Request body too large",
-                format!("the request body is larger than {limit} bytes"),
-            ),
-            WorkspaceError::TurnInFlight { chat_id, turn_id } => Problem::new(
-                409,
-                ProblemCode::TurnInFlight.as_str(),
-                "Turn in flight",
-                format!("chat {chat_id} already has a turn in flight ({turn_id})"),
-            )
-            .with("activeTurnId", turn_id.clone())
-            .with("chatId", chat_id.clone()),
-            WorkspaceError::Conflict(what) => Problem::new(
-                409,
-                ProblemCode::Conflict.as_str(),
-                "Conflict",
-                what.clone(),
-            ),
-            WorkspaceError::WorkdirNotKept { chat_id, .. } => Problem::new(
-                409,
-                ProblemCode::WorkdirNotKept.as_str(),
-                "No working directory kept",
-                self.to_string(),
-            )
-            .with("chatId", chat_id.clone()),
-            WorkspaceError::WorkdirGone { chat_id, .. } => Problem::new(
-                410,
-                ProblemCode::WorkdirGone.as_str(),
-                "Working directory no longer kept",
-                self.to_string(),
-            )
-            .with("chatId", chat_id.clone()),
-            WorkspaceError::SandboxUrlMissing => Problem::new(
-                503,
-                ProblemCode::SandboxUrlMissing.as_str(),
-                "Sandbox runner not configured",
-                self.to_string(),
-            ),
-            WorkspaceError::AgentSandboxUrlMissing { agent_id } => Problem::new(
-                503,
-                ProblemCode::SandboxUrlMissing.as_str(),
-                "Sandbox runner not configured",
-                self.to_string(),
-            )
-            .with("agentId", agent_id.clone()),
-            WorkspaceError::SandboxUrlNotAllowed { field } => Problem::new(
-                400,
-                ProblemCode::SandboxUrlNotAllowed.as_str(),
-                "Runner not allowed",
-                self.to_string(),
-            )
-            .with_errors(vec![FieldError::new(
+            E::HostNotAllowed { host } => format!("this server does not answer to Host {host:?}"),
+            E::MethodNotAllowed { method } => format!("{method} is not allowed on this route"),
+            E::UnsupportedMediaType { found } => {
+                format!("this route takes Content-Type: application/json, not {found}")
+            }
+            E::NotFound(what) => format!("{what} not found"),
+            E::BodyTooLarge { limit } => format!("the request body is larger than {limit} bytes"),
+            E::TurnInFlight { chat_id, turn_id } => {
+                format!("chat {chat_id} already has a turn in flight ({turn_id})")
+            }
+            E::Upstream(_) => "the request to the sandbox runner failed".to_owned(),
+            E::WorkdirNotKept { .. }
+            | E::WorkdirGone { .. }
+            | E::SandboxUrlMissing
+            | E::AgentSandboxUrlMissing { .. }
+            | E::SandboxUrlNotAllowed { .. }
+            | E::ModelNotAllowed { .. }
+            | E::EventsGone { .. }
+            | E::QuotaExceeded { .. } => self.to_string(),
+            E::Database(e) if unreachable(e) => {
+                "the database cannot be reached now; nothing was changed, retry shortly".to_owned()
+            }
+            E::Config(_)
+            | E::AuthRequired { .. }
+            | E::Database(_)
+            | E::Migrate(_)
+            | E::Io { .. }
+            | E::Corrupt(_) => "an internal error occurred; it has been logged".to_owned(),
+        }
+    }
+
+    /// The members beyond the five a problem always has: the bad fields
+    /// and what a client needs to act (the turn in flight, the quota).
+    fn members(&self, problem: Problem) -> Problem {
+        use WorkspaceError as E;
+        match self {
+            E::InvalidRequest { errors, .. } => problem.with_errors(errors.clone()),
+            E::TurnInFlight { chat_id, turn_id } => problem
+                .with("activeTurnId", turn_id.clone())
+                .with("chatId", chat_id.clone()),
+            E::WorkdirNotKept { chat_id, .. } | E::WorkdirGone { chat_id, .. } => {
+                problem.with("chatId", chat_id.clone())
+            }
+            E::AgentSandboxUrlMissing { agent_id } => problem.with("agentId", agent_id.clone()),
+            E::SandboxUrlNotAllowed { field } => problem.with_errors(vec![FieldError::new(
                 field,
                 "not one of the runners this workspace is configured with",
             )]),
-            WorkspaceError::ModelNotAllowed { field, allowed, .. } => Problem::new(
-                400,
-                ProblemCode::ModelNotAllowed.as_str(),
-                "Model not allowed",
-                self.to_string(),
-            )
-            .with_errors(vec![FieldError::new(
-                field,
-                "not one of the allowed models",
-            )])
-            .with("allowed", allowed.clone()),
-            WorkspaceError::Upstream(_) => Problem::new(
-                502,
-                ProblemCode::UpstreamFailed.as_str(),
-                "Sandbox runner unreachable",
-                "the request to the sandbox runner failed",
-            ),
-            WorkspaceError::EventsGone { run_id, oldest } => Problem::new(
-                410,
-                ProblemCode::EventsGone.as_str(),
-                "Lines no longer kept",
-                self.to_string(),
-            )
-            .with("runId", run_id.clone())
-            .with("oldestSeq", *oldest),
-            WorkspaceError::QuotaExceeded { quota, limit, .. } => Problem::new(
-                429,
-                ProblemCode::QuotaExceeded.as_str(),
-                "Quota exceeded",
-                self.to_string(),
-            )
-            .with("quota", *quota)
-            .with("limit", *limit),
-            WorkspaceError::Database(e) if unreachable(e) => Problem::new(
-                503,
-                ProblemCode::DatabaseUnavailable.as_str(),
-                "Database unavailable",
-                "the database cannot be reached now; nothing was changed, retry shortly",
-            ),
-            WorkspaceError::Config(_)
-            | WorkspaceError::AuthRequired { .. }
-            | WorkspaceError::Database(_)
-            | WorkspaceError::Migrate(_)
-            | WorkspaceError::Io { .. }
-            | WorkspaceError::Corrupt(_) => Problem::new(
-                500,
-                ProblemCode::Internal.as_str(),
-                "Internal error",
-                "an internal error occurred; it has been logged",
-            ),
+            E::ModelNotAllowed { field, allowed, .. } => problem
+                .with_errors(vec![FieldError::new(
+                    field,
+                    "not one of the allowed models",
+                )])
+                .with("allowed", allowed.clone()),
+            E::EventsGone { run_id, oldest } => problem
+                .with("runId", run_id.clone())
+                .with("oldestSeq", *oldest),
+            E::QuotaExceeded { quota, limit, .. } => {
+                problem.with("quota", *quota).with("limit", *limit)
+            }
+            _ => problem,
         }
     }
 }

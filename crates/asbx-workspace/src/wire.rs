@@ -388,7 +388,7 @@ pub(crate) struct ChatSummary {
 }
 
 /// One chat: its thread, its bag and its settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatDetail {
     #[serde(flatten)]
@@ -744,21 +744,11 @@ pub(crate) struct ChatSettings {
 
 /// A chat's settings as answered: what is stored, plus `effective`, the
 /// model and system prompt a turn uses now.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ChatSettingsView {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub system_prompt: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub environment_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::apidoc::Skill>)]
-    pub skills: Vec<Skill>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<crate::apidoc::McpServer>)]
-    pub mcp_servers: Vec<McpServer>,
+    #[serde(flatten)]
+    pub settings: ChatSettings,
     pub effective: EffectiveSettings,
 }
 

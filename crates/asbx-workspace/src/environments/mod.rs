@@ -669,11 +669,7 @@ pub(crate) fn settings_view(state: &AppState, mut s: ChatSettings) -> ChatSettin
             .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_owned()),
     };
     ChatSettingsView {
-        model: s.model,
-        system_prompt: s.system_prompt,
-        environment_id: s.environment_id,
-        skills: s.skills,
-        mcp_servers: s.mcp_servers,
+        settings: s,
         effective,
     }
 }

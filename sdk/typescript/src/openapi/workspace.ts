@@ -1077,12 +1077,13 @@ export interface components {
          *     model and system prompt a turn uses now.
          */
         ChatSettingsView: {
-            effective: components["schemas"]["EffectiveSettings"];
             environmentId?: string | null;
             mcpServers?: components["schemas"]["McpServer"][];
             model?: string | null;
             skills?: components["schemas"]["Skill"][];
             systemPrompt?: string | null;
+        } & {
+            effective: components["schemas"]["EffectiveSettings"];
         };
         /**
          * @description A chat in the list.

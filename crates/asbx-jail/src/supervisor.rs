@@ -561,10 +561,14 @@ fn wait_init(
     }
     loop {
         match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
+            // Init told its main process's end and exited before the poll
+            // below saw the pipe: that word is still in it.
             Ok(WaitStatus::Exited(_, code)) => {
+                relay_if_told(status);
                 return received.map_or(code, |s| 128 + s as i32);
             }
             Ok(WaitStatus::Signaled(_, sig, _)) => {
+                relay_if_told(status);
                 return 128 + received.unwrap_or(sig) as i32;
             }
             Ok(_) => {}
@@ -619,6 +623,19 @@ fn wait_init(
                 let _ = kill(init, Signal::SIGKILL);
             }
         }
+    }
+}
+
+/// Passes on init's word of the main process's end if it is in the pipe
+/// now (or the pipe is closed); never waits for it.
+fn relay_if_told(status: &mut Option<Status>) {
+    let Some(s) = status.as_mut() else { return };
+    let ready = s
+        .from_init
+        .as_ref()
+        .is_some_and(|f| sys::poll_readable(&[f.as_fd()], 0).is_ok_and(|r| r[0]));
+    if ready {
+        s.relay();
     }
 }
 

@@ -66,109 +66,62 @@ impl RunnerError {
         self.problem().code
     }
 
+    /// The problem body: its [`kind`](Self::kind), its detail and the
+    /// members a client acts on.
     fn problem(&self) -> Problem {
+        let (status, code, title) = self.kind();
+        let problem = Problem::of(status, code, title, self.detail());
+        match self {
+            RunnerError::InvalidRequest(errors) => problem.with_errors(errors.clone()),
+            RunnerError::SessionTaken(id) => problem.with("sessionId", id.clone()),
+            RunnerError::EventsGone { oldest, .. } => problem.with("oldestSeq", *oldest),
+            _ => problem,
+        }
+    }
+
+    /// Status, stable code and title: what a client branches on.
+    fn kind(&self) -> (u16, ProblemCode, &'static str) {
+        use ProblemCode as C;
+        use RunnerError as E;
+        match self {
+            E::InvalidRequest(_) => (400, C::InvalidRequest, "Invalid request"),
+            E::Unauthorized => (401, C::Unauthorized, "Unauthorized"),
+            E::CrossOrigin(_) => (403, C::CrossOrigin, "Cross-origin request"),
+            E::SessionTaken(_) => (409, C::SessionExists, "Session exists"),
+            E::SessionNotFound(_) | E::NoRoute(_) => (404, C::NotFound, "Not found"),
+            E::MethodNotAllowed(_) => (405, C::MethodNotAllowed, "Method not allowed"),
+            E::NotProtocol2(_) => (409, C::NotProtocol2, "Not a protocol 2 session"),
+            E::UnknownCall(_) => (404, C::UnknownCall, "Unknown tool call"),
+            E::AlreadyAnswered(_) => (409, C::AlreadyAnswered, "Tool call already answered"),
+            E::CallClosed(_) => (409, C::SessionEnded, "Session ended"),
+            E::Undecryptable(_) => (400, C::DecryptionFailed, "Decryption failed"),
+            E::TooLarge(_) => (413, C::BodyTooLarge, "Request body too large"),
+            E::AtCapacity(_) => (503, C::AtCapacity, "Runner at capacity"),
+            E::EventsGone { .. } => (410, C::EventsGone, "Events no longer retained"),
+            E::WorkdirUnavailable(_) => {
+                (502, C::WorkdirUnavailable, "Working directory unavailable")
+            }
+            E::TokenRequired(_) | E::Spawn(_) | E::Io { .. } => {
+                (500, C::Internal, "Internal error")
+            }
+        }
+    }
+
+    /// What a person reads; an internal error's own words stay in the log.
+    fn detail(&self) -> String {
         match self {
             RunnerError::InvalidRequest(errors) => {
                 let names: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
-                Problem::of(
-                    400,
-                    ProblemCode::InvalidRequest,
-                    "Invalid request",
-                    format!("bad fields: {}", names.join(", ")),
-                )
-                .with_errors(errors.clone())
+                format!("bad fields: {}", names.join(", "))
             }
-            RunnerError::Unauthorized => Problem::of(
-                401,
-                ProblemCode::Unauthorized,
-                "Unauthorized",
-                self.to_string(),
-            ),
-            RunnerError::CrossOrigin(_) => Problem::of(
-                403,
-                ProblemCode::CrossOrigin,
-                "Cross-origin request",
-                self.to_string(),
-            ),
-            RunnerError::SessionTaken(id) => Problem::of(
-                409,
-                ProblemCode::SessionExists,
-                "Session exists",
-                self.to_string(),
-            )
-            .with("sessionId", id.clone()),
-            RunnerError::SessionNotFound(_) | RunnerError::NoRoute(_) => {
-                Problem::of(404, ProblemCode::NotFound, "Not found", self.to_string())
+            RunnerError::WorkdirUnavailable(_) => {
+                "the runner could not fetch the chat's working directory from the workspace"
+                    .to_owned()
             }
-            RunnerError::MethodNotAllowed(_) => Problem::of(
-                405,
-                ProblemCode::MethodNotAllowed,
-                "Method not allowed",
-                self.to_string(),
-            ),
-            RunnerError::NotProtocol2(_) => Problem::of(
-                409,
-                ProblemCode::NotProtocol2,
-                "Not a protocol 2 session",
-                self.to_string(),
-            ),
-            RunnerError::UnknownCall(_) => Problem::of(
-                404,
-                ProblemCode::UnknownCall,
-                "Unknown tool call",
-                self.to_string(),
-            ),
-            RunnerError::AlreadyAnswered(_) => Problem::of(
-                409,
-                ProblemCode::AlreadyAnswered,
-                "Tool call already answered",
-                self.to_string(),
-            ),
-            RunnerError::CallClosed(_) => Problem::of(
-                409,
-                ProblemCode::SessionEnded,
-                "Session ended",
-                self.to_string(),
-            ),
-            RunnerError::Undecryptable(_) => Problem::of(
-                400,
-                ProblemCode::DecryptionFailed,
-                "Decryption failed",
-                self.to_string(),
-            ),
-            RunnerError::TooLarge(_) => Problem::of(
-                413,
-                ProblemCode::BodyTooLarge,
-                "Request body too large",
-                self.to_string(),
-            ),
-            RunnerError::AtCapacity(_) => Problem::of(
-                503,
-                ProblemCode::AtCapacity,
-                "Runner at capacity",
-                self.to_string(),
-            ),
-            RunnerError::EventsGone { oldest, .. } => Problem::of(
-                410,
-                ProblemCode::EventsGone,
-                "Events no longer retained",
-                self.to_string(),
-            )
-            .with("oldestSeq", *oldest),
-            RunnerError::WorkdirUnavailable(_) => Problem::of(
-                502,
-                ProblemCode::WorkdirUnavailable,
-                "Working directory unavailable",
-                "the runner could not fetch the chat's working directory from the workspace",
-            ),
             RunnerError::TokenRequired(_) | RunnerError::Spawn(_) | RunnerError::Io { .. } => {
-                Problem::of(
-                    500,
-                    ProblemCode::Internal,
-                    "Internal error",
-                    "the runner could not start the sandbox; see the runner's log",
-                )
+                "the runner could not start the sandbox; see the runner's log".to_owned()
             }
+            _ => self.to_string(),
         }
     }
 }

@@ -151,7 +151,7 @@ impl WorkspaceError {
     /// [`members`](Self::members).
     pub(crate) fn problem(&self) -> Problem {
         let (status, code, title) = self.kind();
-        self.members(Problem::new(status, code.as_str(), title, self.detail()))
+        self.members(Problem::of(status, code, title, self.detail()))
     }
 
     /// Status, stable code and title: what a client branches on.

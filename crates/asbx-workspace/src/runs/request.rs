@@ -31,24 +31,7 @@ pub(crate) async fn to_spec(
             .sealer
             .seal_servers(&mut request.mcp_servers, &[], "mcpServers");
     }
-    let named = match request.environment.as_deref() {
-        Some(name) => {
-            let found = environments::find(state, workspace_id, name).await?;
-            match &found {
-                None => errors.push(FieldError::new(
-                    "environment",
-                    "no such environment in this workspace (by id or name)",
-                )),
-                Some(env) => {
-                    if let Err(msg) = environments::check_merged(env, &request.variables) {
-                        errors.push(FieldError::new("environment", msg));
-                    }
-                }
-            }
-            found
-        }
-        None => None,
-    };
+    let named = named_environment(state, workspace_id, &request, &mut errors).await?;
     let stream = options(
         request.protocol.as_ref(),
         request.filter.as_ref(),
@@ -75,21 +58,8 @@ pub(crate) async fn to_spec(
             .clone()
             .ok_or(WorkspaceError::SandboxUrlMissing)?,
     };
-    let workdir_from = match request.workdir {
-        Some(w) => {
-            let pool = state.store.pool();
-            let manifest = crate::workdir::source::for_run(
-                pool,
-                workspace_id,
-                &w.from,
-                w.after_message_id.as_deref(),
-            )
-            .await?;
-            Some(WorkdirFrom {
-                chat_id: w.from,
-                manifest,
-            })
-        }
+    let workdir_from = match request.workdir.take() {
+        Some(w) => Some(workdir_from(state, workspace_id, w).await?),
         None => None,
     };
     let (env, secrets) = environments::merged_env(
@@ -121,6 +91,53 @@ pub(crate) async fn to_spec(
         workdir_from,
     };
     Ok((spec, stream))
+}
+
+/// The named environment `request` asks for (by id or name), if any; a
+/// missing one, or one whose variables clash with the request's, is a
+/// field error.
+async fn named_environment(
+    state: &AppState,
+    workspace_id: &str,
+    request: &CreateRunRequest,
+    errors: &mut Vec<FieldError>,
+) -> Result<Option<environments::Environment>, WorkspaceError> {
+    let Some(name) = request.environment.as_deref() else {
+        return Ok(None);
+    };
+    let found = environments::find(state, workspace_id, name).await?;
+    match &found {
+        None => errors.push(FieldError::new(
+            "environment",
+            "no such environment in this workspace (by id or name)",
+        )),
+        Some(env) => {
+            if let Err(msg) = environments::check_merged(env, &request.variables) {
+                errors.push(FieldError::new("environment", msg));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The kept working directory a run starts from (`workdir`), read from
+/// the caller's workspace only.
+async fn workdir_from(
+    state: &AppState,
+    workspace_id: &str,
+    w: crate::wire::RunWorkdir,
+) -> Result<WorkdirFrom, WorkspaceError> {
+    let manifest = crate::workdir::source::for_run(
+        state.store.pool(),
+        workspace_id,
+        &w.from,
+        w.after_message_id.as_deref(),
+    )
+    .await?;
+    Ok(WorkdirFrom {
+        chat_id: w.from,
+        manifest,
+    })
 }
 
 /// How a run request wants its stream: the response's protocol and what

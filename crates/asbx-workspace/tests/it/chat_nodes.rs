@@ -184,27 +184,31 @@ async fn a_turn_marked_lost_replays_with_its_error(db: Db) {
     assert_eq!(events[3].data["status"], "failed");
 
     // A client that had seen the lines up to the error gets `done` alone.
-    let again = client()
-        .get(ws.url(&format!("/api/assistant/chats/{chat_id}/stream")))
-        .header("Last-Event-ID", "2")
-        .send()
-        .await
-        .unwrap();
-    let events = SseReader::new(again).until_done().await;
+    let events = resumed_after(&ws, &chat_id, 2).await;
     let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(names, ["turn", "done"], "{events:?}");
 
     // A client that saw lines its dead node sent and never stored (here 2
     // to 5) still gets the error, numbered after what it saw.
-    let ahead = client()
-        .get(ws.url(&format!("/api/assistant/chats/{chat_id}/stream")))
-        .header("Last-Event-ID", "5")
-        .send()
-        .await
-        .unwrap();
-    let events = SseReader::new(ahead).until_done().await;
+    let events = resumed_after(&ws, &chat_id, 5).await;
     let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(names, ["turn", "error", "done"], "{events:?}");
     assert_eq!(events[1].id.as_deref(), Some("6"), "{events:?}");
     assert_eq!(events[1].data["code"], "runner_lost");
+}
+
+/// The events of `chat_id`'s turn resumed after `last`, to its `done`.
+async fn resumed_after(
+    ws: &TestWorkspace,
+    chat_id: &str,
+    last: u64,
+) -> Vec<crate::support::SseEvent> {
+    let resp = client()
+        .get(ws.url(&format!("/api/assistant/chats/{chat_id}/stream")))
+        .header("Last-Event-ID", last.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    SseReader::new(resp).until_done().await
 }

@@ -756,15 +756,46 @@ fn socket(url: &str) -> SocketAddr {
         .unwrap()
 }
 
-/// Removes the cgroup at `path` if no process is in it (`rmdir` fails on
-/// one that has a process or a child); says so.
+/// Removes the cgroup at `path` and its child cgroups (a sandbox's
+/// `tools` and `mcp`) if no process is in any of them (`rmdir` fails on one
+/// that holds a process); says so.
 fn empty_cgroup_removed(path: &str) -> bool {
-    let procs = std::fs::read_to_string(format!("{path}/cgroup.procs")).unwrap_or_default();
-    let removed = procs.trim().is_empty() && std::fs::remove_dir(path).is_ok();
+    fn remove(path: &std::path::Path) -> bool {
+        let children_gone = std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .all(|e| remove(&e.path()));
+        let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+        children_gone && procs.trim().is_empty() && std::fs::remove_dir(path).is_ok()
+    }
+    let removed = remove(std::path::Path::new(path));
     if removed {
         eprintln!("many machines: removed the killed runner's empty cgroup {path}");
     }
     removed
+}
+
+/// A cgroup's path with the processes in it (each pid's command line) and
+/// its child cgroups: what a leftover holds.
+fn cgroup_contents(path: &str) -> String {
+    let procs = std::fs::read_to_string(format!("{path}/cgroup.procs")).unwrap_or_default();
+    let procs: Vec<String> = procs
+        .split_whitespace()
+        .map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            format!("{pid} {}", String::from_utf8_lossy(&cmd).replace('\0', " "))
+        })
+        .collect();
+    let children: Vec<String> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    format!("{path} procs {procs:?} children {children:?}")
 }
 
 /// Waits (bounded) until `ready`, polling.
@@ -1142,7 +1173,11 @@ async fn two_nodes_two_runners_lose_nothing_when_nodes_and_runners_die() {
         }
         assert!(
             Instant::now() < deadline,
-            "left behind: cgroups {cgroups:?}, processes of the killed runner {procs:?}"
+            "left behind: cgroups {:?}, processes of the killed runner {procs:?}",
+            cgroups
+                .iter()
+                .map(|c| cgroup_contents(c))
+                .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

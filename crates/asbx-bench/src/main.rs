@@ -5,7 +5,8 @@
 //!   in protocol 2 with its resume log, beside raw chunked HTTP on loopback
 //!   (ready-made chunks to the same client). `ASBX_BENCH_LINES` (4,000,000).
 //! - `first-line`: time from `POST /stream` to the first line of a fully
-//!   jailed dispatch, beside `bwrap ... true` when bubblewrap is installed.
+//!   jailed dispatch, and the host's CPU per dispatch from boot to
+//!   teardown, beside `bwrap ... true` when bubblewrap is installed.
 //! - `burst`: N dispatches at once beside N `bwrap ... true`, again once
 //!   the warm pool grew, and dispatches per second sustained.
 //! - `idle`: host memory of idle sandboxes and of an idle runner.
@@ -362,6 +363,7 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         // Let the warm pool boot before the first dispatch.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut times = Vec::with_capacity(n);
+        let busy_before = host_busy()?;
         for _ in 0..n {
             let started = Instant::now();
             let res = client
@@ -380,11 +382,16 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
                 tokio::time::sleep(gap).await;
             }
         }
+        // The last take's refill and teardown belong to the dispatches too.
+        tokio::time::sleep(SETTLE).await;
+        let busy = host_busy()?.saturating_sub(busy_before);
         report(&format!("asbx {profile}"), times);
+        print_cpu(&format!("asbx {profile}"), busy, n);
         served.stop().await;
     }
     if let Ok(bwrap) = which("bwrap") {
         let mut times = Vec::with_capacity(n);
+        let busy_before = host_busy()?;
         for _ in 0..n {
             let started = Instant::now();
             let st = tokio::process::Command::new(&bwrap)
@@ -396,11 +403,27 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
                 bail!("bwrap failed: {st}");
             }
         }
+        tokio::time::sleep(SETTLE).await;
+        let busy = host_busy()?.saturating_sub(busy_before);
         report("bwrap --unshare-all ... true", times);
+        print_cpu("bwrap --unshare-all ... true", busy, n);
     } else {
         println!("  bwrap: not installed (apt-get install bubblewrap) - no comparison");
     }
     Ok(())
+}
+
+/// How long `first-line` waits after its last dispatch before it reads the
+/// host's CPU: the warm pool's last refill and the last teardown.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// The host's CPU per dispatch over `n` of them (every process and the
+/// kernel, `/proc/stat`; the settle time's idle host adds a little).
+fn print_cpu(label: &str, busy: Duration, n: usize) {
+    println!(
+        "  {label}: host CPU per dispatch, boot to teardown (/proc/stat): {:.2} ms",
+        busy.as_secs_f64() * 1e3 / n as f64
+    );
 }
 
 /// The peer every start-up figure stands beside: `bwrap` with every
@@ -416,6 +439,33 @@ const BWRAP_TRUE: [&str; 9] = [
     "/proc",
     "true",
 ];
+
+/// CPU time the host spent busy so far, all cores (`/proc/stat`: every
+/// state but idle and iowait).
+pub(crate) fn host_busy() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").context("/proc/stat")?;
+    let cpu = stat.lines().next().context("/proc/stat is empty")?;
+    let ticks: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let busy: u64 = ticks
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, t)| t)
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|h| u64::try_from(h).ok())
+        .filter(|h| *h > 0)
+        .unwrap_or(100);
+    Ok(Duration::from_micros(busy * 1_000_000 / hz))
+}
 
 fn which(name: &str) -> anyhow::Result<PathBuf> {
     for dir in std::env::var("PATH").unwrap_or_default().split(':') {

@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 
 use crate::link::Link;
 use crate::system::{Db, Proc, SCRIPT, one_turn, pg_server, system};
-use crate::{report, sibling};
+use crate::{host_busy, report, sibling};
 
 /// `asbx run --json SCRIPT` against the workspace at `url`, timed from the
 /// spawn to the exit; fails unless the run completed.
@@ -65,33 +65,6 @@ fn run_cli(label: &str, url: &str, n: usize) -> anyhow::Result<()> {
         start_only,
     );
     Ok(())
-}
-
-/// CPU time the host spent busy so far, all cores (`/proc/stat`: every
-/// state but idle and iowait).
-fn host_busy() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/stat").context("/proc/stat")?;
-    let cpu = stat.lines().next().context("/proc/stat is empty")?;
-    let ticks: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is in user).
-    let busy: u64 = ticks
-        .iter()
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, t)| t)
-        .sum();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .and_then(|h| u64::try_from(h).ok())
-        .filter(|h| *h > 0)
-        .unwrap_or(100);
-    Ok(Duration::from_micros(busy * 1_000_000 / hz))
 }
 
 /// `ASBX_BENCH_THINK_MS` (default 0): a pause before each timed chat turn,

@@ -357,6 +357,14 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         if cold {
             config.warm_pool = 0;
             config.warm_pool_max = 0;
+        } else if let Some(max) = std::env::var("ASBX_BENCH_WARM_POOL_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            // How far the pool may grow with demand (the runner's
+            // `ASBX_WARM_POOL_MAX`): one after another, a dispatch never
+            // needs more than the minimum.
+            config.warm_pool_max = max;
         }
         let served = serve_runner(config).await?;
         let url = served.url.clone();

@@ -35,6 +35,30 @@ pub(crate) enum Backend {
     Postgres,
 }
 
+/// Appends the `VALUES` tuples of a multi-row `INSERT` of `rows` rows of
+/// `cols` columns to `sql`. On SQLite the parameters are anonymous (`?`):
+/// binding a named one (`$n`) makes sqlx ask SQLite for each parameter's
+/// name, a walk of the statement's parameter list, so a 1,500-parameter
+/// statement cost about a million string compares (38% of the relay's
+/// profile). PostgreSQL takes only `$n`.
+pub(crate) fn push_values(sql: &mut String, sqlite: bool, rows: usize, cols: usize) {
+    use std::fmt::Write as _;
+    for r in 0..rows {
+        sql.push_str(if r == 0 { "(" } else { ", (" });
+        for c in 0..cols {
+            if c > 0 {
+                sql.push_str(", ");
+            }
+            if sqlite {
+                sql.push('?');
+            } else {
+                let _ = write!(sql, "${}", r * cols + c + 1);
+            }
+        }
+        sql.push(')');
+    }
+}
+
 /// Whether `url` names a PostgreSQL database.
 pub(crate) fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres:") || url.starts_with("postgresql:")
@@ -336,6 +360,19 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn values_are_anonymous_on_sqlite_and_numbered_on_postgres() {
+        let mut sql = String::from("VALUES ");
+        push_values(&mut sql, true, 2, 3);
+        assert_eq!(sql, "VALUES (?, ?, ?), (?, ?, ?)");
+        let mut sql = String::new();
+        push_values(&mut sql, false, 2, 2);
+        assert_eq!(sql, "($1, $2), ($3, $4)");
+        let mut sql = String::new();
+        push_values(&mut sql, false, 0, 2);
+        assert_eq!(sql, "");
+    }
 
     /// A `begin_write` given up at any point (a client that went away has
     /// its handler's future dropped) leaves no transaction open: every

@@ -39,21 +39,29 @@ pub(crate) async fn append(
     let n = i64::try_from(records.len()).unwrap_or(i64::MAX);
     let mut tx = crate::store::begin_write(pool).await?;
     let sqlite = tx.backend_name() == "SQLite";
-    sqlx::query(
-        "INSERT INTO audit_heads (workspace_id, last_id, last_hash, anchor_id, anchor_hash) \
-         VALUES ($1, 0, '', 0, '') ON CONFLICT (workspace_id) DO NOTHING",
-    )
-    .bind(workspace)
-    .execute(&mut *tx)
-    .await?;
-    let head = sqlx::query(
-        "UPDATE audit_heads SET last_id = last_id + $1 WHERE workspace_id = $2 \
-         RETURNING last_id, last_hash",
-    )
-    .bind(n)
-    .bind(workspace)
-    .fetch_one(&mut *tx)
-    .await?;
+    // The head's row, locked until the commit: the chain's order. Made on
+    // the workspace's first record (one statement more, that once).
+    let take_ids = || {
+        sqlx::query(
+            "UPDATE audit_heads SET last_id = last_id + $1 WHERE workspace_id = $2 \
+             RETURNING last_id, last_hash",
+        )
+        .bind(n)
+        .bind(workspace)
+    };
+    let head = match take_ids().fetch_optional(&mut *tx).await? {
+        Some(head) => head,
+        None => {
+            sqlx::query(
+                "INSERT INTO audit_heads (workspace_id, last_id, last_hash, anchor_id, \
+                 anchor_hash) VALUES ($1, 0, '', 0, '') ON CONFLICT (workspace_id) DO NOTHING",
+            )
+            .bind(workspace)
+            .execute(&mut *tx)
+            .await?;
+            take_ids().fetch_one(&mut *tx).await?
+        }
+    };
     let last_id: i64 = head.try_get(0)?;
     let mut prev: String = head.try_get(1)?;
     let mut rows = Vec::with_capacity(records.len());
@@ -104,28 +112,9 @@ async fn insert(
     workspace: &str,
     rows: &[(i64, Option<&str>, i64, String)],
 ) -> Result<(), WorkspaceError> {
-    use std::fmt::Write as _;
     let mut sql = String::with_capacity(96 + rows.len() * 32);
     sql.push_str("INSERT INTO audit_records (workspace_id, id, run_id, ts, record) VALUES ");
-    for i in 0..rows.len() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        if sqlite {
-            sql.push_str("(?, ?, ?, ?, ?)");
-        } else {
-            let n = i * 5;
-            let _ = write!(
-                sql,
-                "(${}, ${}, ${}, ${}, ${})",
-                n + 1,
-                n + 2,
-                n + 3,
-                n + 4,
-                n + 5
-            );
-        }
-    }
+    crate::store::push_values(&mut sql, sqlite, rows.len(), 5);
     let mut q = sqlx::query(&sql);
     for (id, run, ts, text) in rows {
         q = q

@@ -189,11 +189,7 @@ fn prune_from(rows: &[(u64, &[u8])]) -> Option<u64> {
         .then(|| last + 1 - KEEP_LINES)
 }
 
-/// One multi-row `INSERT`. On SQLite its parameters are anonymous (`?`):
-/// binding a named one (`$n`) makes sqlx ask SQLite for each parameter's
-/// name, a walk of the statement's parameter list, so a 1,500-parameter
-/// statement cost about a million string compares (38% of the relay's
-/// profile). PostgreSQL takes only `$n`.
+/// One multi-row `INSERT` ([`crate::store::push_values`]).
 async fn insert<'c, E>(
     db: E,
     sqlite: bool,
@@ -203,20 +199,9 @@ async fn insert<'c, E>(
 where
     E: Executor<'c, Database = Any>,
 {
-    use std::fmt::Write as _;
     let mut sql = String::with_capacity(96 + rows.len() * 20);
     sql.push_str("INSERT INTO run_events (run_id, seq, line) VALUES ");
-    for i in 0..rows.len() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        if sqlite {
-            sql.push_str("(?, ?, ?)");
-        } else {
-            let n = i * 3;
-            let _ = write!(sql, "(${}, ${}, ${})", n + 1, n + 2, n + 3);
-        }
-    }
+    crate::store::push_values(&mut sql, sqlite, rows.len(), 3);
     // A runner never repeats a seq; a repeated one is not stored twice.
     sql.push_str(" ON CONFLICT (run_id, seq) DO NOTHING");
     let mut q = sqlx::query(&sql);

@@ -55,19 +55,28 @@ pub(crate) async fn insert(
     .execute(&mut *conn)
     .await?;
     if let Some(m) = &report.manifest {
-        for (sha, size) in sizes(m) {
-            sqlx::query(
-                "INSERT INTO workdir_blobs (snapshot_id, sha256, size) VALUES ($1, $2, $3)",
-            )
-            .bind(id)
-            .bind(sha)
-            .bind(i64::try_from(size).unwrap_or(i64::MAX))
-            .execute(&mut *conn)
-            .await?;
+        let sqlite = conn.backend_name() == "SQLite";
+        let blobs: Vec<(&str, u64)> = sizes(m).into_iter().collect();
+        // One statement for a turn's blobs, not one each.
+        for batch in blobs.chunks(BLOB_ROWS) {
+            let mut sql = String::with_capacity(64 + batch.len() * 12);
+            sql.push_str("INSERT INTO workdir_blobs (snapshot_id, sha256, size) VALUES ");
+            crate::store::push_values(&mut sql, sqlite, batch.len(), 3);
+            let mut q = sqlx::query(&sql);
+            for (sha, size) in batch {
+                q = q
+                    .bind(id)
+                    .bind(*sha)
+                    .bind(i64::try_from(*size).unwrap_or(i64::MAX));
+            }
+            q.execute(&mut *conn).await?;
         }
     }
     Ok(())
 }
+
+/// Blob rows in one `INSERT` at the most (3 parameters each).
+const BLOB_ROWS: usize = 300;
 
 /// Each distinct blob of `m` and its size.
 fn sizes(m: &WorkdirManifest) -> BTreeMap<&str, u64> {

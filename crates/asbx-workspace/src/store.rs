@@ -35,13 +35,23 @@ pub(crate) enum Backend {
     Postgres,
 }
 
+impl Backend {
+    /// The database `conn` (or a transaction on it) talks to.
+    pub(crate) fn of(conn: &sqlx::AnyConnection) -> Backend {
+        match conn.backend_name() {
+            "SQLite" => Backend::Sqlite,
+            _ => Backend::Postgres,
+        }
+    }
+}
+
 /// Appends the `VALUES` tuples of a multi-row `INSERT` of `rows` rows of
 /// `cols` columns to `sql`. On SQLite the parameters are anonymous (`?`):
 /// binding a named one (`$n`) makes sqlx ask SQLite for each parameter's
 /// name, a walk of the statement's parameter list, so a 1,500-parameter
 /// statement cost about a million string compares (38% of the relay's
 /// profile). PostgreSQL takes only `$n`.
-pub(crate) fn push_values(sql: &mut String, sqlite: bool, rows: usize, cols: usize) {
+pub(crate) fn push_values(sql: &mut String, backend: Backend, rows: usize, cols: usize) {
     use std::fmt::Write as _;
     for r in 0..rows {
         sql.push_str(if r == 0 { "(" } else { ", (" });
@@ -49,7 +59,7 @@ pub(crate) fn push_values(sql: &mut String, sqlite: bool, rows: usize, cols: usi
             if c > 0 {
                 sql.push_str(", ");
             }
-            if sqlite {
+            if backend == Backend::Sqlite {
                 sql.push('?');
             } else {
                 let _ = write!(sql, "${}", r * cols + c + 1);
@@ -364,13 +374,13 @@ mod tests {
     #[test]
     fn values_are_anonymous_on_sqlite_and_numbered_on_postgres() {
         let mut sql = String::from("VALUES ");
-        push_values(&mut sql, true, 2, 3);
+        push_values(&mut sql, Backend::Sqlite, 2, 3);
         assert_eq!(sql, "VALUES (?, ?, ?), (?, ?, ?)");
         let mut sql = String::new();
-        push_values(&mut sql, false, 2, 2);
+        push_values(&mut sql, Backend::Postgres, 2, 2);
         assert_eq!(sql, "($1, $2), ($3, $4)");
         let mut sql = String::new();
-        push_values(&mut sql, false, 0, 2);
+        push_values(&mut sql, Backend::Postgres, 0, 2);
         assert_eq!(sql, "");
     }
 

@@ -38,7 +38,7 @@ pub(crate) async fn append(
     }
     let n = i64::try_from(records.len()).unwrap_or(i64::MAX);
     let mut tx = crate::store::begin_write(pool).await?;
-    let sqlite = tx.backend_name() == "SQLite";
+    let backend = crate::store::Backend::of(&tx);
     // The head's row, locked until the commit: the chain's order. Made on
     // the workspace's first record (one statement more, that once).
     let take_ids = || {
@@ -72,7 +72,7 @@ pub(crate) async fn append(
         prev = hash;
     }
     for batch in rows.chunks(INSERT_ROWS) {
-        insert(&mut tx, sqlite, workspace, batch).await?;
+        insert(&mut tx, backend, workspace, batch).await?;
     }
     sqlx::query("UPDATE audit_heads SET last_hash = $1 WHERE workspace_id = $2")
         .bind(&prev)
@@ -108,13 +108,13 @@ fn fields(p: &Pending, id: i64) -> Result<Map<String, Value>, WorkspaceError> {
 /// `runs::events::insert`).
 async fn insert(
     conn: &mut sqlx::AnyConnection,
-    sqlite: bool,
+    backend: crate::store::Backend,
     workspace: &str,
     rows: &[(i64, Option<&str>, i64, String)],
 ) -> Result<(), WorkspaceError> {
     let mut sql = String::with_capacity(96 + rows.len() * 32);
     sql.push_str("INSERT INTO audit_records (workspace_id, id, run_id, ts, record) VALUES ");
-    crate::store::push_values(&mut sql, sqlite, rows.len(), 5);
+    crate::store::push_values(&mut sql, backend, rows.len(), 5);
     let mut q = sqlx::query(&sql);
     for (id, run, ts, text) in rows {
         q = q

@@ -135,13 +135,9 @@ pub(crate) fn subscribe(
                 // them) gets it numbered after what it saw; one exactly
                 // one past them saw this `error` in an earlier replay (or
                 // one unstored line: the stored message still says why).
-                let after = if r.cursor > r.last_seq + 1 {
-                    r.cursor
-                } else {
-                    r.last_seq
-                };
+                let after = r.last_seq.max(r.cursor);
                 let (done, closing) = done(&r.state, &r.info, &r.trace, after).await?;
-                if let Some(ev) = closing.filter(|_| after + 1 > r.cursor) {
+                if let Some(ev) = closing.filter(|_| r.cursor != r.last_seq + 1) {
                     r.pending = Some(done);
                     return Some((Ok(ev), r));
                 }

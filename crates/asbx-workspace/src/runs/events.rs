@@ -161,7 +161,7 @@ pub(crate) async fn append_rows_on(
     run_id: &str,
     rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError> {
-    let sqlite = conn.backend_name() == "SQLite";
+    let backend = crate::store::Backend::of(conn);
     let from = prune_from(rows);
     let keep = |r: &&(u64, &[u8])| from.is_none_or(|f| r.0 >= f);
     let kept: Vec<(u64, &[u8])>;
@@ -172,7 +172,7 @@ pub(crate) async fn append_rows_on(
         rows
     };
     for batch in rows_to_write.chunks(INSERT_ROWS) {
-        insert(&mut *conn, sqlite, run_id, batch).await?;
+        insert(&mut *conn, backend, run_id, batch).await?;
     }
     if let Some(from) = from {
         prune(conn, run_id, from).await?;
@@ -192,7 +192,7 @@ fn prune_from(rows: &[(u64, &[u8])]) -> Option<u64> {
 /// One multi-row `INSERT` ([`crate::store::push_values`]).
 async fn insert<'c, E>(
     db: E,
-    sqlite: bool,
+    backend: crate::store::Backend,
     run_id: &str,
     rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError>
@@ -201,7 +201,7 @@ where
 {
     let mut sql = String::with_capacity(96 + rows.len() * 20);
     sql.push_str("INSERT INTO run_events (run_id, seq, line) VALUES ");
-    crate::store::push_values(&mut sql, sqlite, rows.len(), 3);
+    crate::store::push_values(&mut sql, backend, rows.len(), 3);
     // A runner never repeats a seq; a repeated one is not stored twice.
     sql.push_str(" ON CONFLICT (run_id, seq) DO NOTHING");
     let mut q = sqlx::query(&sql);

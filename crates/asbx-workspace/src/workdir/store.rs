@@ -55,13 +55,13 @@ pub(crate) async fn insert(
     .execute(&mut *conn)
     .await?;
     if let Some(m) = &report.manifest {
-        let sqlite = conn.backend_name() == "SQLite";
+        let backend = crate::store::Backend::of(conn);
         let blobs: Vec<(&str, u64)> = sizes(m).into_iter().collect();
         // One statement for a turn's blobs, not one each.
         for batch in blobs.chunks(BLOB_ROWS) {
             let mut sql = String::with_capacity(64 + batch.len() * 12);
             sql.push_str("INSERT INTO workdir_blobs (snapshot_id, sha256, size) VALUES ");
-            crate::store::push_values(&mut sql, sqlite, batch.len(), 3);
+            crate::store::push_values(&mut sql, backend, batch.len(), 3);
             let mut q = sqlx::query(&sql);
             for (sha, size) in batch {
                 q = q

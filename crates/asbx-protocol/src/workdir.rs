@@ -100,6 +100,12 @@ impl WorkdirManifest {
         out
     }
 
+    /// Leaves out the entries [`is_installed`] names (a snapshot taken
+    /// before they were left out of captures still lists them).
+    pub fn drop_installed(&mut self) {
+        self.entries.retain(|e| !is_installed(e.path()));
+    }
+
     /// Checks every entry: paths ([`check_path`]), hashes, modes, each
     /// parent listed as a folder before its children, no path twice, at
     /// most `max_entries`.
@@ -147,6 +153,16 @@ fn check_mode(mode: u32) -> Result<(), String> {
         return Err(format!("mode {mode:o} is more than 0777"));
     }
     Ok(())
+}
+
+/// Whether `path` is in the folder the agent installs skill bundles into at
+/// every run's start ([`crate::rules::skills::DIR`]): made from the run's
+/// config, not the chat's files, so neither kept nor restored. Restoring
+/// it would also hand the tool user files the agent then writes.
+pub fn is_installed(path: &str) -> bool {
+    let dir = crate::rules::skills::DIR;
+    path.strip_prefix(dir)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// Whether `s` is a lowercase hex SHA-256.
@@ -277,6 +293,32 @@ mod tests {
         for good in ["a", "src/a.py", ".git/HEAD", "a\\b", "é"] {
             assert!(check_path(good).is_ok(), "{good:?}");
         }
+    }
+
+    #[test]
+    fn the_installed_skills_are_not_kept() {
+        for inside in [".skills", ".skills/x/SKILL.md"] {
+            assert!(is_installed(inside), "{inside}");
+        }
+        for outside in [".skillsx", "skills/a", "a/.skills/b", ".skill"] {
+            assert!(!is_installed(outside), "{outside}");
+        }
+        let dir = |path: &str| WorkdirEntry::Dir {
+            path: path.into(),
+            mode: 0o755,
+        };
+        let mut m = WorkdirManifest {
+            entries: vec![
+                dir(".skills"),
+                dir(".skills/x"),
+                file(".skills/x/SKILL.md"),
+                file(".skillsx"),
+                file("a"),
+            ],
+        };
+        m.drop_installed();
+        let left: Vec<&str> = m.entries.iter().map(WorkdirEntry::path).collect();
+        assert_eq!(left, [".skillsx", "a"]);
     }
 
     #[test]

@@ -38,7 +38,7 @@ use crate::emit::Emitter;
 use crate::providers::ToolSpec;
 
 /// The folder of the working directory that holds the bundles.
-pub(crate) const SKILLS_DIR: &str = ".skills";
+pub(crate) const SKILLS_DIR: &str = asbx_protocol::rules::skills::DIR;
 /// The tool that loads a skill's instructions.
 pub(crate) const LOAD_SKILL: &str = "load_skill";
 /// One skill placed in the sandbox.

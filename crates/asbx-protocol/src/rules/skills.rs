@@ -20,6 +20,11 @@ pub const MAX_PATH_BYTES: usize = 256;
 pub const MAX_NAME_BYTES: usize = 64;
 /// The instructions file of a bundle.
 pub const INSTRUCTIONS: &str = "SKILL.md";
+/// The folder of the working directory the agent writes the bundles into,
+/// `<workdir>/.skills/<name>/`, at every run's start. It is made from the
+/// run's config, so a chat's kept directory leaves it out
+/// ([`crate::workdir::is_installed`]).
+pub const DIR: &str = ".skills";
 
 /// Whether `name` is a skill name: 1 to 64 of `[A-Za-z0-9_.-]`, not starting
 /// with `.` (so never `.`, `..` or a hidden folder).

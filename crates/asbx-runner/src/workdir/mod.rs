@@ -114,9 +114,10 @@ impl Workdir {
 
     /// Restores `workdir.restore`, if any, before the agent starts.
     pub async fn restore(&mut self, owner: restore::Owner) -> Result<(), RestoreError> {
-        let Some(manifest) = self.spec.restore.take() else {
+        let Some(mut manifest) = self.spec.restore.take() else {
             return Ok(());
         };
+        manifest.drop_installed();
         let local = RestoreError::Local;
         manifest.check(self.spec.max_entries).map_err(local)?;
         let root = self.root.try_clone().map_err(|e| local(e.to_string()))?;

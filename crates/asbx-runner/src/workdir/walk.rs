@@ -10,7 +10,7 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
-use asbx_protocol::workdir::{WorkdirEntry, WorkdirManifest, check_path};
+use asbx_protocol::workdir::{WorkdirEntry, WorkdirManifest, check_path, is_installed};
 use nix::fcntl::{AtFlags, OFlag, openat, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
 use sha2::{Digest, Sha256};
@@ -160,6 +160,10 @@ impl Walk<'_> {
             )
         })?;
         let path = format!("{prefix}{text}");
+        if is_installed(&path) {
+            // The agent writes it again from the next run's config.
+            return Ok(None);
+        }
         check_path(&path).map_err(|m| CaptureError::BadName(path.clone(), m))?;
         let st = match fstatat(dir.as_fd(), os, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,

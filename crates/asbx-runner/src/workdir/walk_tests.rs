@@ -34,6 +34,10 @@ fn captures_files_folders_and_links_as_links() {
     symlink("/", t.path().join("slash")).unwrap();
     std::fs::hard_link(t.path().join("src/a.py"), t.path().join("hard")).unwrap();
     nix::unistd::mkfifo(&t.path().join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+    // The agent's installed skills are left out at the top only.
+    std::fs::create_dir_all(t.path().join(".skills/x")).unwrap();
+    std::fs::write(t.path().join(".skills/x/SKILL.md"), b"# x\n").unwrap();
+    std::fs::create_dir_all(t.path().join("src/deep/.skills")).unwrap();
 
     let c = capture(&root(t.path()), BIG, &Known::new()).unwrap();
     let paths: Vec<&str> = c.manifest.entries.iter().map(|e| e.path()).collect();
@@ -46,6 +50,7 @@ fn captures_files_folders_and_links_as_links() {
             "src",
             "src/a.py",
             "src/deep",
+            "src/deep/.skills",
             "src/deep/b"
         ]
     );

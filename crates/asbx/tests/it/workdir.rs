@@ -235,7 +235,8 @@ async fn lives_on(
         Some(&chat),
         "sha256sum big.bin src/a.py; echo LINK=$(readlink shadow); \
          cat shadow >/dev/null 2>&1 && echo SHADOW_READ || echo SHADOW_UNREADABLE; \
-         test -f .git/HEAD && echo HAS_GIT; printf 'print(2)\\n' > src/a.py",
+         test -f .git/HEAD && echo HAS_GIT; printf 'print(2)\\n' > src/a.py; \
+         test -s .skills/asbx_files/SKILL.md && echo SKILL_WHOLE",
         "edited",
     )
     .await;
@@ -255,6 +256,9 @@ async fn lives_on(
     if has_git {
         assert!(second.stdout.contains("HAS_GIT"), "{}", second.stdout);
     }
+    // The agent installed its skill afresh: `.skills` is not kept, so
+    // turn 1's copy (the tool user's) did not stand in its way.
+    assert!(second.stdout.contains("SKILL_WHOLE"), "{}", second.stdout);
 
     // A run from the chat starts in its latest directory and keeps
     // nothing back (`run.txt` is gone in the turns after it).
@@ -309,6 +313,10 @@ async fn lives_on(
     for name in [".git/", "src/", "src/a.py", "big.bin", "shadow"] {
         assert!(listing.contains(&name.to_owned()), "{name} in {listing:?}");
     }
+    assert!(
+        !listing.iter().any(|n| n.starts_with(".skills")),
+        "{listing:?}"
+    );
     let first_tar = tar_list(&workdir_tar(url, &chat, Some(&after_first)).await);
     assert!(first_tar.contains(&"src/a.py".to_owned()), "{first_tar:?}");
 

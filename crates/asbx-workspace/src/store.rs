@@ -246,7 +246,12 @@ impl Store {
         };
         let options = AnyConnectOptions::from_str(&url)
             .map_err(|e| WorkspaceError::Config(format!("bad database URL: {e}")))?
-            .disable_statement_logging();
+            // Each statement with its time and rows at `trace`
+            // (`ASBX_LOG=info,sqlx::query=trace`: how docs/performance.md
+            // counts a turn's statements); filtered out by the log's level
+            // before anything is formatted otherwise.
+            .log_statements(tracing::log::LevelFilter::Trace)
+            .log_slow_statements(tracing::log::LevelFilter::Off, std::time::Duration::MAX);
         let max = match backend {
             // SQLite has one writer at a time; a few connections are plenty.
             Backend::Sqlite => 4,

@@ -14,7 +14,9 @@
 //!
 //! Architecture invariant: no secret value, token or file content is ever
 //! in a record ([`AuditEvent`] has no field that could hold one), and a
-//! record is only ever appended through [`store::append`].
+//! record is only ever appended through [`store::append`] or, inside the
+//! transaction of what it records (a callback's redemption, a chat turn's
+//! end), [`store::append_in`].
 
 pub(crate) mod api;
 pub(crate) mod chain;
@@ -81,12 +83,26 @@ pub(crate) async fn record_for_run(state: &AppState, run_id: &str, events: Vec<A
     }
 }
 
-/// A callback redeemed for `run_id` at `route`.
-pub(crate) async fn callback(state: &AppState, run_id: &str, route: &str) {
-    let event = AuditEvent::Callback {
-        route: route.to_owned(),
+/// A callback redeemed for `run_id` at `route`, appended in the
+/// redemption's own write transaction `tx` (the run's `workspace` read
+/// there): a redemption commits with its record or not at all.
+pub(crate) async fn callback(
+    tx: &mut sqlx::AnyConnection,
+    now_ms: i64,
+    workspace: &str,
+    run_id: &str,
+    route: &str,
+) -> Result<(), WorkspaceError> {
+    let event = Pending {
+        workspace: workspace.to_owned(),
+        run_id: Some(run_id.to_owned()),
+        session_id: None,
+        ts: now_ms,
+        event: AuditEvent::Callback {
+            route: route.to_owned(),
+        },
     };
-    record_for_run(state, run_id, vec![event]).await;
+    store::append_in(tx, workspace, std::slice::from_ref(&event)).await
 }
 
 /// A file of the bag: its workspace, run, path and size (never its bytes).
@@ -117,11 +133,7 @@ pub(crate) async fn file(state: &AppState, file: FileSeen<'_>, write: bool, via:
     record(state, file.workspace, scope, vec![event]).await;
 }
 
-/// A quota refusal, for the quota feature to call where it answers `429`.
-#[allow(
-    dead_code,
-    reason = "the quota feature (branch quota) calls it; wired when both are merged"
-)]
+/// A quota refusal: the workspace answered `429` for `quota`.
 pub(crate) async fn quota_refused(state: &AppState, workspace: &str, quota: &str) {
     let event = AuditEvent::QuotaRefused {
         quota: quota.to_owned(),

@@ -36,9 +36,28 @@ pub(crate) async fn append(
     if records.is_empty() {
         return Ok(());
     }
-    let n = i64::try_from(records.len()).unwrap_or(i64::MAX);
     let mut tx = crate::store::begin_write(pool).await?;
-    let backend = crate::store::Backend::of(&tx);
+    append_in(&mut tx, workspace, records).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Appends `records` (all of `workspace`) in order inside the caller's
+/// write transaction, which holds the chain's head until it commits: what
+/// the records describe and the records commit together. Callers make it
+/// their last statement before the commit, so the head (one row every
+/// writer of the workspace's log waits for) is held no longer, and a
+/// transaction holding it waits on nothing else.
+pub(crate) async fn append_in(
+    tx: &mut sqlx::AnyConnection,
+    workspace: &str,
+    records: &[Pending],
+) -> Result<(), WorkspaceError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let n = i64::try_from(records.len()).unwrap_or(i64::MAX);
+    let backend = crate::store::Backend::of(tx);
     // The head's row, locked until the commit: the chain's order. Made on
     // the workspace's first record (one statement more, that once).
     let take_ids = || {
@@ -72,14 +91,13 @@ pub(crate) async fn append(
         prev = hash;
     }
     for batch in rows.chunks(INSERT_ROWS) {
-        insert(&mut tx, backend, workspace, batch).await?;
+        insert(&mut *tx, backend, workspace, batch).await?;
     }
     sqlx::query("UPDATE audit_heads SET last_hash = $1 WHERE workspace_id = $2")
         .bind(&prev)
         .bind(workspace)
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
     Ok(())
 }
 

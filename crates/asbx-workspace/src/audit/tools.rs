@@ -7,6 +7,7 @@ use asbx_protocol::line::{Event, Line, Step};
 use asbx_protocol::{StepStatus, audit::AuditEvent};
 
 use crate::AppState;
+use crate::error::WorkspaceError;
 
 /// Where the `type` of a line the runner wrote sits: within its first
 /// bytes (`seq`, `ts`, `sessionId` come before it).
@@ -18,6 +19,30 @@ pub(crate) async fn record(state: &AppState, run_id: &str, rows: &[(u64, &[u8])]
     if !events.is_empty() {
         super::record_for_run(state, run_id, events).await;
     }
+}
+
+/// [`record`] inside the caller's write transaction `tx`, which stores
+/// `rows` for run `run_id` of `workspace`: the lines and their records
+/// commit together.
+pub(crate) async fn record_in(
+    tx: &mut sqlx::AnyConnection,
+    now_ms: i64,
+    workspace: &str,
+    run_id: &str,
+    rows: &[(u64, &[u8])],
+) -> Result<(), WorkspaceError> {
+    let pending: Vec<super::Pending> = rows
+        .iter()
+        .filter_map(|(_, raw)| tool_call(raw))
+        .map(|event| super::Pending {
+            workspace: workspace.to_owned(),
+            run_id: Some(run_id.to_owned()),
+            session_id: None,
+            ts: now_ms,
+            event,
+        })
+        .collect();
+    super::store::append_in(tx, workspace, &pending).await
 }
 
 /// The `tool_call` of one stored line, if it ends a step. Only lines whose

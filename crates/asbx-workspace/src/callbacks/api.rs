@@ -39,7 +39,6 @@ pub(crate) async fn env(
     let request = RequestId::from_headers(&headers)?;
     let strips = headers.contains_key(asbx_protocol::gateway::STRIPS_INJECTED_SECRETS);
     let env = callbacks::redeem_env(&state, &session_id, token, request.as_ref(), strips).await?;
-    crate::audit::callback(&state, &session_id, "env").await;
     Ok(Json(env))
 }
 
@@ -64,7 +63,6 @@ pub(crate) async fn config(
     let config =
         callbacks::redeem_payload(&state, &session_id, token, TokenKind::Run, request.as_ref())
             .await?;
-    crate::audit::callback(&state, &session_id, "config").await;
     Ok(Json(config))
 }
 
@@ -152,6 +150,5 @@ pub(crate) async fn results(
         })?;
     let stored =
         writeback::store_results(&state, &session_id, token, request.as_ref(), &body).await?;
-    crate::audit::callback(&state, &session_id, "results").await;
     Ok(Json(stored))
 }

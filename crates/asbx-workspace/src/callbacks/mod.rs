@@ -29,6 +29,8 @@ use crate::tokens::{self, TokenKind, WORKSPACE_PREFIX};
 /// A callback payload stored on the run row.
 pub(crate) trait Payload: DeserializeOwned {
     const KIND: TokenKind;
+    /// The route it is redeemed at, as the audit log names it.
+    const ROUTE: &'static str;
     fn stored(run: &runs::RunRow) -> &str;
     /// Opens what is stored sealed.
     fn open(&mut self, sealer: &Sealer) -> Result<(), WorkspaceError>;
@@ -36,6 +38,7 @@ pub(crate) trait Payload: DeserializeOwned {
 
 impl Payload for ConfigResponse {
     const KIND: TokenKind = TokenKind::Run;
+    const ROUTE: &'static str = "config";
     fn stored(run: &runs::RunRow) -> &str {
         &run.config_json
     }
@@ -67,6 +70,7 @@ pub(crate) async fn redeem_payload<P: Payload>(
     let run = runs::get(&mut *tx, session_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
+    crate::audit::callback(&mut tx, now, &run.workspace_id, session_id, P::ROUTE).await?;
     tx.commit().await?;
     let mut payload: P = serde_json::from_str(P::stored(&run))
         .map_err(|e| WorkspaceError::Corrupt(format!("stored payload of run {session_id}: {e}")))?;
@@ -159,6 +163,7 @@ pub(crate) async fn redeem_env(
         }
         (None, None) => {}
     }
+    crate::audit::callback(&mut tx, now, &run.workspace_id, session_id, "env").await?;
     tx.commit().await?;
     Ok(env)
 }

@@ -142,13 +142,16 @@ async fn store_rows(
         now,
     )
     .await?;
-    if let Some(answer) = replayed {
-        tx.commit().await?;
-        return stored_answer(&answer, session_id);
-    }
     let run = runs::get(&mut *tx, session_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
+    // Last before each commit: the chain's head is held only that long.
+    let audited = crate::audit::callback;
+    if let Some(answer) = replayed {
+        audited(&mut tx, now, &run.workspace_id, session_id, "results").await?;
+        tx.commit().await?;
+        return stored_answer(&answer, session_id);
+    }
     let mut stored = Vec::with_capacity(decoded.len());
     for (file, blob) in decoded.into_iter().zip(blobs) {
         let id = tokens::random_id();
@@ -179,6 +182,7 @@ async fn store_rows(
             .map_err(|e| WorkspaceError::Corrupt(format!("results of run {session_id}: {e}")))?;
         replay::record(&mut tx, token_hash, request, &recorded, now).await?;
     }
+    audited(&mut tx, now, &run.workspace_id, session_id, "results").await?;
     tx.commit().await?;
     Ok(answer)
 }

@@ -430,10 +430,10 @@ impl TurnEnd<'_> {
         chats::append_message(&mut *tx, &turn.chat_id, self.message).await?;
         runs::finish(&mut *tx, &turn.id, self.outcome, self.termination, now).await?;
         crate::tokens::store::revoke_session(&mut *tx, &turn.id, now).await?;
-        tx.commit().await?;
         // The steps that ended among these last lines are tool calls, as
         // the batches stored before them were (`runs::events::append_rows`).
-        crate::audit::tools::record(state, &turn.id, &rows).await;
+        crate::audit::tools::record_in(&mut tx, now, &turn.workspace_id, &turn.id, &rows).await?;
+        tx.commit().await?;
         Ok(true)
     }
 }

@@ -83,7 +83,9 @@ pub(crate) async fn serve_idle_workspace() -> anyhow::Result<()> {
 }
 
 /// One `asbx runner` of the bench, SIGTERMed and reaped by
-/// [`IdleRunner::stop`].
+/// [`IdleRunner::stop`], or SIGTERMed when dropped on an error (never
+/// killed: a runner killed outright leaves its sandboxes' cgroups behind;
+/// one told to stop removes them, after the bench if need be).
 struct IdleRunner {
     child: tokio::process::Child,
     pid: u32,
@@ -113,11 +115,16 @@ impl IdleRunner {
             .env("ASBX_WARM_POOL", "0")
             .env("ASBX_WARM_POOL_MAX", "0")
             .env("ASBX_MAX_SANDBOXES", PER_RUNNER.to_string())
+            // Every held dispatch is a connection from this one address:
+            // past the default cap (256) the runner refuses the rest.
+            .env(
+                "ASBX_MAX_CONNECTIONS_PER_PEER",
+                (2 * PER_RUNNER + 64).to_string(),
+            )
             .env("OPENAI_BASE_URL", format!("{callbacks}/v1"))
             .env("OPENAI_API_KEY", "asbx-bench-idle")
             .env_remove("ANTHROPIC_API_KEY")
             .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
             .spawn()?;
         let pid = child.id().context("runner pid")?;
         let url = banner(&mut child)
@@ -160,11 +167,15 @@ impl IdleRunner {
         self.descendants().iter().all(|p| is_zygote(*p)) && free.await.unwrap_or(false)
     }
 
-    async fn stop(mut self) {
+    fn terminate(&self) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.pid as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
+    }
+
+    async fn stop(mut self) {
+        self.terminate();
         if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .is_err()
@@ -172,6 +183,15 @@ impl IdleRunner {
             let _ = self.child.kill().await;
         }
         let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+impl Drop for IdleRunner {
+    fn drop(&mut self) {
+        // Stopped already: no such process (its pid reaped), or a no-op.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.terminate();
+        }
     }
 }
 

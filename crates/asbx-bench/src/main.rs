@@ -371,7 +371,7 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         // Let the warm pool boot before the first dispatch.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut times = Vec::with_capacity(n);
-        let busy_before = host_busy()?;
+        let cpu_before = HostCpu::now()?;
         for _ in 0..n {
             let started = Instant::now();
             let res = client
@@ -392,14 +392,14 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         }
         // The last take's refill and teardown belong to the dispatches too.
         tokio::time::sleep(SETTLE).await;
-        let busy = host_busy()?.saturating_sub(busy_before);
+        let cpu = HostCpu::since(cpu_before)?;
         report(&format!("asbx {profile}"), times);
-        print_cpu(&format!("asbx {profile}"), busy, n);
+        print_cpu(&format!("asbx {profile}"), cpu, n);
         served.stop().await;
     }
     if let Ok(bwrap) = which("bwrap") {
         let mut times = Vec::with_capacity(n);
-        let busy_before = host_busy()?;
+        let cpu_before = HostCpu::now()?;
         for _ in 0..n {
             let started = Instant::now();
             let st = tokio::process::Command::new(&bwrap)
@@ -412,9 +412,9 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
             }
         }
         tokio::time::sleep(SETTLE).await;
-        let busy = host_busy()?.saturating_sub(busy_before);
+        let cpu = HostCpu::since(cpu_before)?;
         report("bwrap --unshare-all ... true", times);
-        print_cpu("bwrap --unshare-all ... true", busy, n);
+        print_cpu("bwrap --unshare-all ... true", cpu, n);
     } else {
         println!("  bwrap: not installed (apt-get install bubblewrap) - no comparison");
     }
@@ -427,10 +427,10 @@ const SETTLE: Duration = Duration::from_millis(500);
 
 /// The host's CPU per dispatch over `n` of them (every process and the
 /// kernel, `/proc/stat`; the settle time's idle host adds a little).
-fn print_cpu(label: &str, busy: Duration, n: usize) {
+fn print_cpu(label: &str, cpu: HostCpu, n: usize) {
     println!(
-        "  {label}: host CPU per dispatch, boot to teardown (/proc/stat): {:.2} ms",
-        busy.as_secs_f64() * 1e3 / n as f64
+        "  {label}: host CPU per dispatch, boot to teardown (/proc/stat): {}",
+        cpu.per(n)
     );
 }
 
@@ -448,31 +448,57 @@ const BWRAP_TRUE: [&str; 9] = [
     "true",
 ];
 
-/// CPU time the host spent busy so far, all cores (`/proc/stat`: every
-/// state but idle and iowait).
-pub(crate) fn host_busy() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/stat").context("/proc/stat")?;
-    let cpu = stat.lines().next().context("/proc/stat is empty")?;
-    let ticks: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is in user).
-    let busy: u64 = ticks
-        .iter()
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, t)| t)
-        .sum();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .and_then(|h| u64::try_from(h).ok())
-        .filter(|h| *h > 0)
-        .unwrap_or(100);
-    Ok(Duration::from_micros(busy * 1_000_000 / hz))
+/// The host's CPU time so far, all cores (`/proc/stat`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostCpu {
+    /// Every state but idle, iowait and steal: the work of this host's
+    /// processes and kernel.
+    busy: Duration,
+    /// Time the hypervisor ran something else while this host's CPUs had
+    /// work: not this host's, but a run with much of it is a slower one.
+    steal: Duration,
+}
+
+impl HostCpu {
+    pub(crate) fn now() -> anyhow::Result<HostCpu> {
+        let stat = std::fs::read_to_string("/proc/stat").context("/proc/stat")?;
+        let cpu = stat.lines().next().context("/proc/stat is empty")?;
+        let ticks: Vec<u64> = cpu
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest time is in
+        // user).
+        let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|i| ticks.get(*i)).sum();
+        let steal = ticks.get(7).copied().unwrap_or(0);
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .and_then(|h| u64::try_from(h).ok())
+            .filter(|h| *h > 0)
+            .unwrap_or(100);
+        let time = |t: u64| Duration::from_micros(t * 1_000_000 / hz);
+        Ok(HostCpu {
+            busy: time(busy),
+            steal: time(steal),
+        })
+    }
+
+    /// What the host spent from `before` to now.
+    pub(crate) fn since(before: HostCpu) -> anyhow::Result<HostCpu> {
+        let now = HostCpu::now()?;
+        Ok(HostCpu {
+            busy: now.busy.saturating_sub(before.busy),
+            steal: now.steal.saturating_sub(before.steal),
+        })
+    }
+
+    /// `"B ms (steal S ms)"` for each of `n`.
+    pub(crate) fn per(&self, n: usize) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3 / n.max(1) as f64;
+        format!("{:.2} ms (steal {:.2} ms)", ms(self.busy), ms(self.steal))
+    }
 }
 
 fn which(name: &str) -> anyhow::Result<PathBuf> {

@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 
 use crate::link::Link;
 use crate::system::{Db, Proc, SCRIPT, one_turn, pg_server, system};
-use crate::{host_busy, report, sibling};
+use crate::{HostCpu, report, sibling};
 
 /// `asbx run --json SCRIPT` against the workspace at `url`, timed from the
 /// spawn to the exit; fails unless the run completed.
@@ -91,7 +91,7 @@ async fn chat_turns(label: &str, url: &str, n: usize) -> anyhow::Result<String> 
     }
     let gap = think_time();
     let mut times = Vec::with_capacity(n);
-    let busy_before = host_busy()?;
+    let cpu_before = HostCpu::now()?;
     for _ in 0..n {
         tokio::time::sleep(gap).await;
         // The lease is released just after `done`: wait for it, untimed.
@@ -106,11 +106,11 @@ async fn chat_turns(label: &str, url: &str, n: usize) -> anyhow::Result<String> 
         };
         times.push(t);
     }
-    let busy = host_busy()?.saturating_sub(busy_before);
+    let cpu = HostCpu::since(cpu_before)?;
     report(&format!("{label}: chat POST to SSE done"), times);
     println!(
-        "  {label}: host CPU per turn (every process and the kernel, /proc/stat): {:.2} ms",
-        busy.as_secs_f64() * 1e3 / n as f64
+        "  {label}: host CPU per turn (every process and the kernel, /proc/stat): {}",
+        cpu.per(n)
     );
     Ok(chat)
 }

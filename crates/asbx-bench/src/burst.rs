@@ -130,8 +130,18 @@ pub(crate) async fn burst(n: usize) -> anyhow::Result<()> {
     // Let the last warm sandboxes finish booting.
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!("  pool after the first burst: {warm} warm");
+    let cpu_before = crate::HostCpu::now()?;
     let (times, wall) = one_burst(&client, &url, &ws, n).await?;
+    let cpu = crate::HostCpu::since(cpu_before)?;
     print_burst("asbx, second burst (pool grown)", &times, wall);
+    // What bounds it: the host's CPU over the burst's window (the ended
+    // sandboxes' teardowns in it too), against what the cores had.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    println!(
+        "  second burst: host CPU per dispatch over its window {}; the cores busy {:.0} % of it",
+        cpu.per(n),
+        100.0 * cpu.busy().as_secs_f64() / (wall.as_secs_f64() * cores as f64).max(1e-9)
+    );
     served.stop().await;
     sustained().await
 }

@@ -393,6 +393,7 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
         // The last take's refill and teardown belong to the dispatches too.
         tokio::time::sleep(SETTLE).await;
         let cpu = HostCpu::since(cpu_before)?;
+        print_slowest(&format!("asbx {profile}"), &times);
         report(&format!("asbx {profile}"), times);
         print_cpu(&format!("asbx {profile}"), cpu, n);
         served.stop().await;
@@ -424,6 +425,19 @@ async fn first_line(n: usize) -> anyhow::Result<()> {
 /// How long `first-line` waits after its last dispatch before it reads the
 /// host's CPU: the warm pool's last refill and the last teardown.
 const SETTLE: Duration = Duration::from_millis(500);
+
+/// The slowest of `times` with their places in the run (the tail's
+/// pattern: evenly spaced, bunched, or the first ones).
+fn print_slowest(label: &str, times: &[Duration]) {
+    let mut order: Vec<usize> = (0..times.len()).collect();
+    order.sort_by(|a, b| times[*b].cmp(&times[*a]));
+    let shown: Vec<String> = order
+        .iter()
+        .take(5)
+        .map(|i| format!("#{i} {:.2} ms", times[*i].as_secs_f64() * 1e3))
+        .collect();
+    println!("  {label}: slowest {}", shown.join(", "));
+}
 
 /// The host's CPU per dispatch over `n` of them (every process and the
 /// kernel, `/proc/stat`; the settle time's idle host adds a little).
@@ -492,6 +506,11 @@ impl HostCpu {
             busy: now.busy.saturating_sub(before.busy),
             steal: now.steal.saturating_sub(before.steal),
         })
+    }
+
+    /// The busy part.
+    pub(crate) fn busy(&self) -> Duration {
+        self.busy
     }
 
     /// `"B ms (steal S ms)"` for each of `n`.

@@ -145,10 +145,10 @@ async fn store_rows(
     let run = runs::get(&mut *tx, session_id)
         .await?
         .ok_or_else(|| WorkspaceError::NotFound(format!("run {session_id}")))?;
-    // Last before each commit: the chain's head is held only that long.
-    let audited = crate::audit::callback;
+    let workspace = run.workspace_id.as_str();
     if let Some(answer) = replayed {
-        audited(&mut tx, now, &run.workspace_id, session_id, "results").await?;
+        // Last before each commit: the chain's head is held only that long.
+        crate::audit::callback(&mut tx, now, workspace, session_id, "results").await?;
         tx.commit().await?;
         return stored_answer(&answer, session_id);
     }
@@ -182,7 +182,7 @@ async fn store_rows(
             .map_err(|e| WorkspaceError::Corrupt(format!("results of run {session_id}: {e}")))?;
         replay::record(&mut tx, token_hash, request, &recorded, now).await?;
     }
-    audited(&mut tx, now, &run.workspace_id, session_id, "results").await?;
+    crate::audit::callback(&mut tx, now, workspace, session_id, "results").await?;
     tx.commit().await?;
     Ok(answer)
 }

@@ -405,7 +405,8 @@ impl TurnEnd<'_> {
     /// Stores the turn's end and the lines still pending (`rows`) in one
     /// transaction (one commit, one fsync on PostgreSQL): the lease released
     /// if still this turn's holder's (else nothing is stored, false), the
-    /// last lines, the message, the run's outcome, its tokens revoked. Every
+    /// last lines, the message, the run's outcome, its tokens revoked, the
+    /// audit records of the tool calls that ended among `rows`. Every
     /// line is stored with the message and the run's end, so a node
     /// replaying the turn has them all once it sees the run settled.
     async fn store(

@@ -182,17 +182,11 @@ impl Workspace {
         run_id: Option<&str>,
         events: Vec<AuditEvent>,
     ) -> Result<(), WorkspaceError> {
-        let ts = self.state.now_ms();
-        let pending: Vec<audit::Pending> = events
-            .into_iter()
-            .map(|event| audit::Pending {
-                workspace: workspace.to_owned(),
-                run_id: run_id.map(str::to_owned),
-                session_id: None,
-                ts,
-                event,
-            })
-            .collect();
+        let scope = audit::Scope {
+            run_id,
+            session_id: None,
+        };
+        let pending = scope.pending(workspace, self.state.now_ms(), events);
         audit::store::append(self.state.store.pool(), workspace, &pending).await
     }
 

@@ -44,6 +44,35 @@ pub(crate) struct Scope<'a> {
     pub(crate) session_id: Option<&'a str>,
 }
 
+impl Scope<'_> {
+    /// A run's scope.
+    pub(crate) fn run(run_id: &str) -> Scope<'_> {
+        Scope {
+            run_id: Some(run_id),
+            session_id: None,
+        }
+    }
+
+    /// `events` of `workspace` in this scope, stamped `ts`, to append.
+    pub(crate) fn pending(
+        &self,
+        workspace: &str,
+        ts: i64,
+        events: Vec<AuditEvent>,
+    ) -> Vec<Pending> {
+        events
+            .into_iter()
+            .map(|event| Pending {
+                workspace: workspace.to_owned(),
+                run_id: self.run_id.map(str::to_owned),
+                session_id: self.session_id.map(str::to_owned),
+                ts,
+                event,
+            })
+            .collect()
+    }
+}
+
 /// Appends events the workspace itself saw, now. A failure is logged, not
 /// returned: the request it describes already happened.
 pub(crate) async fn record(
@@ -52,17 +81,7 @@ pub(crate) async fn record(
     scope: Scope<'_>,
     events: Vec<AuditEvent>,
 ) {
-    let ts = state.now_ms();
-    let pending: Vec<Pending> = events
-        .into_iter()
-        .map(|event| Pending {
-            workspace: workspace.to_owned(),
-            run_id: scope.run_id.map(str::to_owned),
-            session_id: scope.session_id.map(str::to_owned),
-            ts,
-            event,
-        })
-        .collect();
+    let pending = scope.pending(workspace, state.now_ms(), events);
     if let Err(e) = store::append(state.store.pool(), workspace, &pending).await {
         tracing::warn!(error = %e, workspace, "appending to the audit log failed");
     }
@@ -71,13 +90,7 @@ pub(crate) async fn record(
 /// Appends events of the run `run_id` (its workspace looked up), now.
 pub(crate) async fn record_for_run(state: &AppState, run_id: &str, events: Vec<AuditEvent>) {
     match store::run_workspace(state.store.pool(), run_id).await {
-        Ok(Some(workspace)) => {
-            let scope = Scope {
-                run_id: Some(run_id),
-                session_id: None,
-            };
-            record(state, &workspace, scope, events).await;
-        }
+        Ok(Some(workspace)) => record(state, &workspace, Scope::run(run_id), events).await,
         Ok(None) => tracing::warn!(run_id, "audit: no such run"),
         Err(e) => tracing::warn!(error = %e, run_id, "audit: reading the run failed"),
     }
@@ -93,16 +106,11 @@ pub(crate) async fn callback(
     run_id: &str,
     route: &str,
 ) -> Result<(), WorkspaceError> {
-    let event = Pending {
-        workspace: workspace.to_owned(),
-        run_id: Some(run_id.to_owned()),
-        session_id: None,
-        ts: now_ms,
-        event: AuditEvent::Callback {
-            route: route.to_owned(),
-        },
+    let event = AuditEvent::Callback {
+        route: route.to_owned(),
     };
-    store::append_in(tx, workspace, std::slice::from_ref(&event)).await
+    let pending = Scope::run(run_id).pending(workspace, now_ms, vec![event]);
+    store::append_in(tx, workspace, &pending).await
 }
 
 /// A file of the bag: its workspace, run, path and size (never its bytes).

@@ -13,7 +13,7 @@ use sqlx::Row as _;
 
 use crate::AppState;
 use crate::apidoc as doc;
-use crate::audit::{Pending, store};
+use crate::audit::store;
 use crate::error::WorkspaceError;
 use crate::http::JsonBody;
 use crate::tokens;
@@ -113,17 +113,7 @@ pub(crate) async fn report(
             .saturating_add(output_tokens.unwrap_or(0)),
         _ => sum,
     });
-    let pending: Vec<Pending> = batch
-        .events
-        .into_iter()
-        .map(|event| Pending {
-            workspace: workspace.clone(),
-            run_id: Some(session_id.clone()),
-            session_id: None,
-            ts,
-            event,
-        })
-        .collect();
+    let pending = super::Scope::run(&session_id).pending(&workspace, ts, batch.events);
     store::append(state.store.pool(), &workspace, &pending).await?;
     // The model calls' tokens count against `tokens-per-day` as they come.
     // The report is stored: a failure here must not make the runner send

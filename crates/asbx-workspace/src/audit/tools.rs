@@ -31,17 +31,8 @@ pub(crate) async fn record_in(
     run_id: &str,
     rows: &[(u64, &[u8])],
 ) -> Result<(), WorkspaceError> {
-    let pending: Vec<super::Pending> = rows
-        .iter()
-        .filter_map(|(_, raw)| tool_call(raw))
-        .map(|event| super::Pending {
-            workspace: workspace.to_owned(),
-            run_id: Some(run_id.to_owned()),
-            session_id: None,
-            ts: now_ms,
-            event,
-        })
-        .collect();
+    let events = rows.iter().filter_map(|(_, raw)| tool_call(raw)).collect();
+    let pending = super::Scope::run(run_id).pending(workspace, now_ms, events);
     super::store::append_in(tx, workspace, &pending).await
 }
 
